@@ -1,0 +1,45 @@
+/* The backend interface: where a model's replicas come from.
+ *
+ * The request path asks a backend for replicas (backend_scale) and learns
+ * about them only through the fleet's up-calls (fleet_replica_ready /
+ * fleet_replica_gone), whatever the backend: `static` (a fixed list of
+ * endpoints from the config), and later `process` and `kubernetes`.
+ * A backend is owned by the server; models point at the one serving them. */
+#ifndef THAW_BACKEND_H
+#define THAW_BACKEND_H
+
+#include <cjson/cJSON.h>
+
+#include "thaw/config.h"
+#include "thaw/model.h"
+
+struct backend;
+
+struct backend_ops {
+    const char *name;
+    /* Takes a model from config under this backend's management. */
+    int (*attach)(struct backend *b, struct model *m, const struct config_model *cm);
+    /* Asks for `replicas` replicas of m (the backend may clamp). 0, or
+     * -ENOTSUP when the backend cannot change the count. */
+    int (*scale)(struct backend *b, struct model *m, unsigned replicas);
+    /* Replicas wanted / observed, for status. */
+    void (*describe)(struct backend *b, struct model *m, cJSON *out);
+    /* Stops everything the backend started; called once, at exit. */
+    void (*stop)(struct backend *b);
+    void (*free)(struct backend *b);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    struct fleet *fleet;
+};
+
+static inline int backend_scale(struct backend *b, struct model *m, unsigned replicas)
+{
+    return b->ops->scale(b, m, replicas);
+}
+
+/* The static backend: replicas are the config's endpoints, always ready. */
+struct backend *backend_static_new(struct fleet *fleet);
+
+#endif

@@ -1,0 +1,93 @@
+/* Configuration: a JSON file parsed with cJSON into plain structs.
+ * Every limit has a default, a unit in its key and a range; unknown keys,
+ * duplicate keys, wrong types and out-of-range values are errors that name
+ * the file, line and key. The struct config owns all its strings. */
+#ifndef THAW_CONFIG_H
+#define THAW_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "thaw/log.h"
+
+/* Request tiers, in service order. */
+enum tier { TIER_CRITICAL = 0, TIER_STANDARD = 1, TIER_BATCH = 2, TIER_COUNT = 3 };
+
+const char *tier_name(enum tier t);
+int tier_parse(const char *s, size_t n, enum tier *out);
+
+struct config_limits {
+    uint64_t max_connections;
+    uint64_t max_header_bytes;
+    uint64_t max_headers;
+    uint64_t max_body_bytes;
+    uint64_t header_timeout_ms;
+    uint64_t body_timeout_ms;
+    uint64_t keepalive_timeout_ms;
+    uint64_t send_timeout_ms;
+    uint64_t max_queue_per_model;
+    uint64_t max_queue_total;
+    uint64_t queue_aging_ms;
+    uint64_t drain_timeout_ms;
+};
+
+struct config_upstream {
+    uint64_t keepalive_per_endpoint;
+    uint64_t keepalive_timeout_ms;
+    uint64_t eject_ms;
+    uint64_t max_response_header_bytes;
+};
+
+struct config_model {
+    char *name;
+    char *namespace_;
+    char **hosts;
+    size_t n_hosts;
+    char **aliases;
+    size_t n_aliases;
+    char **endpoints; /* "host:port", as written */
+    size_t n_endpoints;
+    uint64_t max_concurrency;
+    enum tier priority;
+    uint64_t max_queue;
+    uint64_t queue_timeout_ms;
+    uint64_t connect_timeout_ms;
+    uint64_t first_byte_timeout_ms;
+    uint64_t upstream_idle_timeout_ms;
+    int line;
+};
+
+struct config {
+    char *path;
+    char *listen;
+    char *admin_listen;
+    enum log_level log_level;
+    bool access_log;
+    struct config_limits limits;
+    struct config_upstream upstream;
+    struct config_model *models;
+    size_t n_models;
+};
+
+struct config_error {
+    char msg[768];
+};
+
+/* Reads and validates path. NULL on error, with err->msg set to
+ * "FILE:LINE: KEY: problem". */
+struct config *config_load(const char *path, struct config_error *err);
+/* Same on an in-memory text; label names it in errors. */
+struct config *config_parse(const char *text, size_t len, const char *label,
+                            struct config_error *err);
+/* A configuration with every default and no models. */
+struct config *config_new_default(void);
+void config_free(struct config *cfg);
+/* Replaces a string field. 0 or -ENOMEM. */
+int config_set_string(char **field, const char *value);
+/* Validates and sets a listen address given on the command line (flag
+ * names it in errors). 0 or -EINVAL with err set. */
+int config_set_listen(struct config *cfg, char **field, const char *value, const char *flag,
+                      struct config_error *err);
+
+#endif

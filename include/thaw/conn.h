@@ -1,0 +1,85 @@
+/* Client connections: non-blocking socket I/O and the server side of
+ * HTTP/1.1 (keep-alive, pipelining in order, 100-continue, limits and
+ * timeouts). A connection carries at most one request at a time; bytes of
+ * pipelined requests wait, unparsed, until the current one is answered.
+ *
+ * Output goes straight to the socket when it can; what does not fit is kept
+ * in `out` and sent when the socket is writable. Producers watch
+ * conn_out_pending() against CONN_OUT_HIGH_WATER and get on_drain callbacks
+ * (backpressure). The server owns connections; a connection owns its
+ * current request. */
+#ifndef THAW_CONN_H
+#define THAW_CONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+#include "thaw/buf.h"
+#include "thaw/http.h"
+#include "thaw/list.h"
+#include "thaw/metrics.h"
+#include "thaw/server.h"
+
+struct request;
+
+enum conn_state {
+    CONN_IDLE,     /* between requests */
+    CONN_READING,  /* a request's head or body is arriving */
+    CONN_HANDLING, /* request complete; its response is being produced */
+    CONN_CLOSING,  /* flushing the last output, then close */
+};
+
+struct conn {
+    struct list_node node;
+    struct server *srv;
+    enum listener_kind kind;
+    int fd;
+    enum conn_state state;
+    struct event rev, wev, tev;
+    struct http_parser parser;
+    struct buf in;  /* unparsed input (pipelined or incomplete) */
+    struct buf out; /* output not yet accepted by the socket */
+    struct request *req;
+    uint64_t requests_served;
+    char peer_ip[48];
+    bool close_after;  /* close once the current response is done */
+    bool read_paused;
+    bool wev_added;
+    bool eof;           /* client closed its side */
+    bool first_request; /* nothing received yet on this connection */
+    /* Called whenever `out` has drained below the high-water mark. */
+    void (*on_drain)(struct conn *c);
+};
+
+/* Takes an accepted socket. Returns NULL (socket closed) on failure. */
+struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
+                      const struct sockaddr *peer);
+/* Closes at once; the current request (if any) is aborted with reason. */
+void conn_close(struct conn *c, enum abort_reason reason);
+/* Queues bytes for the client. 0, or -ENOMEM / -EPIPE (connection dead). */
+int conn_write(struct conn *c, const void *data, size_t len);
+size_t conn_out_pending(const struct conn *c);
+/* The current response has been fully handed to conn_write. Frees the
+ * request and carries on with the next pipelined one (or closes). */
+void conn_response_done(struct conn *c);
+/* Answers the current request with a complete response built by thaw. */
+void conn_respond(struct conn *c, int status, const char *content_type, const char *body,
+                  size_t body_len, const char *extra_headers);
+/* Answers with the JSON error for reason (and counts it). */
+void conn_reject(struct conn *c, enum reject_reason reason, const char *detail);
+/* Drain: closes the connection if idle, else marks it to close after. */
+void conn_drain(struct conn *c);
+/* Starts the send timeout while output waits (streaming responses). */
+void conn_touch_send_timer(struct conn *c);
+/* Request bodies wait; stop/start reading the client while it is held. */
+void conn_pause_reading(struct conn *c);
+
+/* Builds the error body {"error":{...}} for reason into out. */
+void conn_error_body(struct buf *out, enum reject_reason reason, const char *detail,
+                     const char *model);
+
+#endif

@@ -1,0 +1,100 @@
+/* Counters, gauges and histograms, and the table of reasons thaw answers a
+ * request itself. Rendering to the Prometheus text format is in admin.c.
+ * Invariant (checked by tests): once nothing is in flight,
+ *   requests_accepted == proxied + rejected + aborted. */
+#ifndef THAW_METRICS_H
+#define THAW_METRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "thaw/buf.h"
+
+/* Why thaw answered a request itself. Order matters: it indexes tables. */
+enum reject_reason {
+    REJECT_BAD_REQUEST,
+    REJECT_BAD_LENGTH,
+    REJECT_BAD_CHUNK,
+    REJECT_HEADER_TOO_LARGE,
+    REJECT_TOO_MANY_HEADERS,
+    REJECT_BODY_TOO_LARGE,
+    REJECT_HEADER_TIMEOUT,
+    REJECT_BODY_TIMEOUT,
+    REJECT_TOO_MANY_CONNECTIONS,
+    REJECT_UNKNOWN_MODEL,
+    REJECT_BAD_JSON,
+    REJECT_NO_MODEL_FIELD,
+    REJECT_BAD_PRIORITY,
+    REJECT_METHOD_NOT_ALLOWED,
+    REJECT_EXPECTATION_FAILED,
+    REJECT_QUEUE_FULL,
+    REJECT_QUEUE_DISPLACED,
+    REJECT_QUEUE_TIMEOUT,
+    REJECT_NO_REPLICAS,
+    REJECT_UPSTREAM_CONNECT,
+    REJECT_UPSTREAM_TIMEOUT,
+    REJECT_UPSTREAM_ERROR,
+    REJECT_SHUTTING_DOWN,
+    REJECT_INTERNAL,
+    REJECT_COUNT
+};
+
+struct reject_info {
+    const char *name; /* metric label and error "type" */
+    int status;
+    bool retry_after;
+    const char *message;
+};
+
+const struct reject_info *reject_info(enum reject_reason r);
+
+/* Why a request ended without a complete response. */
+enum abort_reason {
+    ABORT_CLIENT_CLOSED,   /* client went away before the response ended */
+    ABORT_UPSTREAM_CLOSED, /* upstream broke off a response already started */
+    ABORT_UPSTREAM_TIMEOUT,/* upstream went silent mid-response */
+    ABORT_SEND_TIMEOUT,    /* client stopped reading */
+    ABORT_SHUTDOWN,        /* drain timeout passed */
+    ABORT_COUNT
+};
+const char *abort_reason_name(enum abort_reason r);
+
+#define HIST_NBUCKETS 17
+extern const double hist_bounds[HIST_NBUCKETS];
+
+struct histogram {
+    uint64_t buckets[HIST_NBUCKETS]; /* not cumulative */
+    uint64_t count;
+    double sum;
+};
+
+void histogram_observe(struct histogram *h, double seconds);
+/* Appends name_bucket/_sum/_count lines; labels like `model="x"` (may be ""). */
+void histogram_render(const struct histogram *h, struct buf *out, const char *name,
+                      const char *labels);
+
+#define CODE_SLOTS 24
+struct code_counts {
+    uint16_t code[CODE_SLOTS];
+    uint64_t n[CODE_SLOTS];
+    uint64_t other;
+};
+
+void code_counts_add(struct code_counts *c, int code);
+
+struct server_metrics {
+    uint64_t requests_accepted;
+    uint64_t requests_proxied;
+    uint64_t requests_rejected;
+    uint64_t requests_aborted;
+    uint64_t rejections[REJECT_COUNT];
+    uint64_t aborts[ABORT_COUNT];
+    uint64_t connections_accepted;
+    uint64_t connections_rejected;
+    uint64_t upstream_connects;
+    uint64_t upstream_connect_failures;
+    uint64_t upstream_reused;
+    struct code_counts unrouted_codes; /* responses to requests no model took */
+};
+
+#endif

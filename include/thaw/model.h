@@ -1,0 +1,118 @@
+/* Models, their replicas (endpoints) and the fleet that holds them.
+ *
+ * A model is what clients name; its replicas come from a backend (see
+ * backend.h), which reports them through fleet_replica_ready/_gone. The
+ * request path only sees models and endpoints, never which backend made them.
+ * The fleet owns models; a model owns its endpoints. An endpoint that goes
+ * away while connections still use it is unlinked from its model at once
+ * and freed when its last reference (in-flight request or pooled
+ * connection) is dropped. */
+#ifndef THAW_MODEL_H
+#define THAW_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "thaw/config.h"
+#include "thaw/list.h"
+#include "thaw/metrics.h"
+#include "thaw/queue.h"
+#include "thaw/router.h"
+
+struct backend;
+struct event;
+struct fleet;
+
+struct endpoint {
+    struct model *model; /* NULL once gone */
+    char *id;            /* backend's name for the replica */
+    char addr_text[64];  /* "ip:port", for logs and status */
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    uint32_t inflight;
+    uint32_t refs; /* in-flight requests + pooled connections + the model's link */
+    uint64_t ejected_until_ms;
+    uint64_t requests;
+    uint64_t connect_failures;
+    struct list_node idle; /* pooled upstream connections */
+    uint32_t n_idle;
+};
+
+struct model_settings {
+    uint32_t max_concurrency;
+    enum tier priority;
+    uint64_t max_queue;
+    uint64_t queue_timeout_ms;
+    uint64_t connect_timeout_ms;
+    uint64_t first_byte_timeout_ms;
+    uint64_t upstream_idle_timeout_ms;
+};
+
+struct model_stats {
+    struct code_counts codes;
+    uint64_t proxied, rejected, aborted;
+    uint64_t rejections[REJECT_COUNT];
+    uint64_t upstream_errors;
+    struct histogram upstream_ttfb;   /* dispatch -> response head */
+    struct histogram queue_wait[TIER_COUNT];
+};
+
+struct model {
+    struct list_node node; /* in fleet->models */
+    struct fleet *fleet;
+    char *name;
+    char *namespace_;
+    struct model_settings set;
+    struct queue queue;
+    struct endpoint **endpoints;
+    size_t n_endpoints, cap_endpoints;
+    uint32_t inflight; /* requests at an endpoint */
+    struct backend *backend;
+    void *backend_data;      /* the backend's per-model state */
+    struct event *queue_timer; /* set by the proxy: fires at the next deadline */
+    struct model_stats stats;
+};
+
+/* Called when a model gained capacity (replica ready or a slot freed). */
+typedef void (*fleet_capacity_cb)(void *ud, struct model *m);
+/* Called just before a model is removed: its queued requests must be answered. */
+typedef void (*fleet_removing_cb)(void *ud, struct model *m, const char *reason);
+
+struct fleet {
+    struct list_node models;
+    size_t n_models;
+    struct router router;
+    struct queue_global *qglobal;
+    uint64_t queue_aging_ms;
+    fleet_capacity_cb on_capacity;
+    fleet_removing_cb on_removing;
+    void *cb_ud;
+};
+
+void fleet_init(struct fleet *f, struct queue_global *qg, uint64_t queue_aging_ms);
+/* Frees every model (endpoints still referenced are left to their holders). */
+void fleet_dispose(struct fleet *f);
+/* Creates a model from config; routes it. NULL on allocation failure. */
+struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, size_t *conflicts);
+void fleet_remove_model(struct fleet *f, struct model *m, const char *reason);
+struct model *fleet_find(const struct fleet *f, const char *namespace_, const char *name);
+
+/* Backend up-calls. addr is numeric "ip:port". 0 or a negative errno. */
+int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr);
+void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const char *reason);
+
+/* Least-loaded ready endpoint with a free slot, skipping ejected ones unless
+ * all are ejected. NULL when every slot is busy or there are none. */
+struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);
+/* Sum of max_concurrency over endpoints. */
+uint32_t model_capacity(const struct model *m);
+
+void endpoint_ref(struct endpoint *ep);
+void endpoint_unref(struct endpoint *ep);
+
+/* Parses numeric "ip:port" / "[ip6]:port" into a sockaddr. 0 or -EINVAL. */
+int netaddr_parse(const char *text, struct sockaddr_storage *ss, socklen_t *len);
+
+#endif

@@ -1,0 +1,86 @@
+/* The top-level context: one per process, passed down to every module that
+ * needs the event loop, limits, the fleet or the counters. */
+#ifndef THAW_SERVER_H
+#define THAW_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+#include "thaw/config.h"
+#include "thaw/http.h"
+#include "thaw/list.h"
+#include "thaw/metrics.h"
+#include "thaw/model.h"
+#include "thaw/queue.h"
+
+struct backend;
+
+enum listener_kind { LISTENER_PROXY, LISTENER_ADMIN };
+
+struct listener {
+    struct server *srv;
+    enum listener_kind kind;
+    int fd;
+    struct event ev;
+    bool active;
+    struct sockaddr_storage bound;
+    socklen_t bound_len;
+};
+
+/* Read chunk size: every socket read goes into one shared buffer of this size
+ * first, so idle connections hold no read buffer. */
+#define SERVER_SCRATCH_BYTES (64 * 1024)
+/* Client output above this pauses reading from the upstream (backpressure). */
+#define CONN_OUT_HIGH_WATER (64 * 1024)
+/* Pipelined bytes a busy connection may hold before thaw stops reading it. */
+#define CONN_PIPELINE_MAX (64 * 1024)
+/* Idle request objects kept for reuse. */
+#define SERVER_REQUEST_CACHE 256
+
+struct server {
+    struct event_base *base;
+    struct config *cfg;
+    struct fleet fleet;
+    struct queue_global qglobal;
+    struct backend *static_backend;
+    struct listener proxy_l, admin_l;
+    struct list_node conns;     /* all client connections */
+    size_t n_conns;             /* proxy-port connections counted against the limit */
+    struct list_node lingering; /* rejected connections being closed politely */
+    size_t n_lingering;
+    struct list_node free_requests;
+    size_t n_free_requests;
+    struct server_metrics metrics;
+    uint64_t inflight; /* proxy requests accepted and not yet finished */
+    char *scratch;
+    struct http_limits req_limits, resp_limits, admin_limits;
+    const struct timeval *tv_header, *tv_body, *tv_keepalive, *tv_send, *tv_linger;
+    bool draining;
+    bool drain_hard_stop;
+    uint64_t drain_deadline_ms;
+    bool ready;
+    int exit_code;
+    uint64_t started_ms;
+    struct event *sig_term, *sig_int, *drain_timer;
+    const char *port_file;
+};
+
+/* Monotonic milliseconds. */
+uint64_t server_now_ms(void);
+
+/* Sets up listeners, models and backends from cfg (which the server takes
+ * over). 0, or -1 with the reason logged. */
+int server_init(struct server *srv, struct config *cfg, const char *port_file);
+/* Runs the loop until drained. Returns the process exit code. */
+int server_run(struct server *srv);
+void server_dispose(struct server *srv);
+/* Starts a graceful drain (as SIGTERM does). */
+void server_begin_drain(struct server *srv);
+/* Called when a proxy request finishes; ends a drain when none are left. */
+void server_request_finished(struct server *srv);
+
+#endif

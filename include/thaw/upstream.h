@@ -1,0 +1,63 @@
+/* Connections to replicas: a keep-alive pool per endpoint, the request sent
+ * (head + buffered body, one writev), and the response streamed back to the
+ * client as it arrives, with backpressure: when the client's output passes
+ * CONN_OUT_HIGH_WATER, reading from the replica stops until it drains.
+ * Bodies pass through byte for byte (Content-Length and chunked alike);
+ * close-delimited bodies are re-framed as chunked for HTTP/1.1 clients.
+ * An upstream connection belongs to its endpoint's pool when idle and to
+ * one request while busy; it holds a reference on its endpoint. */
+#ifndef THAW_UPSTREAM_H
+#define THAW_UPSTREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+#include "thaw/http.h"
+#include "thaw/list.h"
+#include "thaw/model.h"
+
+struct request;
+struct server;
+
+enum upstream_state {
+    UP_CONNECTING,
+    UP_SENDING,
+    UP_WAITING,   /* request sent, no response head yet */
+    UP_STREAMING, /* response head sent to the client */
+    UP_IDLE,      /* in the pool */
+};
+
+struct upstream {
+    struct list_node node; /* in endpoint->idle while pooled */
+    struct server *srv;
+    struct endpoint *ep;
+    struct request *req;
+    int fd;
+    enum upstream_state state;
+    struct event rev, wev, tev;
+    struct http_parser parser;
+    struct http_head head;
+    size_t sent; /* bytes of head+body written */
+    uint64_t served;
+    int busy;
+    bool dead;
+    bool reused;
+    bool reading_paused;
+    bool decode_body;  /* forward decoded body bytes (not raw framing) */
+    bool rechunk;      /* ... wrapped in chunked framing */
+    bool client_close; /* the client connection closes after this response */
+};
+
+/* Sends r to ep over a pooled or new connection. The request's slot on ep is
+ * taken here and given back when the upstream lets go of r. */
+void upstream_start(struct server *srv, struct request *r, struct endpoint *ep);
+/* The client is gone: drop r's upstream connection and free the slot. */
+void upstream_cancel(struct upstream *u);
+/* Closes every pooled connection of ep. */
+void upstream_close_idle(struct endpoint *ep);
+
+#endif

@@ -1,0 +1,240 @@
+#include "thaw/admin.h"
+#include "thaw/backend.h"
+#include "thaw/conn.h"
+#include "thaw/proxy.h"
+#include "thaw/server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#ifndef THAW_VERSION
+#define THAW_VERSION "dev"
+#endif
+
+static void help_type(struct buf *o, const char *name, const char *type, const char *help)
+{
+    buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+#define FOR_EACH_MODEL(srv, m)                                                                     \
+    for (struct list_node *n_ = (srv)->fleet.models.next;                                          \
+         n_ != &(srv)->fleet.models && ((m) = container_of(n_, struct model, node), 1);            \
+         n_ = n_->next)
+
+void admin_render_metrics(struct server *srv, struct buf *o)
+{
+    const struct server_metrics *sm = &srv->metrics;
+    struct model *m;
+
+    help_type(o, "thaw_build_info", "gauge", "thaw version.");
+    buf_printf(o, "thaw_build_info{version=\"%s\"} 1\n", THAW_VERSION);
+
+    help_type(o, "thaw_requests_accepted_total", "counter",
+              "Requests thaw started reading on the proxy port.");
+    buf_printf(o, "thaw_requests_accepted_total %llu\n",
+               (unsigned long long)sm->requests_accepted);
+    help_type(o, "thaw_requests_proxied_total", "counter",
+              "Requests answered with a replica's response.");
+    buf_printf(o, "thaw_requests_proxied_total %llu\n", (unsigned long long)sm->requests_proxied);
+    help_type(o, "thaw_requests_rejected_total", "counter",
+              "Requests answered with an error response from thaw.");
+    buf_printf(o, "thaw_requests_rejected_total %llu\n", (unsigned long long)sm->requests_rejected);
+    help_type(o, "thaw_requests_aborted_total", "counter",
+              "Requests ended without a complete response (client gone, replica broke off).");
+    buf_printf(o, "thaw_requests_aborted_total %llu\n", (unsigned long long)sm->requests_aborted);
+    help_type(o, "thaw_requests_inflight", "gauge", "Requests accepted and not yet finished.");
+    buf_printf(o, "thaw_requests_inflight %llu\n", (unsigned long long)srv->inflight);
+
+    help_type(o, "thaw_requests_total", "counter", "Finished requests by model and status code.");
+    FOR_EACH_MODEL(srv, m)
+    {
+        const struct code_counts *cc = &m->stats.codes;
+        for (int i = 0; i < CODE_SLOTS && cc->code[i]; i++) {
+            buf_printf(o, "thaw_requests_total{model=\"%s\",code=\"%u\"} %llu\n", m->name,
+                       cc->code[i], (unsigned long long)cc->n[i]);
+        }
+    }
+    help_type(o, "thaw_unrouted_responses_total", "counter",
+              "Error responses to requests that matched no model, by status code.");
+    for (int i = 0; i < CODE_SLOTS && sm->unrouted_codes.code[i]; i++) {
+        buf_printf(o, "thaw_unrouted_responses_total{code=\"%u\"} %llu\n",
+                   sm->unrouted_codes.code[i], (unsigned long long)sm->unrouted_codes.n[i]);
+    }
+
+    help_type(o, "thaw_rejections_total", "counter", "Error responses from thaw, by reason.");
+    for (int r = 0; r < REJECT_COUNT; r++) {
+        buf_printf(o, "thaw_rejections_total{reason=\"%s\"} %llu\n",
+                   reject_info((enum reject_reason)r)->name,
+                   (unsigned long long)sm->rejections[r]);
+    }
+    help_type(o, "thaw_aborts_total", "counter", "Requests ended without a complete response, by reason.");
+    for (int a = 0; a < ABORT_COUNT; a++) {
+        buf_printf(o, "thaw_aborts_total{reason=\"%s\"} %llu\n",
+                   abort_reason_name((enum abort_reason)a), (unsigned long long)sm->aborts[a]);
+    }
+
+    help_type(o, "thaw_queue_depth", "gauge", "Requests waiting for a replica slot, by model and tier.");
+    FOR_EACH_MODEL(srv, m)
+    {
+        for (int t = 0; t < TIER_COUNT; t++) {
+            buf_printf(o, "thaw_queue_depth{model=\"%s\",tier=\"%s\"} %zu\n", m->name,
+                       tier_name((enum tier)t), m->queue.len[t]);
+        }
+    }
+    help_type(o, "thaw_queue_depth_total", "gauge", "Requests waiting, all models.");
+    buf_printf(o, "thaw_queue_depth_total %zu\n", srv->qglobal.total);
+
+    help_type(o, "thaw_upstream_inflight", "gauge", "Requests at a replica, by model.");
+    FOR_EACH_MODEL(srv, m)
+    {
+        buf_printf(o, "thaw_upstream_inflight{model=\"%s\"} %u\n", m->name, m->inflight);
+    }
+    help_type(o, "thaw_replicas_ready", "gauge", "Replicas ready to take requests, by model.");
+    FOR_EACH_MODEL(srv, m)
+    {
+        buf_printf(o, "thaw_replicas_ready{model=\"%s\"} %zu\n", m->name, m->n_endpoints);
+    }
+    help_type(o, "thaw_upstream_errors_total", "counter",
+              "Replica failures (bad or cut-off responses, timeouts), by model.");
+    FOR_EACH_MODEL(srv, m)
+    {
+        buf_printf(o, "thaw_upstream_errors_total{model=\"%s\"} %llu\n", m->name,
+                   (unsigned long long)m->stats.upstream_errors);
+    }
+
+    help_type(o, "thaw_upstream_response_seconds", "histogram",
+              "Time from dispatch to a replica until its response head, by model.");
+    FOR_EACH_MODEL(srv, m)
+    {
+        char labels[300];
+        snprintf(labels, sizeof labels, "model=\"%s\"", m->name);
+        histogram_render(&m->stats.upstream_ttfb, o, "thaw_upstream_response_seconds", labels);
+    }
+    help_type(o, "thaw_queue_wait_seconds", "histogram",
+              "Time requests waited for a replica slot, by model and tier.");
+    FOR_EACH_MODEL(srv, m)
+    {
+        for (int t = 0; t < TIER_COUNT; t++) {
+            char labels[300];
+            snprintf(labels, sizeof labels, "model=\"%s\",tier=\"%s\"", m->name,
+                     tier_name((enum tier)t));
+            histogram_render(&m->stats.queue_wait[t], o, "thaw_queue_wait_seconds", labels);
+        }
+    }
+
+    help_type(o, "thaw_connections", "gauge", "Open client connections on the proxy port.");
+    buf_printf(o, "thaw_connections %zu\n", srv->n_conns);
+    help_type(o, "thaw_connections_accepted_total", "counter", "Client connections accepted.");
+    buf_printf(o, "thaw_connections_accepted_total %llu\n",
+               (unsigned long long)sm->connections_accepted);
+    help_type(o, "thaw_connections_rejected_total", "counter",
+              "Client connections refused at the connection limit.");
+    buf_printf(o, "thaw_connections_rejected_total %llu\n",
+               (unsigned long long)sm->connections_rejected);
+    help_type(o, "thaw_upstream_connects_total", "counter", "New connections opened to replicas.");
+    buf_printf(o, "thaw_upstream_connects_total %llu\n", (unsigned long long)sm->upstream_connects);
+    help_type(o, "thaw_upstream_connect_failures_total", "counter",
+              "Connections to replicas that failed before any byte was sent.");
+    buf_printf(o, "thaw_upstream_connect_failures_total %llu\n",
+               (unsigned long long)sm->upstream_connect_failures);
+    help_type(o, "thaw_upstream_reused_total", "counter",
+              "Requests sent over a pooled keep-alive connection.");
+    buf_printf(o, "thaw_upstream_reused_total %llu\n", (unsigned long long)sm->upstream_reused);
+}
+
+void admin_render_status(struct server *srv, struct buf *out)
+{
+    cJSON *root = cJSON_CreateObject();
+    uint64_t now = server_now_ms();
+    cJSON_AddStringToObject(root, "version", THAW_VERSION);
+    cJSON_AddNumberToObject(root, "uptime_ms", (double)(now - srv->started_ms));
+    cJSON_AddBoolToObject(root, "ready", srv->ready && !srv->draining);
+    cJSON_AddBoolToObject(root, "draining", srv->draining);
+    cJSON_AddNumberToObject(root, "inflight", (double)srv->inflight);
+    cJSON_AddNumberToObject(root, "queued", (double)srv->qglobal.total);
+    cJSON_AddNumberToObject(root, "connections", (double)srv->n_conns);
+    cJSON *models = cJSON_AddArrayToObject(root, "models");
+    struct model *m;
+    FOR_EACH_MODEL(srv, m)
+    {
+        cJSON *jm = cJSON_CreateObject();
+        cJSON_AddStringToObject(jm, "name", m->name);
+        cJSON_AddStringToObject(jm, "namespace", m->namespace_);
+        cJSON_AddStringToObject(jm, "priority", tier_name(m->set.priority));
+        cJSON_AddNumberToObject(jm, "max_concurrency", m->set.max_concurrency);
+        cJSON_AddNumberToObject(jm, "inflight", m->inflight);
+        cJSON_AddNumberToObject(jm, "capacity", model_capacity(m));
+        if (m->backend) {
+            m->backend->ops->describe(m->backend, m, jm);
+        }
+        cJSON *q = cJSON_AddObjectToObject(jm, "queue");
+        for (int t = 0; t < TIER_COUNT; t++) {
+            cJSON_AddNumberToObject(q, tier_name((enum tier)t), (double)m->queue.len[t]);
+        }
+        cJSON_AddNumberToObject(q, "max", (double)m->queue.max);
+        cJSON_AddNumberToObject(q, "oldest_wait_ms", (double)queue_oldest_age(&m->queue, now));
+        cJSON *reps = cJSON_AddArrayToObject(jm, "replicas");
+        for (size_t i = 0; i < m->n_endpoints; i++) {
+            struct endpoint *ep = m->endpoints[i];
+            cJSON *je = cJSON_CreateObject();
+            cJSON_AddStringToObject(je, "id", ep->id);
+            cJSON_AddStringToObject(je, "address", ep->addr_text);
+            cJSON_AddNumberToObject(je, "inflight", ep->inflight);
+            cJSON_AddBoolToObject(je, "ejected", ep->ejected_until_ms > now);
+            cJSON_AddNumberToObject(je, "requests", (double)ep->requests);
+            cJSON_AddNumberToObject(je, "connect_failures", (double)ep->connect_failures);
+            cJSON_AddNumberToObject(je, "idle_connections", ep->n_idle);
+            cJSON_AddItemToArray(reps, je);
+        }
+        cJSON_AddItemToArray(models, jm);
+    }
+    char *s = cJSON_PrintUnformatted(root);
+    if (s) {
+        buf_append_str(out, s);
+        buf_append(out, "\n", 1);
+        free(s);
+    }
+    cJSON_Delete(root);
+}
+
+void admin_on_request(struct conn *c, struct request *r)
+{
+    struct server *srv = c->srv;
+    const char *target = http_target(&r->head);
+    size_t len = r->head.target_len;
+    const char *q = memchr(target, '?', len);
+    if (q) {
+        len = (size_t)(q - target);
+    }
+    struct buf body;
+    buf_init(&body);
+    if (r->head.method != HTTP_GET && r->head.method != HTTP_HEAD) {
+        buf_append_str(&body, "{\"error\":{\"type\":\"method_not_allowed\",\"message\":\"the admin "
+                              "port is read-only\",\"code\":405}}\n");
+        conn_respond(c, 405, "application/json", body.data, body.len, "Allow: GET, HEAD\r\n");
+    } else if (http_name_eq(target, len, "/healthz")) {
+        conn_respond(c, 200, "application/json", "{\"status\":\"ok\"}\n", 16, NULL);
+    } else if (http_name_eq(target, len, "/readyz")) {
+        if (srv->ready && !srv->draining) {
+            conn_respond(c, 200, "application/json", "{\"status\":\"ready\"}\n", 19, NULL);
+        } else {
+            const char *b = srv->draining ? "{\"status\":\"draining\"}\n"
+                                          : "{\"status\":\"starting\"}\n";
+            conn_respond(c, 503, "application/json", b, strlen(b), NULL);
+        }
+    } else if (http_name_eq(target, len, "/metrics")) {
+        admin_render_metrics(srv, &body);
+        conn_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", body.data, body.len, NULL);
+    } else if (http_name_eq(target, len, "/status")) {
+        admin_render_status(srv, &body);
+        conn_respond(c, 200, "application/json", body.data, body.len, NULL);
+    } else {
+        buf_append_str(&body, "{\"error\":{\"type\":\"not_found\",\"message\":\"admin paths: "
+                              "/healthz /readyz /metrics /status\",\"code\":404}}\n");
+        conn_respond(c, 404, "application/json", body.data, body.len, NULL);
+    }
+    buf_dispose(&body);
+}

@@ -1,0 +1,623 @@
+#include "thaw/config.h"
+#include "thaw/jsonpos.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+static const char *const tier_names[TIER_COUNT] = {"critical", "standard", "batch"};
+
+const char *tier_name(enum tier t)
+{
+    return (unsigned)t < TIER_COUNT ? tier_names[t] : "unknown";
+}
+
+int tier_parse(const char *s, size_t n, enum tier *out)
+{
+    for (int i = 0; i < TIER_COUNT; i++) {
+        if (strlen(tier_names[i]) == n && strncasecmp(s, tier_names[i], n) == 0) {
+            *out = (enum tier)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+/* A numeric key: where it lives, its default and its accepted range. */
+struct num_key {
+    const char *key;
+    size_t offset;
+    uint64_t def, min, max;
+};
+
+#define LIM(k, d, lo, hi) {#k, offsetof(struct config_limits, k), d, lo, hi}
+static const struct num_key limit_keys[] = {
+    LIM(max_connections, 10000, 1, 1000000),
+    LIM(max_header_bytes, 65536, 1024, 1048576),
+    LIM(max_headers, 100, 1, 1000),
+    LIM(max_body_bytes, 16777216, 0, 1073741824),
+    LIM(header_timeout_ms, 10000, 1, 3600000),
+    LIM(body_timeout_ms, 60000, 1, 3600000),
+    LIM(keepalive_timeout_ms, 60000, 0, 3600000),
+    LIM(send_timeout_ms, 60000, 1, 3600000),
+    LIM(max_queue_per_model, 1000, 0, 1000000),
+    LIM(max_queue_total, 10000, 0, 10000000),
+    LIM(queue_aging_ms, 10000, 1, 3600000),
+    LIM(drain_timeout_ms, 30000, 0, 3600000),
+};
+#undef LIM
+
+#define UPS(k, d, lo, hi) {#k, offsetof(struct config_upstream, k), d, lo, hi}
+static const struct num_key upstream_keys[] = {
+    UPS(keepalive_per_endpoint, 64, 0, 100000),
+    UPS(keepalive_timeout_ms, 60000, 1, 3600000),
+    UPS(eject_ms, 2000, 0, 600000),
+    UPS(max_response_header_bytes, 65536, 1024, 1048576),
+};
+#undef UPS
+
+/* max_queue's default is limits.max_queue_per_model; UINT64_MAX marks "unset". */
+#define MOD(k, d, lo, hi) {#k, offsetof(struct config_model, k), d, lo, hi}
+static const struct num_key model_keys[] = {
+    MOD(max_concurrency, 8, 1, 100000),
+    MOD(max_queue, UINT64_MAX, 0, 1000000),
+    MOD(queue_timeout_ms, 300000, 1, 86400000),
+    MOD(connect_timeout_ms, 5000, 1, 600000),
+    MOD(first_byte_timeout_ms, 300000, 1, 86400000),
+    MOD(upstream_idle_timeout_ms, 300000, 1, 86400000),
+};
+#undef MOD
+
+#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
+
+struct parser {
+    const char *label;
+    const char *text;
+    size_t len;
+    struct jsonpos pos;
+    struct config_error *err;
+};
+
+__attribute__((format(printf, 4, 5))) static int fail(struct parser *p, const cJSON *at,
+                                                      const char *key, const char *fmt, ...)
+{
+    int line = at ? jsonpos_line(&p->pos, at) : 0;
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    snprintf(p->err->msg, sizeof p->err->msg, "%s:%d: %s: %s", p->label, line, key, what);
+    return -EINVAL;
+}
+
+static void set_defaults(const struct num_key *keys, size_t n, void *base)
+{
+    for (size_t i = 0; i < n; i++) {
+        *(uint64_t *)((char *)base + keys[i].offset) = keys[i].def;
+    }
+}
+
+static int read_uint(struct parser *p, const cJSON *item, const char *path, uint64_t min,
+                     uint64_t max, uint64_t *out)
+{
+    if (!cJSON_IsNumber(item)) {
+        return fail(p, item, path, "must be a number");
+    }
+    double v = item->valuedouble;
+    if (v != floor(v) || v < 0) {
+        return fail(p, item, path, "must be a whole number >= 0");
+    }
+    if (v < (double)min || v > (double)max) {
+        return fail(p, item, path, "must be between %llu and %llu (got %.0f)",
+                    (unsigned long long)min, (unsigned long long)max, v);
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* Reads a numeric key from a table; 1 when key is not in the table. */
+static int read_num_key(struct parser *p, const struct num_key *keys, size_t n, void *base,
+                        const cJSON *item, const char *prefix)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(keys[i].key, item->string) == 0) {
+            char path[256];
+            snprintf(path, sizeof path, "%s%s", prefix, item->string);
+            return read_uint(p, item, path, keys[i].min, keys[i].max,
+                             (uint64_t *)((char *)base + keys[i].offset));
+        }
+    }
+    return 1;
+}
+
+static int check_duplicates(struct parser *p, const cJSON *obj, const char *prefix)
+{
+    for (const cJSON *a = obj->child; a; a = a->next) {
+        for (const cJSON *b = a->next; b; b = b->next) {
+            if (strcmp(a->string, b->string) == 0) {
+                char path[256];
+                snprintf(path, sizeof path, "%s%s", prefix, b->string);
+                return fail(p, b, path, "duplicate key");
+            }
+        }
+    }
+    return 0;
+}
+
+static int read_string(struct parser *p, const cJSON *item, const char *path, char **out)
+{
+    if (!cJSON_IsString(item) || !item->valuestring) {
+        return fail(p, item, path, "must be a string");
+    }
+    if (item->valuestring[0] == '\0') {
+        return fail(p, item, path, "must not be empty");
+    }
+    char *s = strdup(item->valuestring);
+    if (!s) {
+        return fail(p, item, path, "out of memory");
+    }
+    free(*out);
+    *out = s;
+    return 0;
+}
+
+static int read_bool(struct parser *p, const cJSON *item, const char *path, bool *out)
+{
+    if (!cJSON_IsBool(item)) {
+        return fail(p, item, path, "must be true or false");
+    }
+    *out = cJSON_IsTrue(item);
+    return 0;
+}
+
+static int read_string_array(struct parser *p, const cJSON *item, const char *path, char ***out,
+                             size_t *n_out, int (*check)(const char *))
+{
+    if (!cJSON_IsArray(item)) {
+        return fail(p, item, path, "must be an array of strings");
+    }
+    size_t n = (size_t)cJSON_GetArraySize(item);
+    char **arr = calloc(n ? n : 1, sizeof *arr);
+    if (!arr) {
+        return fail(p, item, path, "out of memory");
+    }
+    size_t i = 0;
+    for (const cJSON *e = item->child; e; e = e->next, i++) {
+        char epath[300];
+        snprintf(epath, sizeof epath, "%s[%zu]", path, i);
+        if (!cJSON_IsString(e) || !e->valuestring || !e->valuestring[0]) {
+            for (size_t j = 0; j < i; j++) {
+                free(arr[j]);
+            }
+            free(arr);
+            return fail(p, e, epath, "must be a non-empty string");
+        }
+        if (check && check(e->valuestring)) {
+            for (size_t j = 0; j < i; j++) {
+                free(arr[j]);
+            }
+            free(arr);
+            return fail(p, e, epath, "\"%.100s\" is not valid here", e->valuestring);
+        }
+        arr[i] = strdup(e->valuestring);
+    }
+    *out = arr;
+    *n_out = n;
+    return 0;
+}
+
+/* Model names and namespaces: DNS-label-like, as Kubernetes names are. */
+static int check_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 253) {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!(isalnum(c) || c == '-' || c == '.' || c == '_')) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int check_host(const char *s)
+{
+    size_t n = strlen(s);
+    if (n > 253) {
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!(isalnum(c) || c == '-' || c == '.' || c == '_')) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* "host:port" or "[v6]:port", port 1..65535. */
+static int check_hostport(const char *s)
+{
+    const char *colon;
+    if (s[0] == '[') {
+        const char *rb = strchr(s, ']');
+        if (!rb || rb[1] != ':') {
+            return -1;
+        }
+        colon = rb + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || colon == s || memchr(s, ':', (size_t)(colon - s))) {
+            return -1;
+        }
+    }
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || colon[1] == '\0' || port < 1 || port > 65535) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Listen addresses also accept port 0 (the kernel picks one). */
+static int check_listen(const char *s)
+{
+    size_t n = strlen(s);
+    if (n >= 2 && strcmp(s + n - 2, ":0") == 0) {
+        char tmp[300];
+        snprintf(tmp, sizeof tmp, "%.*s:1", (int)(n - 2), s);
+        return check_hostport(tmp);
+    }
+    return check_hostport(s);
+}
+
+static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct config_model *m,
+                       const struct config_limits *lim)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "models[%zu].", idx);
+    memset(m, 0, sizeof *m);
+    set_defaults(model_keys, N_ELEMS(model_keys), m);
+    m->priority = TIER_STANDARD;
+    m->line = jsonpos_line(&p->pos, obj);
+    if (!cJSON_IsObject(obj)) {
+        return fail(p, obj, prefix, "must be an object");
+    }
+    int rc = check_duplicates(p, obj, prefix);
+    if (rc) {
+        return rc;
+    }
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        char path[256];
+        snprintf(path, sizeof path, "%s%s", prefix, it->string);
+        rc = read_num_key(p, model_keys, N_ELEMS(model_keys), m, it, prefix);
+        if (rc <= 0) {
+            if (rc) {
+                return rc;
+            }
+            continue;
+        }
+        if (strcmp(it->string, "name") == 0) {
+            rc = read_string(p, it, path, &m->name);
+            if (!rc && check_name(m->name)) {
+                rc = fail(p, it, path, "may hold only letters, digits, '-', '.' and '_'");
+            }
+        } else if (strcmp(it->string, "namespace") == 0) {
+            rc = read_string(p, it, path, &m->namespace_);
+            if (!rc && check_name(m->namespace_)) {
+                rc = fail(p, it, path, "may hold only letters, digits, '-', '.' and '_'");
+            }
+        } else if (strcmp(it->string, "hosts") == 0) {
+            rc = read_string_array(p, it, path, &m->hosts, &m->n_hosts, check_host);
+        } else if (strcmp(it->string, "aliases") == 0) {
+            rc = read_string_array(p, it, path, &m->aliases, &m->n_aliases, NULL);
+        } else if (strcmp(it->string, "endpoints") == 0) {
+            rc = read_string_array(p, it, path, &m->endpoints, &m->n_endpoints, check_hostport);
+        } else if (strcmp(it->string, "priority") == 0) {
+            if (!cJSON_IsString(it) ||
+                tier_parse(it->valuestring, strlen(it->valuestring), &m->priority)) {
+                rc = fail(p, it, path, "must be one of \"critical\", \"standard\", \"batch\"");
+            }
+        } else {
+            rc = fail(p, it, path, "unknown key");
+        }
+        if (rc) {
+            return rc;
+        }
+    }
+    if (!m->name) {
+        return fail(p, obj, prefix, "\"name\" is required");
+    }
+    if (m->n_endpoints == 0) {
+        return fail(p, obj, prefix, "\"endpoints\" is required (a non-empty list of \"host:port\")");
+    }
+    if (!m->namespace_ && !(m->namespace_ = strdup("default"))) {
+        return fail(p, obj, prefix, "out of memory");
+    }
+    if (m->max_queue == UINT64_MAX) {
+        m->max_queue = lim->max_queue_per_model;
+    }
+    return 0;
+}
+
+static int parse_table_object(struct parser *p, const cJSON *obj, const char *name,
+                              const struct num_key *keys, size_t n, void *base)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s.", name);
+    if (!cJSON_IsObject(obj)) {
+        return fail(p, obj, name, "must be an object");
+    }
+    int rc = check_duplicates(p, obj, prefix);
+    if (rc) {
+        return rc;
+    }
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        rc = read_num_key(p, keys, n, base, it, prefix);
+        if (rc == 1) {
+            char path[256];
+            snprintf(path, sizeof path, "%s%s", prefix, it->string);
+            return fail(p, it, path, "unknown key");
+        }
+        if (rc) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int parse_log(struct parser *p, const cJSON *obj, struct config *cfg)
+{
+    if (!cJSON_IsObject(obj)) {
+        return fail(p, obj, "log", "must be an object");
+    }
+    int rc = check_duplicates(p, obj, "log.");
+    if (rc) {
+        return rc;
+    }
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        if (strcmp(it->string, "level") == 0) {
+            if (!cJSON_IsString(it) || log_level_parse(it->valuestring, &cfg->log_level)) {
+                return fail(p, it, "log.level",
+                            "must be one of \"debug\", \"info\", \"warn\", \"error\"");
+            }
+        } else if (strcmp(it->string, "access_log") == 0) {
+            rc = read_bool(p, it, "log.access_log", &cfg->access_log);
+            if (rc) {
+                return rc;
+            }
+        } else {
+            char path[128];
+            snprintf(path, sizeof path, "log.%s", it->string);
+            return fail(p, it, path, "unknown key");
+        }
+    }
+    return 0;
+}
+
+struct config *config_new_default(void)
+{
+    struct config *cfg = calloc(1, sizeof *cfg);
+    if (!cfg) {
+        return NULL;
+    }
+    set_defaults(limit_keys, N_ELEMS(limit_keys), &cfg->limits);
+    set_defaults(upstream_keys, N_ELEMS(upstream_keys), &cfg->upstream);
+    cfg->log_level = LOG_INFO;
+    cfg->listen = strdup("0.0.0.0:8080");
+    cfg->admin_listen = strdup("0.0.0.0:9090");
+    if (!cfg->listen || !cfg->admin_listen) {
+        config_free(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
+static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
+{
+    if (!cJSON_IsObject(root)) {
+        return fail(p, root, "(top level)", "must be a JSON object");
+    }
+    int rc = check_duplicates(p, root, "");
+    if (rc) {
+        return rc;
+    }
+    /* limits first: model defaults depend on it. */
+    const cJSON *limits = cJSON_GetObjectItemCaseSensitive(root, "limits");
+    if (limits) {
+        rc = parse_table_object(p, limits, "limits", limit_keys, N_ELEMS(limit_keys), &cfg->limits);
+        if (rc) {
+            return rc;
+        }
+    }
+    const cJSON *models = NULL;
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (strcmp(it->string, "listen") == 0 || strcmp(it->string, "admin_listen") == 0) {
+            char **field = it->string[0] == 'l' ? &cfg->listen : &cfg->admin_listen;
+            rc = read_string(p, it, it->string, field);
+            if (!rc && check_listen(*field)) {
+                rc = fail(p, it, it->string,
+                          "must be \"ADDRESS:PORT\" or \"[IPV6]:PORT\" (got \"%.100s\")", *field);
+            }
+        } else if (strcmp(it->string, "limits") == 0) {
+            continue;
+        } else if (strcmp(it->string, "upstream") == 0) {
+            rc = parse_table_object(p, it, "upstream", upstream_keys, N_ELEMS(upstream_keys),
+                                    &cfg->upstream);
+        } else if (strcmp(it->string, "log") == 0) {
+            rc = parse_log(p, it, cfg);
+        } else if (strcmp(it->string, "models") == 0) {
+            models = it;
+            if (!cJSON_IsArray(it)) {
+                rc = fail(p, it, "models", "must be an array of objects");
+            }
+        } else {
+            rc = fail(p, it, it->string, "unknown key");
+        }
+        if (rc) {
+            return rc;
+        }
+    }
+    if (models) {
+        size_t n = (size_t)cJSON_GetArraySize(models);
+        cfg->models = calloc(n ? n : 1, sizeof *cfg->models);
+        if (!cfg->models) {
+            return fail(p, models, "models", "out of memory");
+        }
+        size_t i = 0;
+        for (const cJSON *m = models->child; m; m = m->next, i++) {
+            cfg->n_models = i + 1;
+            rc = parse_model(p, m, i, &cfg->models[i], &cfg->limits);
+            if (rc) {
+                return rc;
+            }
+            for (size_t j = 0; j < i; j++) {
+                if (strcmp(cfg->models[j].name, cfg->models[i].name) == 0 &&
+                    strcmp(cfg->models[j].namespace_, cfg->models[i].namespace_) == 0) {
+                    char path[64];
+                    snprintf(path, sizeof path, "models[%zu].name", i);
+                    return fail(p, cJSON_GetObjectItemCaseSensitive(m, "name"), path,
+                                "model \"%s\" is already defined at line %d", cfg->models[i].name,
+                                cfg->models[j].line);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+struct config *config_parse(const char *text, size_t len, const char *label,
+                            struct config_error *err)
+{
+    struct parser p = {.label = label, .text = text, .len = len, .err = err};
+    err->msg[0] = '\0';
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) {
+        size_t off = end ? (size_t)(end - text) : 0;
+        snprintf(err->msg, sizeof err->msg, "%s:%d: (syntax): not valid JSON near byte %zu", label,
+                 jsonpos_line_of_offset(text, len, off), off);
+        return NULL;
+    }
+    struct config *cfg = config_new_default();
+    if (!cfg || !(cfg->path = strdup(label)) || jsonpos_build(&p.pos, text, len, root)) {
+        snprintf(err->msg, sizeof err->msg, "%s:0: (load): out of memory", label);
+        cJSON_Delete(root);
+        config_free(cfg);
+        return NULL;
+    }
+    int rc = parse_root(&p, root, cfg);
+    jsonpos_dispose(&p.pos);
+    cJSON_Delete(root);
+    if (rc) {
+        config_free(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
+struct config *config_load(const char *path, struct config_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err->msg, sizeof err->msg, "%s:0: (file): cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct config *cfg = NULL;
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (cap - len < 4096) {
+            if (cap >= (size_t)16 << 20) {
+                snprintf(err->msg, sizeof err->msg, "%s:0: (file): larger than 16 MiB", path);
+                goto out;
+            }
+            cap = cap ? cap * 2 : 8192;
+            char *nt = realloc(text, cap + 1);
+            if (!nt) {
+                snprintf(err->msg, sizeof err->msg, "%s:0: (file): out of memory", path);
+                goto out;
+            }
+            text = nt;
+        }
+        size_t n = fread(text + len, 1, cap - len, f);
+        len += n;
+        if (n == 0) {
+            break;
+        }
+    }
+    if (ferror(f)) {
+        snprintf(err->msg, sizeof err->msg, "%s:0: (file): read error", path);
+        goto out;
+    }
+    text[len] = '\0';
+    cfg = config_parse(text, len, path, err);
+out:
+    free(text);
+    fclose(f);
+    return cfg;
+}
+
+static void free_strings(char **arr, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(arr[i]);
+    }
+    free(arr);
+}
+
+void config_free(struct config *cfg)
+{
+    if (!cfg) {
+        return;
+    }
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        struct config_model *m = &cfg->models[i];
+        free(m->name);
+        free(m->namespace_);
+        free_strings(m->hosts, m->n_hosts);
+        free_strings(m->aliases, m->n_aliases);
+        free_strings(m->endpoints, m->n_endpoints);
+    }
+    free(cfg->models);
+    free(cfg->path);
+    free(cfg->listen);
+    free(cfg->admin_listen);
+    free(cfg);
+}
+
+int config_set_string(char **field, const char *value)
+{
+    char *s = strdup(value);
+    if (!s) {
+        return -ENOMEM;
+    }
+    free(*field);
+    *field = s;
+    return 0;
+}
+
+int config_set_listen(struct config *cfg, char **field, const char *value, const char *flag,
+                      struct config_error *err)
+{
+    (void)cfg;
+    if (check_listen(value)) {
+        snprintf(err->msg, sizeof err->msg,
+                 "%s: must be \"ADDRESS:PORT\" or \"[IPV6]:PORT\" (got \"%.100s\")", flag, value);
+        return -EINVAL;
+    }
+    if (config_set_string(field, value)) {
+        snprintf(err->msg, sizeof err->msg, "%s: out of memory", flag);
+        return -ENOMEM;
+    }
+    return 0;
+}

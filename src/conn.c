@@ -1,0 +1,714 @@
+#include "thaw/conn.h"
+#include "thaw/admin.h"
+#include "thaw/log.h"
+#include "thaw/proxy.h"
+
+#include <arpa/inet.h>
+#include <assert.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+/* A connection may be closed from deep inside its own callbacks; `busy`
+ * counts those frames and the struct is freed when the last one returns. */
+struct conn_frame {
+    int busy;
+    bool dead;
+};
+
+static void on_read(evutil_socket_t fd, short what, void *arg);
+static void on_write(evutil_socket_t fd, short what, void *arg);
+static void on_timer(evutil_socket_t fd, short what, void *arg);
+static void process_input(struct conn *c, const char *data, size_t len);
+
+/* Per-connection bookkeeping that must survive conn_close until the
+ * outermost callback returns. */
+struct conn_ext {
+    struct conn c;
+    struct conn_frame f;
+};
+
+static struct conn_frame *frame(struct conn *c)
+{
+    return &container_of(c, struct conn_ext, c)->f;
+}
+
+static void enter(struct conn *c)
+{
+    frame(c)->busy++;
+}
+
+/* Returns true when the connection is still usable. */
+static bool leave(struct conn *c)
+{
+    struct conn_frame *f = frame(c);
+    if (--f->busy == 0 && f->dead) {
+        free(container_of(c, struct conn_ext, c));
+        return false;
+    }
+    return !f->dead;
+}
+
+static bool is_dead(struct conn *c)
+{
+    return frame(c)->dead;
+}
+
+enum timer_kind { TIMER_NONE, TIMER_HEADER, TIMER_BODY, TIMER_KEEPALIVE, TIMER_SEND, TIMER_LINGER };
+
+static void arm_timer(struct conn *c, const struct timeval *tv)
+{
+    event_add(&c->tev, tv);
+}
+
+static void set_timer(struct conn *c, enum timer_kind k)
+{
+    struct server *s = c->srv;
+    switch (k) {
+    case TIMER_NONE:
+        event_del(&c->tev);
+        break;
+    case TIMER_HEADER:
+        arm_timer(c, s->tv_header);
+        break;
+    case TIMER_BODY:
+        arm_timer(c, s->tv_body);
+        break;
+    case TIMER_KEEPALIVE:
+        arm_timer(c, s->tv_keepalive);
+        break;
+    case TIMER_SEND:
+        arm_timer(c, s->tv_send);
+        break;
+    case TIMER_LINGER:
+        arm_timer(c, s->tv_linger);
+        break;
+    }
+}
+
+struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
+                      const struct sockaddr *peer)
+{
+    struct conn_ext *x = calloc(1, sizeof *x);
+    if (!x) {
+        close(fd);
+        return NULL;
+    }
+    struct conn *c = &x->c;
+    c->srv = srv;
+    c->kind = kind;
+    c->fd = fd;
+    c->state = CONN_IDLE;
+    c->first_request = true;
+    buf_init(&c->in);
+    buf_init(&c->out);
+    const struct http_limits *lim = kind == LISTENER_ADMIN ? &srv->admin_limits : &srv->req_limits;
+    http_parser_init(&c->parser, HTTP_REQUEST, lim);
+    if (peer->sa_family == AF_INET) {
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, c->peer_ip,
+                  sizeof c->peer_ip);
+    } else if (peer->sa_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)peer)->sin6_addr, c->peer_ip,
+                  sizeof c->peer_ip);
+    } else {
+        strcpy(c->peer_ip, "unknown");
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    event_assign(&c->rev, srv->base, fd, EV_READ | EV_PERSIST, on_read, c);
+    event_assign(&c->wev, srv->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
+    event_assign(&c->tev, srv->base, -1, 0, on_timer, c);
+    event_add(&c->rev, NULL);
+    set_timer(c, TIMER_HEADER);
+    list_push_back(&srv->conns, &c->node);
+    return c;
+}
+
+size_t conn_out_pending(const struct conn *c)
+{
+    return buf_unread(&c->out);
+}
+
+static void release_request(struct conn *c, enum abort_reason reason)
+{
+    struct request *r = c->req;
+    if (!r) {
+        return;
+    }
+    if (c->kind == LISTENER_PROXY) {
+        proxy_on_abort(c, r, reason);
+    }
+    c->req = NULL;
+    request_free(c->srv, r);
+}
+
+void conn_close(struct conn *c, enum abort_reason reason)
+{
+    struct conn_frame *f = frame(c);
+    if (f->dead) {
+        return;
+    }
+    f->dead = true;
+    release_request(c, reason);
+    event_del(&c->rev);
+    event_del(&c->wev);
+    event_del(&c->tev);
+    close(c->fd);
+    c->fd = -1;
+    buf_dispose(&c->in);
+    buf_dispose(&c->out);
+    list_remove(&c->node);
+    struct server *s = c->srv;
+    if (c->kind == LISTENER_PROXY) {
+        s->n_conns--;
+    }
+    if (f->busy == 0) {
+        free(container_of(c, struct conn_ext, c));
+    }
+}
+
+static void want_write(struct conn *c, bool on)
+{
+    if (on && !c->wev_added) {
+        event_add(&c->wev, NULL);
+        c->wev_added = true;
+    } else if (!on && c->wev_added) {
+        event_del(&c->wev);
+        c->wev_added = false;
+    }
+}
+
+int conn_write(struct conn *c, const void *data, size_t len)
+{
+    if (is_dead(c) || c->fd < 0) {
+        return -EPIPE;
+    }
+    const char *p = data;
+    if (buf_unread(&c->out) == 0) {
+        while (len > 0) {
+            ssize_t n = send(c->fd, p, len, MSG_NOSIGNAL);
+            if (n > 0) {
+                p += n;
+                len -= (size_t)n;
+                continue;
+            }
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                break;
+            }
+            /* The peer is gone; the caller stops producing and the
+             * connection is closed from its write callback. */
+            buf_reset(&c->out);
+            event_active(&c->wev, EV_WRITE, 0);
+            return -EPIPE;
+        }
+        if (len == 0) {
+            return 0;
+        }
+    }
+    if (buf_append(&c->out, p, len)) {
+        return -ENOMEM;
+    }
+    want_write(c, true);
+    if (c->state == CONN_HANDLING || c->state == CONN_CLOSING) {
+        set_timer(c, TIMER_SEND);
+    }
+    return 0;
+}
+
+/* Starts the polite close: flush, half-close, discard input for a moment so
+ * a client still sending does not get a reset that eats our response. */
+static void begin_close(struct conn *c)
+{
+    c->state = CONN_CLOSING;
+    if (buf_unread(&c->out) > 0) {
+        want_write(c, true);
+        set_timer(c, TIMER_SEND);
+        return;
+    }
+    shutdown(c->fd, SHUT_WR);
+    if (c->eof) {
+        conn_close(c, ABORT_CLIENT_CLOSED);
+        return;
+    }
+    if (c->read_paused) {
+        event_add(&c->rev, NULL);
+        c->read_paused = false;
+    }
+    set_timer(c, TIMER_LINGER);
+}
+
+void conn_pause_reading(struct conn *c)
+{
+    if (!c->read_paused && !is_dead(c)) {
+        event_del(&c->rev);
+        c->read_paused = true;
+    }
+}
+
+static void resume_reading(struct conn *c)
+{
+    if (c->read_paused && !is_dead(c) && !c->eof) {
+        event_add(&c->rev, NULL);
+        c->read_paused = false;
+    }
+}
+
+void conn_response_done(struct conn *c)
+{
+    struct request *r = c->req;
+    c->req = NULL;
+    if (r) {
+        request_free(c->srv, r);
+    }
+    c->requests_served++;
+    c->on_drain = NULL;
+    if (c->close_after || c->srv->draining || c->eof) {
+        begin_close(c);
+        return;
+    }
+    c->state = CONN_IDLE;
+    if (buf_unread(&c->out) == 0) {
+        set_timer(c, TIMER_KEEPALIVE);
+        buf_dispose(&c->out);
+    }
+    resume_reading(c);
+    /* Pipelined bytes that arrived meanwhile. Processing runs in the
+     * caller's frame; reentry from process_input itself is prevented by
+     * the state machine (we only get here with CONN_HANDLING). */
+    if (buf_unread(&c->in) > 0 && frame(c)->busy == 0) {
+        enter(c);
+        process_input(c, NULL, 0);
+        leave(c);
+    } else if (buf_unread(&c->in) > 0) {
+        /* Inside a callback of this connection: let the loop go round. */
+        event_active(&c->rev, EV_READ, 0);
+    }
+}
+
+void conn_error_body(struct buf *out, enum reject_reason reason, const char *detail,
+                     const char *model)
+{
+    const struct reject_info *ri = reject_info(reason);
+    buf_append_str(out, "{\"error\":{\"type\":\"");
+    buf_append_str(out, ri->name);
+    buf_append_str(out, "\",\"message\":\"");
+    buf_append_json_escaped(out, ri->message, strlen(ri->message));
+    if (detail && *detail) {
+        buf_append_str(out, ": ");
+        buf_append_json_escaped(out, detail, strlen(detail));
+    }
+    buf_printf(out, "\",\"code\":%d", ri->status);
+    if (model) {
+        buf_append_str(out, ",\"model\":\"");
+        buf_append_json_escaped(out, model, strlen(model));
+        buf_append_str(out, "\"");
+    }
+    buf_append_str(out, "}}\n");
+}
+
+void conn_respond(struct conn *c, int status, const char *content_type, const char *body,
+                  size_t body_len, const char *extra_headers)
+{
+    struct request *r = c->req;
+    bool head_only = r && r->head.method == HTTP_HEAD;
+    if (r && r->head.http_major == 1 && r->head.http_minor == 0 && !r->head.keep_alive) {
+        c->close_after = true;
+    }
+    if (r && !r->head.keep_alive) {
+        c->close_after = true;
+    }
+    if (c->srv->draining) {
+        c->close_after = true;
+    }
+    char head[1024];
+    int n = snprintf(head, sizeof head,
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n",
+                     status, http_reason_phrase(status), content_type, body_len,
+                     extra_headers ? extra_headers : "",
+                     c->close_after ? "Connection: close\r\n" : "");
+    if (n < 0 || (size_t)n >= sizeof head) {
+        n = 0;
+    }
+    if (r) {
+        r->state = REQ_ANSWERED;
+        r->response_started = true;
+    }
+    if (c->state != CONN_HANDLING) {
+        c->state = CONN_HANDLING;
+    }
+    if (conn_write(c, head, (size_t)n) == 0 && !head_only && body_len) {
+        conn_write(c, body, body_len);
+    }
+    conn_response_done(c);
+}
+
+void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
+{
+    const struct reject_info *ri = reject_info(reason);
+    struct request *r = c->req;
+    if (r && c->kind == LISTENER_PROXY) {
+        proxy_count_rejected(c->srv, r, reason);
+    }
+    /* A request whose body was not read leaves the stream out of sync. */
+    if (!r || r->state == REQ_READING || reason == REJECT_TOO_MANY_CONNECTIONS) {
+        c->close_after = true;
+    }
+    struct buf body;
+    buf_init(&body);
+    conn_error_body(&body, reason, detail,
+                    r && r->model && r->model_resolved ? r->model->name : NULL);
+    char extra[64] = "";
+    if (ri->retry_after) {
+        snprintf(extra, sizeof extra, "Retry-After: 1\r\n");
+    }
+    conn_respond(c, ri->status, "application/json", body.data, body.len, extra);
+    buf_dispose(&body);
+}
+
+void conn_drain(struct conn *c)
+{
+    if (c->state == CONN_IDLE && !c->req) {
+        begin_close(c);
+    } else {
+        c->close_after = true;
+    }
+}
+
+void conn_touch_send_timer(struct conn *c)
+{
+    if (buf_unread(&c->out) > 0) {
+        set_timer(c, TIMER_SEND);
+    }
+}
+
+static enum reject_reason http_error_reason(enum http_error e)
+{
+    switch (e) {
+    case HTTP_ERR_BAD_LENGTH:
+        return REJECT_BAD_LENGTH;
+    case HTTP_ERR_BAD_CHUNK:
+        return REJECT_BAD_CHUNK;
+    case HTTP_ERR_HEAD_TOO_LARGE:
+        return REJECT_HEADER_TOO_LARGE;
+    case HTTP_ERR_TOO_MANY_HEADERS:
+        return REJECT_TOO_MANY_HEADERS;
+    case HTTP_ERR_BODY_TOO_LARGE:
+        return REJECT_BODY_TOO_LARGE;
+    case HTTP_ERR_NO_MEMORY:
+        return REJECT_INTERNAL;
+    default:
+        return REJECT_BAD_REQUEST;
+    }
+}
+
+static void start_request(struct conn *c)
+{
+    struct request *r = request_new(c->srv, c);
+    if (!r) {
+        /* Out of memory: nothing sensible can be answered. */
+        conn_close(c, ABORT_CLIENT_CLOSED);
+        return;
+    }
+    c->req = r;
+    http_parser_next(&c->parser, &r->head, &r->body);
+    c->state = CONN_READING;
+    if (!c->first_request) {
+        set_timer(c, TIMER_HEADER);
+    }
+    c->first_request = false;
+    if (c->kind == LISTENER_PROXY) {
+        c->srv->metrics.requests_accepted++;
+        c->srv->inflight++;
+    }
+}
+
+static void log_client_fault(struct conn *c, enum reject_reason reason, const char *excerpt,
+                             size_t len)
+{
+    if (!log_enabled(LOG_INFO)) {
+        return;
+    }
+    char q[200];
+    log_quote(q, sizeof q, excerpt ? excerpt : "", excerpt ? len : 0, 64);
+    LOGI("request rejected", "reason=%s client=%s parser=\"%s\" excerpt=%s",
+         reject_info(reason)->name, c->peer_ip, llhttp_get_error_reason(&c->parser.ll) ?
+         llhttp_get_error_reason(&c->parser.ll) : "", q);
+}
+
+static bool expects_body(const struct http_head *h)
+{
+    return h->chunked || (h->has_length && h->content_length > 0);
+}
+
+/* Runs the handler's look at a complete head. false when the request was
+ * answered (and the connection may be closing). */
+static bool on_head(struct conn *c)
+{
+    struct request *r = c->req;
+    struct http_head *h = &r->head;
+    if (!h->keep_alive) {
+        c->close_after = true;
+    }
+    const struct http_header *expect = http_head_find(h, "expect");
+    bool want_continue = false;
+    if (expect) {
+        if (!http_name_eq(http_hvalue(h, expect), expect->value_len, "100-continue")) {
+            conn_reject(c, REJECT_EXPECTATION_FAILED, NULL);
+            return false;
+        }
+        want_continue = h->http_major == 1 && h->http_minor >= 1 && expects_body(h);
+    }
+    if (h->http_major == 1 && h->http_minor >= 1) {
+        unsigned hosts = http_head_count(h, "host");
+        if (hosts != 1) {
+            conn_reject(c, REJECT_BAD_REQUEST, hosts ? "more than one Host header"
+                                                     : "HTTP/1.1 request without Host");
+            return false;
+        }
+    }
+    if (c->kind == LISTENER_PROXY) {
+        int rc = proxy_on_head(c, r);
+        if (rc != REJECT_COUNT) {
+            conn_reject(c, (enum reject_reason)rc, NULL);
+            return false;
+        }
+    }
+    if (want_continue) {
+        static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        conn_write(c, cont, sizeof cont - 1);
+    }
+    if (expects_body(h)) {
+        set_timer(c, TIMER_BODY);
+    }
+    return true;
+}
+
+static void on_complete(struct conn *c)
+{
+    struct request *r = c->req;
+    c->state = CONN_HANDLING;
+    set_timer(c, TIMER_NONE);
+    if (c->kind == LISTENER_PROXY) {
+        proxy_on_request(c, r);
+    } else {
+        admin_on_request(c, r);
+    }
+}
+
+/* Parses what is buffered in c->in, then data[0..len) (not yet buffered).
+ * Whatever is left unparsed ends up in c->in. */
+static void process_input(struct conn *c, const char *data, size_t len)
+{
+    bool after_head = false;
+    for (;;) {
+        if (is_dead(c)) {
+            return;
+        }
+        const char *p;
+        size_t n;
+        bool from_in = buf_unread(&c->in) > 0;
+        if (from_in) {
+            if (len) {
+                buf_append(&c->in, data, len);
+                len = 0;
+            }
+            p = buf_read_ptr(&c->in);
+            n = buf_unread(&c->in);
+        } else {
+            p = data;
+            n = len;
+        }
+        if (n == 0 && !after_head) {
+            return;
+        }
+        after_head = false;
+        if (c->state == CONN_HANDLING || c->state == CONN_CLOSING ||
+            buf_unread(&c->out) > CONN_OUT_HIGH_WATER) {
+            /* Busy: keep the bytes for later, within bounds. */
+            if (!from_in) {
+                buf_append(&c->in, p, n);
+            }
+            if (buf_unread(&c->in) > CONN_PIPELINE_MAX) {
+                conn_pause_reading(c);
+            }
+            return;
+        }
+        if (c->state == CONN_IDLE) {
+            start_request(c);
+            if (is_dead(c)) {
+                return;
+            }
+        }
+        size_t used = 0;
+        enum http_event ev = http_parser_execute(&c->parser, p, n, &used);
+        if (from_in) {
+            buf_consume(&c->in, used);
+        } else {
+            data += used;
+            len -= used;
+        }
+        switch (ev) {
+        case HTTP_EV_NEED_MORE:
+            if (c->state == CONN_READING && c->parser.head_done) {
+                set_timer(c, TIMER_BODY);
+            }
+            break;
+        case HTTP_EV_HEAD:
+            if (!on_head(c)) {
+                return;
+            }
+            after_head = true; /* a bodiless request completes without more input */
+            break;
+        case HTTP_EV_DONE:
+            on_complete(c);
+            break;
+        case HTTP_EV_ERROR: {
+            enum reject_reason reason = http_error_reason(c->parser.error);
+            log_client_fault(c, reason, p, n);
+            conn_reject(c, reason, NULL);
+            return;
+        }
+        }
+        if (ev == HTTP_EV_NEED_MORE && buf_unread(&c->in) == 0 && len == 0 && !after_head) {
+            return;
+        }
+    }
+}
+
+static void handle_eof(struct conn *c)
+{
+    c->eof = true;
+    event_del(&c->rev);
+    switch (c->state) {
+    case CONN_IDLE:
+        conn_close(c, ABORT_CLIENT_CLOSED);
+        break;
+    case CONN_READING:
+        /* Truncated request: nobody to answer. */
+        conn_close(c, ABORT_CLIENT_CLOSED);
+        break;
+    case CONN_HANDLING:
+        /* A client that half-closes after its request is treated as gone
+         * (as nginx does without proxy_ignore_client_abort) unless the
+         * response is already being written. */
+        if (c->req && c->req->response_started) {
+            c->close_after = true;
+        } else {
+            conn_close(c, ABORT_CLIENT_CLOSED);
+        }
+        break;
+    case CONN_CLOSING:
+        if (buf_unread(&c->out) == 0) {
+            conn_close(c, ABORT_CLIENT_CLOSED);
+        }
+        break;
+    }
+}
+
+static void on_read(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    enter(c);
+    char *scratch = c->srv->scratch;
+    ssize_t n = recv(fd, scratch, SERVER_SCRATCH_BYTES, 0);
+    if (n > 0) {
+        if (c->state == CONN_CLOSING) {
+            /* Lingering: discard. */
+        } else {
+            process_input(c, scratch, (size_t)n);
+        }
+    } else if (n == 0) {
+        handle_eof(c);
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        conn_close(c, ABORT_CLIENT_CLOSED);
+    } else if (buf_unread(&c->in) > 0 && c->state == CONN_IDLE) {
+        /* Activated by hand to continue with pipelined input. */
+        process_input(c, NULL, 0);
+    }
+    leave(c);
+}
+
+static void on_write(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    enter(c);
+    while (buf_unread(&c->out) > 0) {
+        ssize_t n = send(fd, buf_read_ptr(&c->out), buf_unread(&c->out), MSG_NOSIGNAL);
+        if (n > 0) {
+            buf_consume(&c->out, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            break;
+        }
+        conn_close(c, ABORT_CLIENT_CLOSED);
+        leave(c);
+        return;
+    }
+    if (buf_unread(&c->out) == 0) {
+        want_write(c, false);
+        buf_dispose(&c->out);
+        if (c->state == CONN_CLOSING) {
+            begin_close(c);
+        } else if (c->state == CONN_IDLE) {
+            set_timer(c, TIMER_KEEPALIVE);
+        } else if (c->state == CONN_HANDLING) {
+            set_timer(c, TIMER_NONE);
+        }
+        if (!is_dead(c) && c->state == CONN_IDLE && buf_unread(&c->in) > 0) {
+            process_input(c, NULL, 0);
+        }
+    } else if (c->state == CONN_HANDLING || c->state == CONN_CLOSING) {
+        set_timer(c, TIMER_SEND); /* progress: restart the send timeout */
+    }
+    if (!is_dead(c) && c->on_drain && buf_unread(&c->out) <= CONN_OUT_HIGH_WATER / 2) {
+        c->on_drain(c);
+    }
+    leave(c);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    enter(c);
+    switch (c->state) {
+    case CONN_IDLE:
+        if (c->first_request) {
+            /* Connected but sent nothing within the header timeout. */
+            start_request(c);
+            if (!is_dead(c)) {
+                c->state = CONN_READING;
+                conn_reject(c, REJECT_HEADER_TIMEOUT, NULL);
+            }
+        } else {
+            conn_close(c, ABORT_CLIENT_CLOSED); /* keep-alive idle timeout */
+        }
+        break;
+    case CONN_READING:
+        conn_reject(c, c->parser.head_done ? REJECT_BODY_TIMEOUT : REJECT_HEADER_TIMEOUT, NULL);
+        break;
+    case CONN_HANDLING:
+        if (buf_unread(&c->out) > 0) {
+            LOGI("client stopped reading", "client=%s", c->peer_ip);
+            conn_close(c, ABORT_SEND_TIMEOUT);
+        }
+        break;
+    case CONN_CLOSING:
+        conn_close(c, ABORT_CLIENT_CLOSED);
+        break;
+    }
+    leave(c);
+}

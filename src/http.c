@@ -1,0 +1,466 @@
+#include "thaw/http.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static struct http_parser *P(llhttp_t *ll)
+{
+    return (struct http_parser *)ll->data;
+}
+
+void http_head_init(struct http_head *h)
+{
+    memset(h, 0, sizeof *h);
+    buf_init(&h->bytes);
+}
+
+void http_head_reset(struct http_head *h)
+{
+    buf_reset(&h->bytes);
+    h->n_headers = 0;
+    h->target_off = h->target_len = 0;
+    h->method = 0;
+    h->http_major = h->http_minor = 0;
+    h->status = 0;
+    h->keep_alive = h->chunked = h->has_length = false;
+    h->content_length = 0;
+}
+
+void http_head_dispose(struct http_head *h)
+{
+    buf_dispose(&h->bytes);
+    free(h->headers);
+    h->headers = NULL;
+    h->n_headers = h->cap_headers = 0;
+}
+
+static int fail(struct http_parser *p, enum http_error e)
+{
+    p->error = e;
+    return HPE_USER;
+}
+
+static int append(struct http_parser *p, const char *at, size_t len)
+{
+    if (p->head->bytes.len + len > p->limits->max_head_bytes) {
+        return fail(p, HTTP_ERR_HEAD_TOO_LARGE);
+    }
+    if (buf_append(&p->head->bytes, at, len)) {
+        return fail(p, HTTP_ERR_NO_MEMORY);
+    }
+    return 0;
+}
+
+static int terminate(struct http_parser *p)
+{
+    /* NUL after each name, value and target so they read as C strings. */
+    return append(p, "", 1);
+}
+
+static int on_message_begin(llhttp_t *ll)
+{
+    struct http_parser *p = P(ll);
+    p->in_head = true;
+    return 0;
+}
+
+static int on_url(llhttp_t *ll, const char *at, size_t len)
+{
+    struct http_parser *p = P(ll);
+    if (p->head->target_len == 0) {
+        p->head->target_off = (uint32_t)p->head->bytes.len;
+    }
+    p->head->target_len += (uint32_t)len;
+    return append(p, at, len);
+}
+
+/* Responses keep their reason phrase where requests keep the target. */
+static int on_status(llhttp_t *ll, const char *at, size_t len)
+{
+    return on_url(ll, at, len);
+}
+
+static int on_url_complete(llhttp_t *ll)
+{
+    return terminate(P(ll));
+}
+
+static int on_header_field(llhttp_t *ll, const char *at, size_t len)
+{
+    struct http_parser *p = P(ll);
+    struct http_head *h = p->head;
+    if (p->last_was_value || h->n_headers == 0) {
+        if (h->n_headers >= p->limits->max_headers) {
+            return fail(p, HTTP_ERR_TOO_MANY_HEADERS);
+        }
+        if (h->n_headers == h->cap_headers) {
+            uint32_t ncap = h->cap_headers ? h->cap_headers * 2 : 16;
+            struct http_header *nh = realloc(h->headers, ncap * sizeof *nh);
+            if (!nh) {
+                return fail(p, HTTP_ERR_NO_MEMORY);
+            }
+            h->headers = nh;
+            h->cap_headers = ncap;
+        }
+        struct http_header *x = &h->headers[h->n_headers++];
+        x->name_off = (uint32_t)h->bytes.len;
+        x->name_len = 0;
+        x->value_off = 0;
+        x->value_len = 0;
+        p->last_was_value = false;
+    }
+    h->headers[h->n_headers - 1].name_len += (uint32_t)len;
+    return append(p, at, len);
+}
+
+static int on_header_field_complete(llhttp_t *ll)
+{
+    struct http_parser *p = P(ll);
+    int rc = terminate(p);
+    if (!rc) {
+        struct http_head *h = p->head;
+        h->headers[h->n_headers - 1].value_off = (uint32_t)h->bytes.len;
+    }
+    return rc;
+}
+
+static int on_header_value(llhttp_t *ll, const char *at, size_t len)
+{
+    struct http_parser *p = P(ll);
+    struct http_head *h = p->head;
+    h->headers[h->n_headers - 1].value_len += (uint32_t)len;
+    return append(p, at, len);
+}
+
+static int on_header_value_complete(llhttp_t *ll)
+{
+    struct http_parser *p = P(ll);
+    struct http_head *h = p->head;
+    struct http_header *x = &h->headers[h->n_headers - 1];
+    if (x->value_len == 0) {
+        /* Empty value: llhttp gives no value span, point at the terminator. */
+        x->value_off = (uint32_t)h->bytes.len;
+    }
+    p->last_was_value = true;
+    return terminate(p);
+}
+
+static int on_headers_complete(llhttp_t *ll)
+{
+    struct http_parser *p = P(ll);
+    struct http_head *h = p->head;
+    h->method = ll->method;
+    h->http_major = ll->http_major;
+    h->http_minor = ll->http_minor;
+    h->status = ll->status_code;
+    h->keep_alive = llhttp_should_keep_alive(ll);
+    h->chunked = (ll->flags & F_CHUNKED) != 0;
+    h->has_length = (ll->flags & F_CONTENT_LENGTH) != 0;
+    h->content_length = h->has_length ? ll->content_length : 0;
+    if (h->target_len == 0) {
+        h->target_off = (uint32_t)h->bytes.len;
+        if (terminate(p)) {
+            return HPE_USER;
+        }
+    }
+    p->head_done = true;
+    p->in_head = false;
+    if (ll->type == HTTP_REQUEST && h->has_length &&
+        h->content_length > p->limits->max_body_bytes) {
+        return fail(p, HTTP_ERR_BODY_TOO_LARGE);
+    }
+    if (p->skip_body) {
+        return 1; /* no body follows a response to HEAD */
+    }
+    return HPE_PAUSED;
+}
+
+static int on_body(llhttp_t *ll, const char *at, size_t len)
+{
+    struct http_parser *p = P(ll);
+    if (p->body) {
+        if (p->body->len + len > p->limits->max_body_bytes) {
+            return fail(p, HTTP_ERR_BODY_TOO_LARGE);
+        }
+        if (buf_append(p->body, at, len)) {
+            return fail(p, HTTP_ERR_NO_MEMORY);
+        }
+    } else if (p->on_body) {
+        p->on_body(p->ud, at, len);
+    }
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *ll)
+{
+    struct http_parser *p = P(ll);
+    p->msg_done = true;
+    /* keep-alive can change with trailers; read it again. */
+    p->head->keep_alive = llhttp_should_keep_alive(ll);
+    return HPE_PAUSED;
+}
+
+static const llhttp_settings_t settings = {
+    .on_message_begin = on_message_begin,
+    .on_url = on_url,
+    .on_url_complete = on_url_complete,
+    .on_status = on_status,
+    .on_status_complete = on_url_complete,
+    .on_header_field = on_header_field,
+    .on_header_field_complete = on_header_field_complete,
+    .on_header_value = on_header_value,
+    .on_header_value_complete = on_header_value_complete,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+void http_parser_init(struct http_parser *p, llhttp_type_t type, const struct http_limits *limits)
+{
+    memset(p, 0, sizeof *p);
+    llhttp_init(&p->ll, type, &settings);
+    p->ll.data = p;
+    p->limits = limits;
+}
+
+void http_parser_next(struct http_parser *p, struct http_head *head, struct buf *body)
+{
+    llhttp_errno_t e = llhttp_get_errno(&p->ll);
+    if (e == HPE_PAUSED) {
+        llhttp_resume(&p->ll);
+    } else if (e == HPE_PAUSED_UPGRADE) {
+        /* thaw does not upgrade; Upgrade is dropped as hop-by-hop. */
+        llhttp_resume_after_upgrade(&p->ll);
+    }
+    p->head = head;
+    p->body = body;
+    if (head) {
+        http_head_reset(head);
+    }
+    p->head_bytes = 0;
+    p->error = HTTP_ERR_NONE;
+    p->in_head = false;
+    p->head_done = false;
+    p->msg_done = false;
+    p->head_reported = false;
+    p->last_was_value = false;
+    p->skip_body = false;
+}
+
+static enum http_error map_llhttp_error(struct http_parser *p, llhttp_errno_t e)
+{
+    switch (e) {
+    case HPE_UNEXPECTED_CONTENT_LENGTH:
+    case HPE_INVALID_CONTENT_LENGTH:
+        return HTTP_ERR_BAD_LENGTH;
+    case HPE_INVALID_CHUNK_SIZE:
+        return HTTP_ERR_BAD_CHUNK;
+    default:
+        if (p->head_done && p->head && p->head->chunked) {
+            return HTTP_ERR_BAD_CHUNK;
+        }
+        return HTTP_ERR_BAD_REQUEST;
+    }
+}
+
+enum http_event http_parser_execute(struct http_parser *p, const char *data, size_t len,
+                                    size_t *used)
+{
+    *used = 0;
+    if (p->head_done && !p->head_reported) {
+        p->head_reported = true;
+        return HTTP_EV_HEAD;
+    }
+    if (p->msg_done) {
+        return HTTP_EV_DONE;
+    }
+    llhttp_errno_t e = llhttp_get_errno(&p->ll);
+    bool resumed = false;
+    if (e == HPE_PAUSED) {
+        llhttp_resume(&p->ll); /* paused at the end of the head */
+        resumed = true;
+    } else if (e != HPE_OK) {
+        return HTTP_EV_ERROR;
+    }
+    /* Right after the head, a message without a body completes with no
+     * further input, so the parser runs even on an empty chunk then. */
+    if (len == 0 && !resumed) {
+        return HTTP_EV_NEED_MORE;
+    }
+    static const char empty[1] = {0};
+    if (len == 0) {
+        data = empty;
+    }
+    bool head_was_done = p->head_done;
+    e = llhttp_execute(&p->ll, data, len);
+    size_t n = len;
+    if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {
+        n = (size_t)(llhttp_get_error_pos(&p->ll) - data);
+    }
+    *used = n;
+    /* When the head ends inside this chunk the parser paused right at its
+     * end, so only head bytes are counted here. */
+    if (!head_was_done && p->error == HTTP_ERR_NONE) {
+        p->head_bytes += n;
+        if (p->head_bytes > p->limits->max_head_bytes) {
+            p->error = HTTP_ERR_HEAD_TOO_LARGE;
+            return HTTP_EV_ERROR;
+        }
+    }
+    switch (e) {
+    case HPE_OK:
+    case HPE_PAUSED:
+    case HPE_PAUSED_UPGRADE:
+        if (p->head_done && !p->head_reported) {
+            p->head_reported = true;
+            return HTTP_EV_HEAD;
+        }
+        return p->msg_done ? HTTP_EV_DONE : HTTP_EV_NEED_MORE;
+    default:
+        /* A callback may have named the error already (llhttp reports
+         * errors from on_headers_complete under its own code). */
+        if (p->error == HTTP_ERR_NONE) {
+            p->error = map_llhttp_error(p, e);
+        }
+        return HTTP_EV_ERROR;
+    }
+}
+
+enum http_event http_parser_finish(struct http_parser *p)
+{
+    if (p->msg_done) {
+        return HTTP_EV_DONE;
+    }
+    if (!p->in_head && !p->head_done) {
+        return HTTP_EV_NEED_MORE;
+    }
+    llhttp_errno_t e = llhttp_get_errno(&p->ll);
+    if (e == HPE_PAUSED) {
+        llhttp_resume(&p->ll);
+    }
+    e = llhttp_finish(&p->ll);
+    if ((e == HPE_OK || e == HPE_PAUSED) && p->msg_done) {
+        return HTTP_EV_DONE;
+    }
+    if (p->error == HTTP_ERR_NONE) {
+        p->error = HTTP_ERR_BAD_REQUEST;
+    }
+    return HTTP_EV_ERROR;
+}
+
+bool http_parser_needs_eof(const struct http_parser *p)
+{
+    return llhttp_message_needs_eof(&p->ll);
+}
+
+bool http_parser_started(const struct http_parser *p)
+{
+    return p->in_head || p->head_done;
+}
+
+bool http_name_eq(const char *a, size_t alen, const char *b)
+{
+    size_t blen = strlen(b);
+    return alen == blen && strncasecmp(a, b, alen) == 0;
+}
+
+const struct http_header *http_head_find(const struct http_head *h, const char *name)
+{
+    size_t nlen = strlen(name);
+    for (uint32_t i = 0; i < h->n_headers; i++) {
+        const struct http_header *x = &h->headers[i];
+        if (x->name_len == nlen && strncasecmp(h->bytes.data + x->name_off, name, nlen) == 0) {
+            return x;
+        }
+    }
+    return NULL;
+}
+
+unsigned http_head_count(const struct http_head *h, const char *name)
+{
+    size_t nlen = strlen(name);
+    unsigned n = 0;
+    for (uint32_t i = 0; i < h->n_headers; i++) {
+        const struct http_header *x = &h->headers[i];
+        if (x->name_len == nlen && strncasecmp(h->bytes.data + x->name_off, name, nlen) == 0) {
+            n++;
+        }
+    }
+    return n;
+}
+
+bool http_token_list_has(const char *list, size_t len, const char *token)
+{
+    size_t tlen = strlen(token);
+    size_t i = 0;
+    while (i < len) {
+        while (i < len && (list[i] == ' ' || list[i] == '\t' || list[i] == ',')) {
+            i++;
+        }
+        size_t start = i;
+        while (i < len && list[i] != ',') {
+            i++;
+        }
+        size_t end = i;
+        while (end > start && (list[end - 1] == ' ' || list[end - 1] == '\t')) {
+            end--;
+        }
+        if (end - start == tlen && strncasecmp(list + start, token, tlen) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool http_is_hop_by_hop(const struct http_head *h, const struct http_header *x)
+{
+    static const char *const hop[] = {"connection", "keep-alive", "proxy-connection",
+                                      "transfer-encoding", "te", "trailer", "upgrade",
+                                      "proxy-authorization", "proxy-authenticate"};
+    const char *name = http_hname(h, x);
+    for (size_t i = 0; i < sizeof hop / sizeof hop[0]; i++) {
+        if (http_name_eq(name, x->name_len, hop[i])) {
+            return true;
+        }
+    }
+    for (uint32_t i = 0; i < h->n_headers; i++) {
+        const struct http_header *c = &h->headers[i];
+        if (http_name_eq(http_hname(h, c), c->name_len, "connection")) {
+            /* Connection: names further hop-by-hop headers. */
+            const char *v = http_hvalue(h, c);
+            char tok[128];
+            if (x->name_len < sizeof tok) {
+                memcpy(tok, name, x->name_len);
+                tok[x->name_len] = '\0';
+                if (http_token_list_has(v, c->value_len, tok)) {
+                    return true;
+                }
+            }
+        }
+    }
+    return false;
+}
+
+const char *http_reason_phrase(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 204: return "No Content";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Content Too Large";
+    case 417: return "Expectation Failed";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "Unknown";
+    }
+}

@@ -1,0 +1,120 @@
+/* thaw: command line and wiring; the work is in the modules. */
+#include "thaw/config.h"
+#include "thaw/log.h"
+#include "thaw/server.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+#ifndef THAW_VERSION
+#define THAW_VERSION "dev"
+#endif
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: thaw --config FILE [options]\n"
+            "       thaw --check-config FILE\n"
+            "\n"
+            "A scale-to-zero activator for GPU model servers.\n"
+            "\n"
+            "options:\n"
+            "  -c, --config FILE          run with this configuration (JSON)\n"
+            "      --check-config FILE    validate FILE and exit 0 (valid) or 1\n"
+            "      --listen ADDR:PORT     proxy address (overrides \"listen\")\n"
+            "      --admin-listen ADDR:PORT\n"
+            "                             admin address (overrides \"admin_listen\")\n"
+            "      --port-file FILE       write the bound addresses as JSON to FILE\n"
+            "      --log-level LEVEL      debug, info, warn or error (overrides \"log.level\")\n"
+            "  -h, --help                 show this help\n"
+            "  -V, --version              show the version\n"
+            "\n"
+            "Port 0 in an address lets the kernel choose; --port-file tells which it chose.\n"
+            "SIGTERM or SIGINT: stop accepting, finish in-flight requests (up to\n"
+            "limits.drain_timeout_ms), exit 0.\n");
+}
+
+int main(int argc, char **argv)
+{
+    enum { OPT_CHECK = 1000, OPT_LISTEN, OPT_ADMIN, OPT_PORTFILE, OPT_LOGLEVEL };
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"check-config", required_argument, NULL, OPT_CHECK},
+        {"listen", required_argument, NULL, OPT_LISTEN},
+        {"admin-listen", required_argument, NULL, OPT_ADMIN},
+        {"port-file", required_argument, NULL, OPT_PORTFILE},
+        {"log-level", required_argument, NULL, OPT_LOGLEVEL},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config_path = NULL, *check_path = NULL, *listen = NULL, *admin = NULL;
+    const char *port_file = NULL, *log_level = NULL;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "c:hV", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'c': config_path = optarg; break;
+        case OPT_CHECK: check_path = optarg; break;
+        case OPT_LISTEN: listen = optarg; break;
+        case OPT_ADMIN: admin = optarg; break;
+        case OPT_PORTFILE: port_file = optarg; break;
+        case OPT_LOGLEVEL: log_level = optarg; break;
+        case 'h': usage(stdout); return 0;
+        case 'V': printf("thaw %s\n", THAW_VERSION); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "thaw: unexpected argument \"%s\"\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    struct config_error err;
+    if (check_path) {
+        struct config *cfg = config_load(check_path, &err);
+        if (!cfg) {
+            fprintf(stderr, "thaw: %s\n", err.msg);
+            return 1;
+        }
+        printf("%s: ok (%zu models)\n", check_path, cfg->n_models);
+        config_free(cfg);
+        return 0;
+    }
+    if (!config_path) {
+        fprintf(stderr, "thaw: --config FILE is required\n");
+        usage(stderr);
+        return 2;
+    }
+    struct config *cfg = config_load(config_path, &err);
+    if (!cfg) {
+        fprintf(stderr, "thaw: %s\n", err.msg);
+        return 1;
+    }
+    if (log_level && log_level_parse(log_level, &cfg->log_level)) {
+        fprintf(stderr, "thaw: --log-level: must be debug, info, warn or error\n");
+        config_free(cfg);
+        return 2;
+    }
+    if ((listen && config_set_listen(cfg, &cfg->listen, listen, "--listen", &err)) ||
+        (admin && config_set_listen(cfg, &cfg->admin_listen, admin, "--admin-listen", &err))) {
+        fprintf(stderr, "thaw: %s\n", err.msg);
+        config_free(cfg);
+        return 2;
+    }
+    log_init(cfg->log_level);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    struct server srv;
+    int rc = server_init(&srv, cfg, port_file);
+    if (rc == 0) {
+        rc = server_run(&srv);
+    } else {
+        rc = 1;
+    }
+    server_dispose(&srv);
+    curl_global_cleanup();
+    return rc;
+}

@@ -1,0 +1,259 @@
+#include "thaw/model.h"
+#include "thaw/backend.h"
+#include "thaw/log.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void fleet_init(struct fleet *f, struct queue_global *qg, uint64_t queue_aging_ms)
+{
+    memset(f, 0, sizeof *f);
+    list_init(&f->models);
+    router_init(&f->router);
+    f->qglobal = qg;
+    f->queue_aging_ms = queue_aging_ms;
+}
+
+int netaddr_parse(const char *text, struct sockaddr_storage *ss, socklen_t *len)
+{
+    char host[128];
+    const char *port;
+    memset(ss, 0, sizeof *ss);
+    if (text[0] == '[') {
+        const char *rb = strchr(text, ']');
+        if (!rb || rb[1] != ':' || (size_t)(rb - text - 1) >= sizeof host) {
+            return -EINVAL;
+        }
+        memcpy(host, text + 1, (size_t)(rb - text - 1));
+        host[rb - text - 1] = '\0';
+        port = rb + 2;
+    } else {
+        const char *colon = strrchr(text, ':');
+        if (!colon || (size_t)(colon - text) >= sizeof host) {
+            return -EINVAL;
+        }
+        memcpy(host, text, (size_t)(colon - text));
+        host[colon - text] = '\0';
+        port = colon + 1;
+    }
+    char *end;
+    long p = strtol(port, &end, 10);
+    if (*end || !*port || p < 0 || p > 65535) {
+        return -EINVAL;
+    }
+    if (strcmp(host, "localhost") == 0) {
+        strcpy(host, "127.0.0.1");
+    }
+    struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+    if (inet_pton(AF_INET, host[0] ? host : "0.0.0.0", &s4->sin_addr) == 1) {
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons((uint16_t)p);
+        *len = sizeof *s4;
+        return 0;
+    }
+    if (inet_pton(AF_INET6, host, &s6->sin6_addr) == 1) {
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons((uint16_t)p);
+        *len = sizeof *s6;
+        return 0;
+    }
+    return -EINVAL;
+}
+
+struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, size_t *conflicts)
+{
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) {
+        return NULL;
+    }
+    m->fleet = f;
+    m->name = strdup(cm->name);
+    m->namespace_ = strdup(cm->namespace_);
+    if (!m->name || !m->namespace_) {
+        free(m->name);
+        free(m->namespace_);
+        free(m);
+        return NULL;
+    }
+    m->set.max_concurrency = (uint32_t)cm->max_concurrency;
+    m->set.priority = cm->priority;
+    m->set.max_queue = cm->max_queue;
+    m->set.queue_timeout_ms = cm->queue_timeout_ms;
+    m->set.connect_timeout_ms = cm->connect_timeout_ms;
+    m->set.first_byte_timeout_ms = cm->first_byte_timeout_ms;
+    m->set.upstream_idle_timeout_ms = cm->upstream_idle_timeout_ms;
+    queue_init(&m->queue, (size_t)cm->max_queue, f->queue_aging_ms, f->qglobal);
+    struct route_names rn = {
+        .name = cm->name,
+        .namespace_ = cm->namespace_,
+        .hosts = (const char *const *)cm->hosts,
+        .n_hosts = cm->n_hosts,
+        .aliases = (const char *const *)cm->aliases,
+        .n_aliases = cm->n_aliases,
+    };
+    if (router_add(&f->router, m, &rn, conflicts)) {
+        router_remove(&f->router, m);
+        free(m->name);
+        free(m->namespace_);
+        free(m);
+        return NULL;
+    }
+    list_push_back(&f->models, &m->node);
+    f->n_models++;
+    return m;
+}
+
+struct model *fleet_find(const struct fleet *f, const char *namespace_, const char *name)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &f->models)
+    {
+        struct model *m = container_of(pos, struct model, node);
+        if (strcmp(m->name, name) == 0 && strcmp(m->namespace_, namespace_) == 0) {
+            return m;
+        }
+    }
+    return NULL;
+}
+
+void endpoint_ref(struct endpoint *ep)
+{
+    ep->refs++;
+}
+
+void endpoint_unref(struct endpoint *ep)
+{
+    if (--ep->refs == 0) {
+        free(ep->id);
+        free(ep);
+    }
+}
+
+static void detach_endpoint(struct model *m, size_t i)
+{
+    struct endpoint *ep = m->endpoints[i];
+    m->endpoints[i] = m->endpoints[--m->n_endpoints];
+    ep->model = NULL;
+    endpoint_unref(ep); /* the model's link */
+}
+
+int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr)
+{
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        if (strcmp(m->endpoints[i]->id, id) == 0) {
+            return 0; /* already known */
+        }
+    }
+    struct endpoint *ep = calloc(1, sizeof *ep);
+    if (!ep) {
+        return -ENOMEM;
+    }
+    if (netaddr_parse(addr, &ep->addr, &ep->addrlen)) {
+        free(ep);
+        return -EINVAL;
+    }
+    ep->id = strdup(id);
+    if (!ep->id) {
+        free(ep);
+        return -ENOMEM;
+    }
+    snprintf(ep->addr_text, sizeof ep->addr_text, "%s", addr);
+    list_init(&ep->idle);
+    ep->model = m;
+    ep->refs = 1;
+    if (m->n_endpoints == m->cap_endpoints) {
+        size_t ncap = m->cap_endpoints ? m->cap_endpoints * 2 : 4;
+        struct endpoint **ne = realloc(m->endpoints, ncap * sizeof *ne);
+        if (!ne) {
+            free(ep->id);
+            free(ep);
+            return -ENOMEM;
+        }
+        m->endpoints = ne;
+        m->cap_endpoints = ncap;
+    }
+    m->endpoints[m->n_endpoints++] = ep;
+    LOGI("replica ready", "model=%s replica=%s addr=%s", m->name, id, addr);
+    if (f->on_capacity) {
+        f->on_capacity(f->cb_ud, m);
+    }
+    return 0;
+}
+
+void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const char *reason)
+{
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        if (strcmp(m->endpoints[i]->id, id) == 0) {
+            LOGI("replica gone", "model=%s replica=%s reason=\"%s\"", m->name, id, reason);
+            detach_endpoint(m, i);
+            return;
+        }
+    }
+}
+
+void fleet_remove_model(struct fleet *f, struct model *m, const char *reason)
+{
+    if (f->on_removing) {
+        f->on_removing(f->cb_ud, m, reason);
+    }
+    router_remove(&f->router, m);
+    while (m->n_endpoints) {
+        detach_endpoint(m, m->n_endpoints - 1);
+    }
+    list_remove(&m->node);
+    f->n_models--;
+    free(m->endpoints);
+    free(m->name);
+    free(m->namespace_);
+    free(m);
+}
+
+void fleet_dispose(struct fleet *f)
+{
+    while (!list_empty(&f->models)) {
+        struct model *m = container_of(list_first(&f->models), struct model, node);
+        fleet_remove_model(f, m, "shutdown");
+    }
+    router_dispose(&f->router);
+}
+
+struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
+{
+    struct endpoint *best = NULL, *best_ejected = NULL;
+    bool all_ejected = true;
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        struct endpoint *ep = m->endpoints[i];
+        bool ejected = ep->ejected_until_ms > now_ms;
+        if (!ejected) {
+            all_ejected = false;
+        }
+        if (ep->inflight >= m->set.max_concurrency) {
+            continue;
+        }
+        if (ejected) {
+            if (!best_ejected || ep->ejected_until_ms < best_ejected->ejected_until_ms) {
+                best_ejected = ep;
+            }
+            continue;
+        }
+        if (!best || ep->inflight < best->inflight) {
+            best = ep;
+        }
+    }
+    /* When every replica is ejected, try the one whose ejection ends first
+     * rather than refusing everything (Envoy's panic mode). */
+    if (!best && all_ejected) {
+        best = best_ejected;
+    }
+    return best;
+}
+
+uint32_t model_capacity(const struct model *m)
+{
+    return (uint32_t)m->n_endpoints * m->set.max_concurrency;
+}

@@ -1,0 +1,376 @@
+#include "thaw/proxy.h"
+#include "thaw/backend.h"
+#include "thaw/conn.h"
+#include "thaw/log.h"
+#include "thaw/server.h"
+#include "thaw/upstream.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+/* Cached request objects keep buffers up to these sizes. */
+#define CACHE_KEEP_HEAD_BYTES (8 * 1024)
+#define CACHE_KEEP_BODY_BYTES (64 * 1024)
+
+struct request *request_new(struct server *srv, struct conn *c)
+{
+    struct request *r;
+    struct list_node *n = list_first(&srv->free_requests);
+    if (n) {
+        list_remove(n);
+        srv->n_free_requests--;
+        r = container_of(n, struct request, cache_node);
+    } else {
+        r = calloc(1, sizeof *r);
+        if (!r) {
+            return NULL;
+        }
+        http_head_init(&r->head);
+        buf_init(&r->body);
+        buf_init(&r->up_head);
+    }
+    list_node_init(&r->qi.node);
+    list_node_init(&r->cache_node);
+    r->conn = c;
+    r->model = NULL;
+    r->state = REQ_READING;
+    r->start_ms = server_now_ms();
+    r->queued_ms = r->dispatch_ms = 0;
+    r->up = NULL;
+    r->last_ep = NULL;
+    r->tries = 0;
+    r->counted = false;
+    r->response_started = false;
+    r->model_resolved = false;
+    r->tier = TIER_STANDARD;
+    return r;
+}
+
+void request_free(struct server *srv, struct request *r)
+{
+    assert(!list_linked(&r->qi.node));
+    assert(r->up == NULL);
+    if (srv->n_free_requests < SERVER_REQUEST_CACHE) {
+        http_head_reset(&r->head);
+        buf_reset(&r->body);
+        buf_reset(&r->up_head);
+        if (r->head.bytes.cap > CACHE_KEEP_HEAD_BYTES) {
+            buf_dispose(&r->head.bytes);
+        }
+        if (r->body.cap > CACHE_KEEP_BODY_BYTES) {
+            buf_dispose(&r->body);
+        }
+        if (r->up_head.cap > CACHE_KEEP_HEAD_BYTES) {
+            buf_dispose(&r->up_head);
+        }
+        list_push_front(&srv->free_requests, &r->cache_node);
+        srv->n_free_requests++;
+        return;
+    }
+    http_head_dispose(&r->head);
+    buf_dispose(&r->body);
+    buf_dispose(&r->up_head);
+    free(r);
+}
+
+static void finish(struct server *srv, struct request *r)
+{
+    assert(!r->counted);
+    r->counted = true;
+    server_request_finished(srv);
+}
+
+void proxy_count_proxied(struct server *srv, struct request *r, int status)
+{
+    if (r->counted) {
+        return;
+    }
+    srv->metrics.requests_proxied++;
+    if (r->model) {
+        r->model->stats.proxied++;
+        code_counts_add(&r->model->stats.codes, status);
+    }
+    finish(srv, r);
+}
+
+void proxy_count_rejected(struct server *srv, struct request *r, enum reject_reason reason)
+{
+    if (r->counted) {
+        return;
+    }
+    srv->metrics.requests_rejected++;
+    srv->metrics.rejections[reason]++;
+    int status = reject_info(reason)->status;
+    if (r->model && r->model_resolved) {
+        r->model->stats.rejected++;
+        r->model->stats.rejections[reason]++;
+        code_counts_add(&r->model->stats.codes, status);
+    } else {
+        code_counts_add(&srv->metrics.unrouted_codes, status);
+    }
+    finish(srv, r);
+}
+
+void proxy_count_aborted(struct server *srv, struct request *r, enum abort_reason reason)
+{
+    if (r->counted) {
+        return;
+    }
+    srv->metrics.requests_aborted++;
+    srv->metrics.aborts[reason]++;
+    if (r->model && r->model_resolved) {
+        r->model->stats.aborted++;
+    }
+    finish(srv, r);
+}
+
+static struct server *server_of(struct model *m)
+{
+    return m->fleet->cb_ud;
+}
+
+static void on_queue_timer(evutil_socket_t fd, short what, void *arg);
+
+static void arm_queue_timer(struct server *srv, struct model *m)
+{
+    uint64_t next = queue_next_deadline(&m->queue);
+    if (next == UINT64_MAX) {
+        if (m->queue_timer) {
+            event_del(m->queue_timer);
+        }
+        return;
+    }
+    if (!m->queue_timer) {
+        m->queue_timer = evtimer_new(srv->base, on_queue_timer, m);
+        if (!m->queue_timer) {
+            return;
+        }
+    }
+    uint64_t now = server_now_ms();
+    uint64_t wait = next > now ? next - now : 0;
+    struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)((wait % 1000) * 1000)};
+    event_add(m->queue_timer, &tv);
+}
+
+static void on_queue_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct model *m = arg;
+    struct server *srv = server_of(m);
+    uint64_t now = server_now_ms();
+    struct queue_item *it;
+    while ((it = queue_pop_expired(&m->queue, now))) {
+        struct request *r = container_of(it, struct request, qi);
+        r->state = REQ_ROUTED;
+        LOGI("queue deadline passed", "model=%s tier=%s waited_ms=%llu", m->name,
+             tier_name(r->tier), (unsigned long long)(now - r->queued_ms));
+        conn_reject(r->conn, REJECT_QUEUE_TIMEOUT, NULL);
+    }
+    arm_queue_timer(srv, m);
+}
+
+static int parse_priority(struct request *r, enum tier *out)
+{
+    const struct http_header *h = http_head_find(&r->head, "thaw-priority");
+    if (!h) {
+        return 1;
+    }
+    return tier_parse(http_hvalue(&r->head, h), h->value_len, out) ? -1 : 0;
+}
+
+int proxy_on_head(struct conn *c, struct request *r)
+{
+    struct server *srv = c->srv;
+    if (r->head.method == HTTP_CONNECT) {
+        return REJECT_METHOD_NOT_ALLOWED;
+    }
+    enum tier t;
+    int prc = parse_priority(r, &t);
+    if (prc < 0) {
+        return REJECT_BAD_PRIORITY;
+    }
+    enum route_status st = router_resolve_head(&srv->fleet.router, &r->head, &r->route);
+    if (st == ROUTE_FOUND) {
+        r->model = r->route.target;
+        r->model_resolved = true;
+        r->tier = prc == 0 ? t : r->model->set.priority;
+    } else if (st == ROUTE_NEED_BODY) {
+        if (prc == 0) {
+            r->tier = t;
+        }
+    } else {
+        return REJECT_UNKNOWN_MODEL;
+    }
+    return REJECT_COUNT;
+}
+
+static void start_at(struct server *srv, struct request *r, struct endpoint *ep)
+{
+    r->state = REQ_UPSTREAM;
+    upstream_start(srv, r, ep);
+}
+
+/* Places a routed request: straight to a free replica slot when nothing is
+ * waiting ahead of it, else into the model's queue. */
+static void place(struct server *srv, struct request *r)
+{
+    struct model *m = r->model;
+    uint64_t now = server_now_ms();
+    if (m->queue.count == 0) {
+        struct endpoint *ep = model_pick_endpoint(m, now);
+        if (ep) {
+            r->queued_ms = now;
+            histogram_observe(&m->stats.queue_wait[r->tier], 0);
+            start_at(srv, r, ep);
+            return;
+        }
+    }
+    if (m->n_endpoints == 0 && m->backend && backend_scale(m->backend, m, 1) == -ENOTSUP) {
+        conn_reject(r->conn, REJECT_NO_REPLICAS, NULL);
+        return;
+    }
+    struct queue_item *displaced = NULL;
+    int rc = queue_push(&m->queue, &r->qi, r->tier, now, now + m->set.queue_timeout_ms,
+                        &displaced);
+    if (rc) {
+        conn_reject(r->conn, REJECT_QUEUE_FULL, NULL);
+        return;
+    }
+    r->state = REQ_QUEUED;
+    r->queued_ms = now;
+    if (displaced) {
+        struct request *d = container_of(displaced, struct request, qi);
+        d->state = REQ_ROUTED;
+        LOGI("queued request displaced", "model=%s tier=batch by=critical", m->name);
+        conn_reject(d->conn, REJECT_QUEUE_DISPLACED, NULL);
+    }
+    arm_queue_timer(srv, m);
+}
+
+void proxy_on_request(struct conn *c, struct request *r)
+{
+    struct server *srv = c->srv;
+    if (!r->model) {
+        enum route_status st =
+            router_resolve_body(&srv->fleet.router, r->body.data, r->body.len, &r->route);
+        switch (st) {
+        case ROUTE_FOUND:
+            break;
+        case ROUTE_BAD_JSON:
+            conn_reject(c, REJECT_BAD_JSON, NULL);
+            return;
+        case ROUTE_NO_MODEL_FIELD:
+            conn_reject(c, REJECT_NO_MODEL_FIELD, NULL);
+            return;
+        default:
+            conn_reject(c, REJECT_UNKNOWN_MODEL, NULL);
+            return;
+        }
+        r->model = r->route.target;
+        r->model_resolved = true;
+        /* route.path_* still describe the original target from the head. */
+        r->route.path_off = 0;
+        r->route.path_len = r->head.target_len;
+        r->route.add_slash = false;
+        enum tier t;
+        if (parse_priority(r, &t) != 0) {
+            r->tier = r->model->set.priority;
+        }
+    }
+    r->state = REQ_ROUTED;
+    place(srv, r);
+}
+
+void proxy_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
+{
+    struct server *srv = c->srv;
+    if (r->state == REQ_QUEUED) {
+        queue_remove(&r->model->queue, &r->qi);
+        LOGD("held request abandoned by client", "model=%s", r->model->name);
+        arm_queue_timer(srv, r->model);
+    } else if (r->up) {
+        upstream_cancel(r->up);
+    }
+    proxy_count_aborted(srv, r, reason);
+}
+
+void proxy_dispatch(struct server *srv, struct model *m)
+{
+    uint64_t now = server_now_ms();
+    bool took = false;
+    while (m->queue.count > 0) {
+        struct endpoint *ep = model_pick_endpoint(m, now);
+        if (!ep) {
+            break;
+        }
+        struct queue_item *it = queue_pop(&m->queue);
+        struct request *r = container_of(it, struct request, qi);
+        histogram_observe(&m->stats.queue_wait[r->tier], (double)(now - r->queued_ms) / 1000.0);
+        took = true;
+        start_at(srv, r, ep);
+    }
+    if (took) {
+        arm_queue_timer(srv, m);
+    }
+}
+
+void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason)
+{
+    struct queue_item *it;
+    while ((it = queue_pop(&m->queue))) {
+        struct request *r = container_of(it, struct request, qi);
+        r->state = REQ_ROUTED;
+        conn_reject(r->conn, reason, NULL);
+    }
+    if (m->queue_timer) {
+        event_free(m->queue_timer);
+        m->queue_timer = NULL;
+    }
+}
+
+void proxy_upstream_retry(struct request *r)
+{
+    struct model *m = r->model;
+    struct server *srv = r->conn->srv;
+    size_t limit = m->n_endpoints > 1 ? m->n_endpoints : 1;
+    if (r->tries >= limit || m->n_endpoints == 0) {
+        r->state = REQ_ROUTED;
+        conn_reject(r->conn, REJECT_UPSTREAM_CONNECT, NULL);
+        return;
+    }
+    uint64_t now = server_now_ms();
+    struct endpoint *ep = model_pick_endpoint(m, now);
+    if (ep) {
+        start_at(srv, r, ep);
+        return;
+    }
+    /* Every slot is busy: wait at the front of its tier. */
+    r->state = REQ_QUEUED;
+    queue_push_front(&m->queue, &r->qi);
+    arm_queue_timer(srv, m);
+}
+
+void proxy_upstream_done(struct request *r)
+{
+    struct conn *c = r->conn;
+    conn_response_done(c);
+}
+
+void proxy_upstream_failed(struct request *r, enum reject_reason reason, enum abort_reason abort)
+{
+    struct conn *c = r->conn;
+    if (r->model) {
+        r->model->stats.upstream_errors++;
+    }
+    if (!r->response_started) {
+        r->state = REQ_ROUTED;
+        conn_reject(c, reason, NULL);
+        return;
+    }
+    proxy_count_aborted(c->srv, r, abort);
+    conn_close(c, abort);
+}

@@ -1,0 +1,415 @@
+#include "thaw/server.h"
+#include "thaw/backend.h"
+#include "thaw/conn.h"
+#include "thaw/log.h"
+#include "thaw/proxy.h"
+#include "thaw/upstream.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event_struct.h>
+
+/* Lingering close: how long a closing connection's input is discarded. */
+#define LINGER_MS 2000
+/* Connections taken per accept event, so one busy listener cannot starve
+ * the others. */
+#define ACCEPT_BATCH 64
+/* Admin-port connections are few; they get their own small bound. */
+#define ADMIN_MAX_CONNECTIONS 256
+
+uint64_t server_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static const struct timeval *common_timeout(struct event_base *base, uint64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    const struct timeval *c = event_base_init_common_timeout(base, &tv);
+    return c;
+}
+
+static void on_capacity(void *ud, struct model *m)
+{
+    proxy_dispatch(ud, m);
+}
+
+static void on_removing(void *ud, struct model *m, const char *reason)
+{
+    LOGI("model removed", "model=%s reason=\"%s\"", m->name, reason);
+    proxy_flush_queue(ud, m, REJECT_NO_REPLICAS);
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        upstream_close_idle(m->endpoints[i]);
+    }
+}
+
+static void on_accept(evutil_socket_t fd, short what, void *arg);
+
+static int listener_open(struct server *srv, struct listener *l, const char *addr,
+                         enum listener_kind kind)
+{
+    l->srv = srv;
+    l->kind = kind;
+    l->fd = -1;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    if (netaddr_parse(addr, &ss, &len)) {
+        LOGE("bad listen address", "address=%s", addr);
+        return -1;
+    }
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        LOGE("socket failed", "error=\"%s\"", strerror(errno));
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&ss, len) < 0 || listen(fd, 4096) < 0) {
+        LOGE("cannot listen", "address=%s error=\"%s\"", addr, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    l->bound_len = sizeof l->bound;
+    getsockname(fd, (struct sockaddr *)&l->bound, &l->bound_len);
+    l->fd = fd;
+    event_assign(&l->ev, srv->base, fd, EV_READ | EV_PERSIST, on_accept, l);
+    event_add(&l->ev, NULL);
+    l->active = true;
+    return 0;
+}
+
+static void listener_close(struct listener *l)
+{
+    if (l->active) {
+        event_del(&l->ev);
+        close(l->fd);
+        l->fd = -1;
+        l->active = false;
+    }
+}
+
+static void format_addr(const struct sockaddr_storage *ss, char *out, size_t len)
+{
+    char ip[64] = "?";
+    unsigned port = 0;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &s4->sin_addr, ip, sizeof ip);
+        port = ntohs(s4->sin_port);
+        snprintf(out, len, "%s:%u", ip, port);
+    } else {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &s6->sin6_addr, ip, sizeof ip);
+        port = ntohs(s6->sin6_port);
+        snprintf(out, len, "[%s]:%u", ip, port);
+    }
+}
+
+static int write_port_file(struct server *srv)
+{
+    char tmp[4096];
+    char a[96], b[96];
+    format_addr(&srv->proxy_l.bound, a, sizeof a);
+    format_addr(&srv->admin_l.bound, b, sizeof b);
+    snprintf(tmp, sizeof tmp, "%s.tmp", srv->port_file);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        LOGE("cannot write port file", "path=%s error=\"%s\"", tmp, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "{\"listen\":\"%s\",\"admin_listen\":\"%s\"}\n", a, b);
+    if (fclose(f) != 0 || rename(tmp, srv->port_file) != 0) {
+        LOGE("cannot write port file", "path=%s error=\"%s\"", srv->port_file, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void reject_connection(struct server *srv, int fd, const struct sockaddr *peer)
+{
+    srv->metrics.connections_rejected++;
+    srv->metrics.rejections[REJECT_TOO_MANY_CONNECTIONS]++;
+    if (srv->n_lingering >= 1024) {
+        close(fd); /* under a flood, not even a polite answer */
+        return;
+    }
+    struct conn *c = conn_new(srv, fd, LISTENER_ADMIN, peer);
+    if (!c) {
+        return;
+    }
+    /* Created as an admin-kind connection so it is not counted against the
+     * proxy limit; it only ever carries this one answer. */
+    conn_reject(c, REJECT_TOO_MANY_CONNECTIONS, NULL);
+}
+
+static void on_accept(evutil_socket_t fd, short what, void *arg)
+{
+    struct listener *l = arg;
+    struct server *srv = l->srv;
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
+        struct sockaddr_storage peer;
+        socklen_t plen = sizeof peer;
+        int cfd = accept4(fd, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd < 0) {
+            if (errno == EMFILE || errno == ENFILE) {
+                LOGW("out of file descriptors", "listener=%s",
+                     l->kind == LISTENER_PROXY ? "proxy" : "admin");
+            }
+            return;
+        }
+        if (l->kind == LISTENER_PROXY) {
+            srv->metrics.connections_accepted++;
+            if (srv->n_conns >= srv->cfg->limits.max_connections) {
+                reject_connection(srv, cfd, (struct sockaddr *)&peer);
+                continue;
+            }
+            if (conn_new(srv, cfd, LISTENER_PROXY, (struct sockaddr *)&peer)) {
+                srv->n_conns++;
+            }
+        } else {
+            conn_new(srv, cfd, LISTENER_ADMIN, (struct sockaddr *)&peer);
+        }
+    }
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    struct server *srv = arg;
+    if (srv->draining) {
+        LOGW("second signal: exiting now", "signal=%d", (int)sig);
+        event_base_loopbreak(srv->base);
+        return;
+    }
+    LOGI("signal received: draining", "signal=%d inflight=%llu", (int)sig,
+         (unsigned long long)srv->inflight);
+    server_begin_drain(srv);
+}
+
+static bool output_pending(struct server *srv)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->conns)
+    {
+        struct conn *c = container_of(pos, struct conn, node);
+        if (conn_out_pending(c) > 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void close_all_connections(struct server *srv)
+{
+    while (!list_empty(&srv->conns)) {
+        struct conn *c = container_of(list_first(&srv->conns), struct conn, node);
+        conn_close(c, ABORT_SHUTDOWN);
+    }
+}
+
+static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *srv = arg;
+    if (srv->inflight == 0 && !output_pending(srv)) {
+        LOGI("drained", NULL);
+        event_base_loopexit(srv->base, NULL);
+        return;
+    }
+    if (server_now_ms() >= srv->drain_deadline_ms) {
+        LOGW("drain timeout: answering held requests and closing", "inflight=%llu",
+             (unsigned long long)srv->inflight);
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &srv->fleet.models)
+        {
+            proxy_flush_queue(srv, container_of(pos, struct model, node), REJECT_SHUTTING_DOWN);
+        }
+        /* Give the 503s a moment to leave, then close whatever remains. */
+        srv->drain_deadline_ms = UINT64_MAX;
+        srv->drain_hard_stop = true;
+    }
+    if (srv->drain_hard_stop && !output_pending(srv)) {
+        close_all_connections(srv);
+        event_base_loopexit(srv->base, NULL);
+        return;
+    }
+    struct timeval tv = {0, 20000};
+    event_add(srv->drain_timer, &tv);
+}
+
+void server_begin_drain(struct server *srv)
+{
+    if (srv->draining) {
+        return;
+    }
+    srv->draining = true;
+    listener_close(&srv->proxy_l);
+    /* The admin port stays up so /readyz can say "draining". */
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->conns)
+    {
+        struct conn *c = container_of(pos, struct conn, node);
+        if (c->kind == LISTENER_PROXY) {
+            conn_drain(c);
+        }
+    }
+    srv->drain_deadline_ms = server_now_ms() + srv->cfg->limits.drain_timeout_ms;
+    srv->drain_timer = evtimer_new(srv->base, on_drain_tick, srv);
+    struct timeval tv = {0, 0};
+    event_add(srv->drain_timer, &tv);
+}
+
+void server_request_finished(struct server *srv)
+{
+    srv->inflight--;
+}
+
+int server_init(struct server *srv, struct config *cfg, const char *port_file)
+{
+    memset(srv, 0, sizeof *srv);
+    srv->cfg = cfg;
+    srv->port_file = port_file;
+    srv->started_ms = server_now_ms();
+    list_init(&srv->conns);
+    list_init(&srv->lingering);
+    list_init(&srv->free_requests);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+
+    srv->base = event_base_new();
+    srv->scratch = malloc(SERVER_SCRATCH_BYTES);
+    if (!srv->base || !srv->scratch) {
+        LOGE("out of memory at start-up", NULL);
+        return -1;
+    }
+    const struct config_limits *lim = &cfg->limits;
+    srv->req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
+                                           lim->max_body_bytes};
+    srv->resp_limits = (struct http_limits){cfg->upstream.max_response_header_bytes, 1000, 0};
+    srv->admin_limits = (struct http_limits){16384, 64, 0};
+    srv->tv_header = common_timeout(srv->base, lim->header_timeout_ms);
+    srv->tv_body = common_timeout(srv->base, lim->body_timeout_ms);
+    srv->tv_keepalive = common_timeout(srv->base, lim->keepalive_timeout_ms);
+    srv->tv_send = common_timeout(srv->base, lim->send_timeout_ms);
+    srv->tv_linger = common_timeout(srv->base, LINGER_MS);
+
+    srv->qglobal.max_total = lim->max_queue_total;
+    fleet_init(&srv->fleet, &srv->qglobal, lim->queue_aging_ms);
+    srv->fleet.on_capacity = on_capacity;
+    srv->fleet.on_removing = on_removing;
+    srv->fleet.cb_ud = srv;
+
+    srv->static_backend = backend_static_new(&srv->fleet);
+    if (!srv->static_backend) {
+        return -1;
+    }
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        size_t conflicts = 0;
+        struct model *m = fleet_add_model(&srv->fleet, &cfg->models[i], &conflicts);
+        if (!m) {
+            LOGE("out of memory adding model", "model=%s", cfg->models[i].name);
+            return -1;
+        }
+        if (conflicts) {
+            LOGW("model names already taken by another model are ignored",
+                 "model=%s conflicts=%zu", m->name, conflicts);
+        }
+        if (srv->static_backend->ops->attach(srv->static_backend, m, &cfg->models[i])) {
+            return -1;
+        }
+    }
+
+    if (listener_open(srv, &srv->proxy_l, cfg->listen, LISTENER_PROXY) ||
+        listener_open(srv, &srv->admin_l, cfg->admin_listen, LISTENER_ADMIN)) {
+        return -1;
+    }
+    srv->sig_term = evsignal_new(srv->base, SIGTERM, on_signal, srv);
+    srv->sig_int = evsignal_new(srv->base, SIGINT, on_signal, srv);
+    event_add(srv->sig_term, NULL);
+    event_add(srv->sig_int, NULL);
+    if (port_file && write_port_file(srv)) {
+        return -1;
+    }
+    char a[96], b[96];
+    format_addr(&srv->proxy_l.bound, a, sizeof a);
+    format_addr(&srv->admin_l.bound, b, sizeof b);
+    LOGI("thaw started", "listen=%s admin_listen=%s models=%zu", a, b, srv->fleet.n_models);
+    srv->ready = true;
+    return 0;
+}
+
+int server_run(struct server *srv)
+{
+    event_base_dispatch(srv->base);
+    if (srv->inflight > 0) {
+        LOGW("drain timeout: abandoning requests", "inflight=%llu",
+             (unsigned long long)srv->inflight);
+    }
+    return srv->exit_code;
+}
+
+void server_dispose(struct server *srv)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->fleet.models)
+    {
+        struct model *m = container_of(pos, struct model, node);
+        proxy_flush_queue(srv, m, REJECT_SHUTTING_DOWN);
+    }
+    close_all_connections(srv);
+    list_for_each_safe(pos, tmp, &srv->fleet.models)
+    {
+        struct model *m = container_of(pos, struct model, node);
+        for (size_t i = 0; i < m->n_endpoints; i++) {
+            upstream_close_idle(m->endpoints[i]);
+        }
+    }
+    if (srv->static_backend) {
+        srv->static_backend->ops->stop(srv->static_backend);
+    }
+    fleet_dispose(&srv->fleet);
+    if (srv->static_backend) {
+        srv->static_backend->ops->free(srv->static_backend);
+    }
+    while (!list_empty(&srv->free_requests)) {
+        struct request *r = container_of(list_first(&srv->free_requests), struct request,
+                                         cache_node);
+        list_remove(&r->cache_node);
+        http_head_dispose(&r->head);
+        buf_dispose(&r->body);
+        buf_dispose(&r->up_head);
+        free(r);
+    }
+    listener_close(&srv->proxy_l);
+    listener_close(&srv->admin_l);
+    if (srv->sig_term) {
+        event_free(srv->sig_term);
+    }
+    if (srv->sig_int) {
+        event_free(srv->sig_int);
+    }
+    if (srv->drain_timer) {
+        event_free(srv->drain_timer);
+    }
+    if (srv->base) {
+        event_base_free(srv->base);
+    }
+    free(srv->scratch);
+    config_free(srv->cfg);
+}

@@ -1,0 +1,609 @@
+#include "thaw/upstream.h"
+#include "thaw/conn.h"
+#include "thaw/log.h"
+#include "thaw/proxy.h"
+#include "thaw/server.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+static void on_read(evutil_socket_t fd, short what, void *arg);
+static void on_write(evutil_socket_t fd, short what, void *arg);
+static void on_timer(evutil_socket_t fd, short what, void *arg);
+static void on_body(void *ud, const char *data, size_t len);
+
+static void arm_ms(struct upstream *u, uint64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    event_add(&u->tev, &tv);
+}
+
+static void destroy(struct upstream *u)
+{
+    if (u->dead) {
+        return;
+    }
+    u->dead = true;
+    if (u->state == UP_IDLE) {
+        list_remove(&u->node);
+        u->ep->n_idle--;
+    }
+    event_del(&u->rev);
+    event_del(&u->wev);
+    event_del(&u->tev);
+    if (u->fd >= 0) {
+        close(u->fd);
+        u->fd = -1;
+    }
+    http_head_dispose(&u->head);
+    endpoint_unref(u->ep);
+    u->ep = NULL;
+    if (u->busy == 0) {
+        free(u);
+    }
+}
+
+static void enter(struct upstream *u)
+{
+    u->busy++;
+}
+
+static void leave(struct upstream *u)
+{
+    if (--u->busy == 0 && u->dead) {
+        free(u);
+    }
+}
+
+/* Lets go of the request: gives its slot back, then pools or closes the
+ * connection. Returns the model the slot belonged to (NULL if gone). */
+static struct model *release(struct upstream *u, bool reusable)
+{
+    struct request *r = u->req;
+    struct endpoint *ep = u->ep;
+    struct model *m = ep->model;
+    if (r) {
+        r->up = NULL;
+        u->req = NULL;
+        ep->inflight--;
+        if (m) {
+            m->inflight--;
+        }
+        if (r->conn->on_drain) {
+            r->conn->on_drain = NULL;
+        }
+    }
+    struct server *srv = u->srv;
+    if (reusable && m && !srv->draining && ep->n_idle < srv->cfg->upstream.keepalive_per_endpoint &&
+        !u->dead) {
+        u->state = UP_IDLE;
+        u->reading_paused = false;
+        list_push_back(&ep->idle, &u->node);
+        ep->n_idle++;
+        event_del(&u->wev);
+        event_add(&u->rev, NULL);
+        arm_ms(u, srv->cfg->upstream.keepalive_timeout_ms);
+        http_head_reset(&u->head);
+    } else {
+        destroy(u);
+    }
+    return m;
+}
+
+static void build_upstream_head(struct request *r, struct endpoint *ep)
+{
+    struct buf *b = &r->up_head;
+    struct http_head *h = &r->head;
+    buf_reset(b);
+    buf_append_str(b, llhttp_method_name((llhttp_method_t)h->method));
+    buf_append(b, " ", 1);
+    if (r->route.add_slash) {
+        buf_append(b, "/", 1);
+    }
+    buf_append(b, http_target(h) + r->route.path_off, r->route.path_len);
+    buf_append_str(b, " HTTP/1.1\r\n");
+    const struct http_header *xff = NULL;
+    bool have_host = false, have_proto = false;
+    for (uint32_t i = 0; i < h->n_headers; i++) {
+        const struct http_header *x = &h->headers[i];
+        const char *name = http_hname(h, x);
+        if (http_is_hop_by_hop(h, x) || http_name_eq(name, x->name_len, "content-length") ||
+            http_name_eq(name, x->name_len, "expect") ||
+            http_name_eq(name, x->name_len, "thaw-priority")) {
+            continue;
+        }
+        if (http_name_eq(name, x->name_len, "x-forwarded-for")) {
+            xff = x;
+            continue;
+        }
+        if (http_name_eq(name, x->name_len, "host")) {
+            have_host = true;
+        } else if (http_name_eq(name, x->name_len, "x-forwarded-proto")) {
+            have_proto = true;
+        }
+        buf_append(b, name, x->name_len);
+        buf_append(b, ": ", 2);
+        buf_append(b, http_hvalue(h, x), x->value_len);
+        buf_append(b, "\r\n", 2);
+    }
+    if (!have_host) {
+        buf_printf(b, "Host: %s\r\n", ep->addr_text);
+    }
+    if (xff) {
+        buf_append_str(b, "X-Forwarded-For: ");
+        buf_append(b, http_hvalue(h, xff), xff->value_len);
+        buf_printf(b, ", %s\r\n", r->conn->peer_ip);
+    } else {
+        buf_printf(b, "X-Forwarded-For: %s\r\n", r->conn->peer_ip);
+    }
+    if (!have_proto) {
+        buf_append_str(b, "X-Forwarded-Proto: http\r\n");
+    }
+    if (r->body.len > 0 || h->has_length || h->chunked) {
+        buf_printf(b, "Content-Length: %zu\r\n", r->body.len);
+    }
+    buf_append(b, "\r\n", 2);
+}
+
+/* Connect failed (or the first write on a reused connection failed before
+ * anything was accepted): eject the endpoint briefly and try elsewhere. */
+static void connect_failed(struct upstream *u, int err)
+{
+    struct server *srv = u->srv;
+    struct endpoint *ep = u->ep;
+    uint64_t now = server_now_ms();
+    srv->metrics.upstream_connect_failures++;
+    ep->connect_failures++;
+    ep->ejected_until_ms = now + srv->cfg->upstream.eject_ms;
+    LOGW("upstream connect failed", "model=%s endpoint=%s error=\"%s\"",
+         ep->model ? ep->model->name : "-", ep->addr_text, strerror(err));
+    struct request *r = u->req;
+    struct model *m = release(u, false);
+    if (r) {
+        proxy_upstream_retry(r);
+    }
+    if (m) {
+        proxy_dispatch(srv, m);
+    }
+}
+
+static void fail(struct upstream *u, enum reject_reason reason, enum abort_reason abort)
+{
+    struct server *srv = u->srv;
+    struct request *r = u->req;
+    if (r && r->model) {
+        LOGW("upstream failed", "model=%s endpoint=%s reason=%s started=%d", r->model->name,
+             u->ep->addr_text, reject_info(reason)->name, r->response_started);
+    }
+    struct model *m = release(u, false);
+    if (r) {
+        proxy_upstream_failed(r, reason, abort);
+    }
+    if (m) {
+        proxy_dispatch(srv, m);
+    }
+}
+
+static void complete(struct upstream *u, bool reusable)
+{
+    struct server *srv = u->srv;
+    struct request *r = u->req;
+    int status = u->head.status;
+    if (u->rechunk) {
+        conn_write(r->conn, "0\r\n\r\n", 5);
+    }
+    if (u->client_close) {
+        r->conn->close_after = true;
+    }
+    u->served++;
+    struct model *m = release(u, reusable);
+    proxy_count_proxied(srv, r, status);
+    proxy_upstream_done(r);
+    if (m) {
+        proxy_dispatch(srv, m);
+    }
+}
+
+static void send_request(struct upstream *u)
+{
+    struct request *r = u->req;
+    size_t hlen = r->up_head.len, blen = r->body.len;
+    while (u->sent < hlen + blen) {
+        struct iovec iov[2];
+        int n = 0;
+        if (u->sent < hlen) {
+            iov[n].iov_base = r->up_head.data + u->sent;
+            iov[n].iov_len = hlen - u->sent;
+            n++;
+            if (blen) {
+                iov[n].iov_base = r->body.data;
+                iov[n].iov_len = blen;
+                n++;
+            }
+        } else {
+            iov[n].iov_base = r->body.data + (u->sent - hlen);
+            iov[n].iov_len = blen - (u->sent - hlen);
+            n++;
+        }
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(u->fd, &msg, MSG_NOSIGNAL);
+        if (w > 0) {
+            u->sent += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            event_add(&u->wev, NULL);
+            return;
+        }
+        int err = errno;
+        if (u->sent == 0) {
+            /* Nothing was accepted: a pooled connection the replica had
+             * closed. Safe to try again. */
+            connect_failed(u, err);
+        } else {
+            fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+        }
+        return;
+    }
+    event_del(&u->wev);
+    u->state = UP_WAITING;
+    arm_ms(u, r->model->set.first_byte_timeout_ms);
+}
+
+void upstream_start(struct server *srv, struct request *r, struct endpoint *ep)
+{
+    struct model *m = ep->model;
+    ep->inflight++;
+    m->inflight++;
+    ep->requests++;
+    r->tries++;
+    r->last_ep = ep;
+    r->dispatch_ms = server_now_ms();
+    if (r->up_head.len == 0) {
+        build_upstream_head(r, ep);
+    }
+    struct upstream *u = NULL;
+    struct list_node *n = list_first(&ep->idle);
+    if (n) {
+        list_remove(n);
+        ep->n_idle--;
+        u = container_of(n, struct upstream, node);
+        u->reused = true;
+        srv->metrics.upstream_reused++;
+        event_del(&u->tev);
+        u->state = UP_SENDING;
+    } else {
+        u = calloc(1, sizeof *u);
+        if (!u) {
+            ep->inflight--;
+            m->inflight--;
+            r->state = REQ_ROUTED;
+            conn_reject(r->conn, REJECT_INTERNAL, NULL);
+            return;
+        }
+        u->srv = srv;
+        u->ep = ep;
+        endpoint_ref(ep);
+        list_node_init(&u->node);
+        http_head_init(&u->head);
+        http_parser_init(&u->parser, HTTP_RESPONSE, &srv->resp_limits);
+        u->fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        event_assign(&u->rev, srv->base, u->fd, EV_READ | EV_PERSIST, on_read, u);
+        event_assign(&u->wev, srv->base, u->fd, EV_WRITE | EV_PERSIST, on_write, u);
+        event_assign(&u->tev, srv->base, -1, 0, on_timer, u);
+        u->req = r;
+        r->up = u;
+        srv->metrics.upstream_connects++;
+        if (u->fd < 0) {
+            connect_failed(u, errno);
+            return;
+        }
+        int one = 1;
+        setsockopt(u->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        int rc = connect(u->fd, (struct sockaddr *)&ep->addr, ep->addrlen);
+        if (rc < 0 && errno != EINPROGRESS) {
+            connect_failed(u, errno);
+            return;
+        }
+        u->state = rc == 0 ? UP_SENDING : UP_CONNECTING;
+    }
+    u->req = r;
+    r->up = u;
+    u->sent = 0;
+    u->decode_body = u->rechunk = u->client_close = false;
+    u->reading_paused = false;
+    http_parser_next(&u->parser, &u->head, NULL);
+    u->parser.skip_body = r->head.method == HTTP_HEAD;
+    u->parser.on_body = NULL;
+    u->parser.ud = u;
+    if (u->state == UP_CONNECTING) {
+        event_add(&u->wev, NULL);
+        arm_ms(u, m->set.connect_timeout_ms);
+        return;
+    }
+    event_add(&u->rev, NULL);
+    enter(u);
+    send_request(u);
+    leave(u);
+}
+
+void upstream_cancel(struct upstream *u)
+{
+    struct server *srv = u->srv;
+    struct model *m = release(u, false);
+    if (m) {
+        proxy_dispatch(srv, m);
+    }
+}
+
+void upstream_close_idle(struct endpoint *ep)
+{
+    while (!list_empty(&ep->idle)) {
+        struct upstream *u = container_of(list_first(&ep->idle), struct upstream, node);
+        destroy(u);
+    }
+}
+
+static void on_client_drain(struct conn *c)
+{
+    struct request *r = c->req;
+    struct upstream *u = r ? r->up : NULL;
+    if (u && u->reading_paused && !u->dead) {
+        u->reading_paused = false;
+        event_add(&u->rev, NULL);
+        arm_ms(u, r->model->set.upstream_idle_timeout_ms);
+    }
+}
+
+/* Writes the response head to the client and picks how the body goes. */
+static int forward_head(struct upstream *u)
+{
+    struct request *r = u->req;
+    struct conn *c = r->conn;
+    struct http_head *h = &u->head;
+    bool client11 = r->head.http_major == 1 && r->head.http_minor >= 1;
+    u->client_close = !r->head.keep_alive || c->close_after || u->srv->draining;
+    bool bodyless = u->parser.skip_body || h->status == 204 || h->status == 304 ||
+                    (h->status >= 100 && h->status < 200);
+    bool add_te = false;
+    if (!bodyless) {
+        if (h->chunked) {
+            if (client11) {
+                add_te = true; /* raw chunked framing passes through */
+            } else {
+                u->decode_body = true;
+                u->client_close = true;
+            }
+        } else if (!h->has_length) {
+            /* Ends when the replica closes: re-frame for a 1.1 client so
+             * its connection can stay open. */
+            u->decode_body = true;
+            if (client11) {
+                u->rechunk = add_te = true;
+            } else {
+                u->client_close = true;
+            }
+        }
+    }
+    if (u->decode_body) {
+        u->parser.on_body = on_body;
+    }
+    struct buf b;
+    buf_init(&b);
+    buf_printf(&b, "HTTP/1.1 %u ", h->status);
+    if (h->target_len) {
+        buf_append(&b, http_target(h), h->target_len);
+    } else {
+        buf_append_str(&b, http_reason_phrase(h->status));
+    }
+    buf_append(&b, "\r\n", 2);
+    for (uint32_t i = 0; i < h->n_headers; i++) {
+        const struct http_header *x = &h->headers[i];
+        if (http_is_hop_by_hop(h, x)) {
+            continue;
+        }
+        if (!u->decode_body || !http_name_eq(http_hname(h, x), x->name_len, "content-length")) {
+            buf_append(&b, http_hname(h, x), x->name_len);
+            buf_append(&b, ": ", 2);
+            buf_append(&b, http_hvalue(h, x), x->value_len);
+            buf_append(&b, "\r\n", 2);
+        }
+    }
+    if (add_te) {
+        buf_append_str(&b, "Transfer-Encoding: chunked\r\n");
+    }
+    if (u->client_close) {
+        buf_append_str(&b, "Connection: close\r\n");
+    }
+    buf_append(&b, "\r\n", 2);
+    r->response_started = true;
+    r->state = REQ_ANSWERED;
+    c->on_drain = on_client_drain;
+    if (r->model) {
+        uint64_t now = server_now_ms();
+        histogram_observe(&r->model->stats.upstream_ttfb, (double)(now - r->dispatch_ms) / 1000.0);
+    }
+    int rc = conn_write(c, b.data, b.len);
+    buf_dispose(&b);
+    return rc;
+}
+
+static void on_body(void *ud, const char *data, size_t len)
+{
+    struct upstream *u = ud;
+    struct request *r = u->req;
+    if (!r || len == 0) {
+        return;
+    }
+    if (u->rechunk) {
+        char hdr[24];
+        int n = snprintf(hdr, sizeof hdr, "%zx\r\n", len);
+        conn_write(r->conn, hdr, (size_t)n);
+        conn_write(r->conn, data, len);
+        conn_write(r->conn, "\r\n", 2);
+    } else {
+        conn_write(r->conn, data, len);
+    }
+}
+
+/* Feeds response bytes; forwards them; ends the exchange at message end. */
+static void process(struct upstream *u, const char *data, size_t n)
+{
+    size_t off = 0;
+    for (;;) {
+        struct request *r = u->req;
+        size_t used = 0;
+        enum http_event ev = http_parser_execute(&u->parser, data + off, n - off, &used);
+        if (u->state == UP_STREAMING && !u->decode_body && used > 0) {
+            if (conn_write(r->conn, data + off, used) != 0) {
+                off += used;
+                fail(u, REJECT_UPSTREAM_ERROR, ABORT_CLIENT_CLOSED);
+                return;
+            }
+        }
+        off += used;
+        switch (ev) {
+        case HTTP_EV_NEED_MORE:
+            goto out;
+        case HTTP_EV_HEAD:
+            if (u->head.status >= 100 && u->head.status < 200 && u->head.status != 101) {
+                continue; /* interim response: skipped at its end */
+            }
+            if (forward_head(u) != 0) {
+                fail(u, REJECT_UPSTREAM_ERROR, ABORT_CLIENT_CLOSED);
+                return;
+            }
+            u->state = UP_STREAMING;
+            arm_ms(u, r->model->set.upstream_idle_timeout_ms);
+            continue;
+        case HTTP_EV_DONE:
+            if (u->state != UP_STREAMING) {
+                /* End of an interim 1xx: wait for the real response. */
+                http_parser_next(&u->parser, &u->head, NULL);
+                u->parser.skip_body = r->head.method == HTTP_HEAD;
+                u->parser.ud = u;
+                continue;
+            }
+            complete(u, u->head.keep_alive && off == n);
+            return;
+        case HTTP_EV_ERROR:
+            fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+            return;
+        }
+    }
+out:
+    if (u->req && conn_out_pending(u->req->conn) > CONN_OUT_HIGH_WATER && !u->reading_paused) {
+        u->reading_paused = true;
+        event_del(&u->rev);
+        event_del(&u->tev);
+    }
+}
+
+static void on_eof(struct upstream *u, int err)
+{
+    switch (u->state) {
+    case UP_IDLE:
+        destroy(u);
+        return;
+    case UP_CONNECTING:
+        connect_failed(u, err ? err : ECONNREFUSED);
+        return;
+    case UP_SENDING:
+    case UP_WAITING:
+        if (u->reused && u->sent == 0) {
+            connect_failed(u, err ? err : ECONNRESET); /* stale pooled connection */
+        } else {
+            fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+        }
+        return;
+    case UP_STREAMING:
+        if (http_parser_finish(&u->parser) == HTTP_EV_DONE) {
+            complete(u, false);
+        } else {
+            fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+        }
+        return;
+    }
+}
+
+static void on_read(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream *u = arg;
+    enter(u);
+    char *scratch = u->srv->scratch;
+    ssize_t n = recv(fd, scratch, SERVER_SCRATCH_BYTES, 0);
+    if (n > 0) {
+        if (u->state == UP_IDLE) {
+            destroy(u); /* bytes nobody asked for */
+        } else {
+            if (u->state == UP_STREAMING) {
+                arm_ms(u, u->req->model->set.upstream_idle_timeout_ms);
+            }
+            process(u, scratch, (size_t)n);
+        }
+    } else if (n == 0) {
+        on_eof(u, 0);
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        on_eof(u, errno);
+    }
+    leave(u);
+}
+
+static void on_write(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream *u = arg;
+    enter(u);
+    if (u->state == UP_CONNECTING) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) {
+            err = errno;
+        }
+        if (err) {
+            connect_failed(u, err);
+            leave(u);
+            return;
+        }
+        u->state = UP_SENDING;
+        event_add(&u->rev, NULL);
+    }
+    if (u->state == UP_SENDING) {
+        send_request(u);
+    } else {
+        event_del(&u->wev);
+    }
+    leave(u);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream *u = arg;
+    enter(u);
+    switch (u->state) {
+    case UP_IDLE:
+        destroy(u);
+        break;
+    case UP_CONNECTING:
+        connect_failed(u, ETIMEDOUT);
+        break;
+    case UP_SENDING:
+    case UP_WAITING:
+        fail(u, REJECT_UPSTREAM_TIMEOUT, ABORT_UPSTREAM_TIMEOUT);
+        break;
+    case UP_STREAMING:
+        fail(u, REJECT_UPSTREAM_TIMEOUT, ABORT_UPSTREAM_TIMEOUT);
+        break;
+    }
+    leave(u);
+}
