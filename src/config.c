@@ -306,6 +306,7 @@ static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct co
             }
             continue;
         }
+        rc = 0;
         if (strcmp(it->string, "name") == 0) {
             rc = read_string(p, it, path, &m->name);
             if (!rc && check_name(m->name)) {

@@ -114,9 +114,27 @@ static int on_header_field(llhttp_t *ll, const char *at, size_t len)
     return append(p, at, len);
 }
 
+/* RFC 9110 token characters. */
+static bool is_tchar(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
 static int on_header_field_complete(llhttp_t *ll)
 {
     struct http_parser *p = P(ll);
+    struct http_header *x = &p->head->headers[p->head->n_headers - 1];
+    const char *name = p->head->bytes.data + x->name_off;
+    /* llhttp 8 lets some separators (such as a space) into names. */
+    for (uint32_t i = 0; i < x->name_len; i++) {
+        if (!is_tchar((unsigned char)name[i])) {
+            return fail(p, HTTP_ERR_BAD_REQUEST);
+        }
+    }
+    if (x->name_len == 0) {
+        return fail(p, HTTP_ERR_BAD_REQUEST);
+    }
     int rc = terminate(p);
     if (!rc) {
         struct http_head *h = p->head;
@@ -176,9 +194,44 @@ static int on_headers_complete(llhttp_t *ll)
     return HPE_PAUSED;
 }
 
+/* llhttp 8 skips the two bytes after chunk data without looking at them;
+ * thaw checks they are CRLF (else "3\r\nabcXY" would pass). Bytes are
+ * addressed by absolute stream offset; the last two bytes of earlier input
+ * are kept because the CRLF may straddle reads. */
+static int stream_byte(const struct http_parser *p, uint64_t k)
+{
+    if (k >= p->abs) {
+        return (unsigned char)p->cur[k - p->abs];
+    }
+    if (k + 2 >= p->abs) {
+        return p->hist[k + 2 - p->abs];
+    }
+    return -1;
+}
+
+static int on_chunk_header(llhttp_t *ll)
+{
+    P(ll)->chunk_had_data = false;
+    return 0;
+}
+
+static int on_chunk_complete(llhttp_t *ll)
+{
+    struct http_parser *p = P(ll);
+    if (p->chunk_had_data &&
+        (stream_byte(p, p->body_end_abs) != '\r' || stream_byte(p, p->body_end_abs + 1) != '\n')) {
+        return fail(p, HTTP_ERR_BAD_CHUNK);
+    }
+    return 0;
+}
+
 static int on_body(llhttp_t *ll, const char *at, size_t len)
 {
     struct http_parser *p = P(ll);
+    if (p->head->chunked) {
+        p->chunk_had_data = true;
+        p->body_end_abs = p->abs + (uint64_t)(at + len - p->cur);
+    }
     if (p->body) {
         if (p->body->len + len > p->limits->max_body_bytes) {
             return fail(p, HTTP_ERR_BODY_TOO_LARGE);
@@ -214,6 +267,8 @@ static const llhttp_settings_t settings = {
     .on_headers_complete = on_headers_complete,
     .on_body = on_body,
     .on_message_complete = on_message_complete,
+    .on_chunk_header = on_chunk_header,
+    .on_chunk_complete = on_chunk_complete,
 };
 
 void http_parser_init(struct http_parser *p, llhttp_type_t type, const struct http_limits *limits)
@@ -293,12 +348,21 @@ enum http_event http_parser_execute(struct http_parser *p, const char *data, siz
         data = empty;
     }
     bool head_was_done = p->head_done;
+    p->cur = data;
     e = llhttp_execute(&p->ll, data, len);
     size_t n = len;
     if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {
         n = (size_t)(llhttp_get_error_pos(&p->ll) - data);
     }
     *used = n;
+    if (n >= 2) {
+        p->hist[0] = (unsigned char)data[n - 2];
+        p->hist[1] = (unsigned char)data[n - 1];
+    } else if (n == 1) {
+        p->hist[0] = p->hist[1];
+        p->hist[1] = (unsigned char)data[0];
+    }
+    p->abs += n;
     /* When the head ends inside this chunk the parser paused right at its
      * end, so only head bytes are counted here. */
     if (!head_was_done && p->error == HTTP_ERR_NONE) {

@@ -98,18 +98,21 @@ struct queue_item *queue_pop(struct queue *q)
  * put back at the front are older), so only the heads need looking at. */
 struct queue_item *queue_pop_expired(struct queue *q, uint64_t now_ms)
 {
+    struct queue_item *best = NULL;
     for (int t = 0; t < TIER_COUNT; t++) {
         struct list_node *n = list_first(&q->tiers[t]);
         if (!n) {
             continue;
         }
         struct queue_item *it = container_of(n, struct queue_item, node);
-        if (it->deadline_ms <= now_ms) {
-            queue_remove(q, it);
-            return it;
+        if (it->deadline_ms <= now_ms && (!best || it->deadline_ms < best->deadline_ms)) {
+            best = it;
         }
     }
-    return NULL;
+    if (best) {
+        queue_remove(q, best);
+    }
+    return best;
 }
 
 uint64_t queue_next_deadline(const struct queue *q)

@@ -80,6 +80,11 @@ struct http_parser {
     bool msg_done;
     bool last_was_value;
     bool skip_body; /* responses to HEAD */
+    /* Chunk framing check (see http.c). */
+    bool chunk_had_data;
+    const char *cur;
+    uint64_t abs, body_end_abs;
+    unsigned char hist[2];
 };
 
 void http_head_init(struct http_head *h);

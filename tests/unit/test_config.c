@@ -1,0 +1,143 @@
+/* Config: defaults, every kind of error with file, line and key. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "thaw/config.h"
+
+static struct config *parse(const char *text, struct config_error *err)
+{
+    return config_parse(text, strlen(text), "test.json", err);
+}
+
+static void expect_error(const char *text, const char *want)
+{
+    struct config_error err;
+    struct config *cfg = parse(text, &err);
+    if (cfg) {
+        config_free(cfg);
+        fail_msg("expected an error containing \"%s\"", want);
+    }
+    if (!strstr(err.msg, want)) {
+        fail_msg("error \"%s\" does not contain \"%s\"", err.msg, want);
+    }
+}
+
+static void test_defaults(void **state)
+{
+    struct config_error err;
+    struct config *cfg = parse("{\"models\":[{\"name\":\"m\",\"endpoints\":[\"127.0.0.1:1\"]}]}",
+                               &err);
+    assert_non_null(cfg);
+    assert_int_equal(cfg->limits.max_header_bytes, 65536);
+    assert_int_equal(cfg->limits.max_headers, 100);
+    assert_int_equal(cfg->limits.max_body_bytes, 16 * 1024 * 1024);
+    assert_int_equal(cfg->limits.header_timeout_ms, 10000);
+    assert_int_equal(cfg->limits.keepalive_timeout_ms, 60000);
+    assert_int_equal(cfg->limits.max_queue_per_model, 1000);
+    assert_int_equal(cfg->limits.max_queue_total, 10000);
+    assert_int_equal(cfg->n_models, 1);
+    struct config_model *m = &cfg->models[0];
+    assert_string_equal(m->namespace_, "default");
+    assert_int_equal(m->priority, TIER_STANDARD);
+    assert_int_equal(m->max_queue, 1000);
+    assert_true(m->first_byte_timeout_ms >= 60000); /* LLM first tokens can take minutes */
+    config_free(cfg);
+}
+
+static void test_full_model(void **state)
+{
+    struct config_error err;
+    const char *text = "{\n"
+                       "  \"listen\": \"[::1]:0\",\n"
+                       "  \"limits\": {\"max_queue_per_model\": 7},\n"
+                       "  \"models\": [{\n"
+                       "    \"name\": \"llama\", \"namespace\": \"models\",\n"
+                       "    \"hosts\": [\"a.example\"], \"aliases\": [\"x/y\"],\n"
+                       "    \"endpoints\": [\"10.0.0.1:8000\", \"[fd00::1]:8000\"],\n"
+                       "    \"priority\": \"critical\", \"max_concurrency\": 3\n"
+                       "  }]\n"
+                       "}\n";
+    struct config *cfg = parse(text, &err);
+    assert_non_null(cfg);
+    assert_string_equal(cfg->listen, "[::1]:0");
+    struct config_model *m = &cfg->models[0];
+    assert_int_equal(m->priority, TIER_CRITICAL);
+    assert_int_equal(m->max_concurrency, 3);
+    assert_int_equal(m->max_queue, 7); /* inherits limits.max_queue_per_model */
+    assert_int_equal(m->n_endpoints, 2);
+    assert_int_equal(m->line, 4);
+    config_free(cfg);
+}
+
+static void test_errors_name_file_line_and_key(void **state)
+{
+    expect_error("{\n  \"listen\": \"x\",\n  \"bogus\": 1\n}", "test.json:2: listen:");
+    expect_error("{\n  \"listen\": \"127.0.0.1:80\",\n  \"bogus\": 1\n}",
+                 "test.json:3: bogus: unknown key");
+    expect_error("{\"limits\": {\n\"max_headers\": 0}}",
+                 "test.json:2: limits.max_headers: must be between 1 and 1000 (got 0)");
+    expect_error("{\"limits\": {\"max_headers\": 1.5}}", "limits.max_headers: must be a whole");
+    expect_error("{\"limits\": {\"max_headers\": \"10\"}}", "limits.max_headers: must be a number");
+    expect_error("{\"limits\": {\"max_heders\": 10}}", "limits.max_heders: unknown key");
+    expect_error("{\"models\": [\n{\"name\": \"a\",\n \"endpoints\": [\"h:1\"],\n"
+                 " \"priority\": \"urgent\"}]}",
+                 "test.json:4: models[0].priority: must be one of");
+    expect_error("{\"models\": [{\"name\": \"a\"}]}", "models[0].: \"endpoints\" is required");
+    expect_error("{\"models\": [{\"endpoints\": [\"h:1\"]}]}", "\"name\" is required");
+    expect_error("{\"models\": [{\"name\": \"a\", \"endpoints\": [\"nohost\"]}]}",
+                 "models[0].endpoints[0]: \"nohost\" is not valid");
+    expect_error("{\"models\": [{\"name\": \"a\", \"endpoints\": [\"h:70000\"]}]}",
+                 "models[0].endpoints[0]");
+    expect_error("{\"models\": [{\"name\": \"a b\", \"endpoints\": [\"h:1\"]}]}",
+                 "models[0].name: may hold only");
+    expect_error("{\"models\": [{\"name\": \"a\", \"endpoints\": [\"h:1\"]},\n"
+                 "{\"name\": \"a\", \"endpoints\": [\"h:2\"]}]}",
+                 "test.json:2: models[1].name: model \"a\" is already defined at line 1");
+    expect_error("{\"listen\": \"127.0.0.1:1\",\n\"listen\": \"127.0.0.1:2\"}",
+                 "test.json:2: listen: duplicate key");
+    expect_error("{\"models\": {}}", "models: must be an array");
+    expect_error("{\"log\": {\"level\": \"loud\"}}", "log.level: must be one of");
+    expect_error("[]", "(top level): must be a JSON object");
+}
+
+static void test_syntax_error_line(void **state)
+{
+    expect_error("{\n\"listen\": \"127.0.0.1:1\",\n\"limits\": {,}\n}", "test.json:3: (syntax)");
+}
+
+static void test_missing_file(void **state)
+{
+    struct config_error err;
+    assert_null(config_load("/nonexistent/thaw.json", &err));
+    assert_non_null(strstr(err.msg, "/nonexistent/thaw.json:0: (file): cannot open"));
+}
+
+static void test_listen_override(void **state)
+{
+    struct config_error err;
+    struct config *cfg = config_new_default();
+    assert_int_equal(config_set_listen(cfg, &cfg->listen, "127.0.0.1:0", "--listen", &err), 0);
+    assert_string_equal(cfg->listen, "127.0.0.1:0");
+    assert_int_not_equal(config_set_listen(cfg, &cfg->listen, "nonsense", "--listen", &err), 0);
+    assert_non_null(strstr(err.msg, "--listen: must be"));
+    config_free(cfg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_full_model),
+        cmocka_unit_test(test_errors_name_file_line_and_key),
+        cmocka_unit_test(test_syntax_error_line),
+        cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_listen_override),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,121 @@
+/* Fleet and models: replica lifecycle, least-loaded pick, ejection. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "thaw/model.h"
+
+static int capacity_calls;
+
+static void on_capacity(void *ud, struct model *m)
+{
+    capacity_calls++;
+}
+
+static struct model *make(struct fleet *f, struct queue_global *g, uint32_t conc)
+{
+    fleet_init(f, g, 1000);
+    f->on_capacity = on_capacity;
+    char *eps[] = {"127.0.0.1:1"};
+    struct config_model cm = {.name = "m", .namespace_ = "ns", .endpoints = eps, .n_endpoints = 1,
+                              .max_concurrency = conc, .max_queue = 10};
+    return fleet_add_model(f, &cm, NULL);
+}
+
+static void test_least_loaded_with_free_slot(void **state)
+{
+    struct fleet f;
+    struct queue_global g = {0, 100};
+    struct model *m = make(&f, &g, 2);
+    capacity_calls = 0;
+    assert_int_equal(fleet_replica_ready(&f, m, "a", "127.0.0.1:9001"), 0);
+    assert_int_equal(fleet_replica_ready(&f, m, "b", "127.0.0.1:9002"), 0);
+    assert_int_equal(fleet_replica_ready(&f, m, "b", "127.0.0.1:9002"), 0); /* idempotent */
+    assert_int_equal(m->n_endpoints, 2);
+    assert_int_equal(capacity_calls, 2);
+    assert_int_equal(model_capacity(m), 4);
+    m->endpoints[0]->inflight = 1;
+    assert_string_equal(model_pick_endpoint(m, 0)->id, "b");
+    m->endpoints[1]->inflight = 2; /* full */
+    assert_string_equal(model_pick_endpoint(m, 0)->id, "a");
+    m->endpoints[0]->inflight = 2;
+    assert_null(model_pick_endpoint(m, 0));
+    m->endpoints[0]->inflight = m->endpoints[1]->inflight = 0;
+    fleet_dispose(&f);
+}
+
+static void test_ejected_skipped_unless_all_are(void **state)
+{
+    struct fleet f;
+    struct queue_global g = {0, 100};
+    struct model *m = make(&f, &g, 4);
+    fleet_replica_ready(&f, m, "a", "127.0.0.1:9001");
+    fleet_replica_ready(&f, m, "b", "127.0.0.1:9002");
+    m->endpoints[0]->ejected_until_ms = 1000;
+    m->endpoints[1]->inflight = 3;
+    assert_string_equal(model_pick_endpoint(m, 500)->id, "b");
+    assert_string_equal(model_pick_endpoint(m, 1000)->id, "a"); /* ejection over */
+    m->endpoints[1]->ejected_until_ms = 900;
+    /* All ejected: the one whose ejection ends first. */
+    assert_string_equal(model_pick_endpoint(m, 500)->id, "b");
+    m->endpoints[1]->inflight = 0;
+    fleet_dispose(&f);
+}
+
+static void test_replica_gone_keeps_referenced_endpoint(void **state)
+{
+    struct fleet f;
+    struct queue_global g = {0, 100};
+    struct model *m = make(&f, &g, 4);
+    fleet_replica_ready(&f, m, "a", "[::1]:9001");
+    struct endpoint *ep = m->endpoints[0];
+    endpoint_ref(ep); /* as a pooled connection would */
+    fleet_replica_gone(&f, m, "a", "test");
+    assert_int_equal(m->n_endpoints, 0);
+    assert_null(ep->model);
+    assert_int_equal(ep->refs, 1);
+    assert_string_equal(ep->addr_text, "[::1]:9001");
+    endpoint_unref(ep); /* freed here; ASan would report a leak otherwise */
+    assert_null(model_pick_endpoint(m, 0));
+    fleet_dispose(&f);
+}
+
+static void test_bad_address_rejected(void **state)
+{
+    struct fleet f;
+    struct queue_global g = {0, 100};
+    struct model *m = make(&f, &g, 4);
+    assert_int_not_equal(fleet_replica_ready(&f, m, "x", "not-an-ip:80"), 0);
+    assert_int_not_equal(fleet_replica_ready(&f, m, "x", "127.0.0.1"), 0);
+    assert_int_equal(m->n_endpoints, 0);
+    fleet_dispose(&f);
+}
+
+static void test_find_and_route(void **state)
+{
+    struct fleet f;
+    struct queue_global g = {0, 100};
+    struct model *m = make(&f, &g, 4);
+    assert_ptr_equal(fleet_find(&f, "ns", "m"), m);
+    assert_null(fleet_find(&f, "other", "m"));
+    fleet_remove_model(&f, m, "test");
+    assert_int_equal(f.n_models, 0);
+    assert_null(fleet_find(&f, "ns", "m"));
+    fleet_dispose(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_least_loaded_with_free_slot),
+        cmocka_unit_test(test_ejected_skipped_unless_all_are),
+        cmocka_unit_test(test_replica_gone_keeps_referenced_endpoint),
+        cmocka_unit_test(test_bad_address_rejected),
+        cmocka_unit_test(test_find_and_route),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

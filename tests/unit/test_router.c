@@ -1,0 +1,203 @@
+/* Router: host forms, path prefix stripping, body model field, conflicts. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "thaw/http.h"
+#include "thaw/router.h"
+
+static struct router R;
+static int model_a, model_b;
+
+static int setup(void **state)
+{
+    router_init(&R);
+    const char *hosts[] = {"llm.example.com"};
+    const char *aliases[] = {"meta-llama/Llama-3-8B", "llama3"};
+    struct route_names a = {"llama", "models", hosts, 1, aliases, 2};
+    size_t conflicts = 0;
+    assert_int_equal(router_add(&R, &model_a, &a, &conflicts), 0);
+    const char *aliases_b[] = {"llama3", "mistral-7b"}; /* llama3 is taken */
+    struct route_names b = {"mistral", "default", NULL, 0, aliases_b, 2};
+    assert_int_equal(router_add(&R, &model_b, &b, &conflicts), 0);
+    assert_int_equal(conflicts, 1);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    router_dispose(&R);
+    return 0;
+}
+
+static struct http_limits lim = {65536, 100, 1 << 20};
+
+/* Parses a request head into h. */
+static void parse(struct http_head *h, const char *raw)
+{
+    struct http_parser p;
+    http_parser_init(&p, HTTP_REQUEST, &lim);
+    http_head_init(h);
+    struct buf body;
+    buf_init(&body);
+    http_parser_next(&p, h, &body);
+    size_t used;
+    assert_int_equal(http_parser_execute(&p, raw, strlen(raw), &used), HTTP_EV_HEAD);
+    buf_dispose(&body);
+}
+
+static enum route_status resolve(const char *raw, struct route *rt, char *path, size_t plen)
+{
+    struct http_head h;
+    parse(&h, raw);
+    enum route_status st = router_resolve_head(&R, &h, rt);
+    if (st == ROUTE_FOUND && path) {
+        snprintf(path, plen, "%s%.*s", rt->add_slash ? "/" : "", (int)rt->path_len,
+                 http_target(&h) + rt->path_off);
+    }
+    http_head_dispose(&h);
+    return st;
+}
+
+static void test_host_forms(void **state)
+{
+    const char *hosts[] = {"llama", "llama.models", "llama.models.svc",
+                           "llama.models.svc.cluster.local", "LLAMA.Models.SVC:8080",
+                           "llm.example.com", "llm.example.com.", "llama:80"};
+    for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++) {
+        char raw[256], path[128];
+        snprintf(raw, sizeof raw, "GET /v1/models HTTP/1.1\r\nHost: %s\r\n\r\n", hosts[i]);
+        struct route rt;
+        assert_int_equal(resolve(raw, &rt, path, sizeof path), ROUTE_FOUND);
+        assert_ptr_equal(rt.target, &model_a);
+        assert_int_equal(rt.via, ROUTE_VIA_HOST);
+        assert_string_equal(path, "/v1/models");
+    }
+}
+
+static void test_wrong_namespace_falls_through(void **state)
+{
+    struct route rt;
+    assert_int_equal(resolve("GET /x HTTP/1.1\r\nHost: llama.default.svc\r\n\r\n", &rt, NULL, 0),
+                     ROUTE_NOT_FOUND);
+    assert_int_equal(resolve("GET /x HTTP/1.1\r\nHost: mistral.default\r\n\r\n", &rt, NULL, 0),
+                     ROUTE_FOUND);
+    assert_ptr_equal(rt.target, &model_b);
+}
+
+static void test_path_prefix_is_stripped(void **state)
+{
+    struct route rt;
+    char path[128];
+    const char *cases[][2] = {
+        {"/models/llama/v1/chat/completions", "/v1/chat/completions"},
+        {"/models/llama", "/"},
+        {"/models/llama/", "/"},
+        {"/models/llama?x=1", "/?x=1"},
+        {"/models/mistral-7b/health", "/health"},
+    };
+    for (size_t i = 0; i < 5; i++) {
+        char raw[256];
+        snprintf(raw, sizeof raw, "GET %s HTTP/1.1\r\nHost: thaw:8080\r\n\r\n", cases[i][0]);
+        assert_int_equal(resolve(raw, &rt, path, sizeof path), ROUTE_FOUND);
+        assert_int_equal(rt.via, ROUTE_VIA_PATH);
+        assert_string_equal(path, cases[i][1]);
+    }
+    assert_int_equal(resolve("GET /models/nope/x HTTP/1.1\r\nHost: t\r\n\r\n", &rt, NULL, 0),
+                     ROUTE_NOT_FOUND);
+    assert_int_equal(resolve("GET /modelsllama/x HTTP/1.1\r\nHost: t\r\n\r\n", &rt, NULL, 0),
+                     ROUTE_NOT_FOUND);
+}
+
+static void test_host_wins_over_path(void **state)
+{
+    struct route rt;
+    char path[128];
+    assert_int_equal(
+        resolve("GET /models/mistral/x HTTP/1.1\r\nHost: llama\r\n\r\n", &rt, path, sizeof path),
+        ROUTE_FOUND);
+    assert_ptr_equal(rt.target, &model_a);
+    assert_string_equal(path, "/models/mistral/x"); /* not stripped: Host decided */
+}
+
+static void test_absolute_form_target(void **state)
+{
+    struct route rt;
+    char path[128];
+    assert_int_equal(resolve("GET http://llama.models/v1/x HTTP/1.1\r\nHost: other\r\n\r\n", &rt,
+                             path, sizeof path),
+                     ROUTE_FOUND);
+    assert_ptr_equal(rt.target, &model_a);
+    assert_string_equal(path, "/v1/x");
+}
+
+static void test_body_routed_paths(void **state)
+{
+    struct route rt;
+    assert_int_equal(
+        resolve("POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n\r\n", &rt, NULL, 0),
+        ROUTE_NEED_BODY);
+    assert_int_equal(resolve("POST /v1/embeddings?x HTTP/1.1\r\nHost: t\r\n\r\n", &rt, NULL, 0),
+                     ROUTE_NEED_BODY);
+    assert_int_equal(resolve("POST /v1/images HTTP/1.1\r\nHost: t\r\n\r\n", &rt, NULL, 0),
+                     ROUTE_NOT_FOUND);
+}
+
+static void test_body_model_field(void **state)
+{
+    struct route rt;
+    const char *ok = "{\"messages\":[{\"role\":\"user\"}],\"model\":\"meta-llama/Llama-3-8B\"}";
+    assert_int_equal(router_resolve_body(&R, ok, strlen(ok), &rt), ROUTE_FOUND);
+    assert_ptr_equal(rt.target, &model_a);
+    assert_int_equal(rt.via, ROUTE_VIA_BODY);
+    const char *alias_b = "{\"model\":\"mistral-7b\"}";
+    assert_int_equal(router_resolve_body(&R, alias_b, strlen(alias_b), &rt), ROUTE_FOUND);
+    assert_ptr_equal(rt.target, &model_b);
+    const char *taken = "{\"model\":\"llama3\"}"; /* first model keeps a shared alias */
+    assert_int_equal(router_resolve_body(&R, taken, strlen(taken), &rt), ROUTE_FOUND);
+    assert_ptr_equal(rt.target, &model_a);
+    const char *cases[][2] = {
+        {"{\"model\":\"LLAMA\"}", "nf"}, /* ids are case-sensitive */
+        {"{\"model\":\"gpt-4\"}", "nf"},
+        {"{\"model\":42}", "nm"},
+        {"{\"prompt\":\"x\"}", "nm"},
+        {"[1,2]", "bj"},
+        {"{\"model\":", "bj"},
+        {"", "bj"},
+    };
+    for (size_t i = 0; i < 7; i++) {
+        enum route_status want = cases[i][1][0] == 'n' && cases[i][1][1] == 'f' ? ROUTE_NOT_FOUND
+                                 : cases[i][1][1] == 'm'                   ? ROUTE_NO_MODEL_FIELD
+                                                                           : ROUTE_BAD_JSON;
+        assert_int_equal(router_resolve_body(&R, cases[i][0], strlen(cases[i][0]), &rt), want);
+    }
+}
+
+static void test_remove(void **state)
+{
+    router_remove(&R, &model_b);
+    struct route rt;
+    assert_int_equal(resolve("GET /x HTTP/1.1\r\nHost: mistral\r\n\r\n", &rt, NULL, 0),
+                     ROUTE_NOT_FOUND);
+    assert_int_equal(resolve("GET /x HTTP/1.1\r\nHost: llama\r\n\r\n", &rt, NULL, 0), ROUTE_FOUND);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_host_forms, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wrong_namespace_falls_through, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_path_prefix_is_stripped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_host_wins_over_path, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_absolute_form_target, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_body_routed_paths, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_body_model_field, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
