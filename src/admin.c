@@ -84,8 +84,8 @@ void admin_render_metrics(struct server *srv, struct buf *o)
                        tier_name((enum tier)t), m->queue.len[t]);
         }
     }
-    help_type(o, "thaw_queue_depth_total", "gauge", "Requests waiting, all models.");
-    buf_printf(o, "thaw_queue_depth_total %zu\n", srv->qglobal.total);
+    help_type(o, "thaw_queue_depth_all", "gauge", "Requests waiting, all models.");
+    buf_printf(o, "thaw_queue_depth_all %zu\n", srv->qglobal.total);
 
     help_type(o, "thaw_upstream_inflight", "gauge", "Requests at a replica, by model.");
     FOR_EACH_MODEL(srv, m)

@@ -187,7 +187,7 @@ static void want_write(struct conn *c, bool on)
 
 int conn_write(struct conn *c, const void *data, size_t len)
 {
-    if (is_dead(c) || c->fd < 0) {
+    if (is_dead(c) || c->fd < 0 || c->broken) {
         return -EPIPE;
     }
     const char *p = data;
@@ -208,6 +208,7 @@ int conn_write(struct conn *c, const void *data, size_t len)
             /* The peer is gone; the caller stops producing and the
              * connection is closed from its write callback. */
             buf_reset(&c->out);
+            c->broken = true;
             event_active(&c->wev, EV_WRITE, 0);
             return -EPIPE;
         }
@@ -642,6 +643,11 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
     enter(c);
+    if (c->broken) {
+        conn_close(c, ABORT_CLIENT_CLOSED);
+        leave(c);
+        return;
+    }
     while (buf_unread(&c->out) > 0) {
         ssize_t n = send(fd, buf_read_ptr(&c->out), buf_unread(&c->out), MSG_NOSIGNAL);
         if (n > 0) {

@@ -192,6 +192,23 @@ static void fail(struct upstream *u, enum reject_reason reason, enum abort_reaso
     }
 }
 
+/* Writing to the client failed mid-response: the client left, the replica
+ * did nothing wrong. Drop the exchange and close the client. */
+static void client_gone(struct upstream *u)
+{
+    struct server *srv = u->srv;
+    struct request *r = u->req;
+    struct model *m = release(u, false);
+    if (r) {
+        LOGD("client went away mid-response", "model=%s", r->model ? r->model->name : "-");
+        proxy_count_aborted(srv, r, ABORT_CLIENT_CLOSED);
+        conn_close(r->conn, ABORT_CLIENT_CLOSED);
+    }
+    if (m) {
+        proxy_dispatch(srv, m);
+    }
+}
+
 static void complete(struct upstream *u, bool reusable)
 {
     struct server *srv = u->srv;
@@ -321,7 +338,7 @@ void upstream_start(struct server *srv, struct request *r, struct endpoint *ep)
     u->req = r;
     r->up = u;
     u->sent = 0;
-    u->decode_body = u->rechunk = u->client_close = false;
+    u->decode_body = u->rechunk = u->client_close = u->client_failed = false;
     u->reading_paused = false;
     http_parser_next(&u->parser, &u->head, NULL);
     u->parser.skip_body = r->head.method == HTTP_HEAD;
@@ -446,14 +463,17 @@ static void on_body(void *ud, const char *data, size_t len)
     if (!r || len == 0) {
         return;
     }
+    int rc;
     if (u->rechunk) {
         char hdr[24];
         int n = snprintf(hdr, sizeof hdr, "%zx\r\n", len);
-        conn_write(r->conn, hdr, (size_t)n);
-        conn_write(r->conn, data, len);
-        conn_write(r->conn, "\r\n", 2);
+        rc = conn_write(r->conn, hdr, (size_t)n) || conn_write(r->conn, data, len) ||
+             conn_write(r->conn, "\r\n", 2);
     } else {
-        conn_write(r->conn, data, len);
+        rc = conn_write(r->conn, data, len);
+    }
+    if (rc) {
+        u->client_failed = true;
     }
 }
 
@@ -467,12 +487,15 @@ static void process(struct upstream *u, const char *data, size_t n)
         enum http_event ev = http_parser_execute(&u->parser, data + off, n - off, &used);
         if (u->state == UP_STREAMING && !u->decode_body && used > 0) {
             if (conn_write(r->conn, data + off, used) != 0) {
-                off += used;
-                fail(u, REJECT_UPSTREAM_ERROR, ABORT_CLIENT_CLOSED);
+                client_gone(u);
                 return;
             }
         }
         off += used;
+        if (u->client_failed) {
+            client_gone(u);
+            return;
+        }
         switch (ev) {
         case HTTP_EV_NEED_MORE:
             goto out;
@@ -481,7 +504,7 @@ static void process(struct upstream *u, const char *data, size_t n)
                 continue; /* interim response: skipped at its end */
             }
             if (forward_head(u) != 0) {
-                fail(u, REJECT_UPSTREAM_ERROR, ABORT_CLIENT_CLOSED);
+                client_gone(u);
                 return;
             }
             u->state = UP_STREAMING;

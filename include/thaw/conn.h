@@ -50,6 +50,7 @@ struct conn {
     bool read_paused;
     bool wev_added;
     bool eof;           /* client closed its side */
+    bool broken;        /* a write failed: closed from the write callback */
     bool first_request; /* nothing received yet on this connection */
     /* Called whenever `out` has drained below the high-water mark. */
     void (*on_drain)(struct conn *c);

@@ -50,6 +50,7 @@ struct upstream {
     bool decode_body;  /* forward decoded body bytes (not raw framing) */
     bool rechunk;      /* ... wrapped in chunked framing */
     bool client_close; /* the client connection closes after this response */
+    bool client_failed; /* a write to the client failed while decoding */
 };
 
 /* Sends r to ep over a pooled or new connection. The request's slot on ep is

@@ -1,7 +1,9 @@
 """End-to-end: the request path of static models, through real sockets."""
 
 import json
+import shutil
 import socket
+import subprocess
 import threading
 import time
 
@@ -545,6 +547,28 @@ def test_client_gone_while_queued_leaves_the_queue(thaw_factory, upstream):
 
 
 # --- admin and lifecycle -----------------------------------------------------
+
+def test_client_leaving_mid_stream_is_an_abort_not_an_upstream_error(thaw):
+    s = thaw.connect()
+    httpc.send(s, "GET", "/sse?n=50&ms=20", host="llama")
+    s.recv(100)
+    s.close()
+    thaw.assert_reconciled()
+    assert thaw.metric("thaw_aborts_total", reason="client_closed") == 1
+    assert thaw.metric("thaw_upstream_errors_total", model="llama") == 0
+
+
+def test_metrics_pass_promtool(thaw, tmp_path):
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool not installed")
+    get(thaw, "/echo", host="llama")
+    get(thaw, "/nothing")
+    _, text = thaw.admin("/metrics")
+    r = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+
 
 def test_admin_endpoints(thaw):
     assert thaw.admin("/healthz")[0] == 200

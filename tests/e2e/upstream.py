@@ -45,7 +45,14 @@ class Upstream:
 
     def stop(self):
         if self._loop:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            async def shutdown():
+                self._server.close()
+                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                self._loop.stop()
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
             self._thread.join(5)
 
     @property
@@ -60,7 +67,7 @@ class Upstream:
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
-        self._server.close()
+        self._loop.close()
 
     async def _handle(self, reader, writer):
         self.connections += 1

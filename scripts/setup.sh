@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Set-up for thaw on Debian/Ubuntu: installs what is missing, builds, then
+#   scripts/setup.sh run    starts thaw on the demo config (config/demo.json)
+#   scripts/setup.sh test   runs the whole test suite
+#   scripts/setup.sh build  only builds
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+MODE=${1:-build}
+
+DEBS=(build-essential clang meson ninja-build pkg-config
+      libevent-dev libcurl4-openssl-dev libcjson-dev libcmocka-dev libyaml-dev libssl-dev
+      node-llhttp python3 python3-pytest curl
+      wrk nginx-light haproxy prometheus)
+
+missing=()
+for p in "${DEBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "setup: installing ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "setup: missing packages; run as root:" >&2
+        echo "  apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+
+build() {  # build DIR [meson options...]
+    local dir=$1; shift
+    if [ ! -f "$dir/build.ninja" ]; then
+        meson setup "$dir" "$@" >/dev/null
+    fi
+    ninja -C "$dir" >/dev/null
+}
+
+build build
+case "$MODE" in
+build)
+    echo "setup: built build/thaw"
+    ;;
+run)
+    exec "$ROOT/scripts/demo.sh"
+    ;;
+test)
+    exec "$ROOT/scripts/test.sh"
+    ;;
+*)
+    echo "usage: $0 [build|run|test]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,83 @@
+"""The command line: help, version, config checking and overrides."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+import httpc
+from conftest import THAW_BIN, ROOT, Thaw
+
+
+def run(*args):
+    return subprocess.run([THAW_BIN, *args], capture_output=True, text=True, timeout=30)
+
+
+def write(text):
+    fd, path = tempfile.mkstemp(suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def test_help_and_version():
+    r = run("--help")
+    assert r.returncode == 0 and "--check-config" in r.stdout and "--port-file" in r.stdout
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("thaw ")
+    r = run("--no-such-flag")
+    assert r.returncode == 2
+
+
+def test_check_config_accepts_the_shipped_examples():
+    for name in ("demo.json", "example.json"):
+        r = run("--check-config", os.path.join(ROOT, "config", name))
+        assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("text,where", [
+    ('{\n  "listen": "127.0.0.1:1",\n  "limts": {}\n}', ":3: limts: unknown key"),
+    ('{"limits": {\n  "max_body_bytes": -1\n}}', ":2: limits.max_body_bytes: must be a whole"),
+    ('{"models": [\n {"name": "m",\n  "endpoints": ["127.0.0.1:1"],\n  "max_concurrency": 0}]}',
+     ":4: models[0].max_concurrency: must be between 1 and 100000 (got 0)"),
+    ('{"models": [', ":1: (syntax)"),
+])
+def test_check_config_errors_name_file_line_key(text, where):
+    path = write(text)
+    r = run("--check-config", path)
+    assert r.returncode == 1
+    assert f"{path}{where}" in r.stderr, r.stderr
+    r = run("--config", path)
+    assert r.returncode == 1 and where in r.stderr
+
+
+def test_missing_config_file():
+    r = run("--check-config", "/nonexistent.json")
+    assert r.returncode == 1 and "cannot open" in r.stderr
+
+
+def test_listen_overrides_and_bad_override(upstream):
+    path = write(json.dumps({"listen": "127.0.0.1:1", "admin_listen": "127.0.0.1:2",
+                             "models": [{"name": "m", "endpoints": [upstream.address]}]}))
+    r = run("--config", path, "--listen", "nonsense")
+    assert r.returncode == 2 and "--listen: must be" in r.stderr
+    t = Thaw({"models": [{"name": "m", "endpoints": [upstream.address]}]},
+             ["--listen", "127.0.0.1:0", "--admin-listen", "[::1]:0"])
+    try:
+        assert t.admin_addr.startswith("[::1]:")
+        assert httpc.request(t.host, t.port, path="/echo", headers={"Host": "m"}).status == 200
+    finally:
+        assert t.stop() == 0
+
+
+def test_port_in_use_is_a_clear_error(upstream):
+    t = Thaw({"models": []})
+    try:
+        path = write(json.dumps({"listen": t.addr, "admin_listen": "127.0.0.1:0"}))
+        r = run("--config", path)
+        assert r.returncode == 1 and "cannot listen" in r.stderr
+    finally:
+        t.stop()

@@ -1,0 +1,486 @@
+/* thaw-model-sim: a stand-in for an OpenAI-style model server (vLLM,
+ * llama.cpp) with a cold start and a shared "GPU".
+ *
+ *   --host ADDR          address to listen on (default 127.0.0.1)
+ *   --port N             port (0: any; see --port-file)
+ *   --port-file FILE     write the bound port once listening
+ *   --model NAME         model id reported by /v1/models (default "sim")
+ *   --load-ms N          cold start: time until the model is "loaded"
+ *   --load-mode MODE     listen-late (listen only once loaded) or 503
+ *                        (listen at once, answer 503 until loaded)
+ *   --token-ms N         time per generated token at full speed
+ *   --tokens N           tokens per completion unless max_tokens says less
+ *   --capacity N         requests served at full speed; beyond that every
+ *                        token slows by active/capacity (a time-sliced GPU)
+ *   --crash-after N      exit abruptly during the Nth completion, mid-stream
+ *
+ * Paths: /health, /v1/models, /v1/chat/completions, /v1/completions
+ * (JSON, or SSE chunks ending in "data: [DONE]" with "stream": true). */
+#include <errno.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+
+#include "thaw/http.h"
+
+struct sim {
+    struct event_base *base;
+    const char *host;
+    int port;
+    const char *port_file;
+    const char *model;
+    long load_ms, token_ms, tokens, capacity, crash_after;
+    bool mode_503;
+    bool loaded;
+    long active;
+    long completions;
+    struct evconnlistener *listener;
+    struct http_limits limits;
+};
+
+struct client {
+    struct sim *sim;
+    struct bufferevent *bev;
+    struct http_parser parser;
+    struct http_head head;
+    struct buf body;
+    bool busy; /* a completion is being generated */
+    bool close_after;
+    /* generation state */
+    struct event *tick;
+    long sent, total;
+    bool stream, chat, counted_active;
+    long id;
+    bool crash_here;
+};
+
+static void client_free(struct client *c)
+{
+    if (c->counted_active) {
+        c->sim->active--;
+    }
+    if (c->tick) {
+        event_free(c->tick);
+    }
+    bufferevent_free(c->bev);
+    http_head_dispose(&c->head);
+    buf_dispose(&c->body);
+    free(c);
+}
+
+static void respond(struct client *c, int status, const char *ctype, const char *body)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    evbuffer_add_printf(out,
+                        "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s\r\n%s",
+                        status, http_reason_phrase(status), ctype, strlen(body),
+                        c->close_after ? "Connection: close\r\n" : "", body);
+}
+
+static long token_delay_ms(struct sim *s)
+{
+    if (s->token_ms <= 0) {
+        return 0;
+    }
+    if (s->active <= s->capacity) {
+        return s->token_ms;
+    }
+    /* Time-sliced: the GPU is shared by all active requests. */
+    return s->token_ms * s->active / s->capacity;
+}
+
+static void process(struct client *c);
+
+static void finish_completion(struct client *c)
+{
+    c->busy = false;
+    if (c->counted_active) {
+        c->sim->active--;
+        c->counted_active = false;
+    }
+    http_parser_next(&c->parser, &c->head, &c->body);
+    buf_reset(&c->body);
+    process(c); /* pipelined requests */
+}
+
+static void send_chunk(struct evbuffer *out, const char *data, size_t len)
+{
+    evbuffer_add_printf(out, "%zx\r\n", len);
+    evbuffer_add(out, data, len);
+    evbuffer_add(out, "\r\n", 2);
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct client *c = arg;
+    struct sim *s = c->sim;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (c->crash_here && c->sent >= c->total / 2) {
+        fprintf(stderr, "thaw-model-sim: crashing as asked (--crash-after %ld)\n", s->crash_after);
+        _exit(3);
+    }
+    if (c->stream) {
+        char piece[512];
+        int n;
+        if (c->chat) {
+            n = snprintf(piece, sizeof piece,
+                         "data: {\"id\":\"cmpl-%ld\",\"object\":\"chat.completion.chunk\","
+                         "\"model\":\"%s\",\"choices\":[{\"index\":0,\"delta\":{\"content\":"
+                         "\"tok%ld \"},\"finish_reason\":null}]}\n\n",
+                         c->id, s->model, c->sent);
+        } else {
+            n = snprintf(piece, sizeof piece,
+                         "data: {\"id\":\"cmpl-%ld\",\"object\":\"text_completion\","
+                         "\"model\":\"%s\",\"choices\":[{\"index\":0,\"text\":\"tok%ld \","
+                         "\"finish_reason\":null}]}\n\n",
+                         c->id, s->model, c->sent);
+        }
+        send_chunk(out, piece, (size_t)n);
+    }
+    c->sent++;
+    if (c->sent < c->total) {
+        long ms = token_delay_ms(s);
+        struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+        event_add(c->tick, &tv);
+        return;
+    }
+    if (c->stream) {
+        send_chunk(out, "data: [DONE]\n\n", 14);
+        evbuffer_add(out, "0\r\n\r\n", 5);
+    } else {
+        cJSON *root = cJSON_CreateObject();
+        char id[32];
+        snprintf(id, sizeof id, "cmpl-%ld", c->id);
+        cJSON_AddStringToObject(root, "id", id);
+        cJSON_AddStringToObject(root, "object", c->chat ? "chat.completion" : "text_completion");
+        cJSON_AddStringToObject(root, "model", s->model);
+        cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddNumberToObject(ch, "index", 0);
+        struct buf text;
+        buf_init(&text);
+        for (long i = 0; i < c->total; i++) {
+            buf_printf(&text, "tok%ld ", i);
+        }
+        buf_append(&text, "", 1);
+        if (c->chat) {
+            cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddStringToObject(msg, "content", text.data);
+        } else {
+            cJSON_AddStringToObject(ch, "text", text.data);
+        }
+        buf_dispose(&text);
+        cJSON_AddStringToObject(ch, "finish_reason", "length");
+        cJSON_AddItemToArray(choices, ch);
+        cJSON *usage = cJSON_AddObjectToObject(root, "usage");
+        cJSON_AddNumberToObject(usage, "completion_tokens", (double)c->total);
+        char *json = cJSON_PrintUnformatted(root);
+        respond(c, 200, "application/json", json);
+        free(json);
+        cJSON_Delete(root);
+    }
+    finish_completion(c);
+}
+
+static void start_completion(struct client *c, bool chat)
+{
+    struct sim *s = c->sim;
+    cJSON *req = cJSON_ParseWithLength(c->body.data ? c->body.data : "", c->body.len);
+    if (!cJSON_IsObject(req)) {
+        cJSON_Delete(req);
+        respond(c, 400, "application/json",
+                "{\"error\":{\"message\":\"body must be a JSON object\",\"type\":"
+                "\"invalid_request_error\"}}");
+        return;
+    }
+    const cJSON *stream = cJSON_GetObjectItemCaseSensitive(req, "stream");
+    const cJSON *max_tokens = cJSON_GetObjectItemCaseSensitive(req, "max_tokens");
+    c->stream = cJSON_IsTrue(stream);
+    c->chat = chat;
+    c->total = s->tokens;
+    if (cJSON_IsNumber(max_tokens) && max_tokens->valuedouble >= 1 &&
+        max_tokens->valuedouble < (double)c->total) {
+        c->total = (long)max_tokens->valuedouble;
+    }
+    if (c->total < 1) {
+        c->total = 1;
+    }
+    cJSON_Delete(req);
+    c->sent = 0;
+    c->busy = true;
+    c->id = ++s->completions;
+    c->crash_here = s->crash_after > 0 && c->id >= s->crash_after;
+    s->active++;
+    c->counted_active = true;
+    if (c->stream) {
+        bufferevent_write(c->bev,
+                          "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                          "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n",
+                          strlen("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                 "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"));
+    }
+    if (!c->tick) {
+        c->tick = evtimer_new(s->base, on_tick, c);
+    }
+    long ms = token_delay_ms(s);
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    event_add(c->tick, &tv);
+}
+
+/* Handles one complete request. Returns true when it finished at once. */
+static bool handle(struct client *c)
+{
+    struct sim *s = c->sim;
+    const char *t = http_target(&c->head);
+    size_t len = c->head.target_len;
+    const char *q = memchr(t, '?', len);
+    if (q) {
+        len = (size_t)(q - t);
+    }
+    c->close_after = !c->head.keep_alive;
+    if (!s->loaded) {
+        respond(c, 503, "application/json", "{\"status\":\"loading\"}");
+        return true;
+    }
+    if (http_name_eq(t, len, "/health")) {
+        respond(c, 200, "application/json", "{\"status\":\"ok\"}");
+    } else if (http_name_eq(t, len, "/v1/models")) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\","
+                 "\"owned_by\":\"thaw-model-sim\"}]}",
+                 s->model);
+        respond(c, 200, "application/json", body);
+    } else if (c->head.method == HTTP_POST && http_name_eq(t, len, "/v1/chat/completions")) {
+        start_completion(c, true);
+        return !c->busy;
+    } else if (c->head.method == HTTP_POST && http_name_eq(t, len, "/v1/completions")) {
+        start_completion(c, false);
+        return !c->busy;
+    } else {
+        respond(c, 404, "application/json", "{\"error\":{\"message\":\"not found\"}}");
+    }
+    return true;
+}
+
+static void process(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    bool after_head = false;
+    while (!c->busy) {
+        size_t n = evbuffer_get_length(in);
+        if (n == 0 && !after_head) {
+            return;
+        }
+        after_head = false;
+        const char *data = n ? (const char *)evbuffer_pullup(in, -1) : "";
+        size_t used = 0;
+        enum http_event ev = http_parser_execute(&c->parser, data, n, &used);
+        evbuffer_drain(in, used);
+        if (ev == HTTP_EV_ERROR) {
+            c->close_after = true;
+            respond(c, 400, "application/json", "{\"error\":{\"message\":\"bad request\"}}");
+            bufferevent_disable(c->bev, EV_READ);
+            return;
+        }
+        if (ev == HTTP_EV_HEAD) {
+            after_head = true;
+            continue;
+        }
+        if (ev == HTTP_EV_DONE) {
+            if (handle(c)) {
+                http_parser_next(&c->parser, &c->head, &c->body);
+                buf_reset(&c->body);
+                if (c->close_after) {
+                    bufferevent_disable(c->bev, EV_READ);
+                    return;
+                }
+            }
+            continue;
+        }
+        return; /* need more */
+    }
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+    process(arg);
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+    struct client *c = arg;
+    if (c->close_after && !c->busy && evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
+        client_free(c);
+    }
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR)) {
+        client_free(arg);
+    }
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len,
+                      void *arg)
+{
+    struct sim *s = arg;
+    struct client *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    c->sim = s;
+    c->bev = bufferevent_socket_new(s->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    http_head_init(&c->head);
+    buf_init(&c->body);
+    http_parser_init(&c->parser, HTTP_REQUEST, &s->limits);
+    http_parser_next(&c->parser, &c->head, &c->body);
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+}
+
+static int start_listening(struct sim *s)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
+    if (inet_pton(AF_INET, s->host, &sin.sin_addr) != 1) {
+        fprintf(stderr, "thaw-model-sim: bad --host %s\n", s->host);
+        return -1;
+    }
+    s->listener = evconnlistener_new_bind(s->base, on_accept, s,
+                                          LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 1024,
+                                          (struct sockaddr *)&sin, sizeof sin);
+    if (!s->listener) {
+        fprintf(stderr, "thaw-model-sim: cannot listen on %s:%d: %s\n", s->host, s->port,
+                strerror(errno));
+        return -1;
+    }
+    struct sockaddr_in bound;
+    socklen_t blen = sizeof bound;
+    getsockname(evconnlistener_get_fd(s->listener), (struct sockaddr *)&bound, &blen);
+    s->port = ntohs(bound.sin_port);
+    if (s->port_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", s->port_file);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fprintf(f, "%d\n", s->port) < 0 || fclose(f) != 0 ||
+            rename(tmp, s->port_file) != 0) {
+            fprintf(stderr, "thaw-model-sim: cannot write %s\n", s->port_file);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void on_loaded(evutil_socket_t fd, short what, void *arg)
+{
+    struct sim *s = arg;
+    if (!s->mode_503 && start_listening(s)) {
+        event_base_loopbreak(s->base);
+        return;
+    }
+    s->loaded = true;
+    fprintf(stderr, "thaw-model-sim: model %s loaded, serving on %s:%d\n", s->model, s->host,
+            s->port);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    event_base_loopbreak(arg);
+}
+
+static long num_arg(const char *name, const char *v)
+{
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < 0) {
+        fprintf(stderr, "thaw-model-sim: --%s wants a number >= 0, got \"%s\"\n", name, v);
+        exit(2);
+    }
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    struct sim s = {.host = "127.0.0.1", .model = "sim", .token_ms = 20, .tokens = 16,
+                    .capacity = 4, .limits = {65536, 100, 16 << 20}};
+    static const struct option opts[] = {
+        {"host", required_argument, NULL, 'H'},      {"port", required_argument, NULL, 'p'},
+        {"port-file", required_argument, NULL, 'f'}, {"model", required_argument, NULL, 'm'},
+        {"load-ms", required_argument, NULL, 'l'},   {"load-mode", required_argument, NULL, 'L'},
+        {"token-ms", required_argument, NULL, 't'},  {"tokens", required_argument, NULL, 'n'},
+        {"capacity", required_argument, NULL, 'c'},  {"crash-after", required_argument, NULL, 'x'},
+        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
+    };
+    int o;
+    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (o) {
+        case 'H': s.host = optarg; break;
+        case 'p': s.port = (int)num_arg("port", optarg); break;
+        case 'f': s.port_file = optarg; break;
+        case 'm': s.model = optarg; break;
+        case 'l': s.load_ms = num_arg("load-ms", optarg); break;
+        case 'L':
+            if (strcmp(optarg, "503") == 0) {
+                s.mode_503 = true;
+            } else if (strcmp(optarg, "listen-late") != 0) {
+                fprintf(stderr, "thaw-model-sim: --load-mode is listen-late or 503\n");
+                return 2;
+            }
+            break;
+        case 't': s.token_ms = num_arg("token-ms", optarg); break;
+        case 'n': s.tokens = num_arg("tokens", optarg); break;
+        case 'c': s.capacity = num_arg("capacity", optarg); break;
+        case 'x': s.crash_after = num_arg("crash-after", optarg); break;
+        case 'h':
+            printf("usage: thaw-model-sim [--host A] [--port N] [--port-file F] [--model NAME]\n"
+                   "       [--load-ms N] [--load-mode listen-late|503] [--token-ms N]\n"
+                   "       [--tokens N] [--capacity N] [--crash-after N]\n");
+            return 0;
+        default: return 2;
+        }
+    }
+    if (s.capacity < 1) {
+        s.capacity = 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    s.base = event_base_new();
+    struct event *term = evsignal_new(s.base, SIGTERM, on_signal, s.base);
+    struct event *intr = evsignal_new(s.base, SIGINT, on_signal, s.base);
+    event_add(term, NULL);
+    event_add(intr, NULL);
+    if (s.mode_503 && start_listening(&s)) {
+        return 1;
+    }
+    struct event *load = evtimer_new(s.base, on_loaded, &s);
+    struct timeval tv = {s.load_ms / 1000, (s.load_ms % 1000) * 1000};
+    event_add(load, &tv);
+    event_base_dispatch(s.base);
+    event_free(load);
+    event_free(term);
+    event_free(intr);
+    if (s.listener) {
+        evconnlistener_free(s.listener);
+    }
+    event_base_free(s.base);
+    return 0;
+}
