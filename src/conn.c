@@ -226,6 +226,60 @@ int conn_write(struct conn *c, const void *data, size_t len)
     return 0;
 }
 
+int conn_writev(struct conn *c, const struct iovec *iov, int n)
+{
+    if (is_dead(c) || c->fd < 0 || c->broken) {
+        return -EPIPE;
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        total += iov[i].iov_len;
+    }
+    size_t written = 0;
+    if (buf_unread(&c->out) == 0 && total > 0) {
+        for (;;) {
+            struct msghdr msg = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+            ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL);
+            if (w >= 0) {
+                written = (size_t)w;
+                break;
+            }
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                break;
+            }
+            buf_reset(&c->out);
+            c->broken = true;
+            event_active(&c->wev, EV_WRITE, 0);
+            return -EPIPE;
+        }
+        if (written == total) {
+            return 0;
+        }
+    }
+    /* Keep what the socket did not take. */
+    for (int i = 0; i < n; i++) {
+        size_t len = iov[i].iov_len;
+        if (written >= len) {
+            written -= len;
+            continue;
+        }
+        if (buf_append(&c->out, (const char *)iov[i].iov_base + written, len - written)) {
+            return -ENOMEM;
+        }
+        written = 0;
+    }
+    if (total > 0) {
+        want_write(c, true);
+        if (c->state == CONN_HANDLING || c->state == CONN_CLOSING) {
+            set_timer(c, TIMER_SEND);
+        }
+    }
+    return 0;
+}
+
 /* Starts the polite close: flush, half-close, discard input for a moment so
  * a client still sending does not get a reset that eats our response. */
 static void begin_close(struct conn *c)

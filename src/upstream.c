@@ -44,6 +44,7 @@ static void destroy(struct upstream *u)
         u->fd = -1;
     }
     http_head_dispose(&u->head);
+    buf_dispose(&u->resp_head);
     endpoint_unref(u->ep);
     u->ep = NULL;
     if (u->busy == 0) {
@@ -314,6 +315,7 @@ void upstream_start(struct server *srv, struct request *r, struct endpoint *ep)
         endpoint_ref(ep);
         list_node_init(&u->node);
         http_head_init(&u->head);
+        buf_init(&u->resp_head);
         http_parser_init(&u->parser, HTTP_RESPONSE, &srv->resp_limits);
         u->fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         event_assign(&u->rev, srv->base, u->fd, EV_READ | EV_PERSIST, on_read, u);
@@ -339,6 +341,7 @@ void upstream_start(struct server *srv, struct request *r, struct endpoint *ep)
     r->up = u;
     u->sent = 0;
     u->decode_body = u->rechunk = u->client_close = u->client_failed = false;
+    u->head_pending = false;
     u->reading_paused = false;
     http_parser_next(&u->parser, &u->head, NULL);
     u->parser.skip_body = r->head.method == HTTP_HEAD;
@@ -383,7 +386,27 @@ static void on_client_drain(struct conn *c)
     }
 }
 
-/* Writes the response head to the client and picks how the body goes. */
+/* Sends the pending response head (if any) and raw body bytes together. */
+static int flush(struct upstream *u, const char *raw, size_t len)
+{
+    struct iovec iov[2];
+    int n = 0;
+    if (u->head_pending) {
+        iov[n].iov_base = u->resp_head.data;
+        iov[n].iov_len = u->resp_head.len;
+        n++;
+        u->head_pending = false;
+    }
+    if (len) {
+        iov[n].iov_base = (void *)raw;
+        iov[n].iov_len = len;
+        n++;
+    }
+    return n ? conn_writev(u->req->conn, iov, n) : 0;
+}
+
+/* Builds the client's response head and picks how the body goes. The head
+ * is sent with the first body bytes (one system call for small replies). */
 static int forward_head(struct upstream *u)
 {
     struct request *r = u->req;
@@ -416,34 +439,34 @@ static int forward_head(struct upstream *u)
     if (u->decode_body) {
         u->parser.on_body = on_body;
     }
-    struct buf b;
-    buf_init(&b);
-    buf_printf(&b, "HTTP/1.1 %u ", h->status);
+    struct buf *b = &u->resp_head;
+    buf_reset(b);
+    buf_printf(b, "HTTP/1.1 %u ", h->status);
     if (h->target_len) {
-        buf_append(&b, http_target(h), h->target_len);
+        buf_append(b, http_target(h), h->target_len);
     } else {
-        buf_append_str(&b, http_reason_phrase(h->status));
+        buf_append_str(b, http_reason_phrase(h->status));
     }
-    buf_append(&b, "\r\n", 2);
+    buf_append(b, "\r\n", 2);
     for (uint32_t i = 0; i < h->n_headers; i++) {
         const struct http_header *x = &h->headers[i];
         if (http_is_hop_by_hop(h, x)) {
             continue;
         }
         if (!u->decode_body || !http_name_eq(http_hname(h, x), x->name_len, "content-length")) {
-            buf_append(&b, http_hname(h, x), x->name_len);
-            buf_append(&b, ": ", 2);
-            buf_append(&b, http_hvalue(h, x), x->value_len);
-            buf_append(&b, "\r\n", 2);
+            buf_append(b, http_hname(h, x), x->name_len);
+            buf_append(b, ": ", 2);
+            buf_append(b, http_hvalue(h, x), x->value_len);
+            buf_append(b, "\r\n", 2);
         }
     }
     if (add_te) {
-        buf_append_str(&b, "Transfer-Encoding: chunked\r\n");
+        buf_append_str(b, "Transfer-Encoding: chunked\r\n");
     }
     if (u->client_close) {
-        buf_append_str(&b, "Connection: close\r\n");
+        buf_append_str(b, "Connection: close\r\n");
     }
-    buf_append(&b, "\r\n", 2);
+    buf_append(b, "\r\n", 2);
     r->response_started = true;
     r->state = REQ_ANSWERED;
     c->on_drain = on_client_drain;
@@ -451,9 +474,9 @@ static int forward_head(struct upstream *u)
         uint64_t now = server_now_ms();
         histogram_observe(&r->model->stats.upstream_ttfb, (double)(now - r->dispatch_ms) / 1000.0);
     }
-    int rc = conn_write(c, b.data, b.len);
-    buf_dispose(&b);
-    return rc;
+    u->head_pending = true;
+    /* Decoded bodies are written piecewise from on_body: head first. */
+    return u->decode_body ? flush(u, NULL, 0) : 0;
 }
 
 static void on_body(void *ud, const char *data, size_t len)
@@ -481,15 +504,16 @@ static void on_body(void *ud, const char *data, size_t len)
 static void process(struct upstream *u, const char *data, size_t n)
 {
     size_t off = 0;
+    size_t raw_off = 0, raw_len = 0; /* raw body bytes of this read, not yet sent */
     for (;;) {
         struct request *r = u->req;
         size_t used = 0;
         enum http_event ev = http_parser_execute(&u->parser, data + off, n - off, &used);
         if (u->state == UP_STREAMING && !u->decode_body && used > 0) {
-            if (conn_write(r->conn, data + off, used) != 0) {
-                client_gone(u);
-                return;
+            if (raw_len == 0) {
+                raw_off = off;
             }
+            raw_len += used;
         }
         off += used;
         if (u->client_failed) {
@@ -498,6 +522,10 @@ static void process(struct upstream *u, const char *data, size_t n)
         }
         switch (ev) {
         case HTTP_EV_NEED_MORE:
+            if (u->state == UP_STREAMING && flush(u, data + raw_off, raw_len) != 0) {
+                client_gone(u);
+                return;
+            }
             goto out;
         case HTTP_EV_HEAD:
             if (u->head.status >= 100 && u->head.status < 200 && u->head.status != 101) {
@@ -517,6 +545,10 @@ static void process(struct upstream *u, const char *data, size_t n)
                 u->parser.skip_body = r->head.method == HTTP_HEAD;
                 u->parser.ud = u;
                 continue;
+            }
+            if (flush(u, data + raw_off, raw_len) != 0) {
+                client_gone(u);
+                return;
             }
             complete(u, u->head.keep_alive && off == n);
             return;
@@ -552,6 +584,10 @@ static void on_eof(struct upstream *u, int err)
         return;
     case UP_STREAMING:
         if (http_parser_finish(&u->parser) == HTTP_EV_DONE) {
+            if (flush(u, NULL, 0) != 0) {
+                client_gone(u);
+                return;
+            }
             complete(u, false);
         } else {
             fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include <event2/event.h>
 #include <event2/event_struct.h>
@@ -63,6 +64,8 @@ struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
 void conn_close(struct conn *c, enum abort_reason reason);
 /* Queues bytes for the client. 0, or -ENOMEM / -EPIPE (connection dead). */
 int conn_write(struct conn *c, const void *data, size_t len);
+/* The same for several pieces, in one system call when the socket takes them. */
+int conn_writev(struct conn *c, const struct iovec *iov, int n);
 size_t conn_out_pending(const struct conn *c);
 /* The current response has been fully handed to conn_write. Frees the
  * request and carries on with the next pipelined one (or closes). */

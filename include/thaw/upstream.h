@@ -41,6 +41,7 @@ struct upstream {
     struct event rev, wev, tev;
     struct http_parser parser;
     struct http_head head;
+    struct buf resp_head; /* the head written to the client */
     size_t sent; /* bytes of head+body written */
     uint64_t served;
     int busy;
@@ -51,6 +52,7 @@ struct upstream {
     bool rechunk;      /* ... wrapped in chunked framing */
     bool client_close; /* the client connection closes after this response */
     bool client_failed; /* a write to the client failed while decoding */
+    bool head_pending;  /* resp_head not yet written */
 };
 
 /* Sends r to ep over a pooled or new connection. The request's slot on ep is
