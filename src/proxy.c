@@ -78,6 +78,28 @@ void request_free(struct server *srv, struct request *r)
     free(r);
 }
 
+/* The access log line: the path without its query (queries can carry keys). */
+static void access_log(struct server *srv, struct request *r, const char *outcome, int status,
+                       const char *reason)
+{
+    if (!srv->cfg->access_log || !log_enabled(LOG_INFO)) {
+        return;
+    }
+    const char *t = http_target(&r->head);
+    size_t len = r->head.target_len;
+    const char *q = memchr(t, '?', len);
+    if (q) {
+        len = (size_t)(q - t);
+    }
+    char path[200];
+    log_quote(path, sizeof path, t, len, 120);
+    LOGI("request", "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "
+         "ms=%llu client=%s",
+         r->model && r->model_resolved ? r->model->name : "-", tier_name(r->tier),
+         llhttp_method_name((llhttp_method_t)r->head.method), path, status, outcome, reason,
+         (unsigned long long)(server_now_ms() - r->start_ms), r->conn->peer_ip);
+}
+
 static void finish(struct server *srv, struct request *r)
 {
     assert(!r->counted);
@@ -95,6 +117,7 @@ void proxy_count_proxied(struct server *srv, struct request *r, int status)
         r->model->stats.proxied++;
         code_counts_add(&r->model->stats.codes, status);
     }
+    access_log(srv, r, "proxied", status, "-");
     finish(srv, r);
 }
 
@@ -113,6 +136,7 @@ void proxy_count_rejected(struct server *srv, struct request *r, enum reject_rea
     } else {
         code_counts_add(&srv->metrics.unrouted_codes, status);
     }
+    access_log(srv, r, "rejected", status, reject_info(reason)->name);
     finish(srv, r);
 }
 
@@ -126,6 +150,7 @@ void proxy_count_aborted(struct server *srv, struct request *r, enum abort_reaso
     if (r->model && r->model_resolved) {
         r->model->stats.aborted++;
     }
+    access_log(srv, r, "aborted", 0, abort_reason_name(reason));
     finish(srv, r);
 }
 

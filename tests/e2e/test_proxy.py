@@ -595,3 +595,16 @@ def test_sigterm_drains_in_flight_requests(thaw_factory, upstream):
     th.join()
     assert res["r"].status == 200
     assert t.proc.wait(10) == 0
+
+
+def test_access_log_has_no_query_or_body(thaw_factory, upstream):
+    t = thaw_factory({"log": {"access_log": True}, "models": [model(upstream)]})
+    httpc.request(t.host, t.port, "POST", "/echo?api_key=sk-SECRET", {"Host": "llama",
+                  "Authorization": "Bearer sk-TOKEN"}, b'{"prompt":"private words"}')
+    get(t, "/nowhere")
+    wait_for(lambda: t.logs().count('msg="request"') >= 2, what="access log lines")
+    logs = t.logs()
+    assert 'path="/echo" status=200 outcome=proxied' in logs
+    assert "status=404 outcome=rejected reason=model_not_found" in logs
+    for secret in ("sk-SECRET", "sk-TOKEN", "private words"):
+        assert secret not in logs
