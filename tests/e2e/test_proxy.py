@@ -388,6 +388,27 @@ def test_first_byte_timeout_is_504(thaw_factory, upstream):
     t.assert_reconciled()
 
 
+def test_silent_stream_is_cut_after_idle_timeout(thaw_factory, upstream):
+    t = thaw_factory({"models": [model(upstream, upstream_idle_timeout_ms=300)]})
+    s = t.connect()
+    httpc.send(s, "GET", "/sse?n=3&ms=2000", host="llama")
+    start = time.monotonic()
+    with pytest.raises(EOFError):
+        httpc.Reader(s).response()
+    assert time.monotonic() - start < 1.5
+    t.assert_reconciled()
+    assert t.metric("thaw_aborts_total", reason="upstream_timeout") == 1
+
+
+def test_body_timeout_is_408(thaw_factory, upstream):
+    t = thaw_factory({"limits": {"body_timeout_ms": 200}, "models": [model(upstream)]})
+    s = t.connect()
+    s.sendall(b"POST /echo HTTP/1.1\r\nHost: llama\r\nContent-Length: 10\r\n\r\nabc")
+    r = httpc.Reader(s).response()
+    assert r.status == 408 and r.json()["error"]["type"] == "body_timeout"
+    t.assert_reconciled()
+
+
 def test_invalid_upstream_response_is_502(thaw):
     r = get(thaw, "/garbage", host="llama")
     assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
