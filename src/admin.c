@@ -125,6 +125,15 @@ void admin_render_metrics(struct server *srv, struct buf *o)
         }
     }
 
+    help_type(o, "thaw_cold_start_seconds", "histogram",
+              "Time from starting a replica to its first successful health check, by model.");
+    FOR_EACH_MODEL(srv, m)
+    {
+        char labels[300];
+        snprintf(labels, sizeof labels, "model=\"%s\"", m->name);
+        histogram_render(&m->stats.cold_start, o, "thaw_cold_start_seconds", labels);
+    }
+
     help_type(o, "thaw_connections", "gauge", "Open client connections on the proxy port.");
     buf_printf(o, "thaw_connections %zu\n", srv->n_conns);
     help_type(o, "thaw_connections_accepted_total", "counter", "Client connections accepted.");
@@ -156,6 +165,9 @@ void admin_render_status(struct server *srv, struct buf *out)
     cJSON_AddNumberToObject(root, "inflight", (double)srv->inflight);
     cJSON_AddNumberToObject(root, "queued", (double)srv->qglobal.total);
     cJSON_AddNumberToObject(root, "connections", (double)srv->n_conns);
+    if (srv->process_backend && srv->process_backend->ops->describe_capacity) {
+        srv->process_backend->ops->describe_capacity(srv->process_backend, root);
+    }
     cJSON *models = cJSON_AddArrayToObject(root, "models");
     struct model *m;
     FOR_EACH_MODEL(srv, m)

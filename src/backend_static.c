@@ -66,6 +66,11 @@ static int static_scale(struct backend *b, struct model *m, unsigned replicas)
     return -ENOTSUP;
 }
 
+static uint64_t static_retry_after_ms(struct backend *b, struct model *m)
+{
+    return 1000;
+}
+
 static void static_describe(struct backend *b, struct model *m, cJSON *out)
 {
     cJSON_AddStringToObject(out, "backend", "static");
@@ -85,7 +90,9 @@ static const struct backend_ops static_ops = {
     .name = "static",
     .attach = static_attach,
     .scale = static_scale,
+    .retry_after_ms = static_retry_after_ms,
     .describe = static_describe,
+    .describe_capacity = NULL,
     .stop = static_stop,
     .free = static_free,
 };

@@ -71,6 +71,13 @@ static const struct num_key model_keys[] = {
     MOD(connect_timeout_ms, 5000, 1, 600000),
     MOD(first_byte_timeout_ms, 300000, 1, 86400000),
     MOD(upstream_idle_timeout_ms, 300000, 1, 86400000),
+    MOD(min_replicas, 0, 0, 1000),
+    MOD(max_replicas, 1, 1, 1000),
+    MOD(idle_timeout_ms, 300000, 0, 86400000),
+    MOD(startup_timeout_ms, 600000, 1, 86400000),
+    MOD(stop_grace_ms, 10000, 0, 600000),
+    MOD(gpu_slices, 0, 0, 64),
+    MOD(loading_heartbeat_ms, 0, 0, 600000),
 };
 #undef MOD
 
@@ -280,6 +287,99 @@ static int check_listen(const char *s)
     return check_hostport(s);
 }
 
+/* "env": {"NAME": "value", ...} -> "NAME=value" strings. */
+static int read_env(struct parser *p, const cJSON *obj, const char *path, struct config_model *m)
+{
+    if (!cJSON_IsObject(obj)) {
+        return fail(p, obj, path, "must be an object of strings");
+    }
+    int rc = check_duplicates(p, obj, "env.");
+    if (rc) {
+        return rc;
+    }
+    size_t n = (size_t)cJSON_GetArraySize(obj);
+    m->env = calloc(n ? n : 1, sizeof *m->env);
+    if (!m->env) {
+        return fail(p, obj, path, "out of memory");
+    }
+    for (const cJSON *e = obj->child; e; e = e->next) {
+        char epath[300];
+        snprintf(epath, sizeof epath, "%s.%s", path, e->string);
+        if (!cJSON_IsString(e)) {
+            return fail(p, e, epath, "must be a string");
+        }
+        if (!e->string[0] || strchr(e->string, '=')) {
+            return fail(p, e, epath, "is not a valid variable name");
+        }
+        size_t len = strlen(e->string) + strlen(e->valuestring) + 2;
+        char *kv = malloc(len);
+        if (!kv) {
+            return fail(p, e, epath, "out of memory");
+        }
+        snprintf(kv, len, "%s=%s", e->string, e->valuestring);
+        m->env[m->n_env++] = kv;
+    }
+    return 0;
+}
+
+static int parse_gpus(struct parser *p, const cJSON *arr, struct config *cfg)
+{
+    if (!cJSON_IsArray(arr)) {
+        return fail(p, arr, "gpus", "must be an array of {\"id\", \"slices\", \"sharing\"}");
+    }
+    size_t n = (size_t)cJSON_GetArraySize(arr);
+    cfg->gpus = calloc(n ? n : 1, sizeof *cfg->gpus);
+    if (!cfg->gpus) {
+        return fail(p, arr, "gpus", "out of memory");
+    }
+    size_t i = 0;
+    for (const cJSON *g = arr->child; g; g = g->next, i++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "gpus[%zu].", i);
+        if (!cJSON_IsObject(g)) {
+            return fail(p, g, prefix, "must be an object");
+        }
+        struct config_gpu *cg = &cfg->gpus[i];
+        cg->slices = 1;
+        bool have_id = false;
+        for (const cJSON *it = g->child; it; it = it->next) {
+            char path[128];
+            snprintf(path, sizeof path, "%s%s", prefix, it->string);
+            int rc = 0;
+            if (strcmp(it->string, "id") == 0) {
+                rc = read_uint(p, it, path, 0, 1023, &cg->id);
+                have_id = true;
+            } else if (strcmp(it->string, "slices") == 0) {
+                rc = read_uint(p, it, path, 1, 64, &cg->slices);
+            } else if (strcmp(it->string, "sharing") == 0) {
+                if (cJSON_IsString(it) && strcmp(it->valuestring, "time-slicing") == 0) {
+                    cg->sharing = GPU_TIME_SLICING;
+                } else if (cJSON_IsString(it) && strcmp(it->valuestring, "mps") == 0) {
+                    cg->sharing = GPU_MPS;
+                } else {
+                    rc = fail(p, it, path, "must be \"time-slicing\" or \"mps\"");
+                }
+            } else {
+                rc = fail(p, it, path, "unknown key");
+            }
+            if (rc) {
+                return rc;
+            }
+        }
+        if (!have_id) {
+            return fail(p, g, prefix, "\"id\" is required");
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (cfg->gpus[j].id == cg->id) {
+                return fail(p, g, prefix, "GPU id %llu is declared twice",
+                            (unsigned long long)cg->id);
+            }
+        }
+        cfg->n_gpus = i + 1;
+    }
+    return 0;
+}
+
 static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct config_model *m,
                        const struct config_limits *lim)
 {
@@ -323,6 +423,15 @@ static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct co
             rc = read_string_array(p, it, path, &m->aliases, &m->n_aliases, NULL);
         } else if (strcmp(it->string, "endpoints") == 0) {
             rc = read_string_array(p, it, path, &m->endpoints, &m->n_endpoints, check_hostport);
+        } else if (strcmp(it->string, "command") == 0) {
+            rc = read_string_array(p, it, path, &m->command, &m->n_command, NULL);
+        } else if (strcmp(it->string, "env") == 0) {
+            rc = read_env(p, it, path, m);
+        } else if (strcmp(it->string, "health_path") == 0) {
+            rc = read_string(p, it, path, &m->health_path);
+            if (!rc && m->health_path[0] != '/') {
+                rc = fail(p, it, path, "must start with '/'");
+            }
         } else if (strcmp(it->string, "priority") == 0) {
             if (!cJSON_IsString(it) ||
                 tier_parse(it->valuestring, strlen(it->valuestring), &m->priority)) {
@@ -338,8 +447,20 @@ static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct co
     if (!m->name) {
         return fail(p, obj, prefix, "\"name\" is required");
     }
-    if (m->n_endpoints == 0) {
-        return fail(p, obj, prefix, "\"endpoints\" is required (a non-empty list of \"host:port\")");
+    if (m->n_endpoints == 0 && m->n_command == 0) {
+        return fail(p, obj, prefix,
+                    "\"endpoints\" (a list of \"host:port\") or \"command\" (argv) is required");
+    }
+    if (m->n_endpoints && m->n_command) {
+        return fail(p, obj, prefix, "has both \"endpoints\" and \"command\"; choose one");
+    }
+    if (m->min_replicas > m->max_replicas) {
+        return fail(p, cJSON_GetObjectItemCaseSensitive(obj, "min_replicas"), prefix,
+                    "min_replicas (%llu) is above max_replicas (%llu)",
+                    (unsigned long long)m->min_replicas, (unsigned long long)m->max_replicas);
+    }
+    if (!m->health_path && !(m->health_path = strdup("/health"))) {
+        return fail(p, obj, prefix, "out of memory");
     }
     if (!m->namespace_ && !(m->namespace_ = strdup("default"))) {
         return fail(p, obj, prefix, "out of memory");
@@ -456,6 +577,8 @@ static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
                                     &cfg->upstream);
         } else if (strcmp(it->string, "log") == 0) {
             rc = parse_log(p, it, cfg);
+        } else if (strcmp(it->string, "gpus") == 0) {
+            rc = parse_gpus(p, it, cfg);
         } else if (strcmp(it->string, "models") == 0) {
             models = it;
             if (!cJSON_IsArray(it)) {
@@ -491,6 +614,26 @@ static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
                                 cfg->models[j].line);
                 }
             }
+        }
+    }
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const struct config_model *m = &cfg->models[i];
+        if (m->gpu_slices == 0) {
+            continue;
+        }
+        char path[64];
+        snprintf(path, sizeof path, "models[%zu].gpu_slices", i);
+        if (m->n_command == 0) {
+            return fail(p, NULL, path, "applies only to models with a \"command\"");
+        }
+        bool fits = false;
+        for (size_t g = 0; g < cfg->n_gpus; g++) {
+            fits |= cfg->gpus[g].slices >= m->gpu_slices;
+        }
+        if (!fits) {
+            return fail(p, NULL, path,
+                        "%llu slices do not fit on any declared GPU (see \"gpus\")",
+                        (unsigned long long)m->gpu_slices);
         }
     }
     return 0;
@@ -588,8 +731,12 @@ void config_free(struct config *cfg)
         free_strings(m->hosts, m->n_hosts);
         free_strings(m->aliases, m->n_aliases);
         free_strings(m->endpoints, m->n_endpoints);
+        free_strings(m->command, m->n_command);
+        free_strings(m->env, m->n_env);
+        free(m->health_path);
     }
     free(cfg->models);
+    free(cfg->gpus);
     free(cfg->path);
     free(cfg->listen);
     free(cfg->admin_listen);

@@ -424,7 +424,8 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
                     r && r->model && r->model_resolved ? r->model->name : NULL);
     char extra[64] = "";
     if (ri->retry_after) {
-        snprintf(extra, sizeof extra, "Retry-After: 1\r\n");
+        snprintf(extra, sizeof extra, "Retry-After: %u\r\n",
+                 r && c->kind == LISTENER_PROXY ? proxy_retry_after_s(r) : 1);
     }
     conn_respond(c, ri->status, "application/json", body.data, body.len, extra);
     buf_dispose(&body);

@@ -34,6 +34,8 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_QUEUE_TIMEOUT] = {"queue_timeout", 504, false,
                               "no replica became free before the request's deadline"},
     [REJECT_NO_REPLICAS] = {"no_replicas", 503, true, "the model has no replica to serve it"},
+    [REJECT_START_FAILED] = {"start_failed", 503, true,
+                             "the model's server failed to start"},
     [REJECT_UPSTREAM_CONNECT] = {"upstream_connect_failed", 502, false,
                                  "could not connect to any replica of the model"},
     [REJECT_UPSTREAM_TIMEOUT] = {"upstream_timeout", 504, false,

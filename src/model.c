@@ -196,6 +196,14 @@ void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const 
     }
 }
 
+void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reason,
+                             uint64_t retry_after_ms)
+{
+    if (f->on_unavailable) {
+        f->on_unavailable(f->cb_ud, m, reason, retry_after_ms);
+    }
+}
+
 void fleet_remove_model(struct fleet *f, struct model *m, const char *reason)
 {
     if (f->on_removing) {

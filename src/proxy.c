@@ -13,6 +13,8 @@
 
 #include <event2/event.h>
 
+/* Connection attempts per request before it is answered 502. */
+#define PROXY_MAX_TRIES 16
 /* Cached request objects keep buffers up to these sizes. */
 #define CACHE_KEEP_HEAD_BYTES (8 * 1024)
 #define CACHE_KEEP_BODY_BYTES (64 * 1024)
@@ -254,9 +256,18 @@ static void place(struct server *srv, struct request *r)
             return;
         }
     }
-    if (m->n_endpoints == 0 && m->backend && backend_scale(m->backend, m, 1) == -ENOTSUP) {
-        conn_reject(r->conn, REJECT_NO_REPLICAS, NULL);
-        return;
+    if (m->n_endpoints == 0 && m->backend) {
+        /* Scale from zero now, not at the next tick; one start serves every
+         * request that queues behind it. */
+        int rc = backend_scale(m->backend, m, 1);
+        if (rc == -ENOTSUP) {
+            conn_reject(r->conn, REJECT_NO_REPLICAS, NULL);
+            return;
+        }
+        if (rc == -EAGAIN) {
+            conn_reject(r->conn, REJECT_START_FAILED, "restarting after a failed start");
+            return;
+        }
     }
     struct queue_item *displaced = NULL;
     int rc = queue_push(&m->queue, &r->qi, r->tier, now, now + m->set.queue_timeout_ms,
@@ -343,18 +354,30 @@ void proxy_dispatch(struct server *srv, struct model *m)
     }
 }
 
-void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason)
+void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason,
+                       const char *detail)
 {
     struct queue_item *it;
     while ((it = queue_pop(&m->queue))) {
         struct request *r = container_of(it, struct request, qi);
         r->state = REQ_ROUTED;
-        conn_reject(r->conn, reason, NULL);
+        conn_reject(r->conn, reason, detail);
     }
     if (m->queue_timer) {
         event_free(m->queue_timer);
         m->queue_timer = NULL;
     }
+}
+
+unsigned proxy_retry_after_s(const struct request *r)
+{
+    struct model *m = r->model_resolved ? r->model : NULL;
+    if (!m || !m->backend || m->n_endpoints > 0) {
+        return 1;
+    }
+    uint64_t ms = m->backend->ops->retry_after_ms(m->backend, m);
+    unsigned s = (unsigned)((ms + 999) / 1000);
+    return s ? s : 1;
 }
 
 void proxy_upstream_retry(struct request *r)
@@ -363,6 +386,18 @@ void proxy_upstream_retry(struct request *r)
     struct server *srv = r->conn->srv;
     size_t limit = m->n_endpoints > 1 ? m->n_endpoints : 1;
     if (r->tries >= limit || m->n_endpoints == 0) {
+        /* Every replica refused. A backend that can start replicas (its
+         * replica may just have died, before thaw reaped it) gets the
+         * request back in the queue; it waits for the next replica or its
+         * deadline. Static models answer 502. No immediate retry here: a
+         * dead replica refuses synchronously and this would recurse. */
+        if (r->tries < PROXY_MAX_TRIES && m->backend &&
+            backend_scale(m->backend, m, 1) != -ENOTSUP) {
+            r->state = REQ_QUEUED;
+            queue_push_front(&m->queue, &r->qi);
+            arm_queue_timer(srv, m);
+            return;
+        }
         r->state = REQ_ROUTED;
         conn_reject(r->conn, REJECT_UPSTREAM_CONNECT, NULL);
         return;

@@ -47,10 +47,15 @@ static void on_capacity(void *ud, struct model *m)
     proxy_dispatch(ud, m);
 }
 
+static void on_unavailable(void *ud, struct model *m, const char *reason, uint64_t retry_after_ms)
+{
+    proxy_flush_queue(ud, m, REJECT_START_FAILED, reason);
+}
+
 static void on_removing(void *ud, struct model *m, const char *reason)
 {
     LOGI("model removed", "model=%s reason=\"%s\"", m->name, reason);
-    proxy_flush_queue(ud, m, REJECT_NO_REPLICAS);
+    proxy_flush_queue(ud, m, REJECT_NO_REPLICAS, reason);
     for (size_t i = 0; i < m->n_endpoints; i++) {
         upstream_close_idle(m->endpoints[i]);
     }
@@ -233,7 +238,8 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
         struct list_node *pos, *tmp;
         list_for_each_safe(pos, tmp, &srv->fleet.models)
         {
-            proxy_flush_queue(srv, container_of(pos, struct model, node), REJECT_SHUTTING_DOWN);
+            proxy_flush_queue(srv, container_of(pos, struct model, node), REJECT_SHUTTING_DOWN,
+                              NULL);
         }
         /* Give the 503s a moment to leave, then close whatever remains. */
         srv->drain_deadline_ms = UINT64_MAX;
@@ -313,11 +319,21 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file)
     fleet_init(&srv->fleet, &srv->qglobal, lim->queue_aging_ms);
     srv->fleet.on_capacity = on_capacity;
     srv->fleet.on_removing = on_removing;
+    srv->fleet.on_unavailable = on_unavailable;
     srv->fleet.cb_ud = srv;
 
     srv->static_backend = backend_static_new(&srv->fleet);
     if (!srv->static_backend) {
         return -1;
+    }
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        if (cfg->models[i].n_command && !srv->process_backend) {
+            srv->process_backend = backend_process_new(&srv->fleet, srv->base, cfg);
+            if (!srv->process_backend) {
+                LOGE("out of memory creating the process backend", NULL);
+                return -1;
+            }
+        }
     }
     for (size_t i = 0; i < cfg->n_models; i++) {
         size_t conflicts = 0;
@@ -330,7 +346,9 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file)
             LOGW("model names already taken by another model are ignored",
                  "model=%s conflicts=%zu", m->name, conflicts);
         }
-        if (srv->static_backend->ops->attach(srv->static_backend, m, &cfg->models[i])) {
+        struct backend *b =
+            cfg->models[i].n_command ? srv->process_backend : srv->static_backend;
+        if (b->ops->attach(b, m, &cfg->models[i])) {
             return -1;
         }
     }
@@ -370,7 +388,7 @@ void server_dispose(struct server *srv)
     list_for_each_safe(pos, tmp, &srv->fleet.models)
     {
         struct model *m = container_of(pos, struct model, node);
-        proxy_flush_queue(srv, m, REJECT_SHUTTING_DOWN);
+        proxy_flush_queue(srv, m, REJECT_SHUTTING_DOWN, NULL);
     }
     close_all_connections(srv);
     list_for_each_safe(pos, tmp, &srv->fleet.models)
@@ -380,12 +398,17 @@ void server_dispose(struct server *srv)
             upstream_close_idle(m->endpoints[i]);
         }
     }
-    if (srv->static_backend) {
-        srv->static_backend->ops->stop(srv->static_backend);
+    struct backend *backends[] = {srv->static_backend, srv->process_backend};
+    for (size_t i = 0; i < 2; i++) {
+        if (backends[i]) {
+            backends[i]->ops->stop(backends[i]);
+        }
     }
     fleet_dispose(&srv->fleet);
-    if (srv->static_backend) {
-        srv->static_backend->ops->free(srv->static_backend);
+    for (size_t i = 0; i < 2; i++) {
+        if (backends[i]) {
+            backends[i]->ops->free(backends[i]);
+        }
     }
     while (!list_empty(&srv->free_requests)) {
         struct request *r = container_of(list_first(&srv->free_requests), struct request,

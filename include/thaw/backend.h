@@ -8,6 +8,8 @@
 #ifndef THAW_BACKEND_H
 #define THAW_BACKEND_H
 
+#include <stdint.h>
+
 #include <cjson/cJSON.h>
 
 #include "thaw/config.h"
@@ -22,8 +24,13 @@ struct backend_ops {
     /* Asks for `replicas` replicas of m (the backend may clamp). 0, or
      * -ENOTSUP when the backend cannot change the count. */
     int (*scale)(struct backend *b, struct model *m, unsigned replicas);
+    /* What a client told to come back should wait, in ms (cold start, or
+     * the remaining restart backoff). */
+    uint64_t (*retry_after_ms)(struct backend *b, struct model *m);
     /* Replicas wanted / observed, for status. */
     void (*describe)(struct backend *b, struct model *m, cJSON *out);
+    /* The backend's capacity (GPUs and their slices), for status; may be NULL. */
+    void (*describe_capacity)(struct backend *b, cJSON *out);
     /* Stops everything the backend started; called once, at exit. */
     void (*stop)(struct backend *b);
     void (*free)(struct backend *b);
@@ -41,5 +48,10 @@ static inline int backend_scale(struct backend *b, struct model *m, unsigned rep
 
 /* The static backend: replicas are the config's endpoints, always ready. */
 struct backend *backend_static_new(struct fleet *fleet);
+
+struct event_base;
+/* The process backend: models are local commands (see backend_process.c). */
+struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
+                                    const struct config *cfg);
 
 #endif

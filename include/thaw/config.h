@@ -46,8 +46,21 @@ struct config_model {
     size_t n_hosts;
     char **aliases;
     size_t n_aliases;
-    char **endpoints; /* "host:port", as written */
+    char **endpoints; /* static backend: "host:port", as written */
     size_t n_endpoints;
+    /* process backend (a model has `endpoints` or `command`, not both) */
+    char **command; /* argv; "{port}" and "{gpu}" are substituted */
+    size_t n_command;
+    char **env; /* "NAME=value", substituted likewise */
+    size_t n_env;
+    char *health_path;
+    uint64_t min_replicas;
+    uint64_t max_replicas;
+    uint64_t idle_timeout_ms;
+    uint64_t startup_timeout_ms;
+    uint64_t stop_grace_ms;
+    uint64_t gpu_slices;
+    uint64_t loading_heartbeat_ms; /* 0: no SSE heartbeats while loading */
     uint64_t max_concurrency;
     enum tier priority;
     uint64_t max_queue;
@@ -56,6 +69,14 @@ struct config_model {
     uint64_t first_byte_timeout_ms;
     uint64_t upstream_idle_timeout_ms;
     int line;
+};
+
+enum gpu_sharing { GPU_TIME_SLICING = 0, GPU_MPS = 1 };
+
+struct config_gpu {
+    uint64_t id;
+    uint64_t slices;
+    enum gpu_sharing sharing;
 };
 
 struct config {
@@ -68,6 +89,8 @@ struct config {
     struct config_upstream upstream;
     struct config_model *models;
     size_t n_models;
+    struct config_gpu *gpus;
+    size_t n_gpus;
 };
 
 struct config_error {

@@ -57,6 +57,7 @@ struct model_stats {
     uint64_t upstream_errors;
     struct histogram upstream_ttfb;   /* dispatch -> response head */
     struct histogram queue_wait[TIER_COUNT];
+    struct histogram cold_start; /* replica start -> ready */
 };
 
 struct model {
@@ -72,6 +73,7 @@ struct model {
     struct backend *backend;
     void *backend_data;      /* the backend's per-model state */
     struct event *queue_timer; /* set by the proxy: fires at the next deadline */
+    uint64_t cold_start_ms;    /* last measured, 0 when never */
     struct model_stats stats;
 };
 
@@ -79,6 +81,9 @@ struct model {
 typedef void (*fleet_capacity_cb)(void *ud, struct model *m);
 /* Called just before a model is removed: its queued requests must be answered. */
 typedef void (*fleet_removing_cb)(void *ud, struct model *m, const char *reason);
+/* The model cannot get a replica for now (failed start): answer its queue. */
+typedef void (*fleet_unavailable_cb)(void *ud, struct model *m, const char *reason,
+                                     uint64_t retry_after_ms);
 
 struct fleet {
     struct list_node models;
@@ -88,6 +93,7 @@ struct fleet {
     uint64_t queue_aging_ms;
     fleet_capacity_cb on_capacity;
     fleet_removing_cb on_removing;
+    fleet_unavailable_cb on_unavailable;
     void *cb_ud;
 };
 
@@ -102,6 +108,8 @@ struct model *fleet_find(const struct fleet *f, const char *namespace_, const ch
 /* Backend up-calls. addr is numeric "ip:port". 0 or a negative errno. */
 int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr);
 void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const char *reason);
+void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reason,
+                             uint64_t retry_after_ms);
 
 /* Least-loaded ready endpoint with a free slot, skipping ejected ones unless
  * all are ejected. NULL when every slot is busy or there are none. */

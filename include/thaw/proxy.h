@@ -44,7 +44,7 @@ struct request {
     uint64_t start_ms, queued_ms, dispatch_ms;
     struct upstream *up;
     struct endpoint *last_ep;
-    uint8_t tries;
+    uint16_t tries;
     bool counted;          /* its outcome has been counted */
     bool response_started; /* response bytes went to the client */
     bool model_resolved;
@@ -75,7 +75,11 @@ void proxy_upstream_failed(struct request *r, enum reject_reason reason, enum ab
 /* A model gained capacity: dispatch what waits. */
 void proxy_dispatch(struct server *srv, struct model *m);
 /* Answers every queued request of m with reason (model removed, shutdown). */
-void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason);
+void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason,
+                       const char *detail);
+/* Seconds a client told to retry should wait: the model's measured cold start
+ * (or restart backoff) when it has no ready replica, else 1. */
+unsigned proxy_retry_after_s(const struct request *r);
 
 /* Outcome accounting (proxy-port requests only; admin ones are not counted). */
 void proxy_count_proxied(struct server *srv, struct request *r, int status);

@@ -47,6 +47,7 @@ struct server {
     struct fleet fleet;
     struct queue_global qglobal;
     struct backend *static_backend;
+    struct backend *process_backend; /* NULL when no model has a command */
     struct listener proxy_l, admin_l;
     struct list_node conns;     /* all client connections */
     size_t n_conns;             /* proxy-port connections counted against the limit */

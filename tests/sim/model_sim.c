@@ -13,6 +13,9 @@
  *   --capacity N         requests served at full speed; beyond that every
  *                        token slows by active/capacity (a time-sliced GPU)
  *   --crash-after N      exit abruptly during the Nth completion, mid-stream
+ *   --fail-start         exit with status 1 instead of finishing the load
+ *   --ready-file FILE    write CLOCK_MONOTONIC nanoseconds when /health first
+ *                        answers 200 (load tests measure from that moment)
  *
  * Paths: /health, /v1/models, /v1/chat/completions, /v1/completions
  * (JSON, or SSE chunks ending in "data: [DONE]" with "stream": true). */
@@ -47,6 +50,9 @@ struct sim {
     long load_ms, token_ms, tokens, capacity, crash_after;
     bool mode_503;
     bool loaded;
+    bool fail_start;
+    const char *ready_file;
+    bool ready_written;
     long active;
     long completions;
     struct evconnlistener *listener;
@@ -259,6 +265,16 @@ static bool handle(struct client *c)
         return true;
     }
     if (http_name_eq(t, len, "/health")) {
+        if (s->ready_file && !s->ready_written) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            FILE *f = fopen(s->ready_file, "w");
+            if (f) {
+                fprintf(f, "%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+                fclose(f);
+            }
+            s->ready_written = true;
+        }
         respond(c, 200, "application/json", "{\"status\":\"ok\"}");
     } else if (http_name_eq(t, len, "/v1/models")) {
         char body[512];
@@ -394,6 +410,11 @@ static int start_listening(struct sim *s)
 static void on_loaded(evutil_socket_t fd, short what, void *arg)
 {
     struct sim *s = arg;
+    if (s->fail_start) {
+        fprintf(stderr, "thaw-model-sim: CUDA out of memory while loading %s (simulated)\n",
+                s->model);
+        exit(1);
+    }
     if (!s->mode_503 && start_listening(s)) {
         event_base_loopbreak(s->base);
         return;
@@ -429,6 +450,7 @@ int main(int argc, char **argv)
         {"load-ms", required_argument, NULL, 'l'},   {"load-mode", required_argument, NULL, 'L'},
         {"token-ms", required_argument, NULL, 't'},  {"tokens", required_argument, NULL, 'n'},
         {"capacity", required_argument, NULL, 'c'},  {"crash-after", required_argument, NULL, 'x'},
+        {"fail-start", no_argument, NULL, 'F'},      {"ready-file", required_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     int o;
@@ -451,10 +473,13 @@ int main(int argc, char **argv)
         case 'n': s.tokens = num_arg("tokens", optarg); break;
         case 'c': s.capacity = num_arg("capacity", optarg); break;
         case 'x': s.crash_after = num_arg("crash-after", optarg); break;
+        case 'F': s.fail_start = true; break;
+        case 'R': s.ready_file = optarg; break;
         case 'h':
             printf("usage: thaw-model-sim [--host A] [--port N] [--port-file F] [--model NAME]\n"
                    "       [--load-ms N] [--load-mode listen-late|503] [--token-ms N]\n"
-                   "       [--tokens N] [--capacity N] [--crash-after N]\n");
+                   "       [--tokens N] [--capacity N] [--crash-after N] [--fail-start]\n"
+                   "       [--ready-file FILE]\n");
             return 0;
         default: return 2;
         }

@@ -1,0 +1,1030 @@
+/* Process backend: a model is a local command; a replica is a child process
+ * on a free loopback port, given a GPU with free slices.
+ *
+ * Replica life: STARTING (spawned; its health URL is probed from the first
+ * millisecond, fast then backing off) -> READY (reported to the fleet; takes
+ * requests) -> STOPPING (SIGTERM to its process group, SIGKILL after the
+ * grace) -> reaped. A replica that exits or misses its startup timeout while
+ * STARTING is a failed start: held requests get 503 and restarts back off.
+ * Children run in their own process group with PR_SET_PDEATHSIG, so they
+ * die with thaw even if thaw is killed; on a normal exit thaw stops and
+ * reaps them itself. */
+#include "thaw/backend.h"
+#include "thaw/log.h"
+#include "thaw/procplan.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+extern char **environ;
+
+#define LOG_RING_LINES 20
+#define LOG_LINE_MAX 240
+#define PROBE_TIMEOUT_MS 1000
+#define TICK_MS 100
+
+uint64_t server_now_ms(void);
+
+enum replica_state { R_STARTING, R_READY, R_STOPPING };
+
+struct proc_model;
+
+struct replica {
+    struct list_node node;
+    struct proc_model *pm;
+    enum replica_state state;
+    pid_t pid;
+    int port;
+    int gpu; /* index into backend gpus, -1: none */
+    char id[48];
+    uint64_t started_ms;
+    /* output capture */
+    int out_fd;
+    struct event out_ev;
+    char ring[LOG_RING_LINES][LOG_LINE_MAX];
+    unsigned ring_next, ring_count;
+    char partial[LOG_LINE_MAX];
+    size_t partial_len;
+    /* readiness probe */
+    struct event probe_timer;
+    struct event probe_io;
+    int probe_fd;
+    unsigned probe_attempt;
+    char probe_buf[64];
+    size_t probe_len;
+    bool probe_sent;
+    uint64_t probe_started_ms;
+    /* stop */
+    struct event kill_timer;
+    bool exited;
+};
+
+struct proc_model {
+    struct list_node node;
+    struct process_backend *pb;
+    struct model *m;
+    char **argv;
+    size_t argc;
+    char **env;
+    size_t n_env;
+    char *health_path;
+    unsigned min_replicas, max_replicas, gpu_slices;
+    uint64_t idle_timeout_ms, startup_timeout_ms, stop_grace_ms;
+    struct list_node replicas;
+    unsigned n_starting, n_ready, n_stopping;
+    uint64_t idle_since_ms;
+    unsigned failures;
+    uint64_t backoff_until_ms;
+    bool waiting_for_capacity;
+    char last_error[200];
+    uint64_t starts, start_failures, crashes;
+    uint64_t last_cold_start_ms;
+    unsigned seq;
+};
+
+struct process_backend {
+    struct backend base;
+    struct event_base *evbase;
+    struct gpu_slot *gpus;
+    enum gpu_sharing *sharing;
+    size_t n_gpus;
+    struct list_node models;
+    struct event *sigchld;
+    struct event *tick;
+    bool stopping;
+};
+
+static struct process_backend *PB(struct backend *b)
+{
+    return container_of(b, struct process_backend, base);
+}
+
+static void arm_ms(struct event *ev, uint64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    event_add(ev, &tv);
+}
+
+/* ---- output capture ---------------------------------------------------- */
+
+static void ring_push(struct replica *r, const char *line, size_t len)
+{
+    if (len >= LOG_LINE_MAX) {
+        len = LOG_LINE_MAX - 1;
+    }
+    memcpy(r->ring[r->ring_next], line, len);
+    r->ring[r->ring_next][len] = '\0';
+    r->ring_next = (r->ring_next + 1) % LOG_RING_LINES;
+    if (r->ring_count < LOG_RING_LINES) {
+        r->ring_count++;
+    }
+    if (log_enabled(LOG_DEBUG)) {
+        char q[LOG_LINE_MAX + 16];
+        log_quote(q, sizeof q, line, len, LOG_LINE_MAX - 8);
+        LOGD("model output", "model=%s replica=%s line=%s", r->pm->m->name, r->id, q);
+    }
+}
+
+static void on_output(evutil_socket_t fd, short what, void *arg)
+{
+    struct replica *r = arg;
+    char buf[4096];
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) {
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            return;
+        }
+        event_del(&r->out_ev);
+        close(r->out_fd);
+        r->out_fd = -1;
+        return;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        char c = buf[i];
+        if (c == '\n' || r->partial_len == LOG_LINE_MAX - 1) {
+            ring_push(r, r->partial, r->partial_len);
+            r->partial_len = 0;
+            if (c == '\n') {
+                continue;
+            }
+        }
+        r->partial[r->partial_len++] = c;
+    }
+}
+
+static void log_last_lines(struct replica *r)
+{
+    unsigned start = (r->ring_next + LOG_RING_LINES - r->ring_count) % LOG_RING_LINES;
+    if (r->partial_len) {
+        ring_push(r, r->partial, r->partial_len);
+        r->partial_len = 0;
+        start = (r->ring_next + LOG_RING_LINES - r->ring_count) % LOG_RING_LINES;
+    }
+    for (unsigned i = 0; i < r->ring_count; i++) {
+        const char *line = r->ring[(start + i) % LOG_RING_LINES];
+        char q[LOG_LINE_MAX + 16];
+        log_quote(q, sizeof q, line, strlen(line), LOG_LINE_MAX - 8);
+        LOGW("model log", "model=%s replica=%s line=%s", r->pm->m->name, r->id, q);
+    }
+}
+
+/* ---- spawning ---------------------------------------------------------- */
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -1;
+    }
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sin;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&sin, sizeof sin) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sin, &len) == 0) {
+        port = ntohs(sin.sin_port);
+    }
+    close(fd);
+    return port;
+}
+
+/* Replaces {port} and {gpu} in s; the result is malloc'ed. */
+static char *substitute(const char *s, int port, int gpu_id)
+{
+    char portbuf[16], gpubuf[16];
+    snprintf(portbuf, sizeof portbuf, "%d", port);
+    snprintf(gpubuf, sizeof gpubuf, "%d", gpu_id < 0 ? 0 : gpu_id);
+    struct buf out;
+    buf_init(&out);
+    while (*s) {
+        if (strncmp(s, "{port}", 6) == 0) {
+            buf_append_str(&out, portbuf);
+            s += 6;
+        } else if (strncmp(s, "{gpu}", 5) == 0) {
+            buf_append_str(&out, gpubuf);
+            s += 5;
+        } else {
+            buf_append(&out, s, 1);
+            s++;
+        }
+    }
+    buf_append(&out, "", 1);
+    return out.data;
+}
+
+static void free_strv(char **v)
+{
+    if (!v) {
+        return;
+    }
+    for (char **p = v; *p; p++) {
+        free(*p);
+    }
+    free(v);
+}
+
+/* The child's environment: thaw's, then the model's, then the GPU's. */
+static char **build_env(struct proc_model *pm, int port, int gpu)
+{
+    struct process_backend *pb = pm->pb;
+    size_t n = 0;
+    while (environ[n]) {
+        n++;
+    }
+    char **env = calloc(n + pm->n_env + 4, sizeof *env);
+    if (!env) {
+        return NULL;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* Drop what thaw sets itself. */
+        if (strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) == 0 ||
+            strncmp(environ[i], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=", 34) == 0) {
+            continue;
+        }
+        env[k++] = strdup(environ[i]);
+    }
+    for (size_t i = 0; i < pm->n_env; i++) {
+        env[k++] = substitute(pm->env[i], port, gpu >= 0 ? pb->gpus[gpu].id : -1);
+    }
+    if (gpu >= 0) {
+        char tmp[64];
+        snprintf(tmp, sizeof tmp, "CUDA_VISIBLE_DEVICES=%d", pb->gpus[gpu].id);
+        env[k++] = strdup(tmp);
+        if (pb->sharing[gpu] == GPU_MPS) {
+            snprintf(tmp, sizeof tmp, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%u",
+                     procplan_mps_percentage(pm->gpu_slices, pb->gpus[gpu].slices));
+            env[k++] = strdup(tmp);
+        }
+    }
+    env[k] = NULL;
+    return env;
+}
+
+static void on_probe_timer(evutil_socket_t fd, short what, void *arg);
+static void on_kill_timer(evutil_socket_t fd, short what, void *arg);
+
+/* Starts one replica. 0, -ENOSPC (no GPU slices free) or another error. */
+static int replica_start(struct proc_model *pm)
+{
+    struct process_backend *pb = pm->pb;
+    int gpu = -1;
+    if (pm->gpu_slices > 0) {
+        gpu = procplan_gpu_pick(pb->gpus, pb->n_gpus, pm->gpu_slices);
+        if (gpu < 0) {
+            if (!pm->waiting_for_capacity) {
+                LOGI("waiting for GPU capacity", "model=%s slices_needed=%u", pm->m->name,
+                     pm->gpu_slices);
+            }
+            pm->waiting_for_capacity = true;
+            return -ENOSPC;
+        }
+    }
+    pm->waiting_for_capacity = false;
+    int port = free_port();
+    if (port < 0) {
+        return -EADDRNOTAVAIL;
+    }
+    int gpu_id = gpu >= 0 ? pb->gpus[gpu].id : -1;
+    char **argv = calloc(pm->argc + 1, sizeof *argv);
+    char **env = build_env(pm, port, gpu);
+    int pipefd[2] = {-1, -1};
+    if (!argv || !env || pipe2(pipefd, O_CLOEXEC) < 0) {
+        free(argv);
+        free_strv(env);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < pm->argc; i++) {
+        argv[i] = substitute(pm->argv[i], port, gpu_id);
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Child: own process group, dies with thaw, output to the pipe. */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) {
+            _exit(127);
+        }
+        signal(SIGPIPE, SIG_DFL);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0) {
+            dup2(devnull, STDIN_FILENO);
+        }
+        dup2(pipefd[1], STDOUT_FILENO);
+        dup2(pipefd[1], STDERR_FILENO);
+        execve(argv[0], argv, env);
+        if (!strchr(argv[0], '/')) {
+            execvpe(argv[0], argv, env);
+        }
+        dprintf(STDERR_FILENO, "cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int err = errno;
+    close(pipefd[1]);
+    free_strv(env);
+    for (size_t i = 0; i < pm->argc; i++) {
+        free(argv[i]);
+    }
+    free(argv);
+    if (pid < 0) {
+        close(pipefd[0]);
+        return -err;
+    }
+    setpgid(pid, pid); /* also from here: no window where a signal misses the group */
+    struct replica *r = calloc(1, sizeof *r);
+    if (!r) {
+        kill(-pid, SIGKILL);
+        close(pipefd[0]);
+        return -ENOMEM;
+    }
+    r->pm = pm;
+    r->state = R_STARTING;
+    r->pid = pid;
+    r->port = port;
+    r->gpu = gpu;
+    r->started_ms = server_now_ms();
+    r->probe_fd = -1;
+    snprintf(r->id, sizeof r->id, "%s-%u", pm->m->name, ++pm->seq);
+    r->out_fd = pipefd[0];
+    fcntl(r->out_fd, F_SETFL, O_NONBLOCK);
+    event_assign(&r->out_ev, pb->evbase, r->out_fd, EV_READ | EV_PERSIST, on_output, r);
+    event_add(&r->out_ev, NULL);
+    event_assign(&r->probe_timer, pb->evbase, -1, 0, on_probe_timer, r);
+    event_assign(&r->kill_timer, pb->evbase, -1, 0, on_kill_timer, r);
+    arm_ms(&r->probe_timer, 0);
+    if (gpu >= 0) {
+        pb->gpus[gpu].used += pm->gpu_slices;
+    }
+    list_push_back(&pm->replicas, &r->node);
+    pm->n_starting++;
+    pm->starts++;
+    LOGI("starting replica", "model=%s replica=%s pid=%d port=%d gpu=%d", pm->m->name, r->id,
+         (int)pid, port, gpu_id);
+    return 0;
+}
+
+static void probe_close(struct replica *r)
+{
+    if (r->probe_fd >= 0) {
+        event_del(&r->probe_io);
+        close(r->probe_fd);
+        r->probe_fd = -1;
+    }
+}
+
+static void replica_stop(struct replica *r, const char *why)
+{
+    struct proc_model *pm = r->pm;
+    if (r->state == R_STOPPING) {
+        return;
+    }
+    if (r->state == R_READY) {
+        pm->n_ready--;
+        fleet_replica_gone(pm->m->fleet, pm->m, r->id, why);
+    } else {
+        pm->n_starting--;
+    }
+    r->state = R_STOPPING;
+    pm->n_stopping++;
+    probe_close(r);
+    event_del(&r->probe_timer);
+    LOGI("stopping replica", "model=%s replica=%s pid=%d reason=\"%s\"", pm->m->name, r->id,
+         (int)r->pid, why);
+    kill(-r->pid, SIGTERM);
+    arm_ms(&r->kill_timer, pm->stop_grace_ms);
+}
+
+static void on_kill_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct replica *r = arg;
+    if (!r->exited) {
+        LOGW("replica did not stop in time: SIGKILL", "model=%s replica=%s pid=%d",
+             r->pm->m->name, r->id, (int)r->pid);
+        kill(-r->pid, SIGKILL);
+    }
+}
+
+static void replica_free(struct replica *r)
+{
+    struct process_backend *pb = r->pm->pb;
+    probe_close(r);
+    event_del(&r->probe_timer);
+    event_del(&r->kill_timer);
+    if (r->out_fd >= 0) {
+        /* Take what the child wrote last before it went. */
+        on_output(r->out_fd, EV_READ, r);
+        if (r->out_fd >= 0) {
+            event_del(&r->out_ev);
+            close(r->out_fd);
+        }
+    }
+    if (r->gpu >= 0) {
+        pb->gpus[r->gpu].used -= r->pm->gpu_slices;
+    }
+    list_remove(&r->node);
+    free(r);
+}
+
+/* ---- readiness --------------------------------------------------------- */
+
+static void became_ready(struct replica *r)
+{
+    struct proc_model *pm = r->pm;
+    uint64_t now = server_now_ms();
+    probe_close(r);
+    r->state = R_READY;
+    pm->n_starting--;
+    pm->n_ready++;
+    pm->failures = 0;
+    pm->backoff_until_ms = 0;
+    pm->last_cold_start_ms = now - r->started_ms;
+    pm->m->cold_start_ms = pm->last_cold_start_ms;
+    histogram_observe(&pm->m->stats.cold_start, (double)pm->last_cold_start_ms / 1000.0);
+    LOGI("replica ready after cold start", "model=%s replica=%s cold_start_ms=%llu",
+         pm->m->name, r->id, (unsigned long long)pm->last_cold_start_ms);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", r->port);
+    fleet_replica_ready(pm->m->fleet, pm->m, r->id, addr);
+}
+
+static void schedule_probe(struct replica *r)
+{
+    probe_close(r);
+    arm_ms(&r->probe_timer, procplan_probe_delay_ms(r->probe_attempt++));
+}
+
+static void on_probe_io(evutil_socket_t fd, short what, void *arg)
+{
+    struct replica *r = arg;
+    if (what & EV_TIMEOUT) {
+        schedule_probe(r);
+        return;
+    }
+    if (!r->probe_sent) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err) {
+            schedule_probe(r); /* not listening yet */
+            return;
+        }
+        char req[512];
+        int n = snprintf(req, sizeof req,
+                         "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUser-Agent: thaw-probe\r\n"
+                         "Connection: close\r\n\r\n",
+                         r->pm->health_path, r->port);
+        if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+            schedule_probe(r);
+            return;
+        }
+        r->probe_sent = true;
+        event_del(&r->probe_io);
+        event_assign(&r->probe_io, r->pm->pb->evbase, fd, EV_READ | EV_PERSIST, on_probe_io, r);
+        struct timeval tv = {PROBE_TIMEOUT_MS / 1000, (PROBE_TIMEOUT_MS % 1000) * 1000};
+        event_add(&r->probe_io, &tv);
+        return;
+    }
+    ssize_t n = recv(fd, r->probe_buf + r->probe_len, sizeof r->probe_buf - 1 - r->probe_len, 0);
+    if (n > 0) {
+        r->probe_len += (size_t)n;
+        r->probe_buf[r->probe_len] = '\0';
+        if (r->probe_len < 12 && !memchr(r->probe_buf, '\n', r->probe_len)) {
+            return; /* status line not complete */
+        }
+        int status = 0;
+        if (sscanf(r->probe_buf, "HTTP/1.%*d %d", &status) == 1 && status >= 200 &&
+            status < 300) {
+            became_ready(r);
+            return;
+        }
+        schedule_probe(r); /* 503 while loading, or anything else */
+        return;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        return;
+    }
+    schedule_probe(r);
+}
+
+static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct replica *r = arg;
+    if (r->state != R_STARTING) {
+        return;
+    }
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0) {
+        schedule_probe(r);
+        return;
+    }
+    struct sockaddr_in sin = {.sin_family = AF_INET,
+                              .sin_port = htons((uint16_t)r->port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    r->probe_fd = s;
+    r->probe_sent = false;
+    r->probe_len = 0;
+    r->probe_started_ms = server_now_ms();
+    int rc = connect(s, (struct sockaddr *)&sin, sizeof sin);
+    if (rc < 0 && errno != EINPROGRESS) {
+        schedule_probe(r);
+        return;
+    }
+    event_assign(&r->probe_io, r->pm->pb->evbase, s, EV_WRITE, on_probe_io, r);
+    struct timeval tv = {PROBE_TIMEOUT_MS / 1000, (PROBE_TIMEOUT_MS % 1000) * 1000};
+    event_add(&r->probe_io, &tv);
+}
+
+/* ---- reconciling ------------------------------------------------------- */
+
+static void start_failed(struct proc_model *pm, struct replica *r, const char *why)
+{
+    uint64_t now = server_now_ms();
+    pm->failures++;
+    pm->start_failures++;
+    uint64_t backoff = procplan_restart_backoff_ms(pm->failures);
+    pm->backoff_until_ms = now + backoff;
+    snprintf(pm->last_error, sizeof pm->last_error, "%s", why);
+    LOGW("replica failed to start", "model=%s replica=%s reason=\"%s\" retry_in_ms=%llu",
+         pm->m->name, r->id, why, (unsigned long long)backoff);
+    log_last_lines(r);
+    if (pm->n_ready == 0 && pm->n_starting == 0) {
+        fleet_model_unavailable(pm->m->fleet, pm->m, why, backoff);
+    }
+}
+
+static void reconcile(struct proc_model *pm, uint64_t now)
+{
+    struct model *m = pm->m;
+    bool busy = m->inflight > 0 || m->queue.count > 0;
+    if (busy) {
+        pm->idle_since_ms = 0;
+    } else if (!pm->idle_since_ms) {
+        pm->idle_since_ms = now;
+    }
+    struct procplan_model in = {
+        .min_replicas = pm->min_replicas,
+        .max_replicas = pm->max_replicas,
+        .ready = pm->n_ready,
+        .starting = pm->n_starting,
+        .inflight = m->inflight,
+        .queued = m->queue.count,
+        .idle_since_ms = pm->idle_since_ms,
+        .idle_timeout_ms = pm->idle_timeout_ms,
+        .backoff_until_ms = pm->backoff_until_ms,
+    };
+    unsigned target = procplan_target(&in, now);
+    unsigned have = pm->n_ready + pm->n_starting;
+    while (have < target) {
+        if (replica_start(pm) != 0) {
+            break;
+        }
+        have++;
+    }
+    if (have > target) {
+        /* Stop idle replicas: starting ones first, then the newest ready. */
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &pm->replicas)
+        {
+            if (have <= target) {
+                break;
+            }
+            struct replica *r = container_of(pos, struct replica, node);
+            if (r->state == R_STARTING) {
+                replica_stop(r, "not needed");
+                have--;
+            }
+        }
+        for (struct list_node *n = pm->replicas.prev; n != &pm->replicas && have > target;) {
+            struct replica *r = container_of(n, struct replica, node);
+            n = n->prev;
+            if (r->state == R_READY) {
+                replica_stop(r, "idle");
+                have--;
+            }
+        }
+    }
+}
+
+static void reconcile_all(struct process_backend *pb)
+{
+    uint64_t now = server_now_ms();
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pb->models)
+    {
+        struct proc_model *pm = container_of(pos, struct proc_model, node);
+        /* Startup timeouts. */
+        struct list_node *rp, *rt;
+        list_for_each_safe(rp, rt, &pm->replicas)
+        {
+            struct replica *r = container_of(rp, struct replica, node);
+            if (r->state == R_STARTING && now - r->started_ms >= pm->startup_timeout_ms) {
+                char why[96];
+                snprintf(why, sizeof why, "not ready within startup_timeout_ms=%llu",
+                         (unsigned long long)pm->startup_timeout_ms);
+                replica_stop(r, why);
+                start_failed(pm, r, why);
+            }
+        }
+        reconcile(pm, now);
+    }
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct process_backend *pb = arg;
+    if (!pb->stopping) {
+        reconcile_all(pb);
+    }
+}
+
+static struct replica *find_pid(struct process_backend *pb, pid_t pid)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pb->models)
+    {
+        struct proc_model *pm = container_of(pos, struct proc_model, node);
+        struct list_node *rp, *rt;
+        list_for_each_safe(rp, rt, &pm->replicas)
+        {
+            struct replica *r = container_of(rp, struct replica, node);
+            if (r->pid == pid) {
+                return r;
+            }
+        }
+    }
+    return NULL;
+}
+
+static void describe_exit(int status, char *out, size_t len)
+{
+    if (WIFEXITED(status)) {
+        snprintf(out, len, "exited with status %d", WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+        snprintf(out, len, "killed by signal %d", WTERMSIG(status));
+    } else {
+        snprintf(out, len, "ended (status %d)", status);
+    }
+}
+
+static void reaped(struct process_backend *pb, pid_t pid, int status)
+{
+    struct replica *r = find_pid(pb, pid);
+    if (!r) {
+        return;
+    }
+    struct proc_model *pm = r->pm;
+    r->exited = true;
+    kill(-pid, SIGKILL); /* anything it left behind in its group */
+    char how[64];
+    describe_exit(status, how, sizeof how);
+    switch (r->state) {
+    case R_STARTING: {
+        pm->n_starting--;
+        char why[128];
+        snprintf(why, sizeof why, "%s before becoming ready", how);
+        if (!pb->stopping) {
+            start_failed(pm, r, why);
+        }
+        replica_free(r);
+        break;
+    }
+    case R_READY:
+        pm->n_ready--;
+        pm->crashes++;
+        LOGW("replica crashed while serving", "model=%s replica=%s how=\"%s\"", pm->m->name,
+             r->id, how);
+        log_last_lines(r);
+        fleet_replica_gone(pm->m->fleet, pm->m, r->id, how);
+        replica_free(r);
+        break;
+    case R_STOPPING:
+        pm->n_stopping--;
+        LOGI("replica stopped", "model=%s replica=%s how=\"%s\"", pm->m->name, r->id, how);
+        replica_free(r);
+        break;
+    }
+}
+
+static void on_sigchld(evutil_socket_t sig, short what, void *arg)
+{
+    struct process_backend *pb = arg;
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) {
+            break;
+        }
+        reaped(pb, pid, status);
+    }
+    if (!pb->stopping) {
+        reconcile_all(pb); /* freed slices may let a waiting model start */
+    }
+}
+
+/* ---- backend ops ------------------------------------------------------- */
+
+static char **copy_strv(char **src, size_t n)
+{
+    char **v = calloc(n + 1, sizeof *v);
+    if (!v) {
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        v[i] = strdup(src[i]);
+    }
+    return v;
+}
+
+static int process_attach(struct backend *b, struct model *m, const struct config_model *cm)
+{
+    struct process_backend *pb = PB(b);
+    struct proc_model *pm = calloc(1, sizeof *pm);
+    if (!pm) {
+        return -ENOMEM;
+    }
+    pm->pb = pb;
+    pm->m = m;
+    pm->argv = copy_strv(cm->command, cm->n_command);
+    pm->argc = cm->n_command;
+    pm->env = copy_strv(cm->env, cm->n_env);
+    pm->n_env = cm->n_env;
+    pm->health_path = strdup(cm->health_path);
+    pm->min_replicas = (unsigned)cm->min_replicas;
+    pm->max_replicas = (unsigned)cm->max_replicas;
+    pm->gpu_slices = (unsigned)cm->gpu_slices;
+    pm->idle_timeout_ms = cm->idle_timeout_ms;
+    pm->startup_timeout_ms = cm->startup_timeout_ms;
+    pm->stop_grace_ms = cm->stop_grace_ms;
+    list_init(&pm->replicas);
+    list_push_back(&pb->models, &pm->node);
+    m->backend = b;
+    m->backend_data = pm;
+    reconcile(pm, server_now_ms()); /* min_replicas start now */
+    return 0;
+}
+
+/* Demand arrived for a model with no ready replica: start one now rather
+ * than at the next tick. -EAGAIN while a failed start is backing off. */
+static int process_scale(struct backend *b, struct model *m, unsigned replicas)
+{
+    struct proc_model *pm = m->backend_data;
+    uint64_t now = server_now_ms();
+    if (pm->n_ready == 0 && pm->n_starting == 0 && now < pm->backoff_until_ms) {
+        return -EAGAIN;
+    }
+    pm->idle_since_ms = 0;
+    unsigned have = pm->n_ready + pm->n_starting;
+    if (replicas > pm->max_replicas) {
+        replicas = pm->max_replicas;
+    }
+    while (have < replicas) {
+        if (replica_start(pm) != 0) {
+            break;
+        }
+        have++;
+    }
+    return 0;
+}
+
+static uint64_t process_retry_after_ms(struct backend *b, struct model *m)
+{
+    struct proc_model *pm = m->backend_data;
+    uint64_t now = server_now_ms();
+    if (pm->n_ready == 0 && pm->n_starting == 0 && now < pm->backoff_until_ms) {
+        return pm->backoff_until_ms - now;
+    }
+    return m->cold_start_ms;
+}
+
+static void process_describe(struct backend *b, struct model *m, cJSON *out)
+{
+    struct proc_model *pm = m->backend_data;
+    uint64_t now = server_now_ms();
+    const char *state = pm->n_ready             ? "ready"
+                        : pm->waiting_for_capacity ? "waiting_for_capacity"
+                        : pm->n_starting        ? "starting"
+                        : now < pm->backoff_until_ms ? "start_failed"
+                                                      : "scaled_to_zero";
+    cJSON_AddStringToObject(out, "backend", "process");
+    cJSON_AddStringToObject(out, "state", state);
+    cJSON_AddNumberToObject(out, "replicas_ready", pm->n_ready);
+    cJSON_AddNumberToObject(out, "replicas_starting", pm->n_starting);
+    cJSON_AddNumberToObject(out, "replicas_stopping", pm->n_stopping);
+    cJSON_AddNumberToObject(out, "min_replicas", pm->min_replicas);
+    cJSON_AddNumberToObject(out, "max_replicas", pm->max_replicas);
+    cJSON_AddNumberToObject(out, "gpu_slices", pm->gpu_slices);
+    cJSON_AddNumberToObject(out, "cold_start_ms", (double)pm->last_cold_start_ms);
+    cJSON_AddNumberToObject(out, "starts", (double)pm->starts);
+    cJSON_AddNumberToObject(out, "start_failures", (double)pm->start_failures);
+    cJSON_AddNumberToObject(out, "crashes", (double)pm->crashes);
+    if (pm->last_error[0]) {
+        cJSON_AddStringToObject(out, "last_error", pm->last_error);
+    }
+    if (now < pm->backoff_until_ms) {
+        cJSON_AddNumberToObject(out, "retry_in_ms", (double)(pm->backoff_until_ms - now));
+    }
+    if (pm->idle_since_ms && pm->n_ready) {
+        cJSON_AddNumberToObject(out, "idle_ms", (double)(now - pm->idle_since_ms));
+    }
+    cJSON *procs = cJSON_AddArrayToObject(out, "processes");
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pm->replicas)
+    {
+        struct replica *r = container_of(pos, struct replica, node);
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "id", r->id);
+        cJSON_AddNumberToObject(j, "pid", r->pid);
+        cJSON_AddNumberToObject(j, "port", r->port);
+        cJSON_AddStringToObject(j, "state", r->state == R_STARTING ? "starting"
+                                            : r->state == R_READY  ? "ready"
+                                                                   : "stopping");
+        if (r->gpu >= 0) {
+            cJSON_AddNumberToObject(j, "gpu", r->pm->pb->gpus[r->gpu].id);
+        }
+        cJSON_AddNumberToObject(j, "age_ms", (double)(now - r->started_ms));
+        cJSON_AddItemToArray(procs, j);
+    }
+}
+
+static void process_describe_capacity(struct backend *b, cJSON *out)
+{
+    struct process_backend *pb = PB(b);
+    cJSON *gpus = cJSON_AddArrayToObject(out, "gpus");
+    for (size_t i = 0; i < pb->n_gpus; i++) {
+        cJSON *g = cJSON_CreateObject();
+        cJSON_AddNumberToObject(g, "id", pb->gpus[i].id);
+        cJSON_AddStringToObject(g, "sharing", pb->sharing[i] == GPU_MPS ? "mps" : "time-slicing");
+        cJSON_AddNumberToObject(g, "slices", pb->gpus[i].slices);
+        cJSON_AddNumberToObject(g, "used", pb->gpus[i].used);
+        cJSON_AddItemToArray(gpus, g);
+    }
+}
+
+/* At exit: SIGTERM every child's group, wait up to the longest grace, then
+ * SIGKILL what is left, and reap everything. Runs after the event loop. */
+static void process_stop(struct backend *b)
+{
+    struct process_backend *pb = PB(b);
+    pb->stopping = true;
+    uint64_t grace = 0;
+    unsigned alive = 0;
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pb->models)
+    {
+        struct proc_model *pm = container_of(pos, struct proc_model, node);
+        if (pm->stop_grace_ms > grace) {
+            grace = pm->stop_grace_ms;
+        }
+        struct list_node *rp, *rt;
+        list_for_each_safe(rp, rt, &pm->replicas)
+        {
+            struct replica *r = container_of(rp, struct replica, node);
+            if (!r->exited) {
+                kill(-r->pid, SIGTERM);
+                alive++;
+            }
+        }
+    }
+    uint64_t deadline = server_now_ms() + grace;
+    while (alive > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid > 0) {
+            struct replica *r = find_pid(pb, pid);
+            if (r && !r->exited) {
+                r->exited = true;
+                alive--;
+            }
+            continue;
+        }
+        if (pid < 0 && errno == ECHILD) {
+            break;
+        }
+        if (server_now_ms() >= deadline) {
+            list_for_each_safe(pos, tmp, &pb->models)
+            {
+                struct proc_model *pm = container_of(pos, struct proc_model, node);
+                struct list_node *rp, *rt;
+                list_for_each_safe(rp, rt, &pm->replicas)
+                {
+                    struct replica *r = container_of(rp, struct replica, node);
+                    if (!r->exited) {
+                        LOGW("replica ignored SIGTERM at exit: SIGKILL", "model=%s replica=%s",
+                             pm->m->name, r->id);
+                        kill(-r->pid, SIGKILL);
+                    }
+                }
+            }
+            deadline = UINT64_MAX;
+        }
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    /* Anything left in the groups (grandchildren). */
+    list_for_each_safe(pos, tmp, &pb->models)
+    {
+        struct proc_model *pm = container_of(pos, struct proc_model, node);
+        struct list_node *rp, *rt;
+        list_for_each_safe(rp, rt, &pm->replicas)
+        {
+            struct replica *r = container_of(rp, struct replica, node);
+            kill(-r->pid, SIGKILL);
+        }
+    }
+    LOGI("all model processes stopped", NULL);
+}
+
+static void process_free(struct backend *b)
+{
+    struct process_backend *pb = PB(b);
+    while (!list_empty(&pb->models)) {
+        struct proc_model *pm = container_of(list_first(&pb->models), struct proc_model, node);
+        while (!list_empty(&pm->replicas)) {
+            replica_free(container_of(list_first(&pm->replicas), struct replica, node));
+        }
+        list_remove(&pm->node);
+        for (size_t i = 0; i < pm->argc; i++) {
+            free(pm->argv[i]);
+        }
+        free(pm->argv);
+        for (size_t i = 0; i < pm->n_env; i++) {
+            free(pm->env[i]);
+        }
+        free(pm->env);
+        free(pm->health_path);
+        free(pm);
+    }
+    if (pb->sigchld) {
+        event_free(pb->sigchld);
+    }
+    if (pb->tick) {
+        event_free(pb->tick);
+    }
+    free(pb->gpus);
+    free(pb->sharing);
+    free(pb);
+}
+
+static const struct backend_ops process_ops = {
+    .name = "process",
+    .attach = process_attach,
+    .scale = process_scale,
+    .retry_after_ms = process_retry_after_ms,
+    .describe = process_describe,
+    .describe_capacity = process_describe_capacity,
+    .stop = process_stop,
+    .free = process_free,
+};
+
+struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
+                                    const struct config *cfg)
+{
+    struct process_backend *pb = calloc(1, sizeof *pb);
+    if (!pb) {
+        return NULL;
+    }
+    pb->base.ops = &process_ops;
+    pb->base.fleet = fleet;
+    pb->evbase = base;
+    list_init(&pb->models);
+    pb->n_gpus = cfg->n_gpus;
+    pb->gpus = calloc(cfg->n_gpus ? cfg->n_gpus : 1, sizeof *pb->gpus);
+    pb->sharing = calloc(cfg->n_gpus ? cfg->n_gpus : 1, sizeof *pb->sharing);
+    if (!pb->gpus || !pb->sharing) {
+        process_free(&pb->base);
+        return NULL;
+    }
+    for (size_t i = 0; i < cfg->n_gpus; i++) {
+        pb->gpus[i].id = (int)cfg->gpus[i].id;
+        pb->gpus[i].slices = (unsigned)cfg->gpus[i].slices;
+        pb->sharing[i] = cfg->gpus[i].sharing;
+    }
+    pb->sigchld = evsignal_new(base, SIGCHLD, on_sigchld, pb);
+    pb->tick = event_new(base, -1, EV_PERSIST, on_tick, pb);
+    if (!pb->sigchld || !pb->tick) {
+        process_free(&pb->base);
+        return NULL;
+    }
+    event_add(pb->sigchld, NULL);
+    struct timeval tv = {0, TICK_MS * 1000};
+    event_add(pb->tick, &tv);
+    return &pb->base;
+}

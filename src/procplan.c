@@ -1,0 +1,72 @@
+#include "thaw/procplan.h"
+
+int procplan_gpu_pick(const struct gpu_slot *gpus, size_t n, unsigned need)
+{
+    int best = -1;
+    unsigned best_free = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned free_slices = gpus[i].slices - gpus[i].used;
+        if (free_slices < need) {
+            continue;
+        }
+        if (best < 0 || free_slices < best_free) {
+            best = (int)i;
+            best_free = free_slices;
+        }
+    }
+    return best;
+}
+
+uint32_t procplan_probe_delay_ms(unsigned attempt)
+{
+    uint32_t d = 2;
+    for (unsigned i = 0; i < attempt && d < 20; i++) {
+        d *= 2;
+    }
+    return d > 20 ? 20 : d;
+}
+
+uint64_t procplan_restart_backoff_ms(unsigned failures)
+{
+    if (failures == 0) {
+        return 0;
+    }
+    uint64_t d = 1000;
+    for (unsigned i = 1; i < failures && d < 60000; i++) {
+        d *= 2;
+    }
+    return d > 60000 ? 60000 : d;
+}
+
+unsigned procplan_target(const struct procplan_model *pm, uint64_t now_ms)
+{
+    unsigned have = pm->ready + pm->starting;
+    unsigned target = pm->min_replicas;
+    bool busy = pm->inflight > 0 || pm->queued > 0;
+    if (busy) {
+        if (now_ms >= pm->backoff_until_ms && target < 1) {
+            target = 1;
+        }
+        /* Never take away what is serving or already on its way. */
+        if (target < have) {
+            target = have;
+        }
+    } else if (pm->idle_since_ms && now_ms - pm->idle_since_ms < pm->idle_timeout_ms) {
+        if (target < have) {
+            target = have; /* idle, but within the grace period */
+        }
+    }
+    if (target > pm->max_replicas) {
+        target = pm->max_replicas;
+    }
+    return target;
+}
+
+unsigned procplan_mps_percentage(unsigned slices, unsigned total)
+{
+    if (total == 0) {
+        return 100;
+    }
+    unsigned pct = (100 * slices + total - 1) / total;
+    return pct > 100 ? 100 : pct < 1 ? 1 : pct;
+}
