@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs the proxy benchmark and the idle-connection memory test.
+# Runs the proxy benchmark, the idle-connection memory test and the cold-start load test.
 # SMOKE=1 keeps both short (CI); figures are printed, nothing fails on time.
 set -euo pipefail
 cd "$(dirname "$0")"
 ulimit -n 65536 2>/dev/null || true
 /usr/bin/python3 bench_proxy.py
 /usr/bin/python3 idle_conns.py
+/usr/bin/python3 coldstart.py

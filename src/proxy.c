@@ -13,6 +13,8 @@
 
 #include <event2/event.h>
 
+/* Requests released per loop turn (see proxy_dispatch). */
+#define PROXY_DISPATCH_BATCH 32
 /* Connection attempts per request before it is answered 502. */
 #define PROXY_MAX_TRIES 16
 /* Cached request objects keep buffers up to these sizes. */
@@ -334,19 +336,40 @@ void proxy_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
     proxy_count_aborted(srv, r, reason);
 }
 
+static void on_dispatch_more(evutil_socket_t fd, short what, void *arg)
+{
+    struct model *m = arg;
+    proxy_dispatch(server_of(m), m);
+}
+
+/* Releases waiting requests to free slots, at most PROXY_DISPATCH_BATCH per
+ * turn of the loop: when a model wakes with a thousand held requests, the
+ * first replies flow back while the rest are still being sent. */
 void proxy_dispatch(struct server *srv, struct model *m)
 {
     uint64_t now = server_now_ms();
-    bool took = false;
+    unsigned took = 0;
     while (m->queue.count > 0) {
         struct endpoint *ep = model_pick_endpoint(m, now);
         if (!ep) {
             break;
         }
+        if (took == PROXY_DISPATCH_BATCH) {
+            /* A zero timeout, not event_active: timers run after the next
+             * poll for I/O, so replies get through in between. */
+            if (!m->dispatch_more) {
+                m->dispatch_more = evtimer_new(srv->base, on_dispatch_more, m);
+            }
+            if (m->dispatch_more) {
+                struct timeval zero = {0, 0};
+                event_add(m->dispatch_more, &zero);
+                break;
+            }
+        }
         struct queue_item *it = queue_pop(&m->queue);
         struct request *r = container_of(it, struct request, qi);
         histogram_observe(&m->stats.queue_wait[r->tier], (double)(now - r->queued_ms) / 1000.0);
-        took = true;
+        took++;
         start_at(srv, r, ep);
     }
     if (took) {
@@ -366,6 +389,10 @@ void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason r
     if (m->queue_timer) {
         event_free(m->queue_timer);
         m->queue_timer = NULL;
+    }
+    if (m->dispatch_more) {
+        event_free(m->dispatch_more);
+        m->dispatch_more = NULL;
     }
 }
 

@@ -73,6 +73,7 @@ struct model {
     struct backend *backend;
     void *backend_data;      /* the backend's per-model state */
     struct event *queue_timer; /* set by the proxy: fires at the next deadline */
+    struct event *dispatch_more; /* set by the proxy: continues a large dispatch */
     uint64_t cold_start_ms;    /* last measured, 0 when never */
     struct model_stats stats;
 };

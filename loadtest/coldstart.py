@@ -1,0 +1,167 @@
+#!/usr/bin/python3
+"""Cold start under load: thaw's own added delay when a model wakes up.
+
+For N concurrent clients (1, 100, 1000) hitting a cold process-backed model
+whose simulator loads in a known time: every client's request is held while
+the model loads; the simulator records (CLOCK_MONOTONIC) the moment its
+health check first answered 200; each client records its first response
+byte on the same clock. Reported: that difference per client (thaw's added
+delay: noticing readiness, then releasing every held request), p50/p99/max,
+and requests lost (not answered 200: must be 0).
+
+Then memory: N held requests (10,000; 1,000 with SMOKE=1) on a cold model,
+thaw's RSS per held request, connection included.
+
+Environment: SMOKE=1 (CI: 1 and 100 clients, 1,000 held), THAW_BIN, SIM_BIN,
+CLIENT_BIN. Figures only; never fails on time.
+"""
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "build")
+THAW_BIN = os.environ.get("THAW_BIN", os.path.join(BUILD, "thaw"))
+SIM_BIN = os.environ.get("SIM_BIN", os.path.join(BUILD, "thaw-model-sim"))
+CLIENT_BIN = os.environ.get("CLIENT_BIN", os.path.join(BUILD, "thaw-coldstart-client"))
+SMOKE = os.environ.get("SMOKE") == "1"
+
+
+def start_thaw(d, load_ms, n, ready_file):
+    cfg = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", "log": {"level": "warn"},
+           "limits": {"max_connections": n + 100, "max_queue_per_model": n + 100,
+                      "max_queue_total": n + 100},
+           "models": [{"name": "llama", "max_concurrency": max(n, 1),
+                       "command": [SIM_BIN, "--port", "{port}", "--load-ms", str(load_ms),
+                                   "--token-ms", "0", "--tokens", "1",
+                                   "--ready-file", ready_file],
+                       "queue_timeout_ms": 120000}]}
+    with open(f"{d}/thaw.json", "w") as f:
+        json.dump(cfg, f)
+    pf = f"{d}/ports.json"
+    if os.path.exists(pf):
+        os.unlink(pf)
+    p = subprocess.Popen([THAW_BIN, "--config", f"{d}/thaw.json", "--port-file", pf],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(pf):
+        if time.monotonic() > deadline:
+            raise RuntimeError("thaw did not start")
+        time.sleep(0.01)
+    with open(pf) as f:
+        ports = json.load(f)
+    return p, int(ports["listen"].rsplit(":", 1)[1]), ports["admin_listen"]
+
+
+def status(admin):
+    with urllib.request.urlopen(f"http://{admin}/status", timeout=10) as r:
+        return json.load(r)
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def pct(sorted_vals, p):
+    if not sorted_vals:
+        return float("nan")
+    k = min(len(sorted_vals) - 1, int(round(p / 100 * (len(sorted_vals) - 1))))
+    return sorted_vals[k]
+
+
+def run_cold(n, d):
+    load_ms = 1000 if n <= 100 else 2500
+    ready_file = f"{d}/ready-{n}"
+    thaw, port, admin = start_thaw(d, load_ms, n, ready_file)
+    try:
+        client = subprocess.Popen([CLIENT_BIN, "127.0.0.1", str(port), str(n), "/v1/completions",
+                                   '{"model":"llama","prompt":"hi"}', "60000"],
+                                  stdout=subprocess.PIPE, text=True)
+        out, _ = client.communicate(timeout=120)
+        with open(ready_file) as f:
+            ready_ns = int(f.read())
+        rows = [tuple(int(x) for x in line.split()) for line in out.splitlines()]
+        ok = [r for r in rows if r[1] == 200]
+        early = [r for r in ok if r[0] < ready_ns]
+        delays = sorted((r[0] - ready_ns) / 1e6 for r in ok)
+        st = status(admin)["models"][0]
+        return {"clients": n, "load_ms": load_ms, "answered_200": len(ok),
+                "lost": n - len(ok), "before_ready": len(early), "starts": st["starts"],
+                "p50_ms": pct(delays, 50), "p99_ms": pct(delays, 99),
+                "max_ms": delays[-1] if delays else float("nan")}
+    finally:
+        thaw.terminate()
+        thaw.wait(30)
+
+
+def run_memory(n, d):
+    ready_file = f"{d}/ready-mem"
+    thaw, port, admin = start_thaw(d, 30000, n, ready_file)
+    client = None
+    try:
+        time.sleep(0.3)
+        base = rss_kib(thaw.pid)
+        client = subprocess.Popen([CLIENT_BIN, "127.0.0.1", str(port), str(n), "/v1/completions",
+                                   '{"model":"llama","prompt":"hi"}', "20000"],
+                                  stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        held = 0
+        while time.monotonic() < deadline:
+            held = status(admin)["queued"]
+            if held >= n:
+                break
+            time.sleep(0.1)
+        after = rss_kib(thaw.pid)
+        return {"held": held, "rss_before_kib": base, "rss_after_kib": after,
+                "bytes_per_held_request": round((after - base) * 1024 / max(held, 1))}
+    finally:
+        if client:
+            client.kill()
+            client.wait()
+        thaw.terminate()
+        thaw.wait(30)
+
+
+def main():
+    for b in (THAW_BIN, SIM_BIN, CLIENT_BIN):
+        if not os.path.exists(b):
+            print(f"coldstart: {b} not built; skipping")
+            return 0
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    d = tempfile.mkdtemp(prefix="thaw-cold-")
+    try:
+        sizes = (1, 100) if SMOKE else (1, 100, 1000)
+        results = [run_cold(n, d) for n in sizes]
+        print("cold start: thaw's added delay, model health OK -> client's first byte")
+        print(f"{'clients':>8} {'load ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+              f"{'lost':>5} {'starts':>6}")
+        for r in results:
+            print(f"{r['clients']:>8} {r['load_ms']:>8} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                  f"{r['max_ms']:>8.2f} {r['lost']:>5} {r['starts']:>6}")
+            if r["before_ready"]:
+                print(f"  note: {r['before_ready']} answered before the health check: "
+                      "they were not held")
+        mem = run_memory(1000 if SMOKE else 10000, d)
+        print(f"held requests on a cold model: {mem['held']}, RSS {mem['rss_before_kib']} KiB -> "
+              f"{mem['rss_after_kib']} KiB: {mem['bytes_per_held_request']} bytes each, "
+              "connection included (target <= 4096)")
+        print("COLDSTART_JSON " + json.dumps({"cold": results, "memory": mem}))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
