@@ -1,42 +1,34 @@
 #!/usr/bin/env bash
-# Starts two simulated model servers and thaw in front of them on
-# config/demo.json, prints what to try, and stops everything on Ctrl-C.
+# Starts thaw on config/demo.json: two simulated models that are local
+# commands, started on their first request (a cold start of 2-3 s) and
+# stopped after 30 s idle. Prints what to try; Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SIM=./build/thaw-model-sim
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; }
-trap cleanup EXIT INT TERM
-
-"$SIM" --port 18101 --model meta-llama/Llama-3.1-8B-Instruct --token-ms 40 --tokens 12 &
-pids+=($!)
-"$SIM" --port 18102 --model mistralai/Mistral-7B-Instruct-v0.3 --token-ms 60 --tokens 8 \
-    --capacity 2 &
-pids+=($!)
 
 cat <<'MSG'
 
-thaw demo: two simulated models behind thaw on 127.0.0.1:8080 (admin on :9090).
-Try, in another terminal:
+thaw demo: two models, scaled to zero, on one simulated GPU with 4 slices.
+thaw listens on 127.0.0.1:8080 (admin: 127.0.0.1:9090). In another terminal:
 
-  # route by the OpenAI "model" field, streamed token by token
+  # a cold start: the first request starts the model (about 3 s), later ones are instant
+  time curl -s http://127.0.0.1:8080/v1/completions \
+       -d '{"model":"meta-llama/Llama-3.1-8B-Instruct","prompt":"hello"}'
+
+  # streaming: tokens arrive one by one (": loading" heartbeats while a model is cold)
   curl -N http://127.0.0.1:8080/v1/chat/completions \
        -d '{"model":"meta-llama/Llama-3.1-8B-Instruct","stream":true,"messages":[]}'
 
-  # route by path prefix, as a batch-tier request
+  # route by path prefix or by Host, as a batch-tier request
   curl http://127.0.0.1:8080/models/mistral/v1/completions -H 'thaw-priority: batch' \
        -d '{"model":"x","prompt":"hi"}'
+  curl http://127.0.0.1:8080/v1/models -H 'Host: mistral.models.svc.cluster.local'
 
-  # route by Host, the way a Kubernetes Service name reaches thaw
-  curl http://127.0.0.1:8080/v1/models -H 'Host: llama.models.svc.cluster.local'
+  # what thaw sees: model states, replicas, GPU slices, queues; then metrics
+  curl -s http://127.0.0.1:9090/status
+  curl -s http://127.0.0.1:9090/metrics | grep -E 'thaw_(cold_start|requests_total|queue_depth)'
 
-  # what thaw sees
-  curl http://127.0.0.1:9090/status
-  curl http://127.0.0.1:9090/metrics
-
-Ctrl-C stops thaw and the simulators.
+After 30 s without requests each model scales back to zero (watch the log).
+Ctrl-C stops thaw and its model processes.
 
 MSG
-./build/thaw --config config/demo.json &
-pids+=($!)
-wait "${pids[-1]}"
+exec ./build/thaw --config config/demo.json

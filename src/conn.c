@@ -422,6 +422,22 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
     buf_init(&body);
     conn_error_body(&body, reason, detail,
                     r && r->model && r->model_resolved ? r->model->name : NULL);
+    if (r && r->heartbeat) {
+        /* The 200 event-stream head went out with the loading heartbeats:
+         * the error travels as a last SSE event, then the stream ends. */
+        struct buf ev;
+        buf_init(&ev);
+        size_t n = body.len && body.data[body.len - 1] == '\n' ? body.len - 1 : body.len;
+        buf_printf(&ev, "%zx\r\ndata: ", n + 8);
+        buf_append(&ev, body.data, n);
+        buf_append_str(&ev, "\n\n\r\n0\r\n\r\n");
+        conn_write(c, ev.data, ev.len);
+        buf_dispose(&ev);
+        buf_dispose(&body);
+        r->state = REQ_ANSWERED;
+        conn_response_done(c);
+        return;
+    }
     char extra[64] = "";
     if (ri->retry_after) {
         snprintf(extra, sizeof extra, "Retry-After: %u\r\n",

@@ -87,6 +87,7 @@ struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, si
     m->set.connect_timeout_ms = cm->connect_timeout_ms;
     m->set.first_byte_timeout_ms = cm->first_byte_timeout_ms;
     m->set.upstream_idle_timeout_ms = cm->upstream_idle_timeout_ms;
+    m->set.loading_heartbeat_ms = cm->loading_heartbeat_ms;
     queue_init(&m->queue, (size_t)cm->max_queue, f->queue_aging_ms, f->qglobal);
     struct route_names rn = {
         .name = cm->name,

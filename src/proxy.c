@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
 #include <event2/event.h>
 
 /* Requests released per loop turn (see proxy_dispatch). */
@@ -51,6 +52,7 @@ struct request *request_new(struct server *srv, struct conn *c)
     r->counted = false;
     r->response_started = false;
     r->model_resolved = false;
+    r->heartbeat = false;
     r->tier = TIER_STANDARD;
     return r;
 }
@@ -243,6 +245,68 @@ static void start_at(struct server *srv, struct request *r, struct endpoint *ep)
     upstream_start(srv, r, ep);
 }
 
+/* Cold-start heartbeats: a streaming client held while its model loads gets
+ * the event-stream head at once and an SSE comment every
+ * loading_heartbeat_ms, so it (and proxies between) do not time out. */
+static const char heartbeat_chunk[] = "b\r\n: loading\n\n\r\n";
+
+static bool wants_stream(const struct request *r)
+{
+    if (r->body.len == 0 || r->body.len > 1024 * 1024) {
+        return false;
+    }
+    cJSON *root = cJSON_ParseWithLength(r->body.data, r->body.len);
+    bool yes = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream"));
+    cJSON_Delete(root);
+    return yes;
+}
+
+static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+    struct model *m = arg;
+    bool any = false;
+    for (int t = 0; t < TIER_COUNT; t++) {
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &m->queue.tiers[t])
+        {
+            struct request *r = container_of(pos, struct request, qi.node);
+            if (r->heartbeat) {
+                conn_write(r->conn, heartbeat_chunk, sizeof heartbeat_chunk - 1);
+                any = true;
+            }
+        }
+    }
+    if (any) {
+        uint64_t ms = m->set.loading_heartbeat_ms;
+        struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+        event_add(m->heartbeat_timer, &tv);
+    }
+}
+
+static void start_heartbeat(struct server *srv, struct request *r)
+{
+    struct model *m = r->model;
+    struct conn *c = r->conn;
+    static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
+                               "X-Thaw-Cold-Start: 1\r\n\r\n";
+    if (!m->heartbeat_timer) {
+        m->heartbeat_timer = evtimer_new(srv->base, on_heartbeat, m);
+        if (!m->heartbeat_timer) {
+            return;
+        }
+    }
+    r->heartbeat = true;
+    r->response_started = true;
+    conn_write(c, head, sizeof head - 1);
+    conn_write(c, heartbeat_chunk, sizeof heartbeat_chunk - 1);
+    if (!event_pending(m->heartbeat_timer, EV_TIMEOUT, NULL)) {
+        uint64_t ms = m->set.loading_heartbeat_ms;
+        struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+        event_add(m->heartbeat_timer, &tv);
+    }
+}
+
 /* Places a routed request: straight to a free replica slot when nothing is
  * waiting ahead of it, else into the model's queue. */
 static void place(struct server *srv, struct request *r)
@@ -280,6 +344,10 @@ static void place(struct server *srv, struct request *r)
     }
     r->state = REQ_QUEUED;
     r->queued_ms = now;
+    if (m->set.loading_heartbeat_ms && m->n_endpoints == 0 && r->head.http_major == 1 &&
+        r->head.http_minor >= 1 && wants_stream(r)) {
+        start_heartbeat(srv, r);
+    }
     if (displaced) {
         struct request *d = container_of(displaced, struct request, qi);
         d->state = REQ_ROUTED;
@@ -393,6 +461,10 @@ void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason r
     if (m->dispatch_more) {
         event_free(m->dispatch_more);
         m->dispatch_more = NULL;
+    }
+    if (m->heartbeat_timer) {
+        event_free(m->heartbeat_timer);
+        m->heartbeat_timer = NULL;
     }
 }
 

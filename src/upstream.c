@@ -436,6 +436,20 @@ static int forward_head(struct upstream *u)
             }
         }
     }
+    if (r->heartbeat) {
+        /* thaw already sent a 200 event-stream head: the replica's body
+         * continues that chunked stream (its own head is not sent). */
+        u->decode_body = !bodyless;
+        u->rechunk = !bodyless;
+        u->parser.on_body = on_body;
+        buf_reset(&u->resp_head);
+        r->state = REQ_ANSWERED;
+        c->on_drain = on_client_drain;
+        if (bodyless) {
+            conn_write(c, "0\r\n\r\n", 5);
+        }
+        return 0;
+    }
     if (u->decode_body) {
         u->parser.on_body = on_body;
     }

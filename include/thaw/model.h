@@ -48,6 +48,7 @@ struct model_settings {
     uint64_t connect_timeout_ms;
     uint64_t first_byte_timeout_ms;
     uint64_t upstream_idle_timeout_ms;
+    uint64_t loading_heartbeat_ms;
 };
 
 struct model_stats {
@@ -74,6 +75,7 @@ struct model {
     void *backend_data;      /* the backend's per-model state */
     struct event *queue_timer; /* set by the proxy: fires at the next deadline */
     struct event *dispatch_more; /* set by the proxy: continues a large dispatch */
+    struct event *heartbeat_timer; /* set by the proxy: SSE comments while loading */
     uint64_t cold_start_ms;    /* last measured, 0 when never */
     struct model_stats stats;
 };

@@ -48,6 +48,7 @@ struct request {
     bool counted;          /* its outcome has been counted */
     bool response_started; /* response bytes went to the client */
     bool model_resolved;
+    bool heartbeat; /* thaw sent a 200 event-stream head and ": loading" comments */
 };
 
 struct request *request_new(struct server *srv, struct conn *c);

@@ -284,3 +284,45 @@ def test_config_errors_for_process_models(tmp_path):
                                            "endpoints": ["127.0.0.1:1"]}]}))
     r = subprocess.run([THAW_BIN, "--check-config", str(bad)], capture_output=True, text=True)
     assert r.returncode == 1 and "choose one" in r.stderr
+
+
+def stream_request(t, body):
+    s = t.connect()
+    httpc.send(s, "POST", "/v1/chat/completions", {"Content-Type": "application/json"},
+               json.dumps(body).encode())
+    start = time.monotonic()
+    r = httpc.Reader(s).response()
+    s.close()
+    return start, r
+
+
+def test_loading_heartbeats_keep_a_streaming_client_company(thaw_factory):
+    t = thaw_factory({"models": [sim_model(load_ms=700, token_ms=10, tokens=3,
+                                           loading_heartbeat_ms=100)]})
+    start, r = stream_request(t, {"model": "llama", "stream": True, "messages": []})
+    assert r.status == 200 and r.header("content-type") == "text/event-stream"
+    events = [e for e in r.body.decode().split("\n\n") if e]
+    beats = [e for e in events if e == ": loading"]
+    assert len(beats) >= 4  # one at once, then every 100 ms of a 700 ms load
+    assert r.chunks[0][0] - start < 0.3  # the first heartbeat came at once
+    data = [e for e in events if e.startswith("data: ")]
+    assert data[-1] == "data: [DONE]" and len(data) == 4
+    # Warm now: no heartbeats, the replica's own head.
+    _, r = stream_request(t, {"model": "llama", "stream": True, "messages": []})
+    assert ": loading" not in r.body.decode() and r.header("x-thaw-cold-start") is None
+    # Non-streaming requests never get heartbeats.
+    assert complete(t).status == 200
+    t.assert_reconciled()
+
+
+def test_failed_start_ends_a_heartbeat_stream_with_an_error_event(thaw_factory):
+    t = thaw_factory({"models": [sim_model(load_ms=300, extra=("--fail-start",),
+                                           loading_heartbeat_ms=100)]})
+    _, r = stream_request(t, {"model": "llama", "stream": True, "messages": []})
+    assert r.status == 200
+    events = [e for e in r.body.decode().split("\n\n") if e]
+    assert events[0] == ": loading"
+    err = json.loads(events[-1][len("data: "):])["error"]
+    assert err["type"] == "start_failed"
+    t.assert_reconciled()
+    assert t.metric("thaw_rejections_total", reason="start_failed") == 1
