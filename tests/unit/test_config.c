@@ -88,7 +88,8 @@ static void test_errors_name_file_line_and_key(void **state)
     expect_error("{\"models\": [\n{\"name\": \"a\",\n \"endpoints\": [\"h:1\"],\n"
                  " \"priority\": \"urgent\"}]}",
                  "test.json:4: models[0].priority: must be one of");
-    expect_error("{\"models\": [{\"name\": \"a\"}]}", "models[0].: \"endpoints\" is required");
+    expect_error("{\"models\": [{\"name\": \"a\"}]}",
+                 "models[0].: \"endpoints\" (a list of \"host:port\") or \"command\"");
     expect_error("{\"models\": [{\"endpoints\": [\"h:1\"]}]}", "\"name\" is required");
     expect_error("{\"models\": [{\"name\": \"a\", \"endpoints\": [\"nohost\"]}]}",
                  "models[0].endpoints[0]: \"nohost\" is not valid");
@@ -104,6 +105,36 @@ static void test_errors_name_file_line_and_key(void **state)
     expect_error("{\"models\": {}}", "models: must be an array");
     expect_error("{\"log\": {\"level\": \"loud\"}}", "log.level: must be one of");
     expect_error("[]", "(top level): must be a JSON object");
+}
+
+static void test_process_models(void **state)
+{
+    struct config_error err;
+    const char *text = "{\"gpus\": [{\"id\": 1, \"slices\": 4, \"sharing\": \"mps\"}],\n"
+                       " \"models\": [{\"name\": \"m\", \"command\": [\"srv\", \"--port\", \"{port}\"],\n"
+                       "   \"env\": {\"A\": \"b\"}, \"gpu_slices\": 2, \"max_replicas\": 3}]}";
+    struct config *cfg = parse(text, &err);
+    assert_non_null(cfg);
+    struct config_model *m = &cfg->models[0];
+    assert_int_equal(m->n_command, 3);
+    assert_string_equal(m->env[0], "A=b");
+    assert_string_equal(m->health_path, "/health");
+    assert_int_equal(m->max_replicas, 3);
+    assert_int_equal(m->min_replicas, 0);
+    assert_int_equal(cfg->n_gpus, 1);
+    assert_int_equal(cfg->gpus[0].sharing, GPU_MPS);
+    config_free(cfg);
+    expect_error("{\"models\": [{\"name\": \"m\", \"command\": [\"x\"], \"gpu_slices\": 1}]}",
+                 "models[0].gpu_slices: 1 slices do not fit on any declared GPU");
+    expect_error("{\"models\": [{\"name\": \"m\", \"command\": [\"x\"],\n"
+                 "\"min_replicas\": 2, \"max_replicas\": 1}]}",
+                 "test.json:2: models[0].: min_replicas (2) is above max_replicas (1)");
+    expect_error("{\"gpus\": [{\"id\": 0}, {\"id\": 0}]}", "gpus[1].: GPU id 0 is declared twice");
+    expect_error("{\"gpus\": [{\"id\": 0, \"sharing\": \"mig\"}]}", "gpus[0].sharing: must be");
+    expect_error("{\"models\": [{\"name\": \"m\", \"command\": [\"x\"], \"env\": {\"A\": 1}}]}",
+                 "models[0].env.A: must be a string");
+    expect_error("{\"models\": [{\"name\": \"m\", \"command\": [\"x\"], \"health_path\": \"h\"}]}",
+                 "models[0].health_path: must start with '/'");
 }
 
 static void test_syntax_error_line(void **state)
@@ -135,6 +166,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_full_model),
         cmocka_unit_test(test_errors_name_file_line_and_key),
+        cmocka_unit_test(test_process_models),
         cmocka_unit_test(test_syntax_error_line),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_listen_override),
