@@ -11,6 +11,7 @@
  * reaps them itself. */
 #include "thaw/backend.h"
 #include "thaw/log.h"
+#include "thaw/probe.h"
 #include "thaw/procplan.h"
 
 #include <arpa/inet.h>
@@ -35,7 +36,6 @@ extern char **environ;
 
 #define LOG_RING_LINES 20
 #define LOG_LINE_MAX 240
-#define PROBE_TIMEOUT_MS 1000
 #define TICK_MS 100
 
 uint64_t server_now_ms(void);
@@ -60,15 +60,7 @@ struct replica {
     unsigned ring_next, ring_count;
     char partial[LOG_LINE_MAX];
     size_t partial_len;
-    /* readiness probe */
-    struct event probe_timer;
-    struct event probe_io;
-    int probe_fd;
-    unsigned probe_attempt;
-    char probe_buf[64];
-    size_t probe_len;
-    bool probe_sent;
-    uint64_t probe_started_ms;
+    struct probe probe;
     /* stop */
     struct event kill_timer;
     bool exited;
@@ -275,7 +267,7 @@ static char **build_env(struct proc_model *pm, int port, int gpu)
     return env;
 }
 
-static void on_probe_timer(evutil_socket_t fd, short what, void *arg);
+static void on_probe_ready(struct probe *p, void *ud);
 static void on_kill_timer(evutil_socket_t fd, short what, void *arg);
 
 /* Starts one replica. 0, -ENOSPC (no GPU slices free) or another error. */
@@ -361,15 +353,16 @@ static int replica_start(struct proc_model *pm)
     r->port = port;
     r->gpu = gpu;
     r->started_ms = server_now_ms();
-    r->probe_fd = -1;
     snprintf(r->id, sizeof r->id, "%s-%u", pm->m->name, ++pm->seq);
     r->out_fd = pipefd[0];
     fcntl(r->out_fd, F_SETFL, O_NONBLOCK);
     event_assign(&r->out_ev, pb->evbase, r->out_fd, EV_READ | EV_PERSIST, on_output, r);
     event_add(&r->out_ev, NULL);
-    event_assign(&r->probe_timer, pb->evbase, -1, 0, on_probe_timer, r);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    probe_init(&r->probe, pb->evbase, addr, pm->health_path, on_probe_ready, r);
     event_assign(&r->kill_timer, pb->evbase, -1, 0, on_kill_timer, r);
-    arm_ms(&r->probe_timer, 0);
+    probe_start(&r->probe);
     if (gpu >= 0) {
         pb->gpus[gpu].used += pm->gpu_slices;
     }
@@ -379,15 +372,6 @@ static int replica_start(struct proc_model *pm)
     LOGI("starting replica", "model=%s replica=%s pid=%d port=%d gpu=%d", pm->m->name, r->id,
          (int)pid, port, gpu_id);
     return 0;
-}
-
-static void probe_close(struct replica *r)
-{
-    if (r->probe_fd >= 0) {
-        event_del(&r->probe_io);
-        close(r->probe_fd);
-        r->probe_fd = -1;
-    }
 }
 
 static void replica_stop(struct replica *r, const char *why)
@@ -404,8 +388,7 @@ static void replica_stop(struct replica *r, const char *why)
     }
     r->state = R_STOPPING;
     pm->n_stopping++;
-    probe_close(r);
-    event_del(&r->probe_timer);
+    probe_stop(&r->probe);
     LOGI("stopping replica", "model=%s replica=%s pid=%d reason=\"%s\"", pm->m->name, r->id,
          (int)r->pid, why);
     kill(-r->pid, SIGTERM);
@@ -425,8 +408,7 @@ static void on_kill_timer(evutil_socket_t fd, short what, void *arg)
 static void replica_free(struct replica *r)
 {
     struct process_backend *pb = r->pm->pb;
-    probe_close(r);
-    event_del(&r->probe_timer);
+    probe_stop(&r->probe);
     event_del(&r->kill_timer);
     if (r->out_fd >= 0) {
         /* Take what the child wrote last before it went. */
@@ -449,7 +431,6 @@ static void became_ready(struct replica *r)
 {
     struct proc_model *pm = r->pm;
     uint64_t now = server_now_ms();
-    probe_close(r);
     r->state = R_READY;
     pm->n_starting--;
     pm->n_ready++;
@@ -465,91 +446,12 @@ static void became_ready(struct replica *r)
     fleet_replica_ready(pm->m->fleet, pm->m, r->id, addr);
 }
 
-static void schedule_probe(struct replica *r)
+static void on_probe_ready(struct probe *p, void *ud)
 {
-    probe_close(r);
-    arm_ms(&r->probe_timer, procplan_probe_delay_ms(r->probe_attempt++));
-}
-
-static void on_probe_io(evutil_socket_t fd, short what, void *arg)
-{
-    struct replica *r = arg;
-    if (what & EV_TIMEOUT) {
-        schedule_probe(r);
-        return;
+    struct replica *r = ud;
+    if (r->state == R_STARTING) {
+        became_ready(r);
     }
-    if (!r->probe_sent) {
-        int err = 0;
-        socklen_t len = sizeof err;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        if (err) {
-            schedule_probe(r); /* not listening yet */
-            return;
-        }
-        char req[512];
-        int n = snprintf(req, sizeof req,
-                         "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUser-Agent: thaw-probe\r\n"
-                         "Connection: close\r\n\r\n",
-                         r->pm->health_path, r->port);
-        if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
-            schedule_probe(r);
-            return;
-        }
-        r->probe_sent = true;
-        event_del(&r->probe_io);
-        event_assign(&r->probe_io, r->pm->pb->evbase, fd, EV_READ | EV_PERSIST, on_probe_io, r);
-        struct timeval tv = {PROBE_TIMEOUT_MS / 1000, (PROBE_TIMEOUT_MS % 1000) * 1000};
-        event_add(&r->probe_io, &tv);
-        return;
-    }
-    ssize_t n = recv(fd, r->probe_buf + r->probe_len, sizeof r->probe_buf - 1 - r->probe_len, 0);
-    if (n > 0) {
-        r->probe_len += (size_t)n;
-        r->probe_buf[r->probe_len] = '\0';
-        if (r->probe_len < 12 && !memchr(r->probe_buf, '\n', r->probe_len)) {
-            return; /* status line not complete */
-        }
-        int status = 0;
-        if (sscanf(r->probe_buf, "HTTP/1.%*d %d", &status) == 1 && status >= 200 &&
-            status < 300) {
-            became_ready(r);
-            return;
-        }
-        schedule_probe(r); /* 503 while loading, or anything else */
-        return;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-        return;
-    }
-    schedule_probe(r);
-}
-
-static void on_probe_timer(evutil_socket_t fd, short what, void *arg)
-{
-    struct replica *r = arg;
-    if (r->state != R_STARTING) {
-        return;
-    }
-    int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (s < 0) {
-        schedule_probe(r);
-        return;
-    }
-    struct sockaddr_in sin = {.sin_family = AF_INET,
-                              .sin_port = htons((uint16_t)r->port),
-                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    r->probe_fd = s;
-    r->probe_sent = false;
-    r->probe_len = 0;
-    r->probe_started_ms = server_now_ms();
-    int rc = connect(s, (struct sockaddr *)&sin, sizeof sin);
-    if (rc < 0 && errno != EINPROGRESS) {
-        schedule_probe(r);
-        return;
-    }
-    event_assign(&r->probe_io, r->pm->pb->evbase, s, EV_WRITE, on_probe_io, r);
-    struct timeval tv = {PROBE_TIMEOUT_MS / 1000, (PROBE_TIMEOUT_MS % 1000) * 1000};
-    event_add(&r->probe_io, &tv);
 }
 
 /* ---- reconciling ------------------------------------------------------- */
