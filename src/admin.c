@@ -134,6 +134,24 @@ void admin_render_metrics(struct server *srv, struct buf *o)
         histogram_render(&m->stats.cold_start, o, "thaw_cold_start_seconds", labels);
     }
 
+    if (srv->k8s_backend) {
+        uint64_t api_errors, restarts, relists;
+        backend_k8s_metrics(srv->k8s_backend, &api_errors, &restarts, &relists);
+        help_type(o, "thaw_kubernetes_api_errors_total", "counter",
+                  "Kubernetes API requests that failed (transport or HTTP >= 400).");
+        buf_printf(o, "thaw_kubernetes_api_errors_total %llu\n", (unsigned long long)api_errors);
+        help_type(o, "thaw_kubernetes_watch_restarts_total", "counter",
+                  "Kubernetes watches that ended and were resumed.");
+        buf_printf(o, "thaw_kubernetes_watch_restarts_total %llu\n",
+                   (unsigned long long)restarts);
+        help_type(o, "thaw_kubernetes_lists_total", "counter",
+                  "Kubernetes lists (the first, and relists after 410 Gone or errors).");
+        buf_printf(o, "thaw_kubernetes_lists_total %llu\n", (unsigned long long)relists);
+        help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
+        buf_printf(o, "thaw_kubernetes_synced %d\n",
+                   srv->k8s_backend->ops->synced(srv->k8s_backend) ? 1 : 0);
+    }
+
     help_type(o, "thaw_connections", "gauge", "Open client connections on the proxy port.");
     buf_printf(o, "thaw_connections %zu\n", srv->n_conns);
     help_type(o, "thaw_connections_accepted_total", "counter", "Client connections accepted.");
@@ -160,13 +178,16 @@ void admin_render_status(struct server *srv, struct buf *out)
     uint64_t now = server_now_ms();
     cJSON_AddStringToObject(root, "version", THAW_VERSION);
     cJSON_AddNumberToObject(root, "uptime_ms", (double)(now - srv->started_ms));
-    cJSON_AddBoolToObject(root, "ready", srv->ready && !srv->draining);
+    cJSON_AddBoolToObject(root, "ready", server_is_ready(srv));
     cJSON_AddBoolToObject(root, "draining", srv->draining);
     cJSON_AddNumberToObject(root, "inflight", (double)srv->inflight);
     cJSON_AddNumberToObject(root, "queued", (double)srv->qglobal.total);
     cJSON_AddNumberToObject(root, "connections", (double)srv->n_conns);
-    if (srv->process_backend && srv->process_backend->ops->describe_capacity) {
-        srv->process_backend->ops->describe_capacity(srv->process_backend, root);
+    struct backend *backends[] = {srv->process_backend, srv->k8s_backend};
+    for (size_t i = 0; i < 2; i++) {
+        if (backends[i] && backends[i]->ops->describe_capacity) {
+            backends[i]->ops->describe_capacity(backends[i], root);
+        }
     }
     cJSON *models = cJSON_AddArrayToObject(root, "models");
     struct model *m;
@@ -230,7 +251,7 @@ void admin_on_request(struct conn *c, struct request *r)
     } else if (http_name_eq(target, len, "/healthz")) {
         conn_respond(c, 200, "application/json", "{\"status\":\"ok\"}\n", 16, NULL);
     } else if (http_name_eq(target, len, "/readyz")) {
-        if (srv->ready && !srv->draining) {
+        if (server_is_ready(srv)) {
             conn_respond(c, 200, "application/json", "{\"status\":\"ready\"}\n", 19, NULL);
         } else {
             const char *b = srv->draining ? "{\"status\":\"draining\"}\n"

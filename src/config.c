@@ -380,6 +380,52 @@ static int parse_gpus(struct parser *p, const cJSON *arr, struct config *cfg)
     return 0;
 }
 
+static int parse_kubernetes(struct parser *p, const cJSON *obj, struct config *cfg)
+{
+    struct config_kubernetes *k = &cfg->kubernetes;
+    if (!cJSON_IsObject(obj)) {
+        return fail(p, obj, "kubernetes", "must be an object");
+    }
+    int rc = check_duplicates(p, obj, "kubernetes.");
+    if (rc) {
+        return rc;
+    }
+    k->enabled = true;
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        char path[128];
+        snprintf(path, sizeof path, "kubernetes.%s", it->string);
+        if (strcmp(it->string, "namespaces") == 0) {
+            rc = read_string_array(p, it, path, &k->namespaces, &k->n_namespaces, check_name);
+        } else if (strcmp(it->string, "label_selector") == 0) {
+            rc = read_string(p, it, path, &k->label_selector);
+        } else if (strcmp(it->string, "kubeconfig") == 0) {
+            rc = read_string(p, it, path, &k->kubeconfig);
+        } else if (strcmp(it->string, "context") == 0) {
+            rc = read_string(p, it, path, &k->context);
+        } else if (strcmp(it->string, "probe_pods") == 0) {
+            rc = read_bool(p, it, path, &k->probe_pods);
+        } else if (strcmp(it->string, "events") == 0) {
+            rc = read_bool(p, it, path, &k->events);
+        } else if (strcmp(it->string, "default_port") == 0) {
+            rc = read_uint(p, it, path, 1, 65535, &k->default_port);
+        } else {
+            rc = fail(p, it, path, "unknown key");
+        }
+        if (rc) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+void config_model_defaults(struct config_model *m, const struct config_limits *lim)
+{
+    memset(m, 0, sizeof *m);
+    set_defaults(model_keys, N_ELEMS(model_keys), m);
+    m->priority = TIER_STANDARD;
+    m->max_queue = lim->max_queue_per_model;
+}
+
 static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct config_model *m,
                        const struct config_limits *lim)
 {
@@ -535,6 +581,9 @@ struct config *config_new_default(void)
     set_defaults(limit_keys, N_ELEMS(limit_keys), &cfg->limits);
     set_defaults(upstream_keys, N_ELEMS(upstream_keys), &cfg->upstream);
     cfg->log_level = LOG_INFO;
+    cfg->kubernetes.probe_pods = true;
+    cfg->kubernetes.events = true;
+    cfg->kubernetes.default_port = 8000;
     cfg->listen = strdup("0.0.0.0:8080");
     cfg->admin_listen = strdup("0.0.0.0:9090");
     if (!cfg->listen || !cfg->admin_listen) {
@@ -579,6 +628,8 @@ static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
             rc = parse_log(p, it, cfg);
         } else if (strcmp(it->string, "gpus") == 0) {
             rc = parse_gpus(p, it, cfg);
+        } else if (strcmp(it->string, "kubernetes") == 0) {
+            rc = parse_kubernetes(p, it, cfg);
         } else if (strcmp(it->string, "models") == 0) {
             models = it;
             if (!cJSON_IsArray(it)) {
@@ -737,6 +788,10 @@ void config_free(struct config *cfg)
     }
     free(cfg->models);
     free(cfg->gpus);
+    free_strings(cfg->kubernetes.namespaces, cfg->kubernetes.n_namespaces);
+    free(cfg->kubernetes.label_selector);
+    free(cfg->kubernetes.kubeconfig);
+    free(cfg->kubernetes.context);
     free(cfg->path);
     free(cfg->listen);
     free(cfg->admin_listen);

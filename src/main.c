@@ -30,6 +30,8 @@ static void usage(FILE *f)
             "                             admin address (overrides \"admin_listen\")\n"
             "      --port-file FILE       write the bound addresses as JSON to FILE\n"
             "      --log-level LEVEL      debug, info, warn or error (overrides \"log.level\")\n"
+            "      --kubeconfig FILE      Kubernetes credentials (else $KUBECONFIG, then\n"
+            "                             kubernetes.kubeconfig, then in-cluster)\n"
             "  -h, --help                 show this help\n"
             "  -V, --version              show the version\n"
             "\n"
@@ -40,7 +42,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    enum { OPT_CHECK = 1000, OPT_LISTEN, OPT_ADMIN, OPT_PORTFILE, OPT_LOGLEVEL };
+    enum { OPT_CHECK = 1000, OPT_LISTEN, OPT_ADMIN, OPT_PORTFILE, OPT_LOGLEVEL, OPT_KUBECONFIG };
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
         {"check-config", required_argument, NULL, OPT_CHECK},
@@ -48,12 +50,13 @@ int main(int argc, char **argv)
         {"admin-listen", required_argument, NULL, OPT_ADMIN},
         {"port-file", required_argument, NULL, OPT_PORTFILE},
         {"log-level", required_argument, NULL, OPT_LOGLEVEL},
+        {"kubeconfig", required_argument, NULL, OPT_KUBECONFIG},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     const char *config_path = NULL, *check_path = NULL, *listen = NULL, *admin = NULL;
-    const char *port_file = NULL, *log_level = NULL;
+    const char *port_file = NULL, *log_level = NULL, *kubeconfig = NULL;
     int opt;
     while ((opt = getopt_long(argc, argv, "c:hV", opts, NULL)) != -1) {
         switch (opt) {
@@ -63,6 +66,7 @@ int main(int argc, char **argv)
         case OPT_ADMIN: admin = optarg; break;
         case OPT_PORTFILE: port_file = optarg; break;
         case OPT_LOGLEVEL: log_level = optarg; break;
+        case OPT_KUBECONFIG: kubeconfig = optarg; break;
         case 'h': usage(stdout); return 0;
         case 'V': printf("thaw %s\n", THAW_VERSION); return 0;
         default: usage(stderr); return 2;
@@ -108,7 +112,7 @@ int main(int argc, char **argv)
     log_init(cfg->log_level);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     struct server srv;
-    int rc = server_init(&srv, cfg, port_file);
+    int rc = server_init(&srv, cfg, port_file, kubeconfig);
     if (rc == 0) {
         rc = server_run(&srv);
     } else {

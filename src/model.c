@@ -65,6 +65,34 @@ int netaddr_parse(const char *text, struct sockaddr_storage *ss, socklen_t *len)
     return -EINVAL;
 }
 
+void model_apply_settings(struct model *m, const struct config_model *cm)
+{
+    m->set.max_concurrency = (uint32_t)cm->max_concurrency;
+    m->set.priority = cm->priority;
+    m->set.max_queue = cm->max_queue;
+    m->queue.max = (size_t)cm->max_queue;
+    m->set.queue_timeout_ms = cm->queue_timeout_ms;
+    m->set.connect_timeout_ms = cm->connect_timeout_ms;
+    m->set.first_byte_timeout_ms = cm->first_byte_timeout_ms;
+    m->set.upstream_idle_timeout_ms = cm->upstream_idle_timeout_ms;
+    m->set.loading_heartbeat_ms = cm->loading_heartbeat_ms;
+}
+
+int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_model *cm,
+                        size_t *conflicts)
+{
+    router_remove(&f->router, m);
+    struct route_names rn = {
+        .name = cm->name,
+        .namespace_ = cm->namespace_,
+        .hosts = (const char *const *)cm->hosts,
+        .n_hosts = cm->n_hosts,
+        .aliases = (const char *const *)cm->aliases,
+        .n_aliases = cm->n_aliases,
+    };
+    return router_add(&f->router, m, &rn, conflicts);
+}
+
 struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, size_t *conflicts)
 {
     struct model *m = calloc(1, sizeof *m);
@@ -80,15 +108,8 @@ struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, si
         free(m);
         return NULL;
     }
-    m->set.max_concurrency = (uint32_t)cm->max_concurrency;
-    m->set.priority = cm->priority;
-    m->set.max_queue = cm->max_queue;
-    m->set.queue_timeout_ms = cm->queue_timeout_ms;
-    m->set.connect_timeout_ms = cm->connect_timeout_ms;
-    m->set.first_byte_timeout_ms = cm->first_byte_timeout_ms;
-    m->set.upstream_idle_timeout_ms = cm->upstream_idle_timeout_ms;
-    m->set.loading_heartbeat_ms = cm->loading_heartbeat_ms;
     queue_init(&m->queue, (size_t)cm->max_queue, f->queue_aging_ms, f->qglobal);
+    model_apply_settings(m, cm);
     struct route_names rn = {
         .name = cm->name,
         .namespace_ = cm->namespace_,

@@ -1,6 +1,7 @@
 #include "thaw/server.h"
 #include "thaw/backend.h"
 #include "thaw/conn.h"
+#include "thaw/k8s/auth.h"
 #include "thaw/log.h"
 #include "thaw/proxy.h"
 #include "thaw/upstream.h"
@@ -281,11 +282,27 @@ void server_request_finished(struct server *srv)
     srv->inflight--;
 }
 
-int server_init(struct server *srv, struct config *cfg, const char *port_file)
+bool server_is_ready(struct server *srv)
+{
+    if (!srv->ready || srv->draining) {
+        return false;
+    }
+    struct backend *backends[] = {srv->static_backend, srv->process_backend, srv->k8s_backend};
+    for (size_t i = 0; i < 3; i++) {
+        if (backends[i] && backends[i]->ops->synced && !backends[i]->ops->synced(backends[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+int server_init(struct server *srv, struct config *cfg, const char *port_file,
+                const char *kubeconfig_flag)
 {
     memset(srv, 0, sizeof *srv);
     srv->cfg = cfg;
     srv->port_file = port_file;
+    srv->kubeconfig_flag = kubeconfig_flag;
     srv->started_ms = server_now_ms();
     list_init(&srv->conns);
     list_init(&srv->lingering);
@@ -353,6 +370,23 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file)
         }
     }
 
+    if (cfg->kubernetes.enabled) {
+        struct k8s_auth auth;
+        k8s_auth_init(&auth);
+        char err[512];
+        if (k8s_auth_resolve(&auth, kubeconfig_flag, cfg->kubernetes.kubeconfig,
+                             cfg->kubernetes.context, err, sizeof err)) {
+            LOGE("cannot configure the Kubernetes client", "error=\"%s\"", err);
+            k8s_auth_dispose(&auth);
+            return -1;
+        }
+        srv->k8s_backend = backend_k8s_new(&srv->fleet, srv->base, cfg, &auth, err, sizeof err);
+        k8s_auth_dispose(&auth);
+        if (!srv->k8s_backend) {
+            LOGE("cannot start the Kubernetes backend", "error=\"%s\"", err);
+            return -1;
+        }
+    }
     if (listener_open(srv, &srv->proxy_l, cfg->listen, LISTENER_PROXY) ||
         listener_open(srv, &srv->admin_l, cfg->admin_listen, LISTENER_ADMIN)) {
         return -1;
@@ -398,14 +432,14 @@ void server_dispose(struct server *srv)
             upstream_close_idle(m->endpoints[i]);
         }
     }
-    struct backend *backends[] = {srv->static_backend, srv->process_backend};
-    for (size_t i = 0; i < 2; i++) {
+    struct backend *backends[] = {srv->static_backend, srv->process_backend, srv->k8s_backend};
+    for (size_t i = 0; i < 3; i++) {
         if (backends[i]) {
             backends[i]->ops->stop(backends[i]);
         }
     }
     fleet_dispose(&srv->fleet);
-    for (size_t i = 0; i < 2; i++) {
+    for (size_t i = 0; i < 3; i++) {
         if (backends[i]) {
             backends[i]->ops->free(backends[i]);
         }

@@ -8,6 +8,7 @@
 #ifndef THAW_BACKEND_H
 #define THAW_BACKEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -31,6 +32,8 @@ struct backend_ops {
     void (*describe)(struct backend *b, struct model *m, cJSON *out);
     /* The backend's capacity (GPUs and their slices), for status; may be NULL. */
     void (*describe_capacity)(struct backend *b, cJSON *out);
+    /* Has it caught up with its source (informers listed)? NULL: always. */
+    bool (*synced)(struct backend *b);
     /* Stops everything the backend started; called once, at exit. */
     void (*stop)(struct backend *b);
     void (*free)(struct backend *b);
@@ -53,5 +56,15 @@ struct event_base;
 /* The process backend: models are local commands (see backend_process.c). */
 struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
                                     const struct config *cfg);
+
+struct k8s_auth;
+/* The Kubernetes backend (see backend_k8s.c); takes over auth. NULL with err
+ * set on failure. */
+struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
+                                const struct config *cfg, struct k8s_auth *auth, char *err,
+                                size_t errlen);
+/* Kubernetes API client and informer counters, for metrics. */
+void backend_k8s_metrics(struct backend *b, uint64_t *api_errors, uint64_t *watch_restarts,
+                         uint64_t *relists);
 
 #endif

@@ -79,6 +79,20 @@ struct config_gpu {
     enum gpu_sharing sharing;
 };
 
+/* Turned on by a "kubernetes" object in the config. */
+struct config_kubernetes {
+    bool enabled;
+    char **namespaces; /* none: all */
+    size_t n_namespaces;
+    char *label_selector; /* model Deployments; default "thaw.dev/model" */
+    char *kubeconfig;     /* below --kubeconfig and $KUBECONFIG */
+    char *context;
+    bool probe_pods;      /* probe pod IPs directly, ahead of EndpointSlices */
+    bool events;          /* post Events on scale decisions */
+    uint64_t default_port;
+    uint64_t scale_down_delay_ms; /* unused before the autoscaler; kept for it */
+};
+
 struct config {
     char *path;
     char *listen;
@@ -91,6 +105,7 @@ struct config {
     size_t n_models;
     struct config_gpu *gpus;
     size_t n_gpus;
+    struct config_kubernetes kubernetes;
 };
 
 struct config_error {
@@ -103,6 +118,8 @@ struct config *config_load(const char *path, struct config_error *err);
 /* Same on an in-memory text; label names it in errors. */
 struct config *config_parse(const char *text, size_t len, const char *label,
                             struct config_error *err);
+/* Fills a model with every default (for models discovered at run time). */
+void config_model_defaults(struct config_model *m, const struct config_limits *lim);
 /* A configuration with every default and no models. */
 struct config *config_new_default(void);
 void config_free(struct config *cfg);

@@ -106,6 +106,11 @@ void fleet_dispose(struct fleet *f);
 /* Creates a model from config; routes it. NULL on allocation failure. */
 struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, size_t *conflicts);
 void fleet_remove_model(struct fleet *f, struct model *m, const char *reason);
+/* Re-reads a model's names (hosts, aliases) after its definition changed. */
+int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_model *cm,
+                        size_t *conflicts);
+/* Applies limits and timeouts from cm (run-time updates keep queued work). */
+void model_apply_settings(struct model *m, const struct config_model *cm);
 struct model *fleet_find(const struct fleet *f, const char *namespace_, const char *name);
 
 /* Backend up-calls. addr is numeric "ip:port". 0 or a negative errno. */

@@ -48,6 +48,8 @@ struct server {
     struct queue_global qglobal;
     struct backend *static_backend;
     struct backend *process_backend; /* NULL when no model has a command */
+    struct backend *k8s_backend;     /* NULL without a "kubernetes" config object */
+    const char *kubeconfig_flag;     /* --kubeconfig */
     struct listener proxy_l, admin_l;
     struct list_node conns;     /* all client connections */
     size_t n_conns;             /* proxy-port connections counted against the limit */
@@ -75,7 +77,10 @@ uint64_t server_now_ms(void);
 
 /* Sets up listeners, models and backends from cfg (which the server takes
  * over). 0, or -1 with the reason logged. */
-int server_init(struct server *srv, struct config *cfg, const char *port_file);
+int server_init(struct server *srv, struct config *cfg, const char *port_file,
+                const char *kubeconfig_flag);
+/* Ready to take traffic: started, backends synced, not draining. */
+bool server_is_ready(struct server *srv);
 /* Runs the loop until drained. Returns the process exit code. */
 int server_run(struct server *srv);
 void server_dispose(struct server *srv);

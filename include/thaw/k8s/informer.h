@@ -1,0 +1,59 @@
+/* An informer: list a resource, then watch it from the list's
+ * resourceVersion (allowWatchBookmarks), telling its owner about every
+ * object that appears, changes or goes. A 410 Gone (as an HTTP status or as
+ * an ERROR event in the stream) relists; a watch that ends is resumed from
+ * the last resourceVersion; failures back off (k8s_backoff_ms). After a
+ * relist, objects the list no longer has are reported removed, so a watch
+ * event missed while disconnected is never missed for good.
+ * The informer keeps only keys and resourceVersions, not objects. */
+#ifndef THAW_K8S_INFORMER_H
+#define THAW_K8S_INFORMER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+#include "thaw/k8s/client.h"
+#include "thaw/strmap.h"
+
+struct k8s_informer_ops {
+    void (*upsert)(void *ud, const cJSON *obj);
+    void (*remove)(void *ud, const cJSON *obj);
+    /* After the first complete list. */
+    void (*synced)(void *ud);
+};
+
+struct k8s_informer {
+    struct k8s_client *client;
+    char *name; /* for logs: "deployments" */
+    char *path; /* collection path, e.g. /apis/apps/v1/deployments */
+    char *label_selector;
+    const struct k8s_informer_ops *ops;
+    void *ud;
+    struct k8s_call *call;
+    struct event retry;
+    char rv[64];
+    struct strmap known; /* "ns/name" -> (unused) */
+    bool synced;
+    bool relist_needed;
+    unsigned failures;
+    long watch_timeout_s;
+    uint64_t relists, watch_restarts, errors, events;
+    char last_error[200];
+};
+
+void k8s_informer_init(struct k8s_informer *inf, struct k8s_client *client,
+                       struct event_base *base, const char *name, const char *path,
+                       const char *label_selector, const struct k8s_informer_ops *ops, void *ud);
+void k8s_informer_start(struct k8s_informer *inf);
+void k8s_informer_dispose(struct k8s_informer *inf);
+/* "namespace/name" of an object into out. */
+void k8s_object_key(const cJSON *obj, char *out, size_t len);
+/* Dotted lookup ("metadata.name"); NULL when absent. */
+const cJSON *k8s_get(const cJSON *obj, const char *dotted);
+const char *k8s_get_string(const cJSON *obj, const char *dotted);
+
+#endif

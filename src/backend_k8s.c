@@ -1,0 +1,961 @@
+/* Kubernetes backend: models are Deployments labelled thaw.dev/model.
+ *
+ * Four informers feed it: Deployments (the models and their settings),
+ * EndpointSlices (replica readiness as the cluster sees it), Pods (IPs to
+ * probe directly, ahead of the kubelet; Pending/Unschedulable pods) and
+ * Nodes (GPU capacity). A replica is a pod: it is reported ready the first
+ * time either its EndpointSlice endpoint is ready or thaw's own probe of
+ * podIP:port answers, and gone when it terminates, is deleted, or its
+ * endpoint stops being ready. Scaling goes through the Deployment's scale
+ * subresource (merge patch); one PATCH at a time per model, retried with
+ * backoff while requests wait. After idle_timeout with nothing in flight or
+ * queued, thaw scales the model down to its min-scale. */
+#include "thaw/backend.h"
+#include "thaw/k8s/client.h"
+#include "thaw/k8s/informer.h"
+#include "thaw/k8s/model_spec.h"
+#include "thaw/log.h"
+#include "thaw/probe.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+uint64_t server_now_ms(void);
+
+#define TICK_MS 500
+#define MAX_NAMESPACES 64
+
+struct kube_backend;
+struct kmodel;
+
+struct kpod {
+    struct kmodel *km;
+    char name[254];
+    char ip[64];
+    bool reported;      /* told the fleet it is ready */
+    bool slice_ready;   /* its EndpointSlice endpoint is ready */
+    bool probe_ok;
+    bool probing;
+    bool terminating;
+    bool unschedulable;
+    char phase[16];
+    struct probe probe;
+};
+
+struct kmodel {
+    struct kube_backend *kb;
+    struct model *m;
+    struct k8s_model_spec spec;
+    char key[600]; /* "ns/deployment" */
+    struct strmap pods; /* pod name -> kpod */
+    /* scaling */
+    bool scale_inflight;
+    int64_t scale_want; /* -1: nothing wanted */
+    unsigned scale_failures;
+    struct event scale_retry;
+    struct k8s_call *scale_call;
+    uint64_t idle_since_ms;
+    uint64_t scale_ups, scale_downs;
+    char last_scale_error[200];
+};
+
+struct informer_set {
+    struct k8s_informer deployments, slices, pods;
+};
+
+struct kube_backend {
+    struct backend base;
+    struct event_base *evbase;
+    struct k8s_client *client;
+    const struct config *cfg;
+    struct informer_set ns[MAX_NAMESPACES];
+    size_t n_ns;
+    struct k8s_informer nodes;
+    unsigned synced_count, informer_count;
+    size_t deployments_synced;
+    struct strmap models;   /* "ns/deployment" -> kmodel */
+    struct strmap by_label; /* "ns/model name" -> kmodel (pods) */
+    struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
+    struct strmap slices;   /* "ns/slice" -> struct slice_pods (pods it lists) */
+    struct strmap nodes_gpu; /* node name -> (uintptr_t) allocatable nvidia.com/gpu + 1 */
+    struct event tick;
+    uint64_t events_posted, event_errors, scale_errors;
+};
+
+static struct kube_backend *KB(struct backend *b)
+{
+    return container_of(b, struct kube_backend, base);
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+static void on_event_posted(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct kube_backend *kb = ud;
+    if (status == 201 || status == 200) {
+        kb->events_posted++;
+    } else {
+        kb->event_errors++;
+        LOGW("could not post a Kubernetes Event", "status=%ld error=\"%s\"", status,
+             err ? err : "");
+    }
+}
+
+static void post_event(struct kmodel *km, const char *type, const char *reason,
+                       const char *message)
+{
+    struct kube_backend *kb = km->kb;
+    if (!kb->cfg->kubernetes.events) {
+        return;
+    }
+    cJSON *ev = cJSON_CreateObject();
+    cJSON *md = cJSON_AddObjectToObject(ev, "metadata");
+    char gen[300];
+    snprintf(gen, sizeof gen, "%s.", km->spec.deployment);
+    cJSON_AddStringToObject(md, "generateName", gen);
+    cJSON_AddStringToObject(md, "namespace", km->spec.namespace_);
+    cJSON *io = cJSON_AddObjectToObject(ev, "involvedObject");
+    cJSON_AddStringToObject(io, "apiVersion", "apps/v1");
+    cJSON_AddStringToObject(io, "kind", "Deployment");
+    cJSON_AddStringToObject(io, "name", km->spec.deployment);
+    cJSON_AddStringToObject(io, "namespace", km->spec.namespace_);
+    cJSON_AddStringToObject(ev, "type", type);
+    cJSON_AddStringToObject(ev, "reason", reason);
+    cJSON_AddStringToObject(ev, "message", message);
+    cJSON *src = cJSON_AddObjectToObject(ev, "source");
+    cJSON_AddStringToObject(src, "component", "thaw");
+    char ts[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    cJSON_AddStringToObject(ev, "firstTimestamp", ts);
+    cJSON_AddStringToObject(ev, "lastTimestamp", ts);
+    cJSON_AddNumberToObject(ev, "count", 1);
+    char *body = cJSON_PrintUnformatted(ev);
+    cJSON_Delete(ev);
+    char path[600];
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/events", km->spec.namespace_);
+    if (body) {
+        k8s_request(kb->client, "POST", path, "application/json", body, strlen(body), 10000,
+                    on_event_posted, kb);
+        free(body);
+    }
+}
+
+/* ---- scaling ------------------------------------------------------------- */
+
+static void send_scale(struct kmodel *km);
+
+static void on_scale_retry(evutil_socket_t fd, short what, void *arg)
+{
+    send_scale(arg);
+}
+
+static void on_scaled(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct kmodel *km = ud;
+    km->scale_call = NULL;
+    km->scale_inflight = false;
+    int64_t want = km->scale_want;
+    if (status == 200) {
+        int64_t from = km->spec.replicas;
+        km->spec.replicas = want;
+        km->scale_failures = 0;
+        km->last_scale_error[0] = '\0';
+        if (km->scale_want == want) {
+            km->scale_want = -1;
+        }
+        char msg[400];
+        snprintf(msg, sizeof msg, "thaw scaled %s from %lld to %lld replicas", km->spec.deployment,
+                 (long long)from, (long long)want);
+        LOGI("scaled deployment", "model=%s deployment=%s/%s from=%lld to=%lld", km->m->name,
+             km->spec.namespace_, km->spec.deployment, (long long)from, (long long)want);
+        if (from == 0 && want > 0) {
+            km->scale_ups++;
+            post_event(km, "Normal", "ScaledFromZero", msg);
+        } else if (want == 0) {
+            km->scale_downs++;
+            post_event(km, "Normal", "ScaledToZero", msg);
+        }
+        return;
+    }
+    km->kb->scale_errors++;
+    km->scale_failures++;
+    snprintf(km->last_scale_error, sizeof km->last_scale_error, "HTTP %ld%s%s", status,
+             err ? ": " : "", err ? err : "");
+    uint64_t ms = k8s_backoff_ms(km->scale_failures, (double)rand() / ((double)RAND_MAX + 1));
+    LOGW("scaling deployment failed", "model=%s deployment=%s/%s status=%ld error=\"%s\" "
+         "retry_in_ms=%llu", km->m->name, km->spec.namespace_, km->spec.deployment, status,
+         err ? err : "", (unsigned long long)ms);
+    if (km->scale_failures == 1 || km->scale_failures % 10 == 0) {
+        post_event(km, "Warning", "ScaleFailed", km->last_scale_error);
+    }
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    event_add(&km->scale_retry, &tv);
+}
+
+static void send_scale(struct kmodel *km)
+{
+    if (km->scale_inflight || km->scale_want < 0) {
+        return;
+    }
+    if (km->scale_want == km->spec.replicas) {
+        km->scale_want = -1;
+        return;
+    }
+    /* Scaling up is only worth it while requests wait or are in flight. */
+    char body[64];
+    snprintf(body, sizeof body, "{\"spec\":{\"replicas\":%lld}}", (long long)km->scale_want);
+    char path[700];
+    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s/scale",
+             km->spec.namespace_, km->spec.deployment);
+    km->scale_inflight = true;
+    km->scale_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
+                                 body, strlen(body), 15000, on_scaled, km);
+    if (!km->scale_call) {
+        km->scale_inflight = false;
+    }
+}
+
+static void want_replicas(struct kmodel *km, int64_t n)
+{
+    if (n > (int64_t)km->spec.max_scale) {
+        n = (int64_t)km->spec.max_scale;
+    }
+    if (n == km->spec.replicas && !km->scale_inflight) {
+        km->scale_want = -1;
+        return;
+    }
+    km->scale_want = n;
+    if (!event_pending(&km->scale_retry, EV_TIMEOUT, NULL)) {
+        send_scale(km);
+    }
+}
+
+/* ---- replicas -------------------------------------------------------------- */
+
+static void pod_addr(struct kpod *p, char *out, size_t len)
+{
+    snprintf(out, len, strchr(p->ip, ':') ? "[%s]:%d" : "%s:%d", p->ip, p->km->spec.port);
+}
+
+static void pod_ready(struct kpod *p, const char *via)
+{
+    if (p->reported || p->terminating || !p->ip[0]) {
+        return;
+    }
+    char addr[96];
+    pod_addr(p, addr, sizeof addr);
+    p->reported = true;
+    LOGI("pod ready", "model=%s pod=%s addr=%s via=%s", p->km->m->name, p->name, addr, via);
+    fleet_replica_ready(p->km->m->fleet, p->km->m, p->name, addr);
+}
+
+static void pod_gone(struct kpod *p, const char *why)
+{
+    if (p->probing) {
+        probe_stop(&p->probe);
+        p->probing = false;
+    }
+    if (p->reported) {
+        p->reported = false;
+        fleet_replica_gone(p->km->m->fleet, p->km->m, p->name, why);
+    }
+}
+
+static void on_pod_probe(struct probe *pr, void *ud)
+{
+    struct kpod *p = ud;
+    p->probing = false;
+    p->probe_ok = true;
+    pod_ready(p, "probe");
+}
+
+static struct kpod *pod_get(struct kmodel *km, const char *name, bool create)
+{
+    struct kpod *p = strmap_get(&km->pods, name, strlen(name));
+    if (p || !create) {
+        return p;
+    }
+    p = calloc(1, sizeof *p);
+    if (!p) {
+        return NULL;
+    }
+    p->km = km;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    strmap_put(&km->pods, name, strlen(name), p);
+    return p;
+}
+
+static void pod_free(struct kmodel *km, struct kpod *p, const char *why)
+{
+    pod_gone(p, why);
+    strmap_del(&km->pods, p->name, strlen(p->name));
+    free(p);
+}
+
+/* ---- models ---------------------------------------------------------------- */
+
+static void split_list(char *s, char **out, size_t *n, size_t max)
+{
+    *n = 0;
+    for (char *tok = strtok(s, ", "); tok && *n < max; tok = strtok(NULL, ", ")) {
+        out[(*n)++] = tok;
+    }
+}
+
+/* A config_model view of a spec (strings point into spec and bufs). */
+static void to_config_model(const struct k8s_model_spec *sp, const struct config_limits *lim,
+                            struct config_model *cm, char *hosts_buf, char *aliases_buf,
+                            char **hosts, char **aliases)
+{
+    config_model_defaults(cm, lim);
+    cm->name = (char *)sp->name;
+    cm->namespace_ = (char *)sp->namespace_;
+    strcpy(hosts_buf, sp->hosts);
+    strcpy(aliases_buf, sp->aliases);
+    split_list(hosts_buf, hosts, &cm->n_hosts, 32);
+    split_list(aliases_buf, aliases, &cm->n_aliases, 32);
+    cm->hosts = hosts;
+    cm->aliases = aliases;
+    cm->max_concurrency = sp->max_concurrency;
+    cm->priority = sp->priority;
+}
+
+static void index_model(struct kube_backend *kb, struct kmodel *km, bool add)
+{
+    char k[600];
+    snprintf(k, sizeof k, "%s/%s", km->spec.namespace_, km->spec.name);
+    if (add) {
+        strmap_put(&kb->by_label, k, strlen(k), km);
+    } else if (strmap_get(&kb->by_label, k, strlen(k)) == km) {
+        strmap_del(&kb->by_label, k, strlen(k));
+    }
+    snprintf(k, sizeof k, "%s/%s", km->spec.namespace_, km->spec.service);
+    if (add) {
+        strmap_put(&kb->by_svc, k, strlen(k), km);
+    } else if (strmap_get(&kb->by_svc, k, strlen(k)) == km) {
+        strmap_del(&kb->by_svc, k, strlen(k));
+    }
+}
+
+static void free_pod_cb(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    if (p->probing) {
+        probe_stop(&p->probe);
+    }
+    free(p);
+}
+
+static void kmodel_free(struct kmodel *km)
+{
+    event_del(&km->scale_retry);
+    k8s_call_cancel(km->scale_call);
+    strmap_each(&km->pods, free_pod_cb, NULL);
+    strmap_dispose(&km->pods);
+    free(km);
+}
+
+static void deployment_upsert(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    struct k8s_model_spec defaults = {0};
+    struct config_model dm;
+    config_model_defaults(&dm, &kb->cfg->limits);
+    defaults.max_concurrency = dm.max_concurrency;
+    defaults.priority = dm.priority;
+    defaults.min_scale = 0;
+    defaults.max_scale = 1000;
+    defaults.idle_timeout_ms = dm.idle_timeout_ms;
+    defaults.startup_timeout_ms = dm.startup_timeout_ms;
+    defaults.target = 0;
+    defaults.port = (int)kb->cfg->kubernetes.default_port;
+    snprintf(defaults.health_path, sizeof defaults.health_path, "/health");
+    struct k8s_model_spec sp;
+    if (k8s_model_spec_parse(obj, &defaults, &sp)) {
+        return;
+    }
+    char key[600];
+    snprintf(key, sizeof key, "%s/%s", sp.namespace_, sp.deployment);
+    struct kmodel *km = strmap_get(&kb->models, key, strlen(key));
+    char hosts_buf[1024], aliases_buf[1024];
+    char *hosts[32], *aliases[32];
+    struct config_model cm;
+    to_config_model(&sp, &kb->cfg->limits, &cm, hosts_buf, aliases_buf, hosts, aliases);
+    if (sp.errors[0] && (!km || strcmp(km->spec.errors, sp.errors) != 0)) {
+        LOGW("bad annotations on a model Deployment (defaults used)",
+             "deployment=%s errors=\"%s\"", key, sp.errors);
+    }
+    if (!km) {
+        km = calloc(1, sizeof *km);
+        if (!km) {
+            return;
+        }
+        km->kb = kb;
+        km->spec = sp;
+        km->scale_want = -1;
+        snprintf(km->key, sizeof km->key, "%s", key);
+        strmap_init(&km->pods);
+        event_assign(&km->scale_retry, kb->evbase, -1, 0, on_scale_retry, km);
+        size_t conflicts = 0;
+        km->m = fleet_add_model(kb->base.fleet, &cm, &conflicts);
+        if (!km->m) {
+            kmodel_free(km);
+            return;
+        }
+        if (conflicts) {
+            LOGW("model names already taken by another model are ignored",
+                 "model=%s deployment=%s conflicts=%zu", sp.name, key, conflicts);
+        }
+        km->m->backend = &kb->base;
+        km->m->backend_data = km;
+        strmap_put(&kb->models, key, strlen(key), km);
+        index_model(kb, km, true);
+        LOGI("model discovered", "model=%s deployment=%s replicas=%lld gpu_slices=%llu",
+             sp.name, key, (long long)sp.replicas, (unsigned long long)sp.gpu_slices);
+        return;
+    }
+    index_model(kb, km, false);
+    bool names_changed = strcmp(km->spec.hosts, sp.hosts) || strcmp(km->spec.aliases, sp.aliases);
+    /* Keep thaw's own view of replicas while a PATCH is on its way. */
+    if (km->scale_inflight) {
+        sp.replicas = km->spec.replicas;
+    }
+    km->spec = sp;
+    index_model(kb, km, true);
+    model_apply_settings(km->m, &cm);
+    if (names_changed) {
+        fleet_reroute_model(kb->base.fleet, km->m, &cm, NULL);
+    }
+}
+
+static void deployment_remove(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    char key[600];
+    k8s_object_key(obj, key, sizeof key);
+    struct kmodel *km = strmap_get(&kb->models, key, strlen(key));
+    if (!km) {
+        return;
+    }
+    strmap_del(&kb->models, key, strlen(key));
+    index_model(kb, km, false);
+    char why[700];
+    snprintf(why, sizeof why, "the model's Deployment %s was deleted", key);
+    struct model *m = km->m;
+    /* Pods go first (their endpoints leave the model), then the model,
+     * whose held requests are answered 503 naming the reason. */
+    strmap_each(&km->pods, free_pod_cb, NULL);
+    strmap_dispose(&km->pods);
+    strmap_init(&km->pods);
+    fleet_remove_model(kb->base.fleet, m, why);
+    kmodel_free(km);
+}
+
+/* ---- pods ------------------------------------------------------------------ */
+
+static struct kmodel *model_of_pod(struct kube_backend *kb, const cJSON *pod)
+{
+    const char *ns = k8s_get_string(pod, "metadata.namespace");
+    const cJSON *labels = k8s_get(pod, "metadata.labels");
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(labels, "thaw.dev/model");
+    if (!ns || !cJSON_IsString(ml)) {
+        return NULL;
+    }
+    char k[600];
+    snprintf(k, sizeof k, "%s/%s", ns, ml->valuestring);
+    return strmap_get(&kb->by_label, k, strlen(k));
+}
+
+static void pod_upsert(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    struct kmodel *km = model_of_pod(kb, obj);
+    const char *name = k8s_get_string(obj, "metadata.name");
+    if (!km || !name) {
+        return;
+    }
+    struct kpod *p = pod_get(km, name, true);
+    if (!p) {
+        return;
+    }
+    const char *ip = k8s_get_string(obj, "status.podIP");
+    const char *phase = k8s_get_string(obj, "status.phase");
+    snprintf(p->phase, sizeof p->phase, "%s", phase ? phase : "");
+    p->unschedulable = false;
+    const cJSON *conds = k8s_get(obj, "status.conditions");
+    const cJSON *c;
+    cJSON_ArrayForEach(c, conds)
+    {
+        const char *type = k8s_get_string(c, "type");
+        const char *reason = k8s_get_string(c, "reason");
+        if (type && strcmp(type, "PodScheduled") == 0 && reason &&
+            strcmp(reason, "Unschedulable") == 0) {
+            p->unschedulable = true;
+        }
+    }
+    if (k8s_get(obj, "metadata.deletionTimestamp") ||
+        (phase && (strcmp(phase, "Failed") == 0 || strcmp(phase, "Succeeded") == 0))) {
+        p->terminating = true;
+        pod_gone(p, "pod terminating");
+        return;
+    }
+    if (ip && strcmp(ip, p->ip) != 0) {
+        if (p->probing) {
+            probe_stop(&p->probe);
+            p->probing = false;
+        }
+        snprintf(p->ip, sizeof p->ip, "%s", ip);
+    }
+    /* Probe as soon as the pod has an IP, not when the kubelet says so. */
+    if (kb->cfg->kubernetes.probe_pods && p->ip[0] && !p->reported && !p->probing &&
+        phase && strcmp(phase, "Running") == 0) {
+        char addr[96];
+        pod_addr(p, addr, sizeof addr);
+        if (probe_init(&p->probe, kb->evbase, addr, km->spec.health_path, on_pod_probe, p) == 0) {
+            p->probing = true;
+            probe_start(&p->probe);
+        }
+    }
+}
+
+static void pod_remove(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    const char *name = k8s_get_string(obj, "metadata.name");
+    const char *ns = k8s_get_string(obj, "metadata.namespace");
+    if (!name || !ns) {
+        return;
+    }
+    /* The object may be a stub (after a relist): look in every model of ns. */
+    struct kmodel *km = model_of_pod(kb, obj);
+    if (km) {
+        struct kpod *p = pod_get(km, name, false);
+        if (p) {
+            pod_free(km, p, "pod deleted");
+        }
+        return;
+    }
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &kb->base.fleet->models)
+    {
+        struct model *m = container_of(pos, struct model, node);
+        if (m->backend != &kb->base) {
+            continue;
+        }
+        struct kmodel *k = m->backend_data;
+        struct kpod *p = pod_get(k, name, false);
+        if (p && strcmp(k->spec.namespace_, ns) == 0) {
+            pod_free(k, p, "pod deleted");
+        }
+    }
+}
+
+/* ---- endpointslices ---------------------------------------------------------- */
+
+static void slice_upsert(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    const char *ns = k8s_get_string(obj, "metadata.namespace");
+    const cJSON *labels = k8s_get(obj, "metadata.labels");
+    const cJSON *svc = cJSON_GetObjectItemCaseSensitive(labels, "kubernetes.io/service-name");
+    if (!ns || !cJSON_IsString(svc)) {
+        return;
+    }
+    char k[600];
+    snprintf(k, sizeof k, "%s/%s", ns, svc->valuestring);
+    struct kmodel *km = strmap_get(&kb->by_svc, k, strlen(k));
+    if (!km) {
+        return;
+    }
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(obj, "endpoints");
+    const cJSON *ep;
+    cJSON_ArrayForEach(ep, eps)
+    {
+        const char *pod = k8s_get_string(ep, "targetRef.name");
+        const cJSON *addrs = cJSON_GetObjectItemCaseSensitive(ep, "addresses");
+        const cJSON *a0 = cJSON_GetArrayItem(addrs, 0);
+        if (!pod || !cJSON_IsString(a0)) {
+            continue;
+        }
+        const cJSON *ready = k8s_get(ep, "conditions.ready");
+        const cJSON *term = k8s_get(ep, "conditions.terminating");
+        struct kpod *p = pod_get(km, pod, true);
+        if (!p) {
+            continue;
+        }
+        if (!p->ip[0]) {
+            snprintf(p->ip, sizeof p->ip, "%s", a0->valuestring);
+        }
+        bool is_ready = !cJSON_IsFalse(ready) && !cJSON_IsTrue(term);
+        if (cJSON_IsTrue(term)) {
+            p->terminating = true;
+            pod_gone(p, "endpoint terminating");
+        } else if (is_ready) {
+            p->slice_ready = true;
+            pod_ready(p, "endpointslice");
+        } else if (p->slice_ready) {
+            /* Was ready, is not any more: the kubelet saw it fail. */
+            p->slice_ready = false;
+            pod_gone(p, "endpoint not ready");
+        }
+    }
+}
+
+static void slice_remove(void *ud, const cJSON *obj)
+{
+    /* Pods of a removed slice are handled through the Pods informer. */
+}
+
+/* ---- nodes ----------------------------------------------------------------- */
+
+static void node_upsert(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    const char *name = k8s_get_string(obj, "metadata.name");
+    const cJSON *alloc = k8s_get(obj, "status.allocatable");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(alloc, "nvidia.com/gpu");
+    if (!name) {
+        return;
+    }
+    uintptr_t n = cJSON_IsString(g) ? (uintptr_t)strtoull(g->valuestring, NULL, 10) : 0;
+    strmap_put(&kb->nodes_gpu, name, strlen(name), (void *)(n + 1));
+}
+
+static void node_remove(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    const char *name = k8s_get_string(obj, "metadata.name");
+    if (name) {
+        strmap_del(&kb->nodes_gpu, name, strlen(name));
+    }
+}
+
+/* ---- sync and idle ------------------------------------------------------------ */
+
+static void on_synced(void *ud)
+{
+    struct kube_backend *kb = ud;
+    kb->synced_count++;
+    if (kb->synced_count == kb->informer_count) {
+        LOGI("kubernetes informers synced", "models=%zu", kb->models.count);
+    }
+}
+
+/* Pods and slices start once every Deployment list is in, so they find the
+ * models they belong to. */
+static void on_deployments_synced(void *ud)
+{
+    struct kube_backend *kb = ud;
+    on_synced(kb);
+    if (++kb->deployments_synced < kb->n_ns) {
+        return;
+    }
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        k8s_informer_start(&kb->ns[i].pods);
+        k8s_informer_start(&kb->ns[i].slices);
+    }
+    k8s_informer_start(&kb->nodes);
+}
+
+static void idle_check(void *ud, const char *key, void *value)
+{
+    struct kmodel *km = value;
+    struct model *m = km->m;
+    uint64_t now = server_now_ms();
+    bool busy = m->inflight > 0 || m->queue.count > 0;
+    if (busy) {
+        km->idle_since_ms = 0;
+        /* A scale-up that could not land yet is retried by its timer. */
+        if (m->n_endpoints == 0 && km->spec.replicas == 0 && km->scale_want < 0) {
+            want_replicas(km, 1);
+        }
+        return;
+    }
+    if (!km->idle_since_ms) {
+        km->idle_since_ms = now;
+        return;
+    }
+    if (now - km->idle_since_ms >= km->spec.idle_timeout_ms &&
+        km->spec.replicas > (int64_t)km->spec.min_scale && !km->scale_inflight) {
+        want_replicas(km, (int64_t)km->spec.min_scale);
+    }
+}
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct kube_backend *kb = arg;
+    strmap_each(&kb->models, idle_check, kb);
+}
+
+/* ---- backend ops --------------------------------------------------------------- */
+
+static int kube_attach(struct backend *b, struct model *m, const struct config_model *cm)
+{
+    return -ENOTSUP; /* models come from the cluster, not the config */
+}
+
+static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
+{
+    struct kmodel *km = m->backend_data;
+    km->idle_since_ms = 0;
+    if (km->spec.replicas >= (int64_t)replicas) {
+        return 0; /* pods are on their way (or Pending for capacity) */
+    }
+    if (km->scale_want >= (int64_t)replicas) {
+        return 0; /* one PATCH per need */
+    }
+    want_replicas(km, replicas);
+    return 0;
+}
+
+static uint64_t kube_retry_after_ms(struct backend *b, struct model *m)
+{
+    return m->cold_start_ms ? m->cold_start_ms : 5000;
+}
+
+static bool kube_synced(struct backend *b)
+{
+    struct kube_backend *kb = KB(b);
+    return kb->synced_count >= kb->informer_count;
+}
+
+struct describe_ctx {
+    cJSON *arr;
+    unsigned unschedulable;
+};
+
+static void describe_pod(void *ud, const char *key, void *value)
+{
+    struct describe_ctx *d = ud;
+    struct kpod *p = value;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", p->name);
+    cJSON_AddStringToObject(j, "ip", p->ip);
+    cJSON_AddStringToObject(j, "phase", p->phase);
+    cJSON_AddBoolToObject(j, "ready", p->reported);
+    cJSON_AddBoolToObject(j, "probe_ok", p->probe_ok);
+    cJSON_AddBoolToObject(j, "endpoint_ready", p->slice_ready);
+    cJSON_AddBoolToObject(j, "terminating", p->terminating);
+    if (p->unschedulable) {
+        cJSON_AddBoolToObject(j, "unschedulable", true);
+        d->unschedulable++;
+    }
+    cJSON_AddItemToArray(d->arr, j);
+}
+
+static void kube_describe(struct backend *b, struct model *m, cJSON *out)
+{
+    struct kmodel *km = m->backend_data;
+    cJSON_AddStringToObject(out, "backend", "kubernetes");
+    cJSON_AddStringToObject(out, "deployment", km->key);
+    cJSON_AddStringToObject(out, "service", km->spec.service);
+    cJSON_AddNumberToObject(out, "port", km->spec.port);
+    cJSON_AddNumberToObject(out, "replicas_desired", (double)km->spec.replicas);
+    cJSON_AddNumberToObject(out, "replicas_ready_in_cluster", (double)km->spec.ready_replicas);
+    cJSON_AddNumberToObject(out, "gpu_slices", (double)km->spec.gpu_slices);
+    cJSON_AddNumberToObject(out, "min_scale", (double)km->spec.min_scale);
+    cJSON_AddNumberToObject(out, "max_scale", (double)km->spec.max_scale);
+    cJSON_AddNumberToObject(out, "idle_timeout_ms", (double)km->spec.idle_timeout_ms);
+    cJSON_AddNumberToObject(out, "scale_ups", (double)km->scale_ups);
+    cJSON_AddNumberToObject(out, "scale_downs", (double)km->scale_downs);
+    if (km->spec.errors[0]) {
+        cJSON_AddStringToObject(out, "annotation_errors", km->spec.errors);
+    }
+    if (km->last_scale_error[0]) {
+        cJSON_AddStringToObject(out, "last_scale_error", km->last_scale_error);
+    }
+    struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), 0};
+    strmap_each(&km->pods, describe_pod, &d);
+    const char *state = m->n_endpoints       ? "ready"
+                        : d.unschedulable    ? "waiting_for_capacity"
+                        : km->spec.replicas  ? "starting"
+                        : km->scale_inflight ? "scaling_up"
+                                             : "scaled_to_zero";
+    cJSON_AddStringToObject(out, "state", state);
+}
+
+static void add_informer(cJSON *arr, const struct k8s_informer *inf, const char *ns)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "resource", inf->name);
+    cJSON_AddStringToObject(j, "namespace", ns ? ns : "");
+    cJSON_AddBoolToObject(j, "synced", inf->synced);
+    cJSON_AddStringToObject(j, "resource_version", inf->rv);
+    cJSON_AddNumberToObject(j, "lists", (double)inf->relists);
+    cJSON_AddNumberToObject(j, "watch_restarts", (double)inf->watch_restarts);
+    cJSON_AddNumberToObject(j, "errors", (double)inf->errors);
+    cJSON_AddNumberToObject(j, "events", (double)inf->events);
+    if (inf->last_error[0]) {
+        cJSON_AddStringToObject(j, "last_error", inf->last_error);
+    }
+    cJSON_AddItemToArray(arr, j);
+}
+
+static void add_node(void *ud, const char *key, void *value)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", key);
+    cJSON_AddNumberToObject(j, "gpu_slices", (double)((uintptr_t)value - 1));
+    cJSON_AddItemToArray(ud, j);
+}
+
+static void kube_describe_capacity(struct backend *b, cJSON *out)
+{
+    struct kube_backend *kb = KB(b);
+    cJSON *k = cJSON_AddObjectToObject(out, "kubernetes");
+    cJSON_AddStringToObject(k, "server", k8s_client_auth(kb->client)->server);
+    cJSON_AddBoolToObject(k, "synced", kube_synced(b));
+    const struct k8s_client_stats *st = k8s_client_stats(kb->client);
+    cJSON_AddNumberToObject(k, "api_requests", (double)st->requests);
+    cJSON_AddNumberToObject(k, "api_errors", (double)st->errors);
+    cJSON_AddNumberToObject(k, "events_posted", (double)kb->events_posted);
+    cJSON *infs = cJSON_AddArrayToObject(k, "informers");
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        const char *ns = kb->cfg->kubernetes.n_namespaces ? kb->cfg->kubernetes.namespaces[i]
+                                                          : NULL;
+        add_informer(infs, &kb->ns[i].deployments, ns);
+        add_informer(infs, &kb->ns[i].slices, ns);
+        add_informer(infs, &kb->ns[i].pods, ns);
+    }
+    add_informer(infs, &kb->nodes, NULL);
+    cJSON *nodes = cJSON_AddArrayToObject(k, "nodes");
+    strmap_each(&kb->nodes_gpu, add_node, nodes);
+}
+
+void backend_k8s_metrics(struct backend *b, uint64_t *api_errors, uint64_t *watch_restarts,
+                         uint64_t *relists)
+{
+    struct kube_backend *kb = KB(b);
+    *api_errors = k8s_client_stats(kb->client)->errors;
+    *watch_restarts = *relists = 0;
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        const struct k8s_informer *all[] = {&kb->ns[i].deployments, &kb->ns[i].slices,
+                                            &kb->ns[i].pods};
+        for (size_t j = 0; j < 3; j++) {
+            *watch_restarts += all[j]->watch_restarts;
+            *relists += all[j]->relists;
+        }
+    }
+    *watch_restarts += kb->nodes.watch_restarts;
+    *relists += kb->nodes.relists;
+}
+
+static void kube_stop(struct backend *b)
+{
+}
+
+static void free_model_cb(void *ud, const char *key, void *value)
+{
+    kmodel_free(value);
+}
+
+static void kube_free(struct backend *b)
+{
+    struct kube_backend *kb = KB(b);
+    event_del(&kb->tick);
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        k8s_informer_dispose(&kb->ns[i].deployments);
+        k8s_informer_dispose(&kb->ns[i].slices);
+        k8s_informer_dispose(&kb->ns[i].pods);
+    }
+    k8s_informer_dispose(&kb->nodes);
+    strmap_each(&kb->models, free_model_cb, NULL);
+    strmap_dispose(&kb->models);
+    strmap_dispose(&kb->by_label);
+    strmap_dispose(&kb->by_svc);
+    strmap_dispose(&kb->slices);
+    strmap_dispose(&kb->nodes_gpu);
+    k8s_client_free(kb->client);
+    free(kb);
+}
+
+static const struct backend_ops kube_ops = {
+    .name = "kubernetes",
+    .attach = kube_attach,
+    .scale = kube_scale,
+    .retry_after_ms = kube_retry_after_ms,
+    .describe = kube_describe,
+    .describe_capacity = kube_describe_capacity,
+    .synced = kube_synced,
+    .stop = kube_stop,
+    .free = kube_free,
+};
+
+static const struct k8s_informer_ops deployment_ops = {deployment_upsert, deployment_remove,
+                                                       on_deployments_synced};
+static const struct k8s_informer_ops pod_ops = {pod_upsert, pod_remove, on_synced};
+static const struct k8s_informer_ops slice_ops = {slice_upsert, slice_remove, on_synced};
+static const struct k8s_informer_ops node_ops = {node_upsert, node_remove, on_synced};
+
+struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
+                                const struct config *cfg, struct k8s_auth *auth, char *err,
+                                size_t errlen)
+{
+    struct kube_backend *kb = calloc(1, sizeof *kb);
+    if (!kb) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    kb->base.ops = &kube_ops;
+    kb->base.fleet = fleet;
+    kb->evbase = base;
+    kb->cfg = cfg;
+    strmap_init(&kb->models);
+    strmap_init(&kb->by_label);
+    strmap_init(&kb->by_svc);
+    strmap_init(&kb->slices);
+    strmap_init(&kb->nodes_gpu);
+    kb->client = k8s_client_new(base, auth, err, errlen);
+    if (!kb->client) {
+        free(kb);
+        return NULL;
+    }
+    const struct config_kubernetes *k = &cfg->kubernetes;
+    const char *sel = k->label_selector ? k->label_selector : "thaw.dev/model";
+    kb->n_ns = k->n_namespaces ? k->n_namespaces : 1;
+    if (kb->n_ns > MAX_NAMESPACES) {
+        kb->n_ns = MAX_NAMESPACES;
+    }
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        char dp[512], sp[512], pp[512];
+        if (k->n_namespaces) {
+            const char *ns = k->namespaces[i];
+            snprintf(dp, sizeof dp, "/apis/apps/v1/namespaces/%s/deployments", ns);
+            snprintf(sp, sizeof sp, "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices", ns);
+            snprintf(pp, sizeof pp, "/api/v1/namespaces/%s/pods", ns);
+        } else {
+            snprintf(dp, sizeof dp, "/apis/apps/v1/deployments");
+            snprintf(sp, sizeof sp, "/apis/discovery.k8s.io/v1/endpointslices");
+            snprintf(pp, sizeof pp, "/api/v1/pods");
+        }
+        k8s_informer_init(&kb->ns[i].deployments, kb->client, base, "deployments", dp, sel,
+                          &deployment_ops, kb);
+        k8s_informer_init(&kb->ns[i].slices, kb->client, base, "endpointslices", sp,
+                          "kubernetes.io/service-name", &slice_ops, kb);
+        k8s_informer_init(&kb->ns[i].pods, kb->client, base, "pods", pp, "thaw.dev/model",
+                          &pod_ops, kb);
+    }
+    k8s_informer_init(&kb->nodes, kb->client, base, "nodes", "/api/v1/nodes", NULL, &node_ops, kb);
+    kb->informer_count = (unsigned)kb->n_ns * 3 + 1;
+    /* Deployments first: pods and slices find their models by them. */
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        k8s_informer_start(&kb->ns[i].deployments);
+    }
+    event_assign(&kb->tick, base, -1, EV_PERSIST, on_tick, kb);
+    struct timeval tv = {0, TICK_MS * 1000};
+    event_add(&kb->tick, &tv);
+    LOGI("kubernetes backend", "server=%s auth=\"%s\" namespaces=%zu",
+         k8s_client_auth(kb->client)->server, k8s_client_auth(kb->client)->source,
+         k->n_namespaces);
+    return &kb->base;
+}
+

@@ -1,0 +1,309 @@
+#include "thaw/k8s/informer.h"
+#include "thaw/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+static void start_list(struct k8s_informer *inf);
+static void start_watch(struct k8s_informer *inf);
+
+const cJSON *k8s_get(const cJSON *obj, const char *dotted)
+{
+    char part[128];
+    const char *p = dotted;
+    const cJSON *cur = obj;
+    while (cur && *p) {
+        const char *dot = strchr(p, '.');
+        size_t n = dot ? (size_t)(dot - p) : strlen(p);
+        if (n >= sizeof part) {
+            return NULL;
+        }
+        memcpy(part, p, n);
+        part[n] = '\0';
+        cur = cJSON_GetObjectItemCaseSensitive(cur, part);
+        p += n + (dot ? 1 : 0);
+        if (!dot) {
+            break;
+        }
+    }
+    return cur;
+}
+
+const char *k8s_get_string(const cJSON *obj, const char *dotted)
+{
+    const cJSON *v = k8s_get(obj, dotted);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+void k8s_object_key(const cJSON *obj, char *out, size_t len)
+{
+    const char *ns = k8s_get_string(obj, "metadata.namespace");
+    const char *name = k8s_get_string(obj, "metadata.name");
+    snprintf(out, len, "%s/%s", ns ? ns : "", name ? name : "");
+}
+
+static void on_retry(evutil_socket_t fd, short what, void *arg)
+{
+    struct k8s_informer *inf = arg;
+    if (inf->relist_needed || !inf->synced) {
+        start_list(inf);
+    } else {
+        start_watch(inf);
+    }
+}
+
+static void retry_later(struct k8s_informer *inf, const char *why)
+{
+    inf->failures++;
+    inf->errors++;
+    snprintf(inf->last_error, sizeof inf->last_error, "%s", why);
+    uint64_t ms = k8s_backoff_ms(inf->failures, (double)rand() / ((double)RAND_MAX + 1));
+    LOGW("kubernetes informer retrying", "resource=%s error=\"%s\" retry_in_ms=%llu", inf->name,
+         why, (unsigned long long)ms);
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    event_add(&inf->retry, &tv);
+}
+
+static void remember_rv(struct k8s_informer *inf, const cJSON *obj)
+{
+    const char *rv = k8s_get_string(obj, "metadata.resourceVersion");
+    if (rv) {
+        snprintf(inf->rv, sizeof inf->rv, "%s", rv);
+    }
+}
+
+struct sweep {
+    struct k8s_informer *inf;
+    struct strmap *seen;
+    char **gone;
+    size_t n_gone, cap;
+};
+
+static void collect_gone(void *ud, const char *key, void *value)
+{
+    struct sweep *s = ud;
+    if (strmap_get(s->seen, key, strlen(key))) {
+        return;
+    }
+    if (s->n_gone == s->cap) {
+        size_t ncap = s->cap ? s->cap * 2 : 16;
+        char **ng = realloc(s->gone, ncap * sizeof *ng);
+        if (!ng) {
+            return;
+        }
+        s->gone = ng;
+        s->cap = ncap;
+    }
+    s->gone[s->n_gone++] = strdup(key);
+}
+
+/* A removed object we only know by key: hand the owner a stub. */
+static void remove_by_key(struct k8s_informer *inf, const char *key)
+{
+    const char *slash = strchr(key, '/');
+    cJSON *stub = cJSON_CreateObject();
+    cJSON *md = cJSON_AddObjectToObject(stub, "metadata");
+    char ns[256];
+    snprintf(ns, sizeof ns, "%.*s", (int)(slash - key), key);
+    if (ns[0]) {
+        cJSON_AddStringToObject(md, "namespace", ns);
+    }
+    cJSON_AddStringToObject(md, "name", slash + 1);
+    inf->ops->remove(inf->ud, stub);
+    cJSON_Delete(stub);
+}
+
+static void on_list(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct k8s_informer *inf = ud;
+    inf->call = NULL;
+    if (status != 200) {
+        char why[200];
+        snprintf(why, sizeof why, "list: %s (HTTP %ld)", err ? err : "error", status);
+        retry_later(inf, why);
+        return;
+    }
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    const cJSON *items = cJSON_GetObjectItemCaseSensitive(root, "items");
+    if (!cJSON_IsArray(items)) {
+        cJSON_Delete(root);
+        retry_later(inf, "list: not a list object");
+        return;
+    }
+    struct strmap seen;
+    strmap_init(&seen);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, items)
+    {
+        char key[600];
+        k8s_object_key(it, key, sizeof key);
+        strmap_put(&seen, key, strlen(key), (void *)1);
+        strmap_put(&inf->known, key, strlen(key), (void *)1);
+        inf->ops->upsert(inf->ud, it);
+    }
+    /* Whatever we knew that the list no longer has went away meanwhile. */
+    struct sweep sw = {inf, &seen, NULL, 0, 0};
+    strmap_each(&inf->known, collect_gone, &sw);
+    for (size_t i = 0; i < sw.n_gone; i++) {
+        if (sw.gone[i]) {
+            strmap_del(&inf->known, sw.gone[i], strlen(sw.gone[i]));
+            remove_by_key(inf, sw.gone[i]);
+            free(sw.gone[i]);
+        }
+    }
+    free(sw.gone);
+    strmap_dispose(&seen);
+    const char *rv = k8s_get_string(root, "metadata.resourceVersion");
+    snprintf(inf->rv, sizeof inf->rv, "%s", rv ? rv : "");
+    cJSON_Delete(root);
+    inf->relists++;
+    inf->relist_needed = false;
+    inf->failures = 0;
+    bool first = !inf->synced;
+    inf->synced = true;
+    if (first && inf->ops->synced) {
+        inf->ops->synced(inf->ud);
+    }
+    start_watch(inf);
+}
+
+static int on_line(void *ud, const char *line, size_t len)
+{
+    struct k8s_informer *inf = ud;
+    cJSON *ev = cJSON_ParseWithLength(line, len);
+    const char *type = k8s_get_string(ev, "type");
+    const cJSON *obj = cJSON_GetObjectItemCaseSensitive(ev, "object");
+    int stop = 0;
+    if (!type || !cJSON_IsObject(obj)) {
+        LOGW("kubernetes watch: bad event", "resource=%s", inf->name);
+    } else if (strcmp(type, "ADDED") == 0 || strcmp(type, "MODIFIED") == 0) {
+        char key[600];
+        k8s_object_key(obj, key, sizeof key);
+        strmap_put(&inf->known, key, strlen(key), (void *)1);
+        remember_rv(inf, obj);
+        inf->events++;
+        inf->ops->upsert(inf->ud, obj);
+    } else if (strcmp(type, "DELETED") == 0) {
+        char key[600];
+        k8s_object_key(obj, key, sizeof key);
+        strmap_del(&inf->known, key, strlen(key));
+        remember_rv(inf, obj);
+        inf->events++;
+        inf->ops->remove(inf->ud, obj);
+    } else if (strcmp(type, "BOOKMARK") == 0) {
+        remember_rv(inf, obj);
+    } else if (strcmp(type, "ERROR") == 0) {
+        const cJSON *code = cJSON_GetObjectItemCaseSensitive(obj, "code");
+        if (cJSON_IsNumber(code) && code->valueint == 410) {
+            LOGI("kubernetes watch expired (410 Gone): relisting", "resource=%s", inf->name);
+            inf->relist_needed = true;
+        } else {
+            const char *msg = k8s_get_string(obj, "message");
+            LOGW("kubernetes watch error event", "resource=%s message=\"%s\"", inf->name,
+                 msg ? msg : "");
+        }
+        stop = 1;
+    }
+    cJSON_Delete(ev);
+    return stop;
+}
+
+static void on_watch_done(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct k8s_informer *inf = ud;
+    inf->call = NULL;
+    inf->watch_restarts++;
+    if (status == 410 || inf->relist_needed) {
+        inf->relist_needed = true;
+        start_list(inf);
+        return;
+    }
+    if (status == 200 && err && strcmp(err, "stopped") == 0) {
+        retry_later(inf, "watch: error event");
+        return;
+    }
+    if (status == 200 && !err) {
+        /* The server ended it (timeoutSeconds): carry on from where we are. */
+        inf->failures = 0;
+        start_watch(inf);
+        return;
+    }
+    char why[200];
+    snprintf(why, sizeof why, "watch: %s (HTTP %ld)", err ? err : "ended", status);
+    retry_later(inf, why);
+}
+
+static void build_path(struct k8s_informer *inf, char *out, size_t len, bool watch)
+{
+    char *sel = NULL;
+    if (inf->label_selector && *inf->label_selector) {
+        sel = curl_easy_escape(NULL, inf->label_selector, 0);
+    }
+    if (watch) {
+        snprintf(out, len, "%s?watch=true&allowWatchBookmarks=true&timeoutSeconds=%ld"
+                 "&resourceVersion=%s%s%s",
+                 inf->path, inf->watch_timeout_s, inf->rv, sel ? "&labelSelector=" : "",
+                 sel ? sel : "");
+    } else {
+        snprintf(out, len, "%s%s%s", inf->path, sel ? "?labelSelector=" : "", sel ? sel : "");
+    }
+    curl_free(sel);
+}
+
+static void start_list(struct k8s_informer *inf)
+{
+    char path[2048];
+    build_path(inf, path, sizeof path, false);
+    inf->call = k8s_request(inf->client, "GET", path, NULL, NULL, 0, 60000, on_list, inf);
+    if (!inf->call) {
+        retry_later(inf, "out of memory");
+    }
+}
+
+static void start_watch(struct k8s_informer *inf)
+{
+    char path[2048];
+    /* Vary the server-side timeout as client-go does, so watches do not all
+     * reconnect at once. */
+    inf->watch_timeout_s = 240 + rand() % 120;
+    build_path(inf, path, sizeof path, true);
+    inf->call = k8s_watch(inf->client, path, (inf->watch_timeout_s + 60) * 1000, on_line,
+                          on_watch_done, inf);
+    if (!inf->call) {
+        retry_later(inf, "out of memory");
+    }
+}
+
+void k8s_informer_init(struct k8s_informer *inf, struct k8s_client *client,
+                       struct event_base *base, const char *name, const char *path,
+                       const char *label_selector, const struct k8s_informer_ops *ops, void *ud)
+{
+    memset(inf, 0, sizeof *inf);
+    inf->client = client;
+    inf->name = strdup(name);
+    inf->path = strdup(path);
+    inf->label_selector = label_selector ? strdup(label_selector) : NULL;
+    inf->ops = ops;
+    inf->ud = ud;
+    strmap_init(&inf->known);
+    event_assign(&inf->retry, base, -1, 0, on_retry, inf);
+}
+
+void k8s_informer_start(struct k8s_informer *inf)
+{
+    start_list(inf);
+}
+
+void k8s_informer_dispose(struct k8s_informer *inf)
+{
+    k8s_call_cancel(inf->call);
+    inf->call = NULL;
+    event_del(&inf->retry);
+    strmap_dispose(&inf->known);
+    free(inf->name);
+    free(inf->path);
+    free(inf->label_selector);
+}
