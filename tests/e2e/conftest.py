@@ -60,7 +60,8 @@ class Thaw:
             return None
 
     def logs(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
 

@@ -34,7 +34,9 @@ Fault controls (POST /_sim/faults with JSON): {"drop_watches": true},
 {"fail_next": N} (next N API requests answer 500), {"delay_ms": N},
 {"compact": true} (forget history: old resourceVersions get 410),
 {"tokens": [...]} (accepted bearer tokens). GET /_sim/state shows counters.
---state FILE keeps objects across a restart (written on SIGTERM, read at start).
+--state FILE keeps objects across a restart (written on SIGTERM, read at start;
+the pods' processes keep running and are adopted, as a node's would). SIGINT
+stops everything.
 """
 
 import argparse
@@ -68,6 +70,18 @@ RESOURCES = {
 }
 SHORT = {"pods": ["po"], "nodes": ["no"], "events": ["ev"], "services": ["svc"],
          "namespaces": ["ns"], "deployments": ["deploy"], "endpointslices": [], "leases": []}
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def now_iso():
@@ -261,24 +275,29 @@ class Store:
             return items, str(self.rv)
 
     def compact(self):
+        """Forgets all history: every resourceVersion handed out so far is
+        too old, so watches get 410 Gone and clients must relist."""
         with self.lock:
+            self.rv += 1
             self.compacted_rv = self.rv
             self.history = []
+            self.lock.notify_all()
 
     def drop_watches(self):
         with self.lock:
             self.watch_generation += 1
             self.lock.notify_all()
 
-    def dump(self):
+    def dump(self, pids):
         with self.lock:
-            return {"rv": self.rv,
+            return {"rv": self.rv, "pids": pids,
                     "objects": [[list(k), v] for k, v in self.objects.items()]}
 
     def load(self, data):
         self.rv = data["rv"]
         self.compacted_rv = self.rv
         self.objects = {tuple(k): v for k, v in data["objects"]}
+        return data.get("pids", {})
 
 
 class Cluster:
@@ -288,6 +307,7 @@ class Cluster:
         self.store = store
         self.args = args
         self.procs = {}  # pod name -> Popen
+        self.adopted = {}  # pod name -> pid, from before a restart
         self.next_probe = {}  # pod name -> monotonic time of the next kubelet probe
         self.ip_pool = (f"127.1.{i // 250}.{i % 250 + 2}" for i in itertools.count())
         self.lock = threading.Lock()
@@ -388,6 +408,8 @@ class Cluster:
         name = md["name"]
         if "deletionTimestamp" in md:
             proc = self.procs.get(name)
+            if name in self.adopted and pid_alive(self.adopted[name]):
+                return
             if proc is None or proc.poll() is not None:
                 self.procs.pop(name, None)
                 try:
@@ -479,6 +501,11 @@ class Cluster:
         proc = self.procs.get(md["name"])
         if proc and proc.poll() is None:
             proc.terminate()
+        if md["name"] in self.adopted:
+            try:
+                os.kill(self.adopted[md["name"]], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         self.set_pod(p)
 
     def update_deployment_status(self, d, pods):
@@ -538,8 +565,20 @@ class Cluster:
             except ApiError:
                 self.store.create("endpointslices", body, "EndpointSlice", "discovery.k8s.io/v1")
 
-    def shutdown(self):
+    def pids(self):
+        out = dict(self.adopted)
+        out.update({name: p.pid for name, p in self.procs.items() if p.poll() is None})
+        return out
+
+    def shutdown(self, keep_pods=False):
         self.stop = True
+        if keep_pods:
+            return  # the "nodes" keep running their pods while the API restarts
+        for pid in self.adopted.values():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -905,9 +944,10 @@ class Sim:
         self.delay_ms = 0
         self.counters = Counters()
         self.scale_log = []
+        adopted = {}
         if args.state and os.path.exists(args.state):
             with open(args.state) as f:
-                self.store.load(json.load(f))
+                adopted = self.store.load(json.load(f))
         else:
             for n in json.loads(args.nodes):
                 self.store.create("nodes", {
@@ -920,6 +960,7 @@ class Sim:
                         "memory": "256Gi"}, "capacity": {"nvidia.com/gpu": str(
                             n.get("gpus", 1) * n.get("replicas", 1))}}}, "Node", "v1")
         self.cluster = Cluster(self.store, args)
+        self.cluster.adopted = adopted
 
 
 class Server(ThreadingHTTPServer):
@@ -958,12 +999,15 @@ def main():
     port = srv.server_address[1]
     sim.cluster.start()
 
-    def stop(*_):
+    def stop(signum, _frame):
+        # SIGTERM with --state: a restart; pods (their processes) keep running
+        # and are adopted by the next run. SIGINT, or no --state: stop them.
+        keep = bool(args.state) and signum == signal.SIGTERM
         if args.state:
             with open(args.state + ".tmp", "w") as f:
-                json.dump(sim.store.dump(), f)
+                json.dump(sim.store.dump(sim.cluster.pids() if keep else {}), f)
             os.replace(args.state + ".tmp", args.state)
-        sim.cluster.shutdown()
+        sim.cluster.shutdown(keep_pods=keep)
         os._exit(0)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -1,0 +1,447 @@
+"""End-to-end: the Kubernetes backend against the API simulator (TLS, token),
+and real Kubernetes clients (kubectl, the Python client) against the simulator."""
+
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import pytest
+
+import httpc
+from conftest import ROOT, Thaw, wait_for
+
+SIM = os.path.join(ROOT, "tests", "sim", "kube_sim.py")
+MODEL_SIM = os.environ.get("THAW_SIM_BIN", os.path.join(ROOT, "build", "thaw-model-sim"))
+KUBECTL = os.environ.get("KUBECTL") or os.path.join(ROOT, ".tools", "bin", "kubectl")
+if not os.path.exists(KUBECTL):
+    KUBECTL = shutil.which("kubectl") or KUBECTL
+SLOW = 3 if os.environ.get("THAW_SANITIZED") else 1
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{d}/{ca}.key",
+                "-out", f"{d}/{ca}.crt", "-days", "2", "-subj", f"/CN={ca}")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{d}/srv.key", "-out",
+            f"{d}/srv.csr", "-subj", "/CN=127.0.0.1")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                               "extendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", f"{d}/srv.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key",
+            "-CAcreateserial", "-out", f"{d}/srv.crt", "-days", "2", "-extfile", f"{d}/ext.cnf")
+    return d
+
+
+class KubeSim:
+    def __init__(self, pki, workdir, nodes=None, kubelet_ms=1000, load_ms=500, token="t0k3n",
+                 state=None):
+        self.pki, self.dir, self.token = pki, workdir, token
+        self.port_file = os.path.join(workdir, f"sim-port-{time.monotonic_ns()}")
+        args = [sys.executable if sys.executable.startswith("/usr/bin/") else "/usr/bin/python3",
+                SIM, "--port", "0", "--port-file", self.port_file, "--cert", f"{pki}/srv.crt",
+                "--key", f"{pki}/srv.key", "--token", token, "--model-sim", MODEL_SIM,
+                "--kubelet-period-ms", str(kubelet_ms), "--load-ms", str(load_ms),
+                "--bookmark-s", "1"]
+        if nodes:
+            args += ["--nodes", json.dumps(nodes)]
+        if state:
+            args += ["--state", state]
+        self.args = args
+        self.start()
+
+    def start(self, port=None):
+        args = list(self.args)
+        if port:
+            args[args.index("--port") + 1] = str(port)
+        if os.path.exists(self.port_file):
+            os.unlink(self.port_file)
+        self.log = open(os.path.join(self.dir, "kube-sim.log"), "ab")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(lambda: os.path.exists(self.port_file), what="kube-sim port")
+        self.port = int(open(self.port_file).read())
+        self.url = f"https://127.0.0.1:{self.port}"
+
+    def stop(self, restart=False):
+        """restart: SIGTERM, pods keep running (with --state); else SIGINT."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM if restart else signal.SIGINT)
+            self.proc.wait(20)
+        self.log.close()
+
+    def call(self, method, path, body=None, ctype="application/json", token=None):
+        ctx = ssl.create_default_context(cafile=f"{self.pki}/ca.crt")
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {token or self.token}", "Content-Type": ctype})
+        try:
+            with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def faults(self, **kw):
+        return self.call("POST", "/_sim/faults", kw)
+
+    def state(self):
+        return self.call("GET", "/_sim/state")[1]
+
+    def kubeconfig(self, path, ca="ca", token=None, token_file=None, namespace="models"):
+        user = {"tokenFile": token_file} if token_file else {"token": token or self.token}
+        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "sim",
+               "clusters": [{"name": "sim", "cluster": {
+                   "server": self.url, "certificate-authority": f"{self.pki}/{ca}.crt"}}],
+               "users": [{"name": "thaw", "user": user}],
+               "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "thaw",
+                                                        "namespace": namespace}}]}
+        import yaml
+        with open(path, "w") as f:
+            yaml.safe_dump(cfg, f)
+        return path
+
+
+def deployment(name, replicas=0, gpus=1, annotations=None, load_ms=None, port=8000,
+               priority_class=None, model_label=None):
+    anns = dict(annotations or {})
+    tpl_anns = {}
+    if load_ms is not None:
+        tpl_anns["sim.thaw.dev/load-ms"] = str(load_ms)
+    spec = {"containers": [{"name": "server", "image": "vllm/vllm-openai:latest",
+                            "ports": [{"containerPort": port}],
+                            "readinessProbe": {"httpGet": {"path": "/health", "port": port}},
+                            "resources": {"requests": {"nvidia.com/gpu": str(gpus)},
+                                          "limits": {"nvidia.com/gpu": str(gpus)}}}]}
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    label = model_label or name
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "models", "labels": {"thaw.dev/model": label},
+                         "annotations": anns},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name, "thaw.dev/model": label},
+                                               "annotations": tpl_anns},
+                                  "spec": spec}}}
+
+
+@pytest.fixture
+def cluster(pki, tmp_path):
+    sims = []
+
+    def make(**kw):
+        s = KubeSim(pki, str(tmp_path), **kw)
+        sims.append(s)
+        return s
+    yield make
+    for s in sims:
+        s.stop()
+
+
+def start_thaw(thaw_factory, sim, tmp_path, extra=None, **kube):
+    kc = sim.kubeconfig(str(tmp_path / "kubeconfig"), **kube.pop("kc", {}))
+    cfg = {"kubernetes": {"namespaces": ["models"], **kube}}
+    cfg.update(extra or {})
+    return thaw_factory(cfg, ["--kubeconfig", kc])
+
+
+def kmodel(t, name="llama"):
+    return next(m for m in t.status()["models"] if m["name"] == name)
+
+
+def complete(t, host="llama.models", body=None, timeout=60):
+    return httpc.request(t.host, t.port, "POST", "/v1/completions", {"Host": host},
+                         json.dumps(body or {"model": "x", "prompt": "hi"}).encode(),
+                         timeout=timeout)
+
+
+def parallel(n, fn):
+    out = [None] * n
+    ths = [threading.Thread(target=lambda i=i: out.__setitem__(i, fn())) for i in range(n)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(120)
+    return out
+
+
+# --- real clients against the simulator ---------------------------------------
+
+def test_kubectl_get_scale_and_watch(cluster, tmp_path):
+    if not os.path.exists(KUBECTL):
+        pytest.skip("kubectl not installed (scripts/setup.sh installs it)")
+    sim = cluster()
+    kc = sim.kubeconfig(str(tmp_path / "kc"))
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+
+    def kubectl(*args, **kw):
+        return subprocess.run([KUBECTL, "--kubeconfig", kc, *args], capture_output=True,
+                              text=True, timeout=30, **kw)
+    r = kubectl("get", "deployments")
+    assert r.returncode == 0 and "llama" in r.stdout, r.stderr
+    r = kubectl("get", "deployment", "llama", "-o", "jsonpath={.metadata.labels}")
+    assert "thaw.dev/model" in r.stdout
+    watch = subprocess.Popen([KUBECTL, "--kubeconfig", kc, "get", "deployments", "-w",
+                              "-o", "jsonpath={.spec.replicas}{\"\\n\"}"],
+                             stdout=subprocess.PIPE, text=True)
+    time.sleep(1)
+    r = kubectl("scale", "deployment", "llama", "--replicas=2")
+    assert r.returncode == 0 and "scaled" in r.stdout, r.stderr
+    got = []
+
+    def read():
+        for line in watch.stdout:
+            got.append(line.strip())
+            if "2" in got:
+                return
+    th = threading.Thread(target=read)
+    th.start()
+    th.join(10)
+    watch.kill()
+    assert "2" in got  # the watch saw the scale
+    wait_for(lambda: kubectl("get", "pods", "-o", "jsonpath={.items[*].status.phase}")
+             .stdout.count("Running") == 2, timeout=20,
+             what="two pods running")
+    r = kubectl("get", "nodes", "-o", "jsonpath={.items[0].status.allocatable}")
+    assert "nvidia.com/gpu" in r.stdout
+
+
+def test_python_client_lists_and_watches(cluster, tmp_path):
+    from kubernetes import client, config, watch
+    sim = cluster()
+    config.load_kube_config(sim.kubeconfig(str(tmp_path / "kc")))
+    apps = client.AppsV1Api()
+    body = deployment("mistral")
+    apps.create_namespaced_deployment("models", body)
+    names = [d.metadata.name for d in apps.list_namespaced_deployment(
+        "models", label_selector="thaw.dev/model").items]
+    assert names == ["mistral"]
+    seen = []
+    w = watch.Watch()
+
+    def scale():
+        time.sleep(0.5)
+        apps.patch_namespaced_deployment_scale("mistral", "models", {"spec": {"replicas": 1}})
+    threading.Thread(target=scale).start()
+    for ev in w.stream(apps.list_namespaced_deployment, "models", timeout_seconds=5):
+        seen.append((ev["type"], ev["object"].spec.replicas))
+        if ev["type"] == "MODIFIED" and ev["object"].spec.replicas == 1:
+            w.stop()
+    assert ("ADDED", 0) in seen and ("MODIFIED", 1) in seen
+    with pytest.raises(client.exceptions.ApiException) as e:
+        apps.read_namespaced_deployment("nope", "models")
+    assert e.value.status == 404
+    # 401 without the token, 409 on a stale resourceVersion.
+    assert sim.call("GET", "/api/v1/nodes", token="wrong")[0] == 401
+    _, d = sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/mistral")
+    stale = dict(d)
+    stale["metadata"] = dict(d["metadata"], resourceVersion="1")
+    code, st = sim.call("PUT", "/apis/apps/v1/namespaces/models/deployments/mistral", stale)
+    assert code == 409 and st["kind"] == "Status" and st["reason"] == "Conflict"
+
+
+# --- thaw's Kubernetes backend -------------------------------------------------
+
+def test_scale_from_zero_with_100_held_requests(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=800)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("llama", annotations={"thaw.dev/max-concurrency": "128"}))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    assert kmodel(t)["state"] == "scaled_to_zero"
+    res = parallel(100, lambda: complete(t))
+    assert [r.status for r in res] == [200] * 100
+    assert sim.state()["counters"]["scale_writes"] == 1  # one scale-up for all of them
+    t.assert_reconciled()
+    m = kmodel(t)
+    assert m["replicas_desired"] == 1 and m["scale_ups"] == 1
+    # An Event on the Deployment says so.
+    _, evs = sim.call("GET", "/api/v1/namespaces/models/events")
+    assert any(e["reason"] == "ScaledFromZero" and e["involvedObject"]["name"] == "llama"
+               for e in evs["items"])
+
+
+def test_direct_probe_beats_the_endpointslice(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=200, kubelet_ms=4000)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    start = time.monotonic()
+    assert complete(t).status == 200
+    assert time.monotonic() - start < 3.5  # the kubelet would first probe at 4 s
+    pod = kmodel(t)["pods"][0]
+    assert pod["probe_ok"] and not pod["endpoint_ready"]
+
+
+def test_api_faults_during_a_cold_start_lose_nothing(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=1500)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    out = {}
+    th = threading.Thread(target=lambda: out.__setitem__("r", parallel(20, lambda: complete(t))))
+    th.start()
+    wait_for(lambda: t.status()["queued"] == 20, what="held")
+    lists = t.metric("thaw_kubernetes_lists_total")
+    sim.faults(drop_watches=True)
+    sim.faults(fail_next=3)
+    sim.faults(compact=True)
+    th.join(60)
+    assert [r.status for r in out["r"]] == [200] * 20
+    assert sim.state()["counters"]["scale_writes"] == 1
+    wait_for(lambda: t.metric("thaw_kubernetes_lists_total") >= lists + 4, timeout=30,
+             what="every informer relisted after 410")
+    t.assert_reconciled()
+
+
+def test_api_server_restart_keeps_warm_models_serving(cluster, thaw_factory, tmp_path):
+    state = str(tmp_path / "sim-state.json")
+    sim = cluster(load_ms=100, state=state)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    assert complete(t).status == 200
+    port = sim.port
+    sim.stop(restart=True)  # the API is gone: a warm model keeps flowing
+    for _ in range(5):
+        assert complete(t).status == 200
+    sim.start(port=port)
+    wait_for(lambda: t.metric("thaw_kubernetes_watch_restarts_total") >= 1, timeout=40,
+             what="watches resumed")
+    assert complete(t).status == 200
+    sim.stop()
+
+
+def test_token_rotation(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=100)
+    tok = tmp_path / "token"
+    tok.write_text("t0k3n\n")
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path, kc={"token_file": str(tok)})
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    tok.write_text("n3w-t0k3n\n")
+    sim.faults(tokens=["n3w-t0k3n"], drop_watches=True)
+    before = sim.state()["counters"].get("unauthorized", 0)
+    # A new model appears only if thaw talks to the API with the new token.
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("qwen"),
+             token="n3w-t0k3n")
+    wait_for(lambda: any(m["name"] == "qwen" for m in t.status()["models"]), timeout=30,
+             what="new model seen with the rotated token")
+    assert "n3w-t0k3n" not in t.logs() and "t0k3n" not in t.logs()
+    assert sim.state()["counters"].get("unauthorized", 0) > before  # old token refused
+
+
+def test_wrong_ca_is_a_clear_error(cluster, thaw_factory, tmp_path):
+    sim = cluster()
+    t = start_thaw(thaw_factory, sim, tmp_path, kc={"ca": "other-ca"})
+    wait_for(lambda: "SSL" in t.logs() or "certificate" in t.logs(), timeout=15,
+             what="a TLS error in the log")
+    assert urllib_status(t, "/readyz") == 503
+    st = t.status()["kubernetes"]
+    assert not st["synced"]
+    assert any("certificate" in (i.get("last_error") or "").lower() for i in st["informers"])
+
+
+def test_not_ready_until_synced(cluster, thaw_factory, tmp_path):
+    sim = cluster()
+    sim.faults(delay_ms=1500)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    code = urllib_status(t, "/readyz")
+    assert code == 503
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, timeout=30, what="ready after sync")
+    sim.faults(delay_ms=0)
+
+
+def urllib_status(t, path):
+    try:
+        return t.admin(path)[0]
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_pending_for_gpu_capacity_then_scheduled(cluster, thaw_factory, tmp_path):
+    sim = cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 1}], load_ms=100)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("big", replicas=1))
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    wait_for(lambda: kmodel(t, "big")["state"] == "ready", timeout=20, what="big running")
+    out = {}
+    th = threading.Thread(target=lambda: out.__setitem__("r", complete(t)))
+    th.start()
+    wait_for(lambda: kmodel(t)["state"] == "waiting_for_capacity", timeout=20,
+             what="llama waiting for a GPU")
+    assert t.status()["queued"] == 1  # held, not failed
+    sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/big/scale",
+             {"spec": {"replicas": 0}}, ctype="application/merge-patch+json")
+    th.join(60)
+    assert out["r"].status == 200
+
+
+def test_deleted_deployment_answers_held_requests(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=60000)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    res = {}
+    ths = [threading.Thread(target=lambda i=i: res.__setitem__(i, complete(t))) for i in range(3)]
+    for th in ths:
+        th.start()
+    wait_for(lambda: t.status()["queued"] == 3, what="held")
+    sim.call("DELETE", "/apis/apps/v1/namespaces/models/deployments/llama")
+    for th in ths:
+        th.join(30)
+    for r in res.values():
+        assert r.status == 503
+        assert "models/llama was deleted" in r.json()["error"]["message"]
+    t.assert_reconciled()
+    assert complete(t).status == 404  # gone from routing too
+
+
+def test_annotations_and_bad_values(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=50)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment(
+        "llama", annotations={"thaw.dev/max-concurrency": "lots", "thaw.dev/priority": "critical",
+                              "thaw.dev/aliases": "meta-llama/Llama-3.1-8B, llama3",
+                              "thaw.dev/hosts": "llm.example.com",
+                              "autoscaling.knative.dev/max-scale": "3",
+                              "autoscaling.knative.dev/scale-to-zero-pod-retention-period": "1m30s",
+                              "thaw.dev/startup-timeout": "soon"}))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    m = kmodel(t)
+    assert m["priority"] == "critical" and m["max_concurrency"] == 8  # default kept
+    assert "thaw.dev/max-concurrency" in m["annotation_errors"]
+    assert "thaw.dev/startup-timeout" in m["annotation_errors"]
+    assert m["max_scale"] == 3
+    assert m["idle_timeout_ms"] == 90000  # from the Knative alias
+    r = httpc.request(t.host, t.port, "POST", "/v1/chat/completions", {"Host": "thaw"},
+                      b'{"model":"llama3","messages":[]}')
+    assert r.status == 200
+    assert complete(t, host="llm.example.com").status == 200
+    assert "bad annotations" in t.logs()
+
+
+def test_idle_model_scales_to_zero(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=50)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("llama", annotations={"thaw.dev/idle-timeout": "1s"}))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    assert complete(t).status == 200
+    wait_for(lambda: sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")[1]
+             ["spec"]["replicas"] == 0, timeout=20, what="scaled to zero")
+    _, evs = sim.call("GET", "/api/v1/namespaces/models/events")
+    assert any(e["reason"] == "ScaledToZero" for e in evs["items"])
+    assert complete(t).status == 200  # and back
