@@ -12,12 +12,14 @@ MODE=${1:-build}
 DEBS=(build-essential clang meson ninja-build pkg-config
       libevent-dev libcurl4-openssl-dev libcjson-dev libcmocka-dev libyaml-dev libssl-dev
       node-llhttp python3 python3-pytest python3-kubernetes python3-yaml curl openssl
-      wrk nginx-light haproxy prometheus npm unzip)
+      wrk nginx-light haproxy prometheus unzip)
 
 missing=()
 for p in "${DEBS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm may come with a Node.js that is not Debian's; only ask for it when absent.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
         echo "setup: installing ${missing[*]}"
