@@ -161,6 +161,9 @@ static void detach_endpoint(struct model *m, size_t i)
     struct endpoint *ep = m->endpoints[i];
     m->endpoints[i] = m->endpoints[--m->n_endpoints];
     ep->model = NULL;
+    if (m->fleet->on_endpoint_gone) {
+        m->fleet->on_endpoint_gone(m->fleet->cb_ud, ep);
+    }
     endpoint_unref(ep); /* the model's link */
 }
 

@@ -53,6 +53,11 @@ static void on_unavailable(void *ud, struct model *m, const char *reason, uint64
     proxy_flush_queue(ud, m, REJECT_START_FAILED, reason);
 }
 
+static void on_endpoint_gone(void *ud, struct endpoint *ep)
+{
+    upstream_close_idle(ep);
+}
+
 static void on_removing(void *ud, struct model *m, const char *reason)
 {
     LOGI("model removed", "model=%s reason=\"%s\"", m->name, reason);
@@ -337,6 +342,7 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     srv->fleet.on_capacity = on_capacity;
     srv->fleet.on_removing = on_removing;
     srv->fleet.on_unavailable = on_unavailable;
+    srv->fleet.on_endpoint_gone = on_endpoint_gone;
     srv->fleet.cb_ud = srv;
 
     srv->static_backend = backend_static_new(&srv->fleet);

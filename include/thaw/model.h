@@ -97,6 +97,8 @@ struct fleet {
     fleet_capacity_cb on_capacity;
     fleet_removing_cb on_removing;
     fleet_unavailable_cb on_unavailable;
+    /* An endpoint left its model: close its pooled connections. */
+    void (*on_endpoint_gone)(void *ud, struct endpoint *ep);
     void *cb_ud;
 };
 

@@ -329,9 +329,9 @@ def test_token_rotation(cluster, thaw_factory, tmp_path):
     sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
     t = start_thaw(thaw_factory, sim, tmp_path, kc={"token_file": str(tok)})
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    before = sim.state()["counters"].get("unauthorized", 0)
     tok.write_text("n3w-t0k3n\n")
     sim.faults(tokens=["n3w-t0k3n"], drop_watches=True)
-    before = sim.state()["counters"].get("unauthorized", 0)
     # A new model appears only if thaw talks to the API with the new token.
     sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("qwen"),
              token="n3w-t0k3n")

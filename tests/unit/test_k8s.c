@@ -1,0 +1,325 @@
+/* Kubernetes pieces: Deployment decoding with annotations (thaw's and
+ * Knative's), bad values, durations, kubeconfig parsing, base64, backoff. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "thaw/k8s/auth.h"
+#include "thaw/k8s/client.h"
+#include "thaw/k8s/informer.h"
+#include "thaw/k8s/model_spec.h"
+
+static const char *DEPLOYMENT =
+    "{\"apiVersion\":\"apps/v1\",\"kind\":\"Deployment\","
+    "\"metadata\":{\"name\":\"llama-3-8b\",\"namespace\":\"models\",\"resourceVersion\":\"4711\","
+    "\"uid\":\"u\",\"generation\":3,\"labels\":{\"thaw.dev/model\":\"llama\"},"
+    "\"annotations\":ANNS},"
+    "\"spec\":{SPECREPLICAS\"selector\":{\"matchLabels\":{\"app\":\"llama\"}},"
+    "\"template\":{\"metadata\":{\"labels\":{\"app\":\"llama\",\"thaw.dev/model\":\"llama\"}},"
+    "\"spec\":{\"priorityClassName\":\"thaw-batch\",\"containers\":[{\"name\":\"vllm\","
+    "\"image\":\"vllm/vllm-openai\",\"ports\":[{\"containerPort\":8080}],"
+    "\"readinessProbe\":{\"httpGet\":{\"path\":\"/v1/models\",\"port\":8080}},"
+    "\"resources\":{\"requests\":{\"nvidia.com/gpu\":\"2\"},\"limits\":{\"nvidia.com/gpu\":\"2\"}}},"
+    "{\"name\":\"sidecar\",\"image\":\"x\"}]}}},"
+    "\"status\":{\"replicas\":1,\"readyReplicas\":1}}";
+
+static struct k8s_model_spec defaults(void)
+{
+    struct k8s_model_spec d = {0};
+    d.max_concurrency = 8;
+    d.priority = TIER_STANDARD;
+    d.max_scale = 1000;
+    d.idle_timeout_ms = 300000;
+    d.startup_timeout_ms = 600000;
+    d.port = 8000;
+    strcpy(d.health_path, "/health");
+    return d;
+}
+
+static int parse(const char *anns, const char *replicas, struct k8s_model_spec *out)
+{
+    char text[4096];
+    const char *a = strstr(DEPLOYMENT, "ANNS");
+    const char *r = strstr(DEPLOYMENT, "SPECREPLICAS");
+    snprintf(text, sizeof text, "%.*s%s%.*s%s%s", (int)(a - DEPLOYMENT), DEPLOYMENT, anns,
+             (int)(r - a - 4), a + 4, replicas, r + 12);
+    cJSON *obj = cJSON_Parse(text);
+    assert_non_null(obj);
+    struct k8s_model_spec d = defaults();
+    int rc = k8s_model_spec_parse(obj, &d, out);
+    cJSON_Delete(obj);
+    return rc;
+}
+
+static void test_deployment_defaults_from_the_pod_template(void **state)
+{
+    struct k8s_model_spec s;
+    assert_int_equal(parse("{}", "\"replicas\":2,", &s), 0);
+    assert_string_equal(s.name, "llama"); /* the label's value */
+    assert_string_equal(s.deployment, "llama-3-8b");
+    assert_string_equal(s.namespace_, "models");
+    assert_string_equal(s.service, "llama-3-8b");
+    assert_int_equal(s.port, 8080);
+    assert_string_equal(s.health_path, "/v1/models");
+    assert_int_equal(s.gpu_slices, 2);
+    assert_int_equal(s.priority, TIER_BATCH); /* from priorityClassName thaw-batch */
+    assert_int_equal(s.replicas, 2);
+    assert_int_equal(s.ready_replicas, 1);
+    assert_string_equal(s.resource_version, "4711");
+    assert_string_equal(s.errors, "");
+    /* A missing spec.replicas means 0. */
+    assert_int_equal(parse("{}", "", &s), 0);
+    assert_int_equal(s.replicas, 0);
+}
+
+static void test_thaw_annotations(void **state)
+{
+    struct k8s_model_spec s;
+    assert_int_equal(
+        parse("{\"thaw.dev/priority\":\"critical\",\"thaw.dev/max-concurrency\":\"32\","
+              "\"thaw.dev/min-scale\":\"1\",\"thaw.dev/max-scale\":\"4\","
+              "\"thaw.dev/idle-timeout\":\"10m\",\"thaw.dev/startup-timeout\":\"1h30m\","
+              "\"thaw.dev/hosts\":\"a.example,b.example\",\"thaw.dev/aliases\":\"x/y\","
+              "\"thaw.dev/service\":\"llama-private\",\"thaw.dev/port\":\"9000\","
+              "\"thaw.dev/health-path\":\"/healthz\",\"thaw.dev/target\":\"10\","
+              "\"thaw.dev/window\":\"60s\"}",
+              "", &s),
+        0);
+    assert_int_equal(s.priority, TIER_CRITICAL);
+    assert_int_equal(s.max_concurrency, 32);
+    assert_int_equal(s.min_scale, 1);
+    assert_int_equal(s.max_scale, 4);
+    assert_int_equal(s.idle_timeout_ms, 600000);
+    assert_int_equal(s.startup_timeout_ms, 5400000);
+    assert_string_equal(s.hosts, "a.example,b.example");
+    assert_string_equal(s.aliases, "x/y");
+    assert_string_equal(s.service, "llama-private");
+    assert_int_equal(s.port, 9000);
+    assert_string_equal(s.health_path, "/healthz");
+    assert_int_equal(s.target, 10);
+    assert_int_equal(s.window_ms, 60000);
+    assert_string_equal(s.errors, "");
+}
+
+static void test_knative_aliases_and_precedence(void **state)
+{
+    struct k8s_model_spec s;
+    assert_int_equal(parse("{\"autoscaling.knative.dev/min-scale\":\"2\","
+                           "\"autoscaling.knative.dev/max-scale\":\"5\","
+                           "\"autoscaling.knative.dev/target\":\"7\","
+                           "\"autoscaling.knative.dev/window\":\"2m\","
+                           "\"autoscaling.knative.dev/scale-to-zero-pod-retention-period\":\"90s\","
+                           "\"thaw.dev/max-scale\":\"3\"}",
+                           "", &s),
+                     0);
+    assert_int_equal(s.min_scale, 2);
+    assert_int_equal(s.max_scale, 3); /* thaw's own annotation wins */
+    assert_int_equal(s.target, 7);
+    assert_int_equal(s.window_ms, 120000);
+    assert_int_equal(s.idle_timeout_ms, 90000);
+}
+
+static void test_bad_values_keep_defaults_and_say_why(void **state)
+{
+    struct k8s_model_spec s;
+    assert_int_equal(parse("{\"thaw.dev/max-concurrency\":\"lots\",\"thaw.dev/priority\":\"vip\","
+                           "\"thaw.dev/idle-timeout\":\"soon\",\"thaw.dev/port\":\"70000\","
+                           "\"thaw.dev/health-path\":\"health\","
+                           "\"thaw.dev/min-scale\":\"9\",\"thaw.dev/max-scale\":\"2\"}",
+                           "", &s),
+                     0);
+    assert_int_equal(s.max_concurrency, 8);
+    assert_int_equal(s.priority, TIER_BATCH); /* priorityClassName still applies */
+    assert_int_equal(s.idle_timeout_ms, 300000);
+    assert_int_equal(s.port, 8080);
+    assert_string_equal(s.health_path, "/v1/models");
+    assert_int_equal(s.min_scale, 0);
+    assert_non_null(strstr(s.errors, "thaw.dev/max-concurrency: \"lots\" is not a whole number"));
+    assert_non_null(strstr(s.errors, "thaw.dev/priority: \"vip\""));
+    assert_non_null(strstr(s.errors, "thaw.dev/idle-timeout: \"soon\" is not a duration"));
+    assert_non_null(strstr(s.errors, "thaw.dev/port: \"70000\" is out of range"));
+    assert_non_null(strstr(s.errors, "thaw.dev/health-path"));
+    assert_non_null(strstr(s.errors, "above max-scale"));
+}
+
+static void test_not_a_deployment(void **state)
+{
+    cJSON *obj = cJSON_Parse("{\"kind\":\"Status\",\"code\":410}");
+    struct k8s_model_spec d = defaults(), s;
+    assert_int_equal(k8s_model_spec_parse(obj, &d, &s), -1);
+    cJSON_Delete(obj);
+}
+
+static void test_durations(void **state)
+{
+    uint64_t ms;
+    const struct {
+        const char *in;
+        uint64_t ms;
+    } ok[] = {{"30", 30000}, {"30s", 30000}, {"5m", 300000}, {"1h", 3600000},
+              {"1m30s", 90000}, {"250ms", 250}, {"1.5s", 1500}, {"0s", 0}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        assert_int_equal(k8s_parse_duration_ms(ok[i].in, &ms), 0);
+        assert_int_equal(ms, ok[i].ms);
+    }
+    const char *bad[] = {"", "s", "5x", "-5s", "5 m", "m5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(k8s_parse_duration_ms(bad[i], &ms), -1);
+    }
+}
+
+static void test_watch_event_objects(void **state)
+{
+    cJSON *ev = cJSON_Parse("{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"apiVersion\":"
+                            "\"v1\",\"status\":\"Failure\",\"message\":\"too old resource version"
+                            "\",\"reason\":\"Expired\",\"code\":410}}");
+    assert_string_equal(k8s_get_string(ev, "type"), "ERROR");
+    assert_string_equal(k8s_get_string(ev, "object.reason"), "Expired");
+    assert_int_equal(k8s_get(ev, "object.code")->valueint, 410);
+    assert_null(k8s_get(ev, "object.metadata.name"));
+    cJSON_Delete(ev);
+    cJSON *pod = cJSON_Parse("{\"metadata\":{\"name\":\"p\",\"namespace\":\"ns\"}}");
+    char key[64];
+    k8s_object_key(pod, key, sizeof key);
+    assert_string_equal(key, "ns/p");
+    cJSON_Delete(pod);
+    cJSON *node = cJSON_Parse("{\"metadata\":{\"name\":\"gpu-1\"}}");
+    k8s_object_key(node, key, sizeof key);
+    assert_string_equal(key, "/gpu-1");
+    cJSON_Delete(node);
+}
+
+static void test_base64(void **state)
+{
+    struct buf out;
+    buf_init(&out);
+    assert_int_equal(k8s_base64_decode("aGVsbG8gd29ybGQ=", 16, &out), 0);
+    assert_int_equal(out.len, 11);
+    assert_memory_equal(out.data, "hello world", 11);
+    assert_int_equal(k8s_base64_decode("aGVs\nbG8", 8, &out), 0); /* no padding, a newline */
+    assert_int_equal(out.len, 5);
+    assert_memory_equal(out.data, "hello", 5);
+    assert_int_not_equal(k8s_base64_decode("!!!!", 4, &out), 0);
+    buf_dispose(&out);
+}
+
+static char *write_tmp(const char *text)
+{
+    char *path = strdup("/tmp/thaw-kubeconfig-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+static void test_kubeconfig(void **state)
+{
+    char *path = write_tmp("apiVersion: v1\nkind: Config\ncurrent-context: prod\n"
+                           "clusters:\n"
+                           "- name: dev\n  cluster: {server: 'https://dev:6443'}\n"
+                           "- name: prod\n  cluster:\n    server: https://10.0.0.1:6443/\n"
+                           "    certificate-authority-data: aGVsbG8=\n"
+                           "users:\n"
+                           "- name: admin\n  user:\n    token: abc.def\n"
+                           "- name: certuser\n  user:\n    client-certificate: certs/c.pem\n"
+                           "    client-key-data: a2V5\n"
+                           "contexts:\n"
+                           "- name: prod\n  context: {cluster: prod, user: admin, namespace: models}\n"
+                           "- name: dev\n  context: {cluster: dev, user: certuser}\n");
+    struct k8s_auth a;
+    char err[256];
+    k8s_auth_init(&a);
+    assert_int_equal(k8s_auth_from_kubeconfig(&a, path, NULL, err, sizeof err), 0);
+    assert_string_equal(a.server, "https://10.0.0.1:6443");
+    assert_int_equal(a.ca_pem.len, 5);
+    assert_string_equal(a.token, "abc.def");
+    assert_string_equal(a.namespace_, "models");
+    k8s_auth_dispose(&a);
+    assert_int_equal(k8s_auth_from_kubeconfig(&a, path, "dev", err, sizeof err), 0);
+    assert_string_equal(a.server, "https://dev:6443");
+    assert_non_null(strstr(a.cert_file, "/certs/c.pem")); /* relative to the file */
+    assert_int_equal(a.key_pem.len, 3);
+    assert_null(a.token);
+    k8s_auth_dispose(&a);
+    assert_int_equal(k8s_auth_from_kubeconfig(&a, path, "nope", err, sizeof err), -1);
+    assert_non_null(strstr(err, "context \"nope\" not found"));
+    unlink(path);
+    free(path);
+    path = write_tmp("clusters: [\n");
+    assert_int_equal(k8s_auth_from_kubeconfig(&a, path, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, path));
+    unlink(path);
+    free(path);
+    path = write_tmp("current-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+                     "clusters: [{name: k, cluster: {server: 'https://k'}}]\n"
+                     "users: [{name: u, user: {exec: {command: aws}}}]\n");
+    assert_int_equal(k8s_auth_from_kubeconfig(&a, path, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "exec or auth-provider"));
+    unlink(path);
+    free(path);
+    k8s_auth_dispose(&a);
+}
+
+static void test_in_cluster(void **state)
+{
+    char dir[] = "/tmp/thaw-sa-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char p[256];
+    snprintf(p, sizeof p, "%s/namespace", dir);
+    FILE *f = fopen(p, "w");
+    fputs("thaw-system\n", f);
+    fclose(f);
+    setenv("KUBERNETES_SERVICE_HOST", "fd00::1", 1);
+    setenv("KUBERNETES_SERVICE_PORT", "443", 1);
+    struct k8s_auth a;
+    char err[256];
+    k8s_auth_init(&a);
+    assert_int_equal(k8s_auth_in_cluster(&a, dir, err, sizeof err), 0);
+    assert_string_equal(a.server, "https://[fd00::1]:443");
+    assert_string_equal(a.namespace_, "thaw-system");
+    assert_non_null(strstr(a.token_file, "/token"));
+    assert_non_null(strstr(a.ca_file, "/ca.crt"));
+    k8s_auth_dispose(&a);
+    unsetenv("KUBERNETES_SERVICE_HOST");
+    assert_int_equal(k8s_auth_in_cluster(&a, dir, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not in a cluster"));
+    unlink(p);
+    rmdir(dir);
+}
+
+static void test_backoff_is_capped_and_jittered(void **state)
+{
+    assert_int_equal(k8s_backoff_ms(1, 0.5), 250);
+    assert_int_equal(k8s_backoff_ms(2, 0.5), 500);
+    assert_int_equal(k8s_backoff_ms(5, 0.5), 4000);
+    assert_int_equal(k8s_backoff_ms(30, 0.5), 30000);
+    assert_int_equal(k8s_backoff_ms(3, 0.0), 500);  /* -50% */
+    assert_int_equal(k8s_backoff_ms(3, 0.99), 1490); /* +49% */
+    assert_true(k8s_backoff_ms(100, 0.99) <= 45000);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_deployment_defaults_from_the_pod_template),
+        cmocka_unit_test(test_thaw_annotations),
+        cmocka_unit_test(test_knative_aliases_and_precedence),
+        cmocka_unit_test(test_bad_values_keep_defaults_and_say_why),
+        cmocka_unit_test(test_not_a_deployment),
+        cmocka_unit_test(test_durations),
+        cmocka_unit_test(test_watch_event_objects),
+        cmocka_unit_test(test_base64),
+        cmocka_unit_test(test_kubeconfig),
+        cmocka_unit_test(test_in_cluster),
+        cmocka_unit_test(test_backoff_is_capped_and_jittered),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
