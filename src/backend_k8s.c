@@ -14,6 +14,7 @@
 #include "thaw/k8s/client.h"
 #include "thaw/k8s/informer.h"
 #include "thaw/k8s/model_spec.h"
+#include "thaw/k8s/objects.h"
 #include "thaw/log.h"
 #include "thaw/probe.h"
 
@@ -82,8 +83,7 @@ struct kube_backend {
     struct strmap models;   /* "ns/deployment" -> kmodel */
     struct strmap by_label; /* "ns/model name" -> kmodel (pods) */
     struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
-    struct strmap slices;   /* "ns/slice" -> struct slice_pods (pods it lists) */
-    struct strmap nodes_gpu; /* node name -> (uintptr_t) allocatable nvidia.com/gpu + 1 */
+    struct strmap nodes_gpu; /* node name -> struct k8s_node_info */
     struct event tick;
     uint64_t events_posted, event_errors, scale_errors;
 };
@@ -462,62 +462,45 @@ static void deployment_remove(void *ud, const cJSON *obj)
 
 /* ---- pods ------------------------------------------------------------------ */
 
-static struct kmodel *model_of_pod(struct kube_backend *kb, const cJSON *pod)
+static struct kmodel *model_of_pod(struct kube_backend *kb, const struct k8s_pod_info *pi)
 {
-    const char *ns = k8s_get_string(pod, "metadata.namespace");
-    const cJSON *labels = k8s_get(pod, "metadata.labels");
-    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(labels, "thaw.dev/model");
-    if (!ns || !cJSON_IsString(ml)) {
+    if (!pi->model[0]) {
         return NULL;
     }
     char k[600];
-    snprintf(k, sizeof k, "%s/%s", ns, ml->valuestring);
+    snprintf(k, sizeof k, "%s/%s", pi->namespace_, pi->model);
     return strmap_get(&kb->by_label, k, strlen(k));
 }
 
 static void pod_upsert(void *ud, const cJSON *obj)
 {
     struct kube_backend *kb = ud;
-    struct kmodel *km = model_of_pod(kb, obj);
-    const char *name = k8s_get_string(obj, "metadata.name");
-    if (!km || !name) {
+    struct k8s_pod_info pi;
+    if (k8s_pod_decode(obj, &pi)) {
         return;
     }
-    struct kpod *p = pod_get(km, name, true);
+    struct kmodel *km = model_of_pod(kb, &pi);
+    struct kpod *p = km ? pod_get(km, pi.name, true) : NULL;
     if (!p) {
         return;
     }
-    const char *ip = k8s_get_string(obj, "status.podIP");
-    const char *phase = k8s_get_string(obj, "status.phase");
-    snprintf(p->phase, sizeof p->phase, "%s", phase ? phase : "");
-    p->unschedulable = false;
-    const cJSON *conds = k8s_get(obj, "status.conditions");
-    const cJSON *c;
-    cJSON_ArrayForEach(c, conds)
-    {
-        const char *type = k8s_get_string(c, "type");
-        const char *reason = k8s_get_string(c, "reason");
-        if (type && strcmp(type, "PodScheduled") == 0 && reason &&
-            strcmp(reason, "Unschedulable") == 0) {
-            p->unschedulable = true;
-        }
-    }
-    if (k8s_get(obj, "metadata.deletionTimestamp") ||
-        (phase && (strcmp(phase, "Failed") == 0 || strcmp(phase, "Succeeded") == 0))) {
+    snprintf(p->phase, sizeof p->phase, "%s", pi.phase);
+    p->unschedulable = pi.unschedulable;
+    if (pi.terminating) {
         p->terminating = true;
         pod_gone(p, "pod terminating");
         return;
     }
-    if (ip && strcmp(ip, p->ip) != 0) {
+    if (pi.ip[0] && strcmp(pi.ip, p->ip) != 0) {
         if (p->probing) {
             probe_stop(&p->probe);
             p->probing = false;
         }
-        snprintf(p->ip, sizeof p->ip, "%s", ip);
+        snprintf(p->ip, sizeof p->ip, "%s", pi.ip);
     }
     /* Probe as soon as the pod has an IP, not when the kubelet says so. */
     if (kb->cfg->kubernetes.probe_pods && p->ip[0] && !p->reported && !p->probing &&
-        phase && strcmp(phase, "Running") == 0) {
+        pi.running) {
         char addr[96];
         pod_addr(p, addr, sizeof addr);
         if (probe_init(&p->probe, kb->evbase, addr, km->spec.health_path, on_pod_probe, p) == 0) {
@@ -536,7 +519,8 @@ static void pod_remove(void *ud, const cJSON *obj)
         return;
     }
     /* The object may be a stub (after a relist): look in every model of ns. */
-    struct kmodel *km = model_of_pod(kb, obj);
+    struct k8s_pod_info pi;
+    struct kmodel *km = k8s_pod_decode(obj, &pi) == 0 ? model_of_pod(kb, &pi) : NULL;
     if (km) {
         struct kpod *p = pod_get(km, name, false);
         if (p) {
@@ -561,52 +545,42 @@ static void pod_remove(void *ud, const cJSON *obj)
 
 /* ---- endpointslices ---------------------------------------------------------- */
 
+static void slice_endpoint(void *ud, const struct k8s_slice_endpoint *e)
+{
+    struct kmodel *km = ud;
+    struct kpod *p = pod_get(km, e->pod, true);
+    if (!p) {
+        return;
+    }
+    if (!p->ip[0]) {
+        snprintf(p->ip, sizeof p->ip, "%s", e->address);
+    }
+    if (e->terminating) {
+        p->terminating = true;
+        pod_gone(p, "endpoint terminating");
+    } else if (e->ready) {
+        p->slice_ready = true;
+        pod_ready(p, "endpointslice");
+    } else if (p->slice_ready) {
+        /* Was ready, is not any more: the kubelet saw it fail. */
+        p->slice_ready = false;
+        pod_gone(p, "endpoint not ready");
+    }
+}
+
 static void slice_upsert(void *ud, const cJSON *obj)
 {
     struct kube_backend *kb = ud;
     const char *ns = k8s_get_string(obj, "metadata.namespace");
-    const cJSON *labels = k8s_get(obj, "metadata.labels");
-    const cJSON *svc = cJSON_GetObjectItemCaseSensitive(labels, "kubernetes.io/service-name");
-    if (!ns || !cJSON_IsString(svc)) {
+    const char *svc = k8s_slice_service(obj);
+    if (!ns || !svc) {
         return;
     }
     char k[600];
-    snprintf(k, sizeof k, "%s/%s", ns, svc->valuestring);
+    snprintf(k, sizeof k, "%s/%s", ns, svc);
     struct kmodel *km = strmap_get(&kb->by_svc, k, strlen(k));
-    if (!km) {
-        return;
-    }
-    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(obj, "endpoints");
-    const cJSON *ep;
-    cJSON_ArrayForEach(ep, eps)
-    {
-        const char *pod = k8s_get_string(ep, "targetRef.name");
-        const cJSON *addrs = cJSON_GetObjectItemCaseSensitive(ep, "addresses");
-        const cJSON *a0 = cJSON_GetArrayItem(addrs, 0);
-        if (!pod || !cJSON_IsString(a0)) {
-            continue;
-        }
-        const cJSON *ready = k8s_get(ep, "conditions.ready");
-        const cJSON *term = k8s_get(ep, "conditions.terminating");
-        struct kpod *p = pod_get(km, pod, true);
-        if (!p) {
-            continue;
-        }
-        if (!p->ip[0]) {
-            snprintf(p->ip, sizeof p->ip, "%s", a0->valuestring);
-        }
-        bool is_ready = !cJSON_IsFalse(ready) && !cJSON_IsTrue(term);
-        if (cJSON_IsTrue(term)) {
-            p->terminating = true;
-            pod_gone(p, "endpoint terminating");
-        } else if (is_ready) {
-            p->slice_ready = true;
-            pod_ready(p, "endpointslice");
-        } else if (p->slice_ready) {
-            /* Was ready, is not any more: the kubelet saw it fail. */
-            p->slice_ready = false;
-            pod_gone(p, "endpoint not ready");
-        }
+    if (km) {
+        k8s_slice_each(obj, slice_endpoint, km);
     }
 }
 
@@ -620,14 +594,19 @@ static void slice_remove(void *ud, const cJSON *obj)
 static void node_upsert(void *ud, const cJSON *obj)
 {
     struct kube_backend *kb = ud;
-    const char *name = k8s_get_string(obj, "metadata.name");
-    const cJSON *alloc = k8s_get(obj, "status.allocatable");
-    const cJSON *g = cJSON_GetObjectItemCaseSensitive(alloc, "nvidia.com/gpu");
-    if (!name) {
+    struct k8s_node_info ni;
+    if (k8s_node_decode(obj, &ni)) {
         return;
     }
-    uintptr_t n = cJSON_IsString(g) ? (uintptr_t)strtoull(g->valuestring, NULL, 10) : 0;
-    strmap_put(&kb->nodes_gpu, name, strlen(name), (void *)(n + 1));
+    struct k8s_node_info *cur = strmap_get(&kb->nodes_gpu, ni.name, strlen(ni.name));
+    if (!cur) {
+        cur = malloc(sizeof *cur);
+        if (!cur) {
+            return;
+        }
+        strmap_put(&kb->nodes_gpu, ni.name, strlen(ni.name), cur);
+    }
+    *cur = ni;
 }
 
 static void node_remove(void *ud, const cJSON *obj)
@@ -635,7 +614,7 @@ static void node_remove(void *ud, const cJSON *obj)
     struct kube_backend *kb = ud;
     const char *name = k8s_get_string(obj, "metadata.name");
     if (name) {
-        strmap_del(&kb->nodes_gpu, name, strlen(name));
+        free(strmap_del(&kb->nodes_gpu, name, strlen(name)));
     }
 }
 
@@ -670,8 +649,12 @@ static void idle_check(void *ud, const char *key, void *value)
 {
     struct kmodel *km = value;
     struct model *m = km->m;
-    uint64_t now = server_now_ms();
     bool busy = m->inflight > 0 || m->queue.count > 0;
+    if (!busy && km->spec.replicas <= (int64_t)km->spec.min_scale) {
+        km->idle_since_ms = 0; /* nothing to scale down: the common, cheap case */
+        return;
+    }
+    uint64_t now = server_now_ms();
     if (busy) {
         km->idle_since_ms = 0;
         /* A scale-up that could not land yet is retried by its timer. */
@@ -802,10 +785,21 @@ static void add_informer(cJSON *arr, const struct k8s_informer *inf, const char 
 
 static void add_node(void *ud, const char *key, void *value)
 {
+    const struct k8s_node_info *ni = value;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "name", key);
-    cJSON_AddNumberToObject(j, "gpu_slices", (double)((uintptr_t)value - 1));
+    cJSON_AddNumberToObject(j, "gpu_slices", (double)ni->gpu_allocatable);
+    cJSON_AddNumberToObject(j, "gpus", (double)ni->gpu_count);
+    cJSON_AddNumberToObject(j, "replicas_per_gpu", (double)ni->gpu_replicas);
+    if (ni->gpu_product[0]) {
+        cJSON_AddStringToObject(j, "product", ni->gpu_product);
+    }
     cJSON_AddItemToArray(ud, j);
+}
+
+static void free_node(void *ud, const char *key, void *value)
+{
+    free(value);
 }
 
 static void kube_describe_capacity(struct backend *b, cJSON *out)
@@ -872,7 +866,7 @@ static void kube_free(struct backend *b)
     strmap_dispose(&kb->models);
     strmap_dispose(&kb->by_label);
     strmap_dispose(&kb->by_svc);
-    strmap_dispose(&kb->slices);
+    strmap_each(&kb->nodes_gpu, free_node, NULL);
     strmap_dispose(&kb->nodes_gpu);
     k8s_client_free(kb->client);
     free(kb);
@@ -912,7 +906,6 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
     strmap_init(&kb->models);
     strmap_init(&kb->by_label);
     strmap_init(&kb->by_svc);
-    strmap_init(&kb->slices);
     strmap_init(&kb->nodes_gpu);
     kb->client = k8s_client_new(base, auth, err, errlen);
     if (!kb->client) {

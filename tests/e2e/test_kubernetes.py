@@ -445,3 +445,36 @@ def test_idle_model_scales_to_zero(cluster, thaw_factory, tmp_path):
     _, evs = sim.call("GET", "/api/v1/namespaces/models/events")
     assert any(e["reason"] == "ScaledToZero" for e in evs["items"])
     assert complete(t).status == 200  # and back
+
+
+def test_api_server_restart_during_a_cold_start(cluster, thaw_factory, tmp_path):
+    state = str(tmp_path / "sim-state.json")
+    sim = cluster(load_ms=300, state=state)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    port = sim.port
+    sim.stop(restart=True)  # the API is down when the first request arrives
+    out = {}
+    th = threading.Thread(target=lambda: out.__setitem__("r", parallel(10, lambda: complete(t))))
+    th.start()
+    wait_for(lambda: t.status()["queued"] == 10, what="held while the API is down")
+    time.sleep(0.5)  # scale attempts fail meanwhile and back off
+    sim.start(port=port)
+    th.join(60)
+    assert [r.status for r in out["r"]] == [200] * 10
+    assert sim.state()["counters"]["scale_writes"] == 1  # no duplicate scale-up
+    t.assert_reconciled()
+    sim.stop()
+
+
+def test_config_models_and_cluster_models_together(cluster, thaw_factory, tmp_path, upstream):
+    sim = cluster(load_ms=50)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path, extra={
+        "models": [{"name": "static-one", "endpoints": [upstream.address]}]})
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    assert httpc.request(t.host, t.port, path="/echo", headers={"Host": "static-one"}).status == 200
+    assert complete(t).status == 200
+    backends = {m["name"]: m["backend"] for m in t.status()["models"]}
+    assert backends == {"static-one": "static", "llama": "kubernetes"}

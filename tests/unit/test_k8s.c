@@ -15,6 +15,7 @@
 #include "thaw/k8s/client.h"
 #include "thaw/k8s/informer.h"
 #include "thaw/k8s/model_spec.h"
+#include "thaw/k8s/objects.h"
 
 static const char *DEPLOYMENT =
     "{\"apiVersion\":\"apps/v1\",\"kind\":\"Deployment\","
@@ -196,6 +197,100 @@ static void test_watch_event_objects(void **state)
     cJSON_Delete(node);
 }
 
+static void test_pod_decoding(void **state)
+{
+    cJSON *pod = cJSON_Parse(
+        "{\"kind\":\"Pod\",\"metadata\":{\"name\":\"llama-7d9f-x2\",\"namespace\":\"models\","
+        "\"labels\":{\"thaw.dev/model\":\"llama\"}},\"spec\":{\"nodeName\":\"n1\"},"
+        "\"status\":{\"phase\":\"Running\",\"podIP\":\"10.1.2.3\",\"conditions\":["
+        "{\"type\":\"Ready\",\"status\":\"False\"}]}}");
+    struct k8s_pod_info pi;
+    assert_int_equal(k8s_pod_decode(pod, &pi), 0);
+    assert_string_equal(pi.name, "llama-7d9f-x2");
+    assert_string_equal(pi.model, "llama");
+    assert_string_equal(pi.ip, "10.1.2.3");
+    assert_true(pi.running);
+    assert_false(pi.terminating);
+    assert_false(pi.unschedulable);
+    cJSON_Delete(pod);
+    pod = cJSON_Parse("{\"metadata\":{\"name\":\"p\",\"namespace\":\"m\"},"
+                      "\"status\":{\"phase\":\"Pending\",\"conditions\":[{\"type\":"
+                      "\"PodScheduled\",\"status\":\"False\",\"reason\":\"Unschedulable\","
+                      "\"message\":\"0/3 nodes are available: 3 Insufficient nvidia.com/gpu.\"}]}}");
+    assert_int_equal(k8s_pod_decode(pod, &pi), 0);
+    assert_true(pi.unschedulable);
+    assert_false(pi.running);
+    assert_string_equal(pi.ip, "");
+    assert_string_equal(pi.model, "");
+    assert_non_null(strstr(pi.unschedulable_message, "Insufficient nvidia.com/gpu"));
+    cJSON_Delete(pod);
+    pod = cJSON_Parse("{\"metadata\":{\"name\":\"p\",\"deletionTimestamp\":\"2026-01-01T00:00:00Z\"},"
+                      "\"status\":{\"phase\":\"Running\",\"podIP\":\"10.0.0.9\"}}");
+    assert_int_equal(k8s_pod_decode(pod, &pi), 0);
+    assert_true(pi.terminating);
+    cJSON_Delete(pod);
+}
+
+struct seen {
+    int n;
+    char pods[4][32];
+    bool ready[4], term[4];
+};
+
+static void collect_ep(void *ud, const struct k8s_slice_endpoint *e)
+{
+    struct seen *s = ud;
+    snprintf(s->pods[s->n], sizeof s->pods[0], "%s@%s", e->pod, e->address);
+    s->ready[s->n] = e->ready;
+    s->term[s->n] = e->terminating;
+    s->n++;
+}
+
+static void test_endpointslice_decoding(void **state)
+{
+    cJSON *slice = cJSON_Parse(
+        "{\"apiVersion\":\"discovery.k8s.io/v1\",\"kind\":\"EndpointSlice\","
+        "\"metadata\":{\"name\":\"llama-abcde\",\"namespace\":\"models\",\"labels\":{"
+        "\"kubernetes.io/service-name\":\"llama\"}},\"addressType\":\"IPv4\","
+        "\"ports\":[{\"name\":\"http\",\"port\":8000,\"protocol\":\"TCP\"}],"
+        "\"endpoints\":["
+        "{\"addresses\":[\"10.0.0.1\"],\"conditions\":{\"ready\":true},"
+        "\"targetRef\":{\"kind\":\"Pod\",\"name\":\"a\"}},"
+        "{\"addresses\":[\"10.0.0.2\"],\"conditions\":{\"ready\":false,\"serving\":true,"
+        "\"terminating\":true},\"targetRef\":{\"kind\":\"Pod\",\"name\":\"b\"}},"
+        "{\"addresses\":[\"10.0.0.3\"],\"conditions\":{},\"targetRef\":{\"name\":\"c\"}},"
+        "{\"addresses\":[],\"targetRef\":{\"name\":\"d\"}}]}");
+    assert_string_equal(k8s_slice_service(slice), "llama");
+    struct seen s = {0};
+    assert_int_equal(k8s_slice_each(slice, collect_ep, &s), 3);
+    assert_string_equal(s.pods[0], "a@10.0.0.1");
+    assert_true(s.ready[0] && !s.term[0]);
+    assert_true(!s.ready[1] && s.term[1]);
+    assert_true(s.ready[2]); /* absent ready condition means ready */
+    cJSON_Delete(slice);
+}
+
+static void test_node_decoding(void **state)
+{
+    cJSON *node = cJSON_Parse(
+        "{\"kind\":\"Node\",\"metadata\":{\"name\":\"gpu-a\",\"labels\":{"
+        "\"nvidia.com/gpu.count\":\"8\",\"nvidia.com/gpu.replicas\":\"4\","
+        "\"nvidia.com/gpu.product\":\"NVIDIA-A100-SXM4-80GB-SHARED\"}},"
+        "\"status\":{\"allocatable\":{\"cpu\":\"96\",\"nvidia.com/gpu\":\"32\"}}}");
+    struct k8s_node_info ni;
+    assert_int_equal(k8s_node_decode(node, &ni), 0);
+    assert_string_equal(ni.name, "gpu-a");
+    assert_int_equal(ni.gpu_allocatable, 32);
+    assert_int_equal(ni.gpu_count, 8);
+    assert_int_equal(ni.gpu_replicas, 4);
+    assert_string_equal(ni.gpu_product, "NVIDIA-A100-SXM4-80GB-SHARED");
+    cJSON_Delete(node);
+    node = cJSON_Parse("{\"metadata\":{\"name\":\"cpu-only\"},\"status\":{\"allocatable\":{}}}");
+    assert_int_equal(k8s_node_decode(node, &ni), 0);
+    assert_int_equal(ni.gpu_allocatable, 0);
+    cJSON_Delete(node);
+}
+
 static void test_base64(void **state)
 {
     struct buf out;
@@ -316,6 +411,9 @@ int main(void)
         cmocka_unit_test(test_not_a_deployment),
         cmocka_unit_test(test_durations),
         cmocka_unit_test(test_watch_event_objects),
+        cmocka_unit_test(test_pod_decoding),
+        cmocka_unit_test(test_endpointslice_decoding),
+        cmocka_unit_test(test_node_decoding),
         cmocka_unit_test(test_base64),
         cmocka_unit_test(test_kubeconfig),
         cmocka_unit_test(test_in_cluster),

@@ -1,0 +1,51 @@
+/* Decoding of the Kubernetes objects thaw watches besides Deployments (see
+ * model_spec.h): Pods, EndpointSlices and Nodes, into plain structs. Pure. */
+#ifndef THAW_K8S_OBJECTS_H
+#define THAW_K8S_OBJECTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+struct k8s_pod_info {
+    char name[254];
+    char namespace_[254];
+    char model[254]; /* thaw.dev/model label; "" when absent */
+    char ip[64];     /* status.podIP; "" before it has one */
+    char phase[16];
+    bool running;       /* phase Running */
+    bool terminating;   /* deletionTimestamp set, or Failed/Succeeded */
+    bool unschedulable; /* PodScheduled=False, reason Unschedulable */
+    char unschedulable_message[256];
+};
+
+/* 0, or -1 when obj has no name. */
+int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *out);
+
+struct k8s_slice_endpoint {
+    const char *pod; /* targetRef.name */
+    const char *address;
+    bool ready;       /* conditions.ready (absent means ready, per the API) */
+    bool terminating; /* conditions.terminating */
+};
+
+/* The service a slice belongs to (kubernetes.io/service-name), or NULL. */
+const char *k8s_slice_service(const cJSON *slice);
+/* Calls fn for each endpoint that names a pod and has an address; strings
+ * point into slice. Returns how many. */
+size_t k8s_slice_each(const cJSON *slice, void (*fn)(void *ud, const struct k8s_slice_endpoint *e),
+                      void *ud);
+
+struct k8s_node_info {
+    char name[254];
+    uint64_t gpu_allocatable; /* nvidia.com/gpu (time-slicing replicas counted) */
+    uint64_t gpu_count;       /* label nvidia.com/gpu.count, 0 when absent */
+    uint64_t gpu_replicas;    /* label nvidia.com/gpu.replicas, 0 when absent */
+    char gpu_product[128];    /* label nvidia.com/gpu.product */
+};
+
+int k8s_node_decode(const cJSON *obj, struct k8s_node_info *out);
+
+#endif

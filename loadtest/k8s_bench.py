@@ -1,0 +1,247 @@
+#!/usr/bin/python3
+"""The Kubernetes backend under load, through the API simulator.
+
+1. Cold start: N concurrent clients (100; 20 with SMOKE=1) hit a model
+   Deployment at zero replicas. thaw scales it, the simulated pod's model
+   server records (CLOCK_MONOTONIC) when its health check first answered;
+   each client records its first byte on the same clock. Reported: thaw's
+   added delay from pod health to each first byte (p50/p99/max), lost
+   requests, and the scale PATCHes sent (must be 1).
+2. Scale: D model Deployments (2,000; 200 with SMOKE=1) in the simulator.
+   Reported: thaw's time from start to /readyz (informers synced), its RSS
+   once synced, and its CPU time over 10 s idle afterwards.
+
+Figures only; never fails on time.
+"""
+
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "build")
+THAW_BIN = os.environ.get("THAW_BIN", os.path.join(BUILD, "thaw"))
+SIM_BIN = os.path.join(BUILD, "thaw-model-sim")
+CLIENT_BIN = os.path.join(BUILD, "thaw-coldstart-client")
+KUBE_SIM = os.path.join(ROOT, "tests", "sim", "kube_sim.py")
+SMOKE = os.environ.get("SMOKE") == "1"
+TOKEN = "bench-token"
+
+
+def sh(*args):
+    subprocess.run(args, check=True, capture_output=True)
+
+
+def make_pki(d):
+    sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{d}/ca.key",
+       "-out", f"{d}/ca.crt", "-days", "1", "-subj", "/CN=bench-ca")
+    sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{d}/srv.key", "-out",
+       f"{d}/srv.csr", "-subj", "/CN=127.0.0.1")
+    with open(f"{d}/ext.cnf", "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    sh("openssl", "x509", "-req", "-in", f"{d}/srv.csr", "-CA", f"{d}/ca.crt", "-CAkey",
+       f"{d}/ca.key", "-CAcreateserial", "-out", f"{d}/srv.crt", "-days", "1", "-extfile",
+       f"{d}/ext.cnf")
+
+
+def wait_file(path, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} did not appear")
+        time.sleep(0.01)
+
+
+def start_sim(d, extra=()):
+    pf = f"{d}/sim-port"
+    if os.path.exists(pf):
+        os.unlink(pf)
+    p = subprocess.Popen(["/usr/bin/python3", KUBE_SIM, "--port", "0", "--port-file", pf,
+                          "--cert", f"{d}/srv.crt", "--key", f"{d}/srv.key", "--token", TOKEN,
+                          "--model-sim", SIM_BIN, "--kubelet-period-ms", "2000", *extra],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_file(pf)
+    port = int(open(pf).read())
+    with open(f"{d}/kubeconfig", "w") as f:
+        f.write(f"""apiVersion: v1
+kind: Config
+current-context: sim
+clusters: [{{name: sim, cluster: {{server: "https://127.0.0.1:{port}",
+  certificate-authority: "{d}/ca.crt"}}}}]
+users: [{{name: u, user: {{token: {TOKEN}}}}}]
+contexts: [{{name: sim, context: {{cluster: sim, user: u}}}}]
+""")
+    return p, port
+
+
+def api(d, port, method, path, body=None):
+    ctx = ssl.create_default_context(cafile=f"{d}/ca.crt")
+    req = urllib.request.Request(f"https://127.0.0.1:{port}{path}", method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": f"Bearer {TOKEN}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+        return json.loads(r.read() or b"null")
+
+
+def deployment(name, ns="models", annotations=None, tpl_annotations=None):
+    return {"metadata": {"name": name, "namespace": ns, "labels": {"thaw.dev/model": name},
+                         "annotations": annotations or {}},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name, "thaw.dev/model": name},
+                                               "annotations": tpl_annotations or {}},
+                                  "spec": {"containers": [{
+                                      "name": "server", "image": "vllm/vllm-openai",
+                                      "ports": [{"containerPort": 8000}],
+                                      "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}}}
+
+
+def start_thaw(d, n_conn):
+    cfg = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", "log": {"level": "warn"},
+           "limits": {"max_connections": n_conn + 100},
+           "kubernetes": {"namespaces": ["models"]}}
+    with open(f"{d}/thaw.json", "w") as f:
+        json.dump(cfg, f)
+    pf = f"{d}/thaw-ports"
+    if os.path.exists(pf):
+        os.unlink(pf)
+    p = subprocess.Popen([THAW_BIN, "--config", f"{d}/thaw.json", "--kubeconfig",
+                          f"{d}/kubeconfig", "--port-file", pf],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_file(pf)
+    ports = json.load(open(pf))
+    return p, int(ports["listen"].rsplit(":", 1)[1]), ports["admin_listen"]
+
+
+def ready(admin):
+    try:
+        with urllib.request.urlopen(f"http://{admin}/readyz", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def stop(p, sig=signal.SIGTERM):
+    if p.poll() is None:
+        p.send_signal(sig)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def pct(v, p):
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))] if v else float("nan")
+
+
+def cold_start(d, n):
+    sim, port = start_sim(d)
+    thaw = None
+    try:
+        ready_file = f"{d}/pod-ready"
+        api(d, port, "POST", "/apis/apps/v1/namespaces/models/deployments",
+            deployment("llama", annotations={"thaw.dev/max-concurrency": str(n)},
+                       tpl_annotations={"sim.thaw.dev/load-ms": "1500",
+                                        "sim.thaw.dev/token-ms": "0",
+                                        "sim.thaw.dev/ready-file": ready_file}))
+        thaw, tport, admin = start_thaw(d, n)
+        deadline = time.monotonic() + 20
+        while not ready(admin) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        out = subprocess.run([CLIENT_BIN, "127.0.0.1", str(tport), str(n), "/v1/completions",
+                              '{"model":"llama","prompt":"hi"}', "60000"],
+                             capture_output=True, text=True, timeout=120).stdout
+        ready_ns = int(open(ready_file).read())
+        rows = [tuple(int(x) for x in line.split()) for line in out.splitlines()]
+        ok = [r for r in rows if r[1] == 200]
+        delays = sorted((r[0] - ready_ns) / 1e6 for r in ok)
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/_sim/state",
+                                    context=ssl.create_default_context(
+                                        cafile=f"{d}/ca.crt")) as r:
+            scale_writes = json.load(r)["counters"].get("scale_writes", 0)
+        return {"clients": n, "lost": n - len(ok), "scale_patches": scale_writes,
+                "p50_ms": pct(delays, 50), "p99_ms": pct(delays, 99),
+                "max_ms": delays[-1] if delays else float("nan")}
+    finally:
+        if thaw:
+            stop(thaw)
+        stop(sim, signal.SIGINT)
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().split(")")[-1].split()
+    return int(parts[11]) + int(parts[12])
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def scale(d, n):
+    sim, port = start_sim(d, ["--bookmark-s", "60"])
+    thaw = None
+    try:
+        for i in range(n):
+            api(d, port, "POST", "/apis/apps/v1/namespaces/models/deployments",
+                deployment(f"model-{i:05d}", annotations={"thaw.dev/priority": "batch"}))
+        start = time.monotonic()
+        thaw, _, admin = start_thaw(d, 10)
+        deadline = start + 120
+        while not ready(admin) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        sync_s = time.monotonic() - start
+        with urllib.request.urlopen(f"http://{admin}/status", timeout=30) as r:
+            models = len(json.load(r)["models"])
+        rss = rss_kib(thaw.pid)
+        hz = os.sysconf("SC_CLK_TCK")
+        c0 = cpu_ticks(thaw.pid)
+        idle_s = 10
+        time.sleep(idle_s)
+        cpu_ms = (cpu_ticks(thaw.pid) - c0) * 1000 / hz
+        return {"deployments": n, "models_seen": models, "sync_s": round(sync_s, 2),
+                "rss_mib": round(rss / 1024, 1), "idle_cpu_ms_per_s": round(cpu_ms / idle_s, 2)}
+    finally:
+        if thaw:
+            stop(thaw)
+        stop(sim, signal.SIGINT)
+
+
+def main():
+    for b in (THAW_BIN, SIM_BIN, CLIENT_BIN):
+        if not os.path.exists(b):
+            print(f"k8s_bench: {b} not built; skipping")
+            return 0
+    if not shutil.which("openssl"):
+        print("k8s_bench: openssl missing; skipping")
+        return 0
+    d = tempfile.mkdtemp(prefix="thaw-k8s-bench-")
+    try:
+        make_pki(d)
+        c = cold_start(d, 20 if SMOKE else 100)
+        print("kubernetes cold start (through the API simulator): pod health OK -> first byte")
+        print(f"  {c['clients']} clients: p50 {c['p50_ms']:.2f} ms, p99 {c['p99_ms']:.2f} ms, "
+              f"max {c['max_ms']:.2f} ms, lost {c['lost']}, scale PATCHes {c['scale_patches']}")
+        s = scale(d, 200 if SMOKE else 2000)
+        print(f"kubernetes scale: {s['deployments']} model Deployments: synced in {s['sync_s']} s, "
+              f"RSS {s['rss_mib']} MiB, idle CPU {s['idle_cpu_ms_per_s']} ms/s "
+              f"({s['models_seen']} models in /status)")
+        print("K8S_JSON " + json.dumps({"cold": c, "scale": s}))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+#include "thaw/k8s/objects.h"
+#include "thaw/k8s/informer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void copy(char *dst, size_t len, const char *src)
+{
+    snprintf(dst, len, "%s", src ? src : "");
+}
+
+int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
+{
+    memset(o, 0, sizeof *o);
+    const char *name = k8s_get_string(obj, "metadata.name");
+    if (!name) {
+        return -1;
+    }
+    copy(o->name, sizeof o->name, name);
+    copy(o->namespace_, sizeof o->namespace_, k8s_get_string(obj, "metadata.namespace"));
+    const cJSON *ml =
+        cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "metadata.labels"), "thaw.dev/model");
+    copy(o->model, sizeof o->model, cJSON_IsString(ml) ? ml->valuestring : NULL);
+    copy(o->ip, sizeof o->ip, k8s_get_string(obj, "status.podIP"));
+    copy(o->phase, sizeof o->phase, k8s_get_string(obj, "status.phase"));
+    o->running = strcmp(o->phase, "Running") == 0;
+    o->terminating = k8s_get(obj, "metadata.deletionTimestamp") != NULL ||
+                     strcmp(o->phase, "Failed") == 0 || strcmp(o->phase, "Succeeded") == 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, k8s_get(obj, "status.conditions"))
+    {
+        const char *type = k8s_get_string(c, "type");
+        const char *status = k8s_get_string(c, "status");
+        const char *reason = k8s_get_string(c, "reason");
+        if (type && strcmp(type, "PodScheduled") == 0 && status && strcmp(status, "False") == 0 &&
+            reason && strcmp(reason, "Unschedulable") == 0) {
+            o->unschedulable = true;
+            copy(o->unschedulable_message, sizeof o->unschedulable_message,
+                 k8s_get_string(c, "message"));
+        }
+    }
+    return 0;
+}
+
+const char *k8s_slice_service(const cJSON *slice)
+{
+    const cJSON *svc = cJSON_GetObjectItemCaseSensitive(k8s_get(slice, "metadata.labels"),
+                                                        "kubernetes.io/service-name");
+    return cJSON_IsString(svc) ? svc->valuestring : NULL;
+}
+
+size_t k8s_slice_each(const cJSON *slice, void (*fn)(void *ud, const struct k8s_slice_endpoint *e),
+                      void *ud)
+{
+    size_t n = 0;
+    const cJSON *ep;
+    cJSON_ArrayForEach(ep, cJSON_GetObjectItemCaseSensitive(slice, "endpoints"))
+    {
+        const char *pod = k8s_get_string(ep, "targetRef.name");
+        const cJSON *a0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ep, "addresses"), 0);
+        if (!pod || !cJSON_IsString(a0)) {
+            continue;
+        }
+        const cJSON *ready = k8s_get(ep, "conditions.ready");
+        const cJSON *term = k8s_get(ep, "conditions.terminating");
+        struct k8s_slice_endpoint e = {
+            .pod = pod,
+            .address = a0->valuestring,
+            .ready = !cJSON_IsFalse(ready),
+            .terminating = cJSON_IsTrue(term),
+        };
+        fn(ud, &e);
+        n++;
+    }
+    return n;
+}
+
+static uint64_t num(const cJSON *v)
+{
+    if (cJSON_IsString(v)) {
+        return strtoull(v->valuestring, NULL, 10);
+    }
+    return cJSON_IsNumber(v) && v->valuedouble > 0 ? (uint64_t)v->valuedouble : 0;
+}
+
+int k8s_node_decode(const cJSON *obj, struct k8s_node_info *o)
+{
+    memset(o, 0, sizeof *o);
+    const char *name = k8s_get_string(obj, "metadata.name");
+    if (!name) {
+        return -1;
+    }
+    copy(o->name, sizeof o->name, name);
+    o->gpu_allocatable =
+        num(cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "status.allocatable"), "nvidia.com/gpu"));
+    const cJSON *labels = k8s_get(obj, "metadata.labels");
+    o->gpu_count = num(cJSON_GetObjectItemCaseSensitive(labels, "nvidia.com/gpu.count"));
+    o->gpu_replicas = num(cJSON_GetObjectItemCaseSensitive(labels, "nvidia.com/gpu.replicas"));
+    const cJSON *prod = cJSON_GetObjectItemCaseSensitive(labels, "nvidia.com/gpu.product");
+    copy(o->gpu_product, sizeof o->gpu_product, cJSON_IsString(prod) ? prod->valuestring : NULL);
+    return 0;
+}
