@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the proxy benchmark, the idle-connection memory test and the cold-start load test.
+# Runs the proxy benchmark, the idle-connection memory test, the cold-start load test
+# and the Kubernetes load test.
 # SMOKE=1 keeps both short (CI); figures are printed, nothing fails on time.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -7,3 +8,4 @@ ulimit -n 65536 2>/dev/null || true
 /usr/bin/python3 bench_proxy.py
 /usr/bin/python3 idle_conns.py
 /usr/bin/python3 coldstart.py
+/usr/bin/python3 k8s_bench.py

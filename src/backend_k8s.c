@@ -62,6 +62,7 @@ struct kmodel {
     struct event scale_retry;
     struct k8s_call *scale_call;
     uint64_t idle_since_ms;
+    uint64_t waiting_since_ms; /* requests wait and no pod is ready */
     uint64_t scale_ups, scale_downs;
     char last_scale_error[200];
 };
@@ -645,6 +646,21 @@ static void on_deployments_synced(void *ud)
     k8s_informer_start(&kb->nodes);
 }
 
+static void any_unschedulable(void *ud, const char *key, void *value)
+{
+    const struct kpod *p = value;
+    if (p->unschedulable && !p->terminating) {
+        *(bool *)ud = true;
+    }
+}
+
+static bool model_has_unschedulable(struct kmodel *km)
+{
+    bool any = false;
+    strmap_each(&km->pods, any_unschedulable, &any);
+    return any;
+}
+
 static void idle_check(void *ud, const char *key, void *value)
 {
     struct kmodel *km = value;
@@ -660,6 +676,22 @@ static void idle_check(void *ud, const char *key, void *value)
         /* A scale-up that could not land yet is retried by its timer. */
         if (m->n_endpoints == 0 && km->spec.replicas == 0 && km->scale_want < 0) {
             want_replicas(km, 1);
+        }
+        if (m->n_endpoints > 0 || m->queue.count == 0) {
+            km->waiting_since_ms = 0;
+        } else if (!km->waiting_since_ms) {
+            km->waiting_since_ms = now;
+        } else if (now - km->waiting_since_ms >= km->spec.startup_timeout_ms &&
+                   !model_has_unschedulable(km)) {
+            /* Pods that run but never answer (crash loops, bad images): do not
+             * hold clients forever. Pods waiting for a GPU are not failures. */
+            char why[160];
+            snprintf(why, sizeof why, "no pod became ready within startup-timeout (%llu ms)",
+                     (unsigned long long)km->spec.startup_timeout_ms);
+            LOGW("model did not become ready", "model=%s deployment=%s", m->name, km->key);
+            post_event(km, "Warning", "StartupTimeout", why);
+            km->waiting_since_ms = now;
+            fleet_model_unavailable(m->fleet, m, why, 0);
         }
         return;
     }

@@ -478,3 +478,18 @@ def test_config_models_and_cluster_models_together(cluster, thaw_factory, tmp_pa
     assert complete(t).status == 200
     backends = {m["name"]: m["backend"] for m in t.status()["models"]}
     assert backends == {"static-one": "static", "llama": "kubernetes"}
+
+
+def test_pods_that_never_get_ready_fail_held_requests_after_startup_timeout(
+        cluster, thaw_factory, tmp_path):
+    sim = cluster()
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("llama", annotations={"thaw.dev/startup-timeout": "1s"}, load_ms=600000))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    start = time.monotonic()
+    r = complete(t)
+    assert r.status == 503 and r.json()["error"]["type"] == "start_failed"
+    assert "startup-timeout" in r.json()["error"]["message"]
+    assert 0.9 < time.monotonic() - start < 5
+    t.assert_reconciled()
