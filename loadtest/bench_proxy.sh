@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the proxy benchmark, the idle-connection memory test, the cold-start load test
 # and the Kubernetes load test.
-# SMOKE=1 keeps both short (CI); figures are printed, nothing fails on time.
+# SMOKE=1 keeps them short (CI); figures are printed, nothing fails on time.
 set -euo pipefail
 cd "$(dirname "$0")"
 ulimit -n 65536 2>/dev/null || true

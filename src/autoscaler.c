@@ -1,0 +1,173 @@
+#include "thaw/autoscaler.h"
+
+#include <math.h>
+#include <string.h>
+
+void as_config_defaults(struct as_config *c, double target)
+{
+    c->target = target > 0 ? target : 1;
+    c->stable_window_ms = 60000;
+    c->panic_window_pct = 10;
+    c->panic_threshold = 2.0;
+    c->max_scale_up_rate = 1000;
+    c->max_scale_down_rate = 2;
+    c->scale_down_delay_ms = 0;
+    c->scale_to_zero_grace_ms = 30000;
+    c->min_scale = 0;
+    c->max_scale = 1000;
+    c->activation_scale = 1;
+}
+
+void as_init(struct as_state *s, const struct as_config *c)
+{
+    memset(s, 0, sizeof *s);
+    s->bucket_ms = c->stable_window_ms / 60;
+    if (s->bucket_ms < 1000) {
+        s->bucket_ms = 1000;
+    }
+    for (int i = 0; i < AS_BUCKETS; i++) {
+        s->b[i].idx = -1;
+    }
+}
+
+void as_record(struct as_state *s, uint64_t now_ms, double concurrency)
+{
+    int64_t idx = (int64_t)(now_ms / s->bucket_ms);
+    struct as_bucket *b = &s->b[idx % AS_BUCKETS];
+    if (b->idx != idx) {
+        b->idx = idx;
+        b->sum = 0;
+        b->n = 0;
+    }
+    b->sum += concurrency;
+    b->n++;
+    if (concurrency > 0) {
+        s->last_demand_ms = now_ms;
+        s->ever_demand = true;
+    }
+}
+
+/* Mean over the buckets of the last window_ms (each bucket's own mean). */
+static double window_avg(const struct as_state *s, uint64_t now_ms, uint64_t window_ms)
+{
+    int64_t now_idx = (int64_t)(now_ms / s->bucket_ms);
+    int64_t span = (int64_t)((window_ms + s->bucket_ms - 1) / s->bucket_ms);
+    if (span < 1) {
+        span = 1;
+    }
+    if (span > AS_BUCKETS) {
+        span = AS_BUCKETS;
+    }
+    double sum = 0;
+    int64_t n = 0;
+    for (int64_t i = now_idx - span + 1; i <= now_idx; i++) {
+        const struct as_bucket *b = &s->b[(i % AS_BUCKETS + AS_BUCKETS) % AS_BUCKETS];
+        if (b->idx == i && b->n) {
+            sum += b->sum / b->n;
+            n++;
+        }
+    }
+    return n ? sum / (double)n : 0;
+}
+
+static unsigned clamp_u(double v, unsigned lo, unsigned hi)
+{
+    if (v < lo) {
+        return lo;
+    }
+    if (v > hi) {
+        return hi;
+    }
+    return (unsigned)v;
+}
+
+void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, unsigned ready,
+               struct as_decision *out)
+{
+    uint64_t panic_ms = (uint64_t)((double)c->stable_window_ms * c->panic_window_pct / 100.0);
+    if (panic_ms < s->bucket_ms) {
+        panic_ms = s->bucket_ms;
+    }
+    double stable = window_avg(s, now_ms, c->stable_window_ms);
+    double panic = window_avg(s, now_ms, panic_ms);
+    out->stable_avg = stable;
+    out->panic_avg = panic;
+    out->why = "stable window";
+    double want_stable = ceil(stable / c->target - 1e-9);
+    double want_panic = ceil(panic / c->target - 1e-9);
+
+    /* Panic: the short window asks for twice what is ready (or anything at
+     * all when nothing is ready). */
+    bool over = ready == 0 ? panic > 0 : panic / ((double)ready * c->target) >= c->panic_threshold;
+    if (over) {
+        if (!s->panicking) {
+            s->panic_floor = ready;
+        }
+        s->panicking = true;
+        s->panic_since_ms = now_ms;
+    } else if (s->panicking && now_ms - s->panic_since_ms >= c->stable_window_ms) {
+        s->panicking = false;
+        s->panic_floor = 0;
+    }
+    double want;
+    if (s->panicking) {
+        want = want_panic > want_stable ? want_panic : want_stable;
+        if (want < s->panic_floor) {
+            want = s->panic_floor; /* scale up only */
+        }
+        s->panic_floor = (unsigned)want;
+        out->why = "panic window";
+    } else {
+        want = want_stable;
+    }
+
+    /* Rate limits, relative to what is ready. */
+    if (ready > 0) {
+        double up = ceil(c->max_scale_up_rate * ready);
+        double down = floor((double)ready / c->max_scale_down_rate);
+        if (want > up) {
+            want = up;
+            out->why = "max scale-up rate";
+        }
+        if (want < down) {
+            want = down;
+            out->why = "max scale-down rate";
+        }
+    }
+
+    /* Scale-down delay: the highest recommendation of the last delay. */
+    if (c->scale_down_delay_ms) {
+        s->delay[s->delay_next].at = now_ms;
+        s->delay[s->delay_next].desired = (unsigned)want;
+        s->delay_next = (s->delay_next + 1) % AS_DELAY_SLOTS;
+        for (int i = 0; i < AS_DELAY_SLOTS; i++) {
+            if (s->delay[i].at && now_ms - s->delay[i].at < c->scale_down_delay_ms &&
+                s->delay[i].desired > want) {
+                want = s->delay[i].desired;
+                out->why = "scale-down delay";
+            }
+        }
+    }
+
+    /* Zero after the grace period with nothing in flight or queued, whatever
+     * the averages still say; never sooner. */
+    bool idle_long = !s->ever_demand || now_ms - s->last_demand_ms >= c->scale_to_zero_grace_ms;
+    if (idle_long && !s->panicking) {
+        want = 0;
+        out->why = "idle past the scale-to-zero grace";
+    } else if (want < 1 && ready > 0) {
+        want = 1;
+        out->why = "scale-to-zero grace";
+    }
+    /* From zero: the activation scale. */
+    if (ready == 0 && want > 0 && want < c->activation_scale) {
+        want = c->activation_scale;
+        out->why = "activation scale";
+    }
+    unsigned desired = clamp_u(want, c->min_scale, c->max_scale);
+    if ((double)desired != want) {
+        out->why = desired == c->min_scale ? "min scale" : "max scale";
+    }
+    out->desired = desired;
+    out->panic = s->panicking;
+}
