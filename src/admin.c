@@ -3,6 +3,7 @@
 #include "thaw/conn.h"
 #include "thaw/proxy.h"
 #include "thaw/server.h"
+#include "thaw/warmpool.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,6 +151,35 @@ void admin_render_metrics(struct server *srv, struct buf *o)
         help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
         buf_printf(o, "thaw_kubernetes_synced %d\n",
                    srv->k8s_backend->ops->synced(srv->k8s_backend) ? 1 : 0);
+    }
+
+    help_type(o, "thaw_pool_decisions_total", "counter",
+              "Capacity decisions by model and action (keep_warm, to_zero, admit, deny, evict, "
+              "preempt).");
+    FOR_EACH_MODEL(srv, m)
+    {
+        for (int a = 0; a < 6; a++) {
+            if (m->stats.pool_decisions[a]) {
+                buf_printf(o, "thaw_pool_decisions_total{model=\"%s\",action=\"%s\"} %llu\n",
+                           m->name, wp_action_name((enum wp_action)a),
+                           (unsigned long long)m->stats.pool_decisions[a]);
+            }
+        }
+    }
+    help_type(o, "thaw_pool_slices", "gauge",
+              "GPU slices held by replicas, by tier and whether only the warm pool keeps them.");
+    {
+        unsigned held[TIER_COUNT][2] = {{0}};
+        FOR_EACH_MODEL(srv, m)
+        {
+            held[m->set.priority][m->pool_warm ? 1 : 0] += m->pool_slices;
+        }
+        for (int t = 0; t < TIER_COUNT; t++) {
+            for (int w = 0; w < 2; w++) {
+                buf_printf(o, "thaw_pool_slices{tier=\"%s\",warm=\"%s\"} %u\n",
+                           tier_name((enum tier)t), w ? "true" : "false", held[t][w]);
+            }
+        }
     }
 
     help_type(o, "thaw_connections", "gauge", "Open client connections on the proxy port.");

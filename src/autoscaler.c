@@ -152,8 +152,10 @@ void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, u
     /* Zero after the grace period with nothing in flight or queued, whatever
      * the averages still say; never sooner. */
     bool idle_long = !s->ever_demand || now_ms - s->last_demand_ms >= c->scale_to_zero_grace_ms;
-    if (idle_long && !s->panicking) {
-        want = 0;
+    if (idle_long) {
+        want = 0; /* idle ends a panic too: there is nothing to scale up for */
+        s->panicking = false;
+        s->panic_floor = 0;
         out->why = "idle past the scale-to-zero grace";
     } else if (want < 1 && ready > 0) {
         want = 1;

@@ -13,6 +13,7 @@
 #include "thaw/log.h"
 #include "thaw/probe.h"
 #include "thaw/procplan.h"
+#include "thaw/scaler.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -83,10 +84,12 @@ struct proc_model {
     unsigned failures;
     uint64_t backoff_until_ms;
     bool waiting_for_capacity;
+    bool poked;
     char last_error[200];
     uint64_t starts, start_failures, crashes;
     uint64_t last_cold_start_ms;
     unsigned seq;
+    struct scaler_model sc;
 };
 
 struct process_backend {
@@ -98,6 +101,8 @@ struct process_backend {
     struct list_node models;
     struct event *sigchld;
     struct event *tick;
+    const struct config *cfg;
+    uint64_t next_plan_ms;
     bool stopping;
 };
 
@@ -472,27 +477,22 @@ static void start_failed(struct proc_model *pm, struct replica *r, const char *w
     }
 }
 
-static void reconcile(struct proc_model *pm, uint64_t now)
+/* In-flight requests at the replica (its endpoint, once ready). */
+static uint32_t replica_inflight(struct replica *r)
 {
-    struct model *m = pm->m;
-    bool busy = m->inflight > 0 || m->queue.count > 0;
-    if (busy) {
-        pm->idle_since_ms = 0;
-    } else if (!pm->idle_since_ms) {
-        pm->idle_since_ms = now;
+    struct model *m = r->pm->m;
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        if (strcmp(m->endpoints[i]->id, r->id) == 0) {
+            return m->endpoints[i]->inflight;
+        }
     }
-    struct procplan_model in = {
-        .min_replicas = pm->min_replicas,
-        .max_replicas = pm->max_replicas,
-        .ready = pm->n_ready,
-        .starting = pm->n_starting,
-        .inflight = m->inflight,
-        .queued = m->queue.count,
-        .idle_since_ms = pm->idle_since_ms,
-        .idle_timeout_ms = pm->idle_timeout_ms,
-        .backoff_until_ms = pm->backoff_until_ms,
-    };
-    unsigned target = procplan_target(&in, now);
+    return 0;
+}
+
+/* Starts or stops replicas until the model has `target`. Stopping takes
+ * starting replicas first, then ready ones with the fewest in flight. */
+static void apply_target(struct proc_model *pm, unsigned target, const char *why)
+{
     unsigned have = pm->n_ready + pm->n_starting;
     while (have < target) {
         if (replica_start(pm) != 0) {
@@ -500,29 +500,90 @@ static void reconcile(struct proc_model *pm, uint64_t now)
         }
         have++;
     }
-    if (have > target) {
-        /* Stop idle replicas: starting ones first, then the newest ready. */
+    while (have > target) {
+        struct replica *victim = NULL;
+        uint32_t best = UINT32_MAX;
         struct list_node *pos, *tmp;
         list_for_each_safe(pos, tmp, &pm->replicas)
         {
-            if (have <= target) {
-                break;
-            }
             struct replica *r = container_of(pos, struct replica, node);
             if (r->state == R_STARTING) {
-                replica_stop(r, "not needed");
-                have--;
+                victim = r;
+                best = 0;
+                break;
+            }
+            if (r->state == R_READY) {
+                uint32_t in = replica_inflight(r);
+                if (in < best) {
+                    best = in;
+                    victim = r;
+                }
             }
         }
-        for (struct list_node *n = pm->replicas.prev; n != &pm->replicas && have > target;) {
-            struct replica *r = container_of(n, struct replica, node);
-            n = n->prev;
-            if (r->state == R_READY) {
-                replica_stop(r, "idle");
-                have--;
+        if (!victim) {
+            break;
+        }
+        replica_stop(victim, why);
+        have--;
+    }
+}
+
+static unsigned capacity_slices(struct process_backend *pb)
+{
+    const struct config_warm_pool *wp = &pb->cfg->warm_pool;
+    unsigned total = 0;
+    for (size_t i = 0; i < pb->n_gpus; i++) {
+        total += pb->gpus[i].slices;
+    }
+    if (wp->capacity_slices && (total == 0 || wp->capacity_slices < total)) {
+        total = (unsigned)wp->capacity_slices;
+    }
+    return total;
+}
+
+/* One planning step over every model: the autoscaler's wish per model, then
+ * the warm pool and admission across the GPUs, then start and stop. */
+static void plan_all(struct process_backend *pb)
+{
+    uint64_t now = server_now_ms();
+    struct scaler_model *sms[1024];
+    struct proc_model *pms[1024];
+    size_t n = 0;
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pb->models)
+    {
+        struct proc_model *pm = container_of(pos, struct proc_model, node);
+        if (n == 1024) {
+            break;
+        }
+        pm->sc.current = pm->n_ready + pm->n_starting;
+        pm->sc.ready = pm->n_ready;
+        pm->sc.hold_starts = now < pm->backoff_until_ms;
+        sms[n] = &pm->sc;
+        pms[n++] = pm;
+    }
+    scaler_plan(sms, n, capacity_slices(pb), (unsigned)pb->cfg->warm_pool.budget_slices, now);
+    for (size_t i = 0; i < n; i++) {
+        struct proc_model *pm = pms[i];
+        bool denied = pm->sc.target < pm->sc.last.desired && !pm->sc.hold_starts;
+        pm->waiting_for_capacity = denied && (pm->m->queue.count > 0 || pm->poked);
+        pm->poked = false;
+    }
+    /* Stops first, so the slices they free are there for the starts. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < n; i++) {
+            struct proc_model *pm = pms[i];
+            unsigned have = pm->n_ready + pm->n_starting;
+            unsigned target = pm->sc.target;
+            if ((pass == 0 && target < have) || (pass == 1 && target > have)) {
+                apply_target(pm, target,
+                             pm->sc.last_reason[0] && strcmp(pm->sc.last_action, "admit")
+                                 ? pm->sc.last_reason
+                                 : "autoscaler");
             }
         }
     }
+    pb->next_plan_ms = now + pb->cfg->autoscaler.tick_ms;
 }
 
 static void reconcile_all(struct process_backend *pb)
@@ -532,6 +593,7 @@ static void reconcile_all(struct process_backend *pb)
     list_for_each_safe(pos, tmp, &pb->models)
     {
         struct proc_model *pm = container_of(pos, struct proc_model, node);
+        scaler_record(&pm->sc, now);
         /* Startup timeouts. */
         struct list_node *rp, *rt;
         list_for_each_safe(rp, rt, &pm->replicas)
@@ -545,7 +607,9 @@ static void reconcile_all(struct process_backend *pb)
                 start_failed(pm, r, why);
             }
         }
-        reconcile(pm, now);
+    }
+    if (now >= pb->next_plan_ms) {
+        plan_all(pb);
     }
 }
 
@@ -637,7 +701,7 @@ static void on_sigchld(evutil_socket_t sig, short what, void *arg)
         reaped(pb, pid, status);
     }
     if (!pb->stopping) {
-        reconcile_all(pb); /* freed slices may let a waiting model start */
+        plan_all(pb); /* freed slices may let a waiting model start */
     }
 }
 
@@ -679,12 +743,18 @@ static int process_attach(struct backend *b, struct model *m, const struct confi
     list_push_back(&pb->models, &pm->node);
     m->backend = b;
     m->backend_data = pm;
-    reconcile(pm, server_now_ms()); /* min_replicas start now */
+    scaler_model_init(&pm->sc, m, pb->cfg, cm->target, pm->min_replicas, pm->max_replicas,
+                      pm->idle_timeout_ms, pm->gpu_slices);
+    plan_all(pb); /* min_replicas start now */
     return 0;
 }
 
 /* Demand arrived for a model with no ready replica: start one now rather
  * than at the next tick. -EAGAIN while a failed start is backing off. */
+/* Demand arrived for a model with no ready replica: plan now rather than at
+ * the next tick (the autoscaler sees the held request as demand, panics with
+ * nothing ready, and asks for the activation scale). -EAGAIN while a failed
+ * start is backing off. */
 static int process_scale(struct backend *b, struct model *m, unsigned replicas)
 {
     struct proc_model *pm = m->backend_data;
@@ -692,17 +762,12 @@ static int process_scale(struct backend *b, struct model *m, unsigned replicas)
     if (pm->n_ready == 0 && pm->n_starting == 0 && now < pm->backoff_until_ms) {
         return -EAGAIN;
     }
-    pm->idle_since_ms = 0;
-    unsigned have = pm->n_ready + pm->n_starting;
-    if (replicas > pm->max_replicas) {
-        replicas = pm->max_replicas;
+    if (pm->n_ready + pm->n_starting >= replicas) {
+        return 0; /* one start per need */
     }
-    while (have < replicas) {
-        if (replica_start(pm) != 0) {
-            break;
-        }
-        have++;
-    }
+    as_record(&pm->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
+    pm->poked = true; /* the request queues right after this */
+    plan_all(pm->pb);
     return 0;
 }
 
@@ -746,6 +811,7 @@ static void process_describe(struct backend *b, struct model *m, cJSON *out)
     if (pm->idle_since_ms && pm->n_ready) {
         cJSON_AddNumberToObject(out, "idle_ms", (double)(now - pm->idle_since_ms));
     }
+    scaler_describe(&pm->sc, out);
     cJSON *procs = cJSON_AddArrayToObject(out, "processes");
     struct list_node *pos, *tmp;
     list_for_each_safe(pos, tmp, &pm->replicas)
@@ -906,6 +972,7 @@ struct backend *backend_process_new(struct fleet *fleet, struct event_base *base
     pb->base.ops = &process_ops;
     pb->base.fleet = fleet;
     pb->evbase = base;
+    pb->cfg = cfg;
     list_init(&pb->models);
     pb->n_gpus = cfg->n_gpus;
     pb->gpus = calloc(cfg->n_gpus ? cfg->n_gpus : 1, sizeof *pb->gpus);

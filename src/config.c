@@ -62,6 +62,27 @@ static const struct num_key upstream_keys[] = {
 };
 #undef UPS
 
+#define AS(k, d, lo, hi) {#k, offsetof(struct config_autoscaler, k), d, lo, hi}
+static const struct num_key autoscaler_keys[] = {
+    AS(tick_ms, 2000, 100, 600000),
+    AS(stable_window_ms, 60000, 6000, 3600000),
+    AS(panic_window_pct, 10, 1, 100),
+    AS(panic_threshold_pct, 200, 110, 1000),
+    AS(max_scale_up_rate, 1000, 1, 100000),
+    AS(max_scale_down_rate, 2, 1, 1000),
+    AS(scale_down_delay_ms, 0, 0, 3600000),
+    AS(activation_scale, 1, 1, 1000),
+    AS(target_utilization_pct, 70, 1, 100),
+};
+#undef AS
+
+#define WP(k, d, lo, hi) {#k, offsetof(struct config_warm_pool, k), d, lo, hi}
+static const struct num_key warm_pool_keys[] = {
+    WP(budget_slices, 0, 0, 100000),
+    WP(capacity_slices, 0, 0, 100000),
+};
+#undef WP
+
 /* max_queue's default is limits.max_queue_per_model; UINT64_MAX marks "unset". */
 #define MOD(k, d, lo, hi) {#k, offsetof(struct config_model, k), d, lo, hi}
 static const struct num_key model_keys[] = {
@@ -78,6 +99,7 @@ static const struct num_key model_keys[] = {
     MOD(stop_grace_ms, 10000, 0, 600000),
     MOD(gpu_slices, 0, 0, 64),
     MOD(loading_heartbeat_ms, 0, 0, 600000),
+    MOD(target, 0, 0, 100000),
 };
 #undef MOD
 
@@ -580,6 +602,8 @@ struct config *config_new_default(void)
     }
     set_defaults(limit_keys, N_ELEMS(limit_keys), &cfg->limits);
     set_defaults(upstream_keys, N_ELEMS(upstream_keys), &cfg->upstream);
+    set_defaults(autoscaler_keys, N_ELEMS(autoscaler_keys), &cfg->autoscaler);
+    set_defaults(warm_pool_keys, N_ELEMS(warm_pool_keys), &cfg->warm_pool);
     cfg->log_level = LOG_INFO;
     cfg->kubernetes.probe_pods = true;
     cfg->kubernetes.events = true;
@@ -630,6 +654,12 @@ static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
             rc = parse_gpus(p, it, cfg);
         } else if (strcmp(it->string, "kubernetes") == 0) {
             rc = parse_kubernetes(p, it, cfg);
+        } else if (strcmp(it->string, "autoscaler") == 0) {
+            rc = parse_table_object(p, it, "autoscaler", autoscaler_keys, N_ELEMS(autoscaler_keys),
+                                    &cfg->autoscaler);
+        } else if (strcmp(it->string, "warm_pool") == 0) {
+            rc = parse_table_object(p, it, "warm_pool", warm_pool_keys, N_ELEMS(warm_pool_keys),
+                                    &cfg->warm_pool);
         } else if (strcmp(it->string, "models") == 0) {
             models = it;
             if (!cJSON_IsArray(it)) {

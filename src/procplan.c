@@ -38,30 +38,6 @@ uint64_t procplan_restart_backoff_ms(unsigned failures)
     return d > 60000 ? 60000 : d;
 }
 
-unsigned procplan_target(const struct procplan_model *pm, uint64_t now_ms)
-{
-    unsigned have = pm->ready + pm->starting;
-    unsigned target = pm->min_replicas;
-    bool busy = pm->inflight > 0 || pm->queued > 0;
-    if (busy) {
-        if (now_ms >= pm->backoff_until_ms && target < 1) {
-            target = 1;
-        }
-        /* Never take away what is serving or already on its way. */
-        if (target < have) {
-            target = have;
-        }
-    } else if (pm->idle_since_ms && now_ms - pm->idle_since_ms < pm->idle_timeout_ms) {
-        if (target < have) {
-            target = have; /* idle, but within the grace period */
-        }
-    }
-    if (target > pm->max_replicas) {
-        target = pm->max_replicas;
-    }
-    return target;
-}
-
 unsigned procplan_mps_percentage(unsigned slices, unsigned total)
 {
     if (total == 0) {

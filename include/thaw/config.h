@@ -61,6 +61,7 @@ struct config_model {
     uint64_t stop_grace_ms;
     uint64_t gpu_slices;
     uint64_t loading_heartbeat_ms; /* 0: no SSE heartbeats while loading */
+    uint64_t target;               /* autoscaler: concurrency per replica; 0: derived */
     uint64_t max_concurrency;
     enum tier priority;
     uint64_t max_queue;
@@ -77,6 +78,25 @@ struct config_gpu {
     uint64_t id;
     uint64_t slices;
     enum gpu_sharing sharing;
+};
+
+/* Autoscaler defaults (Knative's where it has one); models may override
+ * target and the windows. */
+struct config_autoscaler {
+    uint64_t tick_ms;
+    uint64_t stable_window_ms;
+    uint64_t panic_window_pct;
+    uint64_t panic_threshold_pct;
+    uint64_t max_scale_up_rate;
+    uint64_t max_scale_down_rate;
+    uint64_t scale_down_delay_ms;
+    uint64_t activation_scale;
+    uint64_t target_utilization_pct; /* target = max_concurrency x this, unless set */
+};
+
+struct config_warm_pool {
+    uint64_t budget_slices;   /* slices idle replicas may hold; 0: no warm pool */
+    uint64_t capacity_slices; /* cap on slices in use; 0: the GPUs' (or unlimited) */
 };
 
 /* Turned on by a "kubernetes" object in the config. */
@@ -106,6 +126,8 @@ struct config {
     struct config_gpu *gpus;
     size_t n_gpus;
     struct config_kubernetes kubernetes;
+    struct config_autoscaler autoscaler;
+    struct config_warm_pool warm_pool;
 };
 
 struct config_error {

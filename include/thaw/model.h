@@ -59,6 +59,7 @@ struct model_stats {
     struct histogram upstream_ttfb;   /* dispatch -> response head */
     struct histogram queue_wait[TIER_COUNT];
     struct histogram cold_start; /* replica start -> ready */
+    uint64_t pool_decisions[6];  /* by enum wp_action */
 };
 
 struct model {
@@ -77,6 +78,8 @@ struct model {
     struct event *dispatch_more; /* set by the proxy: continues a large dispatch */
     struct event *heartbeat_timer; /* set by the proxy: SSE comments while loading */
     uint64_t cold_start_ms;    /* last measured, 0 when never */
+    unsigned pool_slices;      /* GPU slices its replicas hold (backends with capacity) */
+    bool pool_warm;            /* held only by the warm pool */
     struct model_stats stats;
 };
 

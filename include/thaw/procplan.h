@@ -1,6 +1,7 @@
 /* Pure decisions of the process backend, kept apart so they can be tested
  * with a fake clock: where a replica goes (GPU slices), how fast readiness
- * is probed, how restarts back off, and when a model scales to zero. */
+ * is probed, how restarts back off. How many replicas a model gets is the
+ * autoscaler's and the warm pool's business (scaler.h). */
 #ifndef THAW_PROCPLAN_H
 #define THAW_PROCPLAN_H
 
@@ -26,22 +27,6 @@ uint32_t procplan_probe_delay_ms(unsigned attempt);
 /* Delay before the next start after `failures` consecutive failed starts:
  * 0 for none, then 1 s, 2 s, 4 s ... capped at 60 s. */
 uint64_t procplan_restart_backoff_ms(unsigned failures);
-
-struct procplan_model {
-    unsigned min_replicas, max_replicas;
-    unsigned ready, starting;
-    uint64_t inflight, queued;
-    uint64_t idle_since_ms; /* when inflight and queued last became 0; 0: busy */
-    uint64_t idle_timeout_ms;
-    uint64_t backoff_until_ms;
-};
-
-/* Replicas the model should have now (ready + starting), given demand:
- * min_replicas always; at least one while anything is queued or in flight
- * (unless a failed start is backing off); down to min_replicas once idle for
- * idle_timeout_ms. Never above max_replicas, never below what is serving
- * requests right now. */
-unsigned procplan_target(const struct procplan_model *pm, uint64_t now_ms);
 
 /* The MPS active-thread percentage for a replica using `slices` of `total`. */
 unsigned procplan_mps_percentage(unsigned slices, unsigned total);

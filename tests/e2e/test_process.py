@@ -326,3 +326,49 @@ def test_failed_start_ends_a_heartbeat_stream_with_an_error_event(thaw_factory):
     assert err["type"] == "start_failed"
     t.assert_reconciled()
     assert t.metric("thaw_rejections_total", reason="start_failed") == 1
+
+
+def test_critical_request_evicts_an_idle_warm_batch_replica(thaw_factory):
+    """4 slices, all held by idle batch replicas kept warm; a critical model wakes."""
+    t = thaw_factory({
+        "gpus": [{"id": 0, "slices": 4}],
+        "warm_pool": {"budget_slices": 4},
+        "autoscaler": {"tick_ms": 200},
+        "models": [sim_model("batch-a", load_ms=50, gpu_slices=2, priority="batch",
+                             idle_timeout_ms=300),
+                   sim_model("batch-b", load_ms=50, gpu_slices=2, priority="batch",
+                             idle_timeout_ms=300),
+                   sim_model("crit", load_ms=50, gpu_slices=2, priority="critical",
+                             idle_timeout_ms=300),
+                   sim_model("std", load_ms=50, gpu_slices=2, priority="standard",
+                             idle_timeout_ms=300)]})
+    assert complete(t, "batch-a").status == 200 and complete(t, "batch-b").status == 200
+    # Past their grace, idle: kept warm because the budget has room.
+    wait_for(lambda: model_status(t, "batch-a")["pool"].get("last_decision") == "keep_warm" and
+             model_status(t, "batch-b")["pool"].get("last_decision") == "keep_warm",
+             timeout=10, what="batch replicas kept warm")
+    assert t.status()["gpus"][0]["used"] == 4
+    start = time.monotonic()
+    r = complete(t, "crit", headers={"thaw-priority": "critical"})
+    assert r.status == 200
+    assert time.monotonic() - start < 5
+    evicted = [m for m in ("batch-a", "batch-b")
+               if model_status(t, m)["pool"].get("last_decision") == "evict"]
+    assert len(evicted) == 1
+    assert "evicted for crit" in model_status(t, evicted[0])["pool"]["reason"]
+    assert t.metric("thaw_pool_decisions_total", model=evicted[0], action="evict") >= 1
+    assert "action=evict" in t.logs()
+
+
+def test_burst_scales_out_and_back(thaw_factory):
+    t = thaw_factory({
+        "autoscaler": {"tick_ms": 200, "stable_window_ms": 6000},
+        "models": [sim_model(load_ms=100, token_ms=100, tokens=8, max_concurrency=1,
+                             max_replicas=4, idle_timeout_ms=1000, target=1)]})
+    assert complete(t).status == 200
+    res = parallel(12, lambda i: complete(t))
+    assert all(r.status == 200 for r in res)
+    assert model_status(t)["starts"] >= 3  # scaled out for the burst...
+    wait_for(lambda: model_status(t)["replicas_ready"] + model_status(t)["replicas_starting"]
+             == 0, timeout=30, what="back to zero")  # ...and back
+    t.assert_reconciled()

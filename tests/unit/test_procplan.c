@@ -1,6 +1,5 @@
-/* Process backend decisions, on a fake clock: placement on GPU slices,
- * probe pacing, restart backoff and the replica target (scale from zero,
- * grace, scale to zero, min/max). */
+/* Process backend decisions: placement on GPU slices, probe pacing,
+ * restart backoff, MPS shares. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -51,54 +50,6 @@ static void test_restart_backoff(void **state)
     assert_int_equal(procplan_restart_backoff_ms(100), 60000);
 }
 
-static struct procplan_model base(void)
-{
-    struct procplan_model pm = {.min_replicas = 0, .max_replicas = 3, .idle_timeout_ms = 1000};
-    return pm;
-}
-
-static void test_target_scale_from_zero_on_demand(void **state)
-{
-    struct procplan_model pm = base();
-    assert_int_equal(procplan_target(&pm, 5000), 0); /* nothing asked */
-    pm.queued = 50;
-    assert_int_equal(procplan_target(&pm, 5000), 1); /* one start for all fifty */
-    pm.starting = 1;
-    assert_int_equal(procplan_target(&pm, 5000), 1); /* and not a second */
-}
-
-static void test_target_backoff_holds_starts(void **state)
-{
-    struct procplan_model pm = base();
-    pm.queued = 1;
-    pm.backoff_until_ms = 6000;
-    assert_int_equal(procplan_target(&pm, 5000), 0);
-    assert_int_equal(procplan_target(&pm, 6000), 1);
-}
-
-static void test_target_grace_then_zero(void **state)
-{
-    struct procplan_model pm = base();
-    pm.ready = 2;
-    pm.idle_since_ms = 10000;
-    assert_int_equal(procplan_target(&pm, 10500), 2); /* within idle_timeout */
-    assert_int_equal(procplan_target(&pm, 10999), 2);
-    assert_int_equal(procplan_target(&pm, 11000), 0); /* scale to zero */
-    pm.min_replicas = 1;
-    assert_int_equal(procplan_target(&pm, 11000), 1); /* min kept */
-}
-
-static void test_target_never_drops_serving_replicas(void **state)
-{
-    struct procplan_model pm = base();
-    pm.ready = 3;
-    pm.inflight = 1;
-    pm.idle_since_ms = 0;
-    assert_int_equal(procplan_target(&pm, 99999), 3);
-    pm.max_replicas = 2; /* but max wins */
-    assert_int_equal(procplan_target(&pm, 99999), 2);
-}
-
 static void test_mps_share(void **state)
 {
     assert_int_equal(procplan_mps_percentage(1, 4), 25);
@@ -114,10 +65,6 @@ int main(void)
         cmocka_unit_test(test_gpu_pick_packs_and_refuses),
         cmocka_unit_test(test_probe_delay_is_fast_then_capped),
         cmocka_unit_test(test_restart_backoff),
-        cmocka_unit_test(test_target_scale_from_zero_on_demand),
-        cmocka_unit_test(test_target_backoff_holds_starts),
-        cmocka_unit_test(test_target_grace_then_zero),
-        cmocka_unit_test(test_target_never_drops_serving_replicas),
         cmocka_unit_test(test_mps_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

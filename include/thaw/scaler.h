@@ -1,0 +1,47 @@
+/* Scaling decisions for a backend's models: the autoscaler's wish per model
+ * (autoscaler.h), then the warm pool and GPU admission over all of them
+ * (warmpool.h). Backends embed a struct scaler_model per model, feed samples,
+ * and apply each model's `target`. Decisions other than plain admits are
+ * logged with their reason and counted per model. */
+#ifndef THAW_SCALER_H
+#define THAW_SCALER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "thaw/autoscaler.h"
+#include "thaw/config.h"
+#include "thaw/model.h"
+#include "thaw/warmpool.h"
+
+struct scaler_model {
+    struct model *m;
+    struct as_config asc;
+    struct as_state ass;
+    unsigned slices;
+    unsigned min_replicas;
+    double rate; /* requests per second, smoothed */
+    uint64_t rate_count, rate_ms;
+    struct as_decision last;
+    unsigned target;
+    bool warm;
+    char last_action[16];
+    char last_reason[160];
+    /* in, per plan: what the model holds now and whether it may start */
+    unsigned current, ready;
+    bool hold_starts; /* a failed start is backing off */
+};
+
+void scaler_model_init(struct scaler_model *sm, struct model *m, const struct config *cfg,
+                       uint64_t target, unsigned min_replicas, unsigned max_replicas,
+                       uint64_t grace_ms, unsigned slices);
+/* One concurrency sample (in flight + queued). */
+void scaler_record(struct scaler_model *sm, uint64_t now_ms);
+/* Plans all models: fills each target (and warm). capacity 0: unlimited. */
+void scaler_plan(struct scaler_model **sms, size_t n, unsigned capacity, unsigned warm_budget,
+                 uint64_t now_ms);
+void scaler_describe(const struct scaler_model *sm, cJSON *out);
+
+#endif

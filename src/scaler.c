@@ -1,0 +1,162 @@
+#include "thaw/scaler.h"
+#include "thaw/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RATE_HALF_LIFE_MS 60000.0
+
+void scaler_model_init(struct scaler_model *sm, struct model *m, const struct config *cfg,
+                       uint64_t target, unsigned min_replicas, unsigned max_replicas,
+                       uint64_t grace_ms, unsigned slices)
+{
+    memset(sm, 0, sizeof *sm);
+    sm->m = m;
+    const struct config_autoscaler *a = &cfg->autoscaler;
+    double t = target ? (double)target
+                      : (double)m->set.max_concurrency * (double)a->target_utilization_pct / 100.0;
+    as_config_defaults(&sm->asc, t < 1 ? 1 : t);
+    sm->asc.stable_window_ms = a->stable_window_ms;
+    sm->asc.panic_window_pct = (double)a->panic_window_pct;
+    sm->asc.panic_threshold = (double)a->panic_threshold_pct / 100.0;
+    sm->asc.max_scale_up_rate = (double)a->max_scale_up_rate;
+    sm->asc.max_scale_down_rate = (double)a->max_scale_down_rate;
+    sm->asc.scale_down_delay_ms = a->scale_down_delay_ms;
+    sm->asc.activation_scale = (unsigned)a->activation_scale;
+    sm->asc.scale_to_zero_grace_ms = grace_ms;
+    sm->asc.min_scale = min_replicas;
+    sm->asc.max_scale = max_replicas;
+    sm->min_replicas = min_replicas;
+    sm->slices = slices;
+    as_init(&sm->ass, &sm->asc);
+}
+
+void scaler_record(struct scaler_model *sm, uint64_t now_ms)
+{
+    as_record(&sm->ass, now_ms, (double)sm->m->inflight + (double)sm->m->queue.count);
+}
+
+static void update_rate(struct scaler_model *sm, uint64_t now_ms)
+{
+    const struct model_stats *st = &sm->m->stats;
+    uint64_t count = st->proxied + st->rejected + st->aborted;
+    if (sm->rate_ms && now_ms > sm->rate_ms) {
+        double dt = (double)(now_ms - sm->rate_ms);
+        double inst = (double)(count - sm->rate_count) * 1000.0 / dt;
+        double w = dt / (dt + RATE_HALF_LIFE_MS);
+        sm->rate = sm->rate * (1 - w) + inst * w;
+    }
+    sm->rate_count = count;
+    sm->rate_ms = now_ms;
+}
+
+static const char *tier_of(const struct scaler_model *sm)
+{
+    return tier_name(sm->m->set.priority);
+}
+
+void scaler_plan(struct scaler_model **sms, size_t n, unsigned capacity, unsigned warm_budget,
+                 uint64_t now_ms)
+{
+    if (n == 0) {
+        return;
+    }
+    struct wp_model *wm = calloc(n, sizeof *wm);
+    struct wp_plan *plan = malloc(sizeof *plan);
+    if (!wm || !plan) {
+        free(wm);
+        free(plan);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct scaler_model *sm = sms[i];
+        update_rate(sm, now_ms);
+        as_decide(&sm->ass, &sm->asc, now_ms, sm->ready, &sm->last);
+        unsigned desired = sm->last.desired;
+        if (sm->hold_starts && desired > sm->current) {
+            desired = sm->current;
+        }
+        struct model *m = sm->m;
+        double cold_s = (double)m->cold_start_ms / 1000.0;
+        wm[i] = (struct wp_model){
+            .name = m->name,
+            .tier = m->set.priority,
+            .slices = sm->slices,
+            .current = sm->current,
+            .desired = desired,
+            .min_replicas = sm->min_replicas,
+            .idle = m->inflight == 0 && m->queue.count == 0,
+            .value = sm->rate * (cold_s > 0 ? cold_s : 1),
+        };
+    }
+    warmpool_plan(wm, n, capacity, warm_budget, plan);
+    for (size_t i = 0; i < n; i++) {
+        sms[i]->target = wm[i].target;
+        sms[i]->warm = wm[i].warm > 0;
+        sms[i]->m->pool_slices = wm[i].target * wm[i].slices;
+        sms[i]->m->pool_warm = wm[i].warm > 0;
+    }
+    for (size_t i = 0; i < plan->n; i++) {
+        const struct wp_decision *d = &plan->d[i];
+        struct scaler_model *sm = sms[d->model];
+        struct scaler_model *by = sms[d->by];
+        char why[160];
+        switch (d->action) {
+        case WP_KEEP_WARM:
+            snprintf(why, sizeof why, "idle past its grace; warm budget %u/%u slices",
+                     plan->warm_slices, warm_budget);
+            break;
+        case WP_TO_ZERO:
+            snprintf(why, sizeof why, "idle past its grace; warm budget full (%u/%u slices)",
+                     plan->warm_slices, warm_budget);
+            break;
+        case WP_ADMIT:
+            snprintf(why, sizeof why, "%s", sm->last.why);
+            break;
+        case WP_DENY:
+            snprintf(why, sizeof why, "no GPU slices free (%u/%u used) and nothing of lower "
+                     "priority to take them from", plan->used_slices, capacity);
+            break;
+        case WP_EVICT:
+            snprintf(why, sizeof why, "idle warm replica evicted for %s (%s)", by->m->name,
+                     tier_of(by));
+            break;
+        case WP_PREEMPT:
+            snprintf(why, sizeof why, "shrunk toward min for %s (%s, higher priority)",
+                     by->m->name, tier_of(by));
+            break;
+        }
+        sm->m->stats.pool_decisions[d->action]++;
+        bool changed = strcmp(sm->last_action, wp_action_name(d->action)) != 0 ||
+                       strcmp(sm->last_reason, why) != 0;
+        snprintf(sm->last_action, sizeof sm->last_action, "%s", wp_action_name(d->action));
+        snprintf(sm->last_reason, sizeof sm->last_reason, "%s", why);
+        if (d->action != WP_ADMIT && changed) {
+            LOGI("capacity decision", "model=%s tier=%s action=%s replicas=%u reason=\"%s\"",
+                 sm->m->name, tier_of(sm), wp_action_name(d->action), d->replicas, why);
+        }
+    }
+    free(wm);
+    free(plan);
+}
+
+void scaler_describe(const struct scaler_model *sm, cJSON *out)
+{
+    cJSON *a = cJSON_AddObjectToObject(out, "autoscaler");
+    cJSON_AddNumberToObject(a, "target_per_replica", sm->asc.target);
+    cJSON_AddNumberToObject(a, "desired", sm->last.desired);
+    cJSON_AddNumberToObject(a, "stable_concurrency", sm->last.stable_avg);
+    cJSON_AddNumberToObject(a, "panic_concurrency", sm->last.panic_avg);
+    cJSON_AddBoolToObject(a, "panic", sm->last.panic);
+    cJSON_AddStringToObject(a, "bound_by", sm->last.why ? sm->last.why : "");
+    cJSON_AddNumberToObject(a, "request_rate", sm->rate);
+    cJSON *p = cJSON_AddObjectToObject(out, "pool");
+    cJSON_AddNumberToObject(p, "target", sm->target);
+    cJSON_AddNumberToObject(p, "slices_held", (double)sm->current * sm->slices);
+    cJSON_AddBoolToObject(p, "warm", sm->warm);
+    if (sm->last_action[0]) {
+        cJSON_AddStringToObject(p, "last_decision", sm->last_action);
+        cJSON_AddStringToObject(p, "reason", sm->last_reason);
+    }
+}
