@@ -17,6 +17,7 @@
 #include "thaw/k8s/objects.h"
 #include "thaw/log.h"
 #include "thaw/probe.h"
+#include "thaw/scaler.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -65,6 +66,7 @@ struct kmodel {
     uint64_t waiting_since_ms; /* requests wait and no pod is ready */
     uint64_t scale_ups, scale_downs;
     char last_scale_error[200];
+    struct scaler_model sc;
 };
 
 struct informer_set {
@@ -86,6 +88,7 @@ struct kube_backend {
     struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
     struct strmap nodes_gpu; /* node name -> struct k8s_node_info */
     struct event tick;
+    uint64_t next_plan_ms;
     uint64_t events_posted, event_errors, scale_errors;
 };
 
@@ -172,6 +175,8 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
         km->last_scale_error[0] = '\0';
         if (km->scale_want == want) {
             km->scale_want = -1;
+        } else if (km->scale_want >= 0) {
+            send_scale(km); /* the wish changed while this PATCH was out */
         }
         char msg[400];
         snprintf(msg, sizeof msg, "thaw scaled %s from %lld to %lld replicas", km->spec.deployment,
@@ -418,6 +423,8 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         }
         km->m->backend = &kb->base;
         km->m->backend_data = km;
+        scaler_model_init(&km->sc, km->m, kb->cfg, sp.target, (unsigned)sp.min_scale,
+                          (unsigned)sp.max_scale, sp.idle_timeout_ms, (unsigned)sp.gpu_slices);
         strmap_put(&kb->models, key, strlen(key), km);
         index_model(kb, km, true);
         LOGI("model discovered", "model=%s deployment=%s replicas=%lld gpu_slices=%llu",
@@ -433,6 +440,14 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     km->spec = sp;
     index_model(kb, km, true);
     model_apply_settings(km->m, &cm);
+    /* New annotations take effect; the autoscaler keeps its samples. */
+    km->sc.asc.min_scale = km->sc.min_replicas = (unsigned)sp.min_scale;
+    km->sc.asc.max_scale = (unsigned)sp.max_scale;
+    km->sc.asc.scale_to_zero_grace_ms = sp.idle_timeout_ms;
+    km->sc.slices = (unsigned)sp.gpu_slices;
+    if (sp.target) {
+        km->sc.asc.target = (double)sp.target;
+    }
     if (names_changed) {
         fleet_reroute_model(kb->base.fleet, km->m, &cm, NULL);
     }
@@ -661,54 +676,103 @@ static bool model_has_unschedulable(struct kmodel *km)
     return any;
 }
 
-static void idle_check(void *ud, const char *key, void *value)
+/* Per model, every tick: a concurrency sample, a retried scale-up, and the
+ * startup timeout for pods that never get ready. */
+static void model_tick(void *ud, const char *key, void *value)
 {
     struct kmodel *km = value;
     struct model *m = km->m;
     bool busy = m->inflight > 0 || m->queue.count > 0;
-    if (!busy && km->spec.replicas <= (int64_t)km->spec.min_scale) {
-        km->idle_since_ms = 0; /* nothing to scale down: the common, cheap case */
+    if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0) {
+        km->waiting_since_ms = 0; /* scaled to zero and quiet: the common, cheap case */
         return;
     }
     uint64_t now = server_now_ms();
-    if (busy) {
-        km->idle_since_ms = 0;
-        /* A scale-up that could not land yet is retried by its timer. */
-        if (m->n_endpoints == 0 && km->spec.replicas == 0 && km->scale_want < 0) {
-            want_replicas(km, 1);
-        }
-        if (m->n_endpoints > 0 || m->queue.count == 0) {
-            km->waiting_since_ms = 0;
-        } else if (!km->waiting_since_ms) {
-            km->waiting_since_ms = now;
-        } else if (now - km->waiting_since_ms >= km->spec.startup_timeout_ms &&
-                   !model_has_unschedulable(km)) {
-            /* Pods that run but never answer (crash loops, bad images): do not
-             * hold clients forever. Pods waiting for a GPU are not failures. */
-            char why[160];
-            snprintf(why, sizeof why, "no pod became ready within startup-timeout (%llu ms)",
-                     (unsigned long long)km->spec.startup_timeout_ms);
-            LOGW("model did not become ready", "model=%s deployment=%s", m->name, km->key);
-            post_event(km, "Warning", "StartupTimeout", why);
-            km->waiting_since_ms = now;
-            fleet_model_unavailable(m->fleet, m, why, 0);
-        }
+    scaler_record(&km->sc, now);
+    if (!busy || m->n_endpoints > 0 || m->queue.count == 0) {
+        km->waiting_since_ms = 0;
         return;
     }
-    if (!km->idle_since_ms) {
-        km->idle_since_ms = now;
+    if (!km->waiting_since_ms) {
+        km->waiting_since_ms = now;
+    } else if (now - km->waiting_since_ms >= km->spec.startup_timeout_ms &&
+               !model_has_unschedulable(km)) {
+        /* Pods that run but never answer (crash loops, bad images): do not
+         * hold clients forever. Pods waiting for a GPU are not failures. */
+        char why[160];
+        snprintf(why, sizeof why, "no pod became ready within startup-timeout (%llu ms)",
+                 (unsigned long long)km->spec.startup_timeout_ms);
+        LOGW("model did not become ready", "model=%s deployment=%s", m->name, km->key);
+        post_event(km, "Warning", "StartupTimeout", why);
+        km->waiting_since_ms = now;
+        fleet_model_unavailable(m->fleet, m, why, 0);
+    }
+}
+
+struct collect {
+    struct scaler_model **sms;
+    struct kmodel **kms;
+    size_t n, cap;
+};
+
+static void collect_model(void *ud, const char *key, void *value)
+{
+    struct collect *c = ud;
+    struct kmodel *km = value;
+    if (c->n == c->cap) {
         return;
     }
-    if (now - km->idle_since_ms >= km->spec.idle_timeout_ms &&
-        km->spec.replicas > (int64_t)km->spec.min_scale && !km->scale_inflight) {
-        want_replicas(km, (int64_t)km->spec.min_scale);
+    km->sc.current = (unsigned)(km->scale_want >= 0 ? km->scale_want : km->spec.replicas);
+    km->sc.ready = (unsigned)km->m->n_endpoints;
+    km->sc.hold_starts = false;
+    c->sms[c->n] = &km->sc;
+    c->kms[c->n++] = km;
+}
+
+static void sum_gpus(void *ud, const char *key, void *value)
+{
+    *(unsigned *)ud += (unsigned)((const struct k8s_node_info *)value)->gpu_allocatable;
+}
+
+/* The autoscaler and the warm pool over every model, against the GPU slices
+ * the Nodes offer (or the configured cap); each change is one scale PATCH. */
+static void plan_all(struct kube_backend *kb)
+{
+    size_t cap = kb->models.count;
+    struct collect c = {calloc(cap ? cap : 1, sizeof *c.sms), calloc(cap ? cap : 1, sizeof *c.kms),
+                        0, cap};
+    if (!c.sms || !c.kms) {
+        free(c.sms);
+        free(c.kms);
+        return;
     }
+    strmap_each(&kb->models, collect_model, &c);
+    unsigned capacity = 0;
+    strmap_each(&kb->nodes_gpu, sum_gpus, &capacity);
+    const struct config_warm_pool *wp = &kb->cfg->warm_pool;
+    if (wp->capacity_slices && (capacity == 0 || wp->capacity_slices < capacity)) {
+        capacity = (unsigned)wp->capacity_slices;
+    }
+    uint64_t now = server_now_ms();
+    scaler_plan(c.sms, c.n, capacity, (unsigned)wp->budget_slices, now);
+    for (size_t i = 0; i < c.n; i++) {
+        struct kmodel *km = c.kms[i];
+        if ((int64_t)km->sc.target != km->sc.current) {
+            want_replicas(km, km->sc.target);
+        }
+    }
+    free(c.sms);
+    free(c.kms);
+    kb->next_plan_ms = now + kb->cfg->autoscaler.tick_ms;
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct kube_backend *kb = arg;
-    strmap_each(&kb->models, idle_check, kb);
+    strmap_each(&kb->models, model_tick, kb);
+    if (server_now_ms() >= kb->next_plan_ms) {
+        plan_all(kb);
+    }
 }
 
 /* ---- backend ops --------------------------------------------------------------- */
@@ -718,17 +782,17 @@ static int kube_attach(struct backend *b, struct model *m, const struct config_m
     return -ENOTSUP; /* models come from the cluster, not the config */
 }
 
+/* Demand for a model with no ready pod: plan now, not at the next tick. */
 static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 {
     struct kmodel *km = m->backend_data;
-    km->idle_since_ms = 0;
-    if (km->spec.replicas >= (int64_t)replicas) {
-        return 0; /* pods are on their way (or Pending for capacity) */
+    int64_t have = km->scale_want >= 0 ? km->scale_want : km->spec.replicas;
+    if (have >= (int64_t)replicas) {
+        return 0; /* pods are on their way (or Pending for capacity): one PATCH per need */
     }
-    if (km->scale_want >= (int64_t)replicas) {
-        return 0; /* one PATCH per need */
-    }
-    want_replicas(km, replicas);
+    uint64_t now = server_now_ms();
+    as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
+    plan_all(KB(b));
     return 0;
 }
 
@@ -788,6 +852,7 @@ static void kube_describe(struct backend *b, struct model *m, cJSON *out)
     if (km->last_scale_error[0]) {
         cJSON_AddStringToObject(out, "last_scale_error", km->last_scale_error);
     }
+    scaler_describe(&km->sc, out);
     struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), 0};
     strmap_each(&km->pods, describe_pod, &d);
     const char *state = m->n_endpoints       ? "ready"

@@ -1,5 +1,6 @@
 #include "thaw/warmpool.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const action_names[] = {"keep_warm", "to_zero", "admit",
@@ -20,28 +21,41 @@ static void record(struct wp_plan *p, size_t model, enum wp_action a, unsigned r
     }
 }
 
-/* a goes before b: higher priority (lower tier index), then higher value. */
-static bool before(const struct wp_model *a, const struct wp_model *b)
+/* Service order: higher priority (lower tier index) first, then higher value. */
+struct sort_key {
+    size_t idx;
+    enum tier tier;
+    double value;
+};
+
+static int cmp(const void *a, const void *b)
 {
-    if (a->tier != b->tier) {
-        return a->tier < b->tier;
+    const struct sort_key *x = a, *y = b;
+    if (x->tier != y->tier) {
+        return x->tier < y->tier ? -1 : 1;
     }
-    return a->value > b->value;
+    if (x->value != y->value) {
+        return x->value > y->value ? -1 : 1;
+    }
+    return x->idx < y->idx ? -1 : x->idx > y->idx; /* stable: input order breaks ties */
 }
 
-static void order(const struct wp_model *m, size_t n, size_t *idx)
+/* idx gets model indexes in service order (see before()). */
+static int order(const struct wp_model *m, size_t n, size_t *idx)
 {
+    struct sort_key *k = malloc((n ? n : 1) * sizeof *k);
+    if (!k) {
+        return -1;
+    }
     for (size_t i = 0; i < n; i++) {
-        idx[i] = i;
+        k[i] = (struct sort_key){i, m[i].tier, m[i].value};
     }
-    for (size_t i = 1; i < n; i++) { /* insertion sort: n is small */
-        size_t v = idx[i], j = i;
-        while (j > 0 && before(&m[v], &m[idx[j - 1]])) {
-            idx[j] = idx[j - 1];
-            j--;
-        }
-        idx[j] = v;
+    qsort(k, n, sizeof *k, cmp);
+    for (size_t i = 0; i < n; i++) {
+        idx[i] = k[i].idx;
     }
+    free(k);
+    return 0;
 }
 
 void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned warm_budget,
@@ -50,11 +64,14 @@ void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned war
     memset(out, 0, sizeof *out);
     out->capacity = capacity;
     out->warm_budget = warm_budget;
-    size_t idx[1024];
-    if (n > 1024) {
-        n = 1024;
+    size_t *idx = malloc((n ? n : 1) * sizeof *idx);
+    if (!idx || order(m, n, idx)) {
+        free(idx);
+        for (size_t i = 0; i < n; i++) {
+            m[i].target = m[i].current; /* no plan: change nothing */
+        }
+        return;
     }
-    order(m, n, idx);
 
     /* 1. Scale-downs and the warm pool, best models first. */
     unsigned warm_used = 0;
@@ -147,4 +164,5 @@ void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned war
     }
     out->used_slices = used;
     out->warm_slices = warm_used;
+    free(idx);
 }

@@ -255,7 +255,8 @@ def test_python_client_lists_and_watches(cluster, tmp_path):
 def test_scale_from_zero_with_100_held_requests(cluster, thaw_factory, tmp_path):
     sim = cluster(load_ms=800)
     sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", annotations={"thaw.dev/max-concurrency": "128"}))
+             deployment("llama", annotations={"thaw.dev/max-concurrency": "128",
+                                              "thaw.dev/target": "128"}))
     t = start_thaw(thaw_factory, sim, tmp_path)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
     assert kmodel(t)["state"] == "scaled_to_zero"
@@ -285,7 +286,8 @@ def test_direct_probe_beats_the_endpointslice(cluster, thaw_factory, tmp_path):
 
 def test_api_faults_during_a_cold_start_lose_nothing(cluster, thaw_factory, tmp_path):
     sim = cluster(load_ms=1500)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("llama", annotations={"thaw.dev/target": "100"}))
     t = start_thaw(thaw_factory, sim, tmp_path)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
     out = {}
@@ -371,19 +373,24 @@ def urllib_status(t, path):
 
 def test_pending_for_gpu_capacity_then_scheduled(cluster, thaw_factory, tmp_path):
     sim = cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 1}], load_ms=100)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("big", replicas=1))
+    other = deployment("training-job", replicas=1)  # not a model: it just holds the GPU
+    del other["metadata"]["labels"]["thaw.dev/model"]
+    del other["spec"]["template"]["metadata"]["labels"]["thaw.dev/model"]
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", other)
     sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
     t = start_thaw(thaw_factory, sim, tmp_path)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
-    wait_for(lambda: kmodel(t, "big")["state"] == "ready", timeout=20, what="big running")
+    wait_for(lambda: sim.call("GET", "/api/v1/namespaces/models/pods")[1]["items"] and all(
+        p["status"]["phase"] == "Running"
+        for p in sim.call("GET", "/api/v1/namespaces/models/pods")[1]["items"]),
+        timeout=20, what="the other workload running")
     out = {}
     th = threading.Thread(target=lambda: out.__setitem__("r", complete(t)))
     th.start()
     wait_for(lambda: kmodel(t)["state"] == "waiting_for_capacity", timeout=20,
              what="llama waiting for a GPU")
     assert t.status()["queued"] == 1  # held, not failed
-    sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/big/scale",
+    sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/training-job/scale",
              {"spec": {"replicas": 0}}, ctype="application/merge-patch+json")
     th.join(60)
     assert out["r"].status == 200
@@ -450,7 +457,8 @@ def test_idle_model_scales_to_zero(cluster, thaw_factory, tmp_path):
 def test_api_server_restart_during_a_cold_start(cluster, thaw_factory, tmp_path):
     state = str(tmp_path / "sim-state.json")
     sim = cluster(load_ms=300, state=state)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("llama", annotations={"thaw.dev/target": "100"}))
     t = start_thaw(thaw_factory, sim, tmp_path)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
     port = sim.port
