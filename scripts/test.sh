@@ -44,6 +44,7 @@ rm -rf "$corpus"
 
 step "benchmarks (smoke mode: figures only, never pass/fail on time)"
 SMOKE=1 ./loadtest/bench_proxy.sh || status=1
+./build/thaw-costsim --seed 1 --hours 6 || status=1
 
 echo
 if [ $status -eq 0 ]; then
