@@ -423,8 +423,9 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         }
         km->m->backend = &kb->base;
         km->m->backend_data = km;
-        scaler_model_init(&km->sc, km->m, kb->cfg, sp.target, (unsigned)sp.min_scale,
-                          (unsigned)sp.max_scale, sp.idle_timeout_ms, (unsigned)sp.gpu_slices);
+        scaler_model_init(&km->sc, km->m, kb->cfg, sp.target, sp.window_ms,
+                          (unsigned)sp.min_scale, (unsigned)sp.max_scale, sp.idle_timeout_ms,
+                          (unsigned)sp.gpu_slices);
         strmap_put(&kb->models, key, strlen(key), km);
         index_model(kb, km, true);
         LOGI("model discovered", "model=%s deployment=%s replicas=%lld gpu_slices=%llu",

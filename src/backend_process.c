@@ -743,8 +743,8 @@ static int process_attach(struct backend *b, struct model *m, const struct confi
     list_push_back(&pb->models, &pm->node);
     m->backend = b;
     m->backend_data = pm;
-    scaler_model_init(&pm->sc, m, pb->cfg, cm->target, pm->min_replicas, pm->max_replicas,
-                      pm->idle_timeout_ms, pm->gpu_slices);
+    scaler_model_init(&pm->sc, m, pb->cfg, cm->target, cm->stable_window_ms, pm->min_replicas,
+                      pm->max_replicas, pm->idle_timeout_ms, pm->gpu_slices);
     plan_all(pb); /* min_replicas start now */
     return 0;
 }

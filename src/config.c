@@ -100,6 +100,7 @@ static const struct num_key model_keys[] = {
     MOD(gpu_slices, 0, 0, 64),
     MOD(loading_heartbeat_ms, 0, 0, 600000),
     MOD(target, 0, 0, 100000),
+    MOD(stable_window_ms, 0, 0, 3600000),
 };
 #undef MOD
 

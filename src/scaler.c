@@ -8,8 +8,8 @@
 #define RATE_HALF_LIFE_MS 60000.0
 
 void scaler_model_init(struct scaler_model *sm, struct model *m, const struct config *cfg,
-                       uint64_t target, unsigned min_replicas, unsigned max_replicas,
-                       uint64_t grace_ms, unsigned slices)
+                       uint64_t target, uint64_t window_ms, unsigned min_replicas,
+                       unsigned max_replicas, uint64_t grace_ms, unsigned slices)
 {
     memset(sm, 0, sizeof *sm);
     sm->m = m;
@@ -17,7 +17,7 @@ void scaler_model_init(struct scaler_model *sm, struct model *m, const struct co
     double t = target ? (double)target
                       : (double)m->set.max_concurrency * (double)a->target_utilization_pct / 100.0;
     as_config_defaults(&sm->asc, t < 1 ? 1 : t);
-    sm->asc.stable_window_ms = a->stable_window_ms;
+    sm->asc.stable_window_ms = window_ms >= 6000 ? window_ms : a->stable_window_ms;
     sm->asc.panic_window_pct = (double)a->panic_window_pct;
     sm->asc.panic_threshold = (double)a->panic_threshold_pct / 100.0;
     sm->asc.max_scale_up_rate = (double)a->max_scale_up_rate;

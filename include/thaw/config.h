@@ -62,6 +62,7 @@ struct config_model {
     uint64_t gpu_slices;
     uint64_t loading_heartbeat_ms; /* 0: no SSE heartbeats while loading */
     uint64_t target;               /* autoscaler: concurrency per replica; 0: derived */
+    uint64_t stable_window_ms;     /* autoscaler: 0: the global one */
     uint64_t max_concurrency;
     enum tier priority;
     uint64_t max_queue;

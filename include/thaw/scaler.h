@@ -34,9 +34,10 @@ struct scaler_model {
     bool hold_starts; /* a failed start is backing off */
 };
 
+/* target and window_ms 0: derived from max_concurrency / the global window. */
 void scaler_model_init(struct scaler_model *sm, struct model *m, const struct config *cfg,
-                       uint64_t target, unsigned min_replicas, unsigned max_replicas,
-                       uint64_t grace_ms, unsigned slices);
+                       uint64_t target, uint64_t window_ms, unsigned min_replicas,
+                       unsigned max_replicas, uint64_t grace_ms, unsigned slices);
 /* One concurrency sample (in flight + queued). */
 void scaler_record(struct scaler_model *sm, uint64_t now_ms);
 /* Plans all models: fills each target (and warm). capacity 0: unlimited. */
