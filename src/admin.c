@@ -148,6 +148,14 @@ void admin_render_metrics(struct server *srv, struct buf *o)
         help_type(o, "thaw_kubernetes_lists_total", "counter",
                   "Kubernetes lists (the first, and relists after 410 Gone or errors).");
         buf_printf(o, "thaw_kubernetes_lists_total %llu\n", (unsigned long long)relists);
+        unsigned fresh = 0, all = 0;
+        bool leading = backend_k8s_leading(srv->k8s_backend, &fresh, &all);
+        help_type(o, "thaw_leader", "gauge", "1 while this activator is the leader.");
+        buf_printf(o, "thaw_leader %d\n", leading ? 1 : 0);
+        help_type(o, "thaw_peers", "gauge",
+                  "Other activators, by whether their counts are fresh or stale.");
+        buf_printf(o, "thaw_peers{state=\"fresh\"} %u\nthaw_peers{state=\"stale\"} %u\n", fresh,
+                   all - fresh);
         help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
         buf_printf(o, "thaw_kubernetes_synced %d\n",
                    srv->k8s_backend->ops->synced(srv->k8s_backend) ? 1 : 0);
@@ -291,6 +299,13 @@ void admin_on_request(struct conn *c, struct request *r)
     } else if (http_name_eq(target, len, "/metrics")) {
         admin_render_metrics(srv, &body);
         conn_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", body.data, body.len, NULL);
+    } else if (http_name_eq(target, len, "/demand") && srv->k8s_backend) {
+        cJSON *d = cJSON_CreateObject();
+        backend_k8s_demand(srv->k8s_backend, d);
+        char *js = cJSON_PrintUnformatted(d);
+        cJSON_Delete(d);
+        conn_respond(c, 200, "application/json", js ? js : "{}", js ? strlen(js) : 2, NULL);
+        free(js);
     } else if (http_name_eq(target, len, "/status")) {
         admin_render_status(srv, &body);
         conn_respond(c, 200, "application/json", body.data, body.len, NULL);

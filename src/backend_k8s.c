@@ -13,6 +13,8 @@
 #include "thaw/backend.h"
 #include "thaw/k8s/client.h"
 #include "thaw/k8s/informer.h"
+#include "thaw/k8s/lease.h"
+#include "thaw/k8s/peers.h"
 #include "thaw/k8s/model_spec.h"
 #include "thaw/k8s/objects.h"
 #include "thaw/log.h"
@@ -24,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <event2/event_struct.h>
@@ -89,6 +92,15 @@ struct kube_backend {
     struct strmap nodes_gpu; /* node name -> struct k8s_node_info */
     struct event tick;
     uint64_t next_plan_ms;
+    /* several activators */
+    bool elect;
+    bool leading;
+    uint64_t leader_since_ms;
+    struct k8s_lease lease;
+    bool have_peers;
+    struct k8s_peers peers;
+    char identity[254];
+    uint64_t conditional_scales, conditional_conflicts;
     uint64_t events_posted, event_errors, scale_errors;
 };
 
@@ -162,6 +174,15 @@ static void on_scale_retry(evutil_socket_t fd, short what, void *arg)
     send_scale(arg);
 }
 
+static void pod_gone(struct kpod *p, const char *why);
+
+static void retire_pod(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    p->terminating = true;
+    pod_gone(p, "scaled to zero");
+}
+
 static void on_scaled(void *ud, long status, const char *body, size_t len, const char *err)
 {
     struct kmodel *km = ud;
@@ -189,6 +210,9 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
         } else if (want == 0) {
             km->scale_downs++;
             post_event(km, "Normal", "ScaledToZero", msg);
+            /* Every pod goes now: send them nothing more, even before the
+             * watch reports them terminating. */
+            strmap_each(&km->pods, retire_pod, NULL);
         }
         return;
     }
@@ -225,6 +249,60 @@ static void send_scale(struct kmodel *km)
     km->scale_inflight = true;
     km->scale_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
                                  body, strlen(body), 15000, on_scaled, km);
+    if (!km->scale_call) {
+        km->scale_inflight = false;
+    }
+}
+
+static void on_scaled_from_zero(void *ud, long status, const char *body, size_t len,
+                                const char *err)
+{
+    struct kmodel *km = ud;
+    km->scale_call = NULL;
+    km->scale_inflight = false;
+    if (status == 200) {
+        int64_t to = (int64_t)km->kb->cfg->autoscaler.activation_scale;
+        km->spec.replicas = to;
+        km->scale_ups++;
+        km->kb->conditional_scales++;
+        char msg[700];
+        snprintf(msg, sizeof msg, "%s scaled %s from 0 to %lld replicas", km->kb->identity,
+                 km->spec.deployment, (long long)to);
+        LOGI("scaled deployment from zero", "model=%s deployment=%s/%s to=%lld", km->m->name,
+             km->spec.namespace_, km->spec.deployment, (long long)to);
+        post_event(km, "Normal", "ScaledFromZero", msg);
+    } else if (status == 409) {
+        /* Another activator got there first: the informer will say so. */
+        km->kb->conditional_conflicts++;
+        LOGD("scale from zero: someone else was first", "model=%s", km->m->name);
+    } else {
+        km->kb->scale_errors++;
+        snprintf(km->last_scale_error, sizeof km->last_scale_error, "HTTP %ld%s%s", status,
+                 err ? ": " : "", err ? err : "");
+        LOGW("scale from zero failed", "model=%s status=%ld error=\"%s\"", km->m->name, status,
+             err ? err : "");
+    }
+}
+
+/* 0 -> activation scale, only if still 0: the PATCH carries the
+ * resourceVersion thaw saw, so of activators poking at once one wins and
+ * the others get 409. Any activator may do this; the rest is the leader's. */
+static void scale_from_zero(struct kmodel *km)
+{
+    if (km->spec.replicas != 0 || km->scale_inflight || !km->spec.resource_version[0]) {
+        return;
+    }
+    char body[200];
+    snprintf(body, sizeof body,
+             "{\"metadata\":{\"resourceVersion\":\"%s\"},\"spec\":{\"replicas\":%llu}}",
+             km->spec.resource_version,
+             (unsigned long long)km->kb->cfg->autoscaler.activation_scale);
+    char path[700];
+    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s/scale",
+             km->spec.namespace_, km->spec.deployment);
+    km->scale_inflight = true;
+    km->scale_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
+                                 body, strlen(body), 15000, on_scaled_from_zero, km);
     if (!km->scale_call) {
         km->scale_inflight = false;
     }
@@ -684,12 +762,18 @@ static void model_tick(void *ud, const char *key, void *value)
     struct kmodel *km = value;
     struct model *m = km->m;
     bool busy = m->inflight > 0 || m->queue.count > 0;
-    if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0) {
+    if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0 &&
+        !(km->kb->have_peers && km->kb->leading)) {
         km->waiting_since_ms = 0; /* scaled to zero and quiet: the common, cheap case */
         return;
     }
     uint64_t now = server_now_ms();
-    scaler_record(&km->sc, now);
+    uint64_t peer = km->kb->have_peers && km->kb->leading ? k8s_peers_demand(&km->kb->peers, km->key)
+                                                           : 0;
+    as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + (double)peer);
+    if (busy && m->n_endpoints == 0 && km->spec.replicas == 0) {
+        scale_from_zero(km); /* retried until the Deployment says otherwise */
+    }
     if (!busy || m->n_endpoints > 0 || m->queue.count == 0) {
         km->waiting_since_ms = 0;
         return;
@@ -756,9 +840,17 @@ static void plan_all(struct kube_backend *kb)
     }
     uint64_t now = server_now_ms();
     scaler_plan(c.sms, c.n, capacity, (unsigned)wp->budget_slices, now);
+    /* A new leader starts from the cluster's replicas and the peers' counts,
+     * not from zero: for one stable window it does not scale anything down. */
+    bool hold_down = now - kb->leader_since_ms < kb->cfg->autoscaler.stable_window_ms;
     for (size_t i = 0; i < c.n; i++) {
         struct kmodel *km = c.kms[i];
-        if ((int64_t)km->sc.target != km->sc.current) {
+        if (hold_down && km->sc.target < km->sc.current) {
+            km->sc.target = km->sc.current;
+        }
+        if (km->sc.current == 0 && km->sc.target > 0) {
+            scale_from_zero(km); /* conditional, as every activator does it */
+        } else if ((int64_t)km->sc.target != km->sc.current) {
             want_replicas(km, km->sc.target);
         }
     }
@@ -771,8 +863,18 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct kube_backend *kb = arg;
     strmap_each(&kb->models, model_tick, kb);
-    if (server_now_ms() >= kb->next_plan_ms) {
+    if (kb->leading && server_now_ms() >= kb->next_plan_ms) {
         plan_all(kb);
+    }
+}
+
+static void on_leadership(void *ud, bool leading)
+{
+    struct kube_backend *kb = ud;
+    kb->leading = leading;
+    kb->leader_since_ms = server_now_ms();
+    if (kb->have_peers) {
+        k8s_peers_set_polling(&kb->peers, leading);
     }
 }
 
@@ -783,17 +885,16 @@ static int kube_attach(struct backend *b, struct model *m, const struct config_m
     return -ENOTSUP; /* models come from the cluster, not the config */
 }
 
-/* Demand for a model with no ready pod: plan now, not at the next tick. */
+/* Demand for a model with no ready pod: scale it from zero now (any
+ * activator, conditionally), not at the next tick. */
 static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 {
     struct kmodel *km = m->backend_data;
-    int64_t have = km->scale_want >= 0 ? km->scale_want : km->spec.replicas;
-    if (have >= (int64_t)replicas) {
-        return 0; /* pods are on their way (or Pending for capacity): one PATCH per need */
-    }
     uint64_t now = server_now_ms();
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
-    plan_all(KB(b));
+    if (km->spec.replicas == 0) {
+        scale_from_zero(km);
+    }
     return 0;
 }
 
@@ -854,6 +955,11 @@ static void kube_describe(struct backend *b, struct model *m, cJSON *out)
         cJSON_AddStringToObject(out, "last_scale_error", km->last_scale_error);
     }
     scaler_describe(&km->sc, out);
+    cJSON *dm = cJSON_AddObjectToObject(out, "demand");
+    cJSON_AddNumberToObject(dm, "local", (double)m->inflight + (double)m->queue.count);
+    if (km->kb->have_peers) {
+        cJSON_AddNumberToObject(dm, "peers", (double)k8s_peers_demand(&km->kb->peers, km->key));
+    }
     struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), 0};
     strmap_each(&km->pods, describe_pod, &d);
     const char *state = m->n_endpoints       ? "ready"
@@ -921,6 +1027,53 @@ static void kube_describe_capacity(struct backend *b, cJSON *out)
     add_informer(infs, &kb->nodes, NULL);
     cJSON *nodes = cJSON_AddArrayToObject(k, "nodes");
     strmap_each(&kb->nodes_gpu, add_node, nodes);
+    cJSON *le = cJSON_AddObjectToObject(k, "leader_election");
+    cJSON_AddBoolToObject(le, "enabled", kb->elect);
+    cJSON_AddStringToObject(le, "identity", kb->identity);
+    cJSON_AddBoolToObject(le, "leading", kb->leading);
+    if (kb->elect) {
+        cJSON_AddStringToObject(le, "lease", kb->lease.name);
+        cJSON_AddStringToObject(le, "holder", kb->lease.holder);
+        cJSON_AddNumberToObject(le, "lease_transitions", (double)kb->lease.transitions);
+    }
+    cJSON_AddNumberToObject(le, "conditional_scales", (double)kb->conditional_scales);
+    cJSON_AddNumberToObject(le, "conditional_conflicts", (double)kb->conditional_conflicts);
+    if (kb->have_peers) {
+        k8s_peers_describe(&kb->peers, k);
+    }
+}
+
+/* GET /demand: this activator's own counts per model, for the leader. */
+void backend_k8s_demand(struct backend *b, cJSON *out);
+
+static void add_demand_cb(void *ud, const char *key, void *value)
+{
+    struct kmodel *km = value;
+    if (km->m->inflight || km->m->queue.count) {
+        cJSON *pair = cJSON_CreateArray();
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber(km->m->inflight));
+        cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)km->m->queue.count));
+        cJSON_AddItemToObject(ud, key, pair);
+    }
+}
+
+void backend_k8s_demand(struct backend *b, cJSON *out)
+{
+    struct kube_backend *kb = KB(b);
+    cJSON_AddStringToObject(out, "identity", kb->identity);
+    cJSON_AddBoolToObject(out, "leader", kb->leading);
+    cJSON *models = cJSON_AddObjectToObject(out, "models");
+    strmap_each(&kb->models, add_demand_cb, models);
+}
+
+bool backend_k8s_leading(struct backend *b, unsigned *fresh_peers, unsigned *all_peers);
+
+bool backend_k8s_leading(struct backend *b, unsigned *fresh_peers, unsigned *all_peers)
+{
+    struct kube_backend *kb = KB(b);
+    *fresh_peers = kb->have_peers ? k8s_peers_count(&kb->peers, true) : 0;
+    *all_peers = kb->have_peers ? k8s_peers_count(&kb->peers, false) : 0;
+    return kb->leading;
 }
 
 void backend_k8s_metrics(struct backend *b, uint64_t *api_errors, uint64_t *watch_restarts,
@@ -954,6 +1107,12 @@ static void kube_free(struct backend *b)
 {
     struct kube_backend *kb = KB(b);
     event_del(&kb->tick);
+    if (kb->elect) {
+        k8s_lease_dispose(&kb->lease);
+    }
+    if (kb->have_peers) {
+        k8s_peers_dispose(&kb->peers);
+    }
     for (size_t i = 0; i < kb->n_ns; i++) {
         k8s_informer_dispose(&kb->ns[i].deployments);
         k8s_informer_dispose(&kb->ns[i].slices);
@@ -1040,6 +1199,47 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
     /* Deployments first: pods and slices find their models by them. */
     for (size_t i = 0; i < kb->n_ns; i++) {
         k8s_informer_start(&kb->ns[i].deployments);
+    }
+    kb->leading = true; /* alone, this activator decides */
+    const char *pod = getenv("POD_NAME");
+    if (k->identity) {
+        snprintf(kb->identity, sizeof kb->identity, "%s", k->identity);
+    } else if (pod && *pod) {
+        snprintf(kb->identity, sizeof kb->identity, "%s", pod);
+    } else {
+        char host[200] = "thaw";
+        gethostname(host, sizeof host - 1);
+        snprintf(kb->identity, sizeof kb->identity, "%s-%d", host, (int)getpid());
+    }
+    const struct k8s_auth *au = k8s_client_auth(kb->client);
+    const char *lease_ns = k->lease_namespace ? k->lease_namespace
+                           : au->namespace_   ? au->namespace_
+                                              : "default";
+    if (k->leader_election) {
+        kb->elect = true;
+        kb->leading = false;
+        k8s_lease_init(&kb->lease, kb->client, base, k->lease_name ? k->lease_name : "thaw-leader",
+                       lease_ns, kb->identity, k->lease_duration_ms, k->renew_interval_ms,
+                       k->renew_deadline_ms, on_leadership, kb);
+        k8s_lease_start(&kb->lease);
+    }
+    if (k->peers_service) {
+        const char *self_ip = getenv("POD_IP");
+        char listen_ip[128] = "";
+        if (!self_ip || !*self_ip) {
+            snprintf(listen_ip, sizeof listen_ip, "%s", cfg->admin_listen);
+            char *colon = strrchr(listen_ip, ':');
+            if (colon) {
+                *colon = '\0';
+            }
+            self_ip = listen_ip;
+        }
+        kb->have_peers = true;
+        k8s_peers_init(&kb->peers, kb->client, base,
+                       k->peers_namespace ? k->peers_namespace : lease_ns, k->peers_service,
+                       (unsigned)k->peers_port, self_ip, k->peers_poll_ms, k->peers_timeout_ms);
+        k8s_peers_set_polling(&kb->peers, kb->leading);
+        k8s_peers_start(&kb->peers);
     }
     event_assign(&kb->tick, base, -1, EV_PERSIST, on_tick, kb);
     struct timeval tv = {0, TICK_MS * 1000};

@@ -46,6 +46,7 @@ static int resolve(const char *hostport, char *out, size_t outlen)
 static int static_attach(struct backend *b, struct model *m, const struct config_model *cm)
 {
     m->backend = b;
+    m->fixed_replicas = true;
     for (size_t i = 0; i < cm->n_endpoints; i++) {
         char addr[300];
         int rc = resolve(cm->endpoints[i], addr, sizeof addr);

@@ -414,6 +414,12 @@ static int parse_kubernetes(struct parser *p, const cJSON *obj, struct config *c
         return rc;
     }
     k->enabled = true;
+    k->lease_duration_ms = 15000;
+    k->renew_interval_ms = 2000;
+    k->renew_deadline_ms = 10000;
+    k->peers_port = 9090;
+    k->peers_poll_ms = 1000;
+    k->peers_timeout_ms = 5000;
     for (const cJSON *it = obj->child; it; it = it->next) {
         char path[128];
         snprintf(path, sizeof path, "kubernetes.%s", it->string);
@@ -431,12 +437,41 @@ static int parse_kubernetes(struct parser *p, const cJSON *obj, struct config *c
             rc = read_bool(p, it, path, &k->events);
         } else if (strcmp(it->string, "default_port") == 0) {
             rc = read_uint(p, it, path, 1, 65535, &k->default_port);
+        } else if (strcmp(it->string, "leader_election") == 0) {
+            rc = read_bool(p, it, path, &k->leader_election);
+        } else if (strcmp(it->string, "lease_name") == 0) {
+            rc = read_string(p, it, path, &k->lease_name);
+        } else if (strcmp(it->string, "lease_namespace") == 0) {
+            rc = read_string(p, it, path, &k->lease_namespace);
+        } else if (strcmp(it->string, "identity") == 0) {
+            rc = read_string(p, it, path, &k->identity);
+        } else if (strcmp(it->string, "lease_duration_ms") == 0) {
+            rc = read_uint(p, it, path, 1000, 600000, &k->lease_duration_ms);
+        } else if (strcmp(it->string, "renew_interval_ms") == 0) {
+            rc = read_uint(p, it, path, 100, 60000, &k->renew_interval_ms);
+        } else if (strcmp(it->string, "renew_deadline_ms") == 0) {
+            rc = read_uint(p, it, path, 500, 600000, &k->renew_deadline_ms);
+        } else if (strcmp(it->string, "peers_service") == 0) {
+            rc = read_string(p, it, path, &k->peers_service);
+        } else if (strcmp(it->string, "peers_namespace") == 0) {
+            rc = read_string(p, it, path, &k->peers_namespace);
+        } else if (strcmp(it->string, "peers_port") == 0) {
+            rc = read_uint(p, it, path, 1, 65535, &k->peers_port);
+        } else if (strcmp(it->string, "peers_poll_ms") == 0) {
+            rc = read_uint(p, it, path, 100, 60000, &k->peers_poll_ms);
+        } else if (strcmp(it->string, "peers_timeout_ms") == 0) {
+            rc = read_uint(p, it, path, 200, 600000, &k->peers_timeout_ms);
         } else {
             rc = fail(p, it, path, "unknown key");
         }
         if (rc) {
             return rc;
         }
+    }
+    if (k->renew_deadline_ms >= k->lease_duration_ms ||
+        k->renew_interval_ms >= k->renew_deadline_ms) {
+        return fail(p, obj, "kubernetes",
+                    "need renew_interval_ms < renew_deadline_ms < lease_duration_ms");
     }
     return 0;
 }
@@ -823,6 +858,11 @@ void config_free(struct config *cfg)
     free(cfg->kubernetes.label_selector);
     free(cfg->kubernetes.kubeconfig);
     free(cfg->kubernetes.context);
+    free(cfg->kubernetes.lease_name);
+    free(cfg->kubernetes.lease_namespace);
+    free(cfg->kubernetes.identity);
+    free(cfg->kubernetes.peers_service);
+    free(cfg->kubernetes.peers_namespace);
     free(cfg->path);
     free(cfg->listen);
     free(cfg->admin_listen);

@@ -279,9 +279,23 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
         }
     }
     /* When every replica is ejected, try the one whose ejection ends first
-     * rather than refusing everything (Envoy's panic mode). */
-    if (!best && all_ejected) {
+     * rather than refusing everything (Envoy's panic mode), for models whose
+     * replicas are fixed. Where the backend replaces replicas, an ejected one
+     * is usually gone (a pod the watch has not reported yet): wait instead. */
+    if (!best && all_ejected && m->fixed_replicas) {
         best = best_ejected;
+    }
+    return best;
+}
+
+uint64_t model_next_unejection(const struct model *m, uint64_t now_ms)
+{
+    uint64_t best = 0;
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        uint64_t u = m->endpoints[i]->ejected_until_ms;
+        if (u > now_ms && (best == 0 || u < best)) {
+            best = u;
+        }
     }
     return best;
 }

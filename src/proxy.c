@@ -466,6 +466,10 @@ void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason r
         event_free(m->heartbeat_timer);
         m->heartbeat_timer = NULL;
     }
+    if (m->eject_timer) {
+        event_free(m->eject_timer);
+        m->eject_timer = NULL;
+    }
 }
 
 unsigned proxy_retry_after_s(const struct request *r)
@@ -477,6 +481,25 @@ unsigned proxy_retry_after_s(const struct request *r)
     uint64_t ms = m->backend->ops->retry_after_ms(m->backend, m);
     unsigned s = (unsigned)((ms + 999) / 1000);
     return s ? s : 1;
+}
+
+/* Requests that wait because every replica is ejected try again when the
+ * first ejection ends (unless a new replica comes sooner). */
+static void retry_after_ejection(struct server *srv, struct model *m)
+{
+    uint64_t now = server_now_ms();
+    uint64_t at = model_next_unejection(m, now);
+    if (!at) {
+        return;
+    }
+    if (!m->eject_timer) {
+        m->eject_timer = evtimer_new(srv->base, on_dispatch_more, m);
+    }
+    if (m->eject_timer) {
+        uint64_t wait = at - now;
+        struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)((wait % 1000) * 1000 + 1000)};
+        event_add(m->eject_timer, &tv);
+    }
 }
 
 void proxy_upstream_retry(struct request *r)
@@ -495,6 +518,7 @@ void proxy_upstream_retry(struct request *r)
             r->state = REQ_QUEUED;
             queue_push_front(&m->queue, &r->qi);
             arm_queue_timer(srv, m);
+            retry_after_ejection(srv, m);
             return;
         }
         r->state = REQ_ROUTED;
@@ -507,10 +531,12 @@ void proxy_upstream_retry(struct request *r)
         start_at(srv, r, ep);
         return;
     }
-    /* Every slot is busy: wait at the front of its tier. */
+    /* Every slot is busy (or every replica ejected): wait at the front of
+     * its tier. */
     r->state = REQ_QUEUED;
     queue_push_front(&m->queue, &r->qi);
     arm_queue_timer(srv, m);
+    retry_after_ejection(srv, m);
 }
 
 void proxy_upstream_done(struct request *r)

@@ -63,6 +63,10 @@ struct k8s_auth;
 struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
                                 const struct config *cfg, struct k8s_auth *auth, char *err,
                                 size_t errlen);
+/* This activator's per-model counts (GET /demand on the admin port). */
+void backend_k8s_demand(struct backend *b, cJSON *out);
+/* Is this activator the leader; how many peers (fresh, all)? */
+bool backend_k8s_leading(struct backend *b, unsigned *fresh_peers, unsigned *all_peers);
 /* Kubernetes API client and informer counters, for metrics. */
 void backend_k8s_metrics(struct backend *b, uint64_t *api_errors, uint64_t *watch_restarts,
                          uint64_t *relists);

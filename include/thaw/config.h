@@ -111,7 +111,19 @@ struct config_kubernetes {
     bool probe_pods;      /* probe pod IPs directly, ahead of EndpointSlices */
     bool events;          /* post Events on scale decisions */
     uint64_t default_port;
-    uint64_t scale_down_delay_ms; /* unused before the autoscaler; kept for it */
+    /* Several activators: a Lease elects the one that scales; peers share demand. */
+    bool leader_election;
+    char *lease_name;      /* default "thaw-leader" */
+    char *lease_namespace; /* default: the credentials' namespace, else "default" */
+    char *identity;        /* default: $POD_NAME, else host name and pid */
+    uint64_t lease_duration_ms;
+    uint64_t renew_interval_ms;
+    uint64_t renew_deadline_ms;
+    char *peers_service;   /* thaw's own Service: its EndpointSlices list the peers */
+    char *peers_namespace;
+    uint64_t peers_port;   /* their admin port */
+    uint64_t peers_poll_ms;
+    uint64_t peers_timeout_ms; /* a peer silent this long drops out of the sum */
 };
 
 struct config {

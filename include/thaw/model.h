@@ -77,7 +77,9 @@ struct model {
     struct event *queue_timer; /* set by the proxy: fires at the next deadline */
     struct event *dispatch_more; /* set by the proxy: continues a large dispatch */
     struct event *heartbeat_timer; /* set by the proxy: SSE comments while loading */
+    struct event *eject_timer;     /* set by the proxy: retry when an ejection ends */
     uint64_t cold_start_ms;    /* last measured, 0 when never */
+    bool fixed_replicas;       /* the backend cannot replace replicas (static) */
     unsigned pool_slices;      /* GPU slices its replicas hold (backends with capacity) */
     bool pool_warm;            /* held only by the warm pool */
     struct model_stats stats;
@@ -124,9 +126,11 @@ void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const 
 void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reason,
                              uint64_t retry_after_ms);
 
-/* Least-loaded ready endpoint with a free slot, skipping ejected ones unless
- * all are ejected. NULL when every slot is busy or there are none. */
+/* Least-loaded ready endpoint with a free slot, skipping ejected ones (unless
+ * all are ejected and the replicas are fixed). NULL when none can take it. */
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);
+/* When the first ejected endpoint comes back; 0 when none is ejected. */
+uint64_t model_next_unejection(const struct model *m, uint64_t now_ms);
 /* Sum of max_concurrency over endpoints. */
 uint32_t model_capacity(const struct model *m);
 

@@ -331,9 +331,12 @@ static struct k8s_call *start_call(struct k8s_client *c, const char *method, con
         free(call);
         return NULL;
     }
+    /* An absolute http:// URL is a peer activator, not the API server: no
+     * credentials go there. */
+    bool peer = strncmp(path, "http://", 7) == 0;
     refresh_token(c, false);
     char url[4096];
-    snprintf(url, sizeof url, "%s%s", c->auth.server, path);
+    snprintf(url, sizeof url, "%s%s", peer ? "" : c->auth.server, path);
     CURL *e = call->easy;
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_PRIVATE, call);
@@ -353,6 +356,9 @@ static struct k8s_call *start_call(struct k8s_client *c, const char *method, con
         curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms > 0 ? timeout_ms : 30000L);
     }
     const struct k8s_auth *a = &c->auth;
+    if (peer) {
+        goto headers;
+    }
     if (a->ca_file) {
         curl_easy_setopt(e, CURLOPT_CAINFO, a->ca_file);
     } else if (a->ca_pem.len) {
@@ -377,8 +383,9 @@ static struct k8s_call *start_call(struct k8s_client *c, const char *method, con
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 0L);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 0L);
     }
+headers:
     call->headers = curl_slist_append(call->headers, "Accept: application/json");
-    const char *tok = c->token ? c->token : a->token;
+    const char *tok = peer ? NULL : c->token ? c->token : a->token;
     if (tok && *tok) {
         size_t n = strlen(tok) + 32;
         char *h = malloc(n);

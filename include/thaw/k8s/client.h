@@ -37,7 +37,9 @@ void k8s_client_free(struct k8s_client *c);
 const struct k8s_auth *k8s_client_auth(const struct k8s_client *c);
 const struct k8s_client_stats *k8s_client_stats(const struct k8s_client *c);
 
-/* path includes the query. body may be NULL. timeout_ms 0: 30 s. */
+/* path includes the query; an absolute "http://..." URL goes to that host
+ * without the API credentials (peer activators). body may be NULL.
+ * timeout_ms 0: 30 s. */
 struct k8s_call *k8s_request(struct k8s_client *c, const char *method, const char *path,
                              const char *content_type, const char *body, size_t body_len,
                              long timeout_ms, k8s_done_cb done, void *ud);

@@ -1,0 +1,43 @@
+/* The other activators and their demand. Peers are the endpoints of thaw's
+ * own Service (its EndpointSlices); each serves its per-model in-flight and
+ * queued counts on GET /demand of its admin port, and the leader polls them.
+ * Polling keeps this traffic off the API server (publishing counts there
+ * would write to etcd every second from every activator). A peer that has
+ * not answered for timeout_ms is stale: it drops out of the sum. */
+#ifndef THAW_K8S_PEERS_H
+#define THAW_K8S_PEERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+#include "thaw/k8s/client.h"
+#include "thaw/k8s/informer.h"
+#include "thaw/strmap.h"
+
+struct k8s_peers {
+    struct k8s_client *client;
+    struct k8s_informer slices;
+    struct strmap peers; /* "ip:port" -> struct k8s_peer */
+    char self_ip[64];
+    unsigned port;
+    uint64_t poll_ms, timeout_ms;
+    struct event timer;
+    bool polling; /* only the leader polls */
+};
+
+void k8s_peers_init(struct k8s_peers *p, struct k8s_client *c, struct event_base *base,
+                    const char *namespace_, const char *service, unsigned port, const char *self_ip,
+                    uint64_t poll_ms, uint64_t timeout_ms);
+void k8s_peers_start(struct k8s_peers *p);
+void k8s_peers_set_polling(struct k8s_peers *p, bool on);
+/* Sum of in-flight + queued for model key ("ns/deployment") over fresh peers. */
+uint64_t k8s_peers_demand(struct k8s_peers *p, const char *key);
+unsigned k8s_peers_count(struct k8s_peers *p, bool fresh_only);
+void k8s_peers_describe(struct k8s_peers *p, cJSON *out);
+void k8s_peers_dispose(struct k8s_peers *p);
+
+#endif

@@ -1,0 +1,266 @@
+#include "thaw/k8s/peers.h"
+#include "thaw/k8s/objects.h"
+#include "thaw/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t server_now_ms(void);
+
+struct k8s_peer {
+    struct k8s_peers *set;
+    char addr[96];
+    bool self;
+    bool seen; /* in the latest slice */
+    uint64_t last_ok_ms;
+    uint64_t polls, failures;
+    struct strmap demand; /* model key -> (uintptr_t) demand + 1 */
+    struct k8s_call *call;
+    char identity[254];
+};
+
+static void free_peer(struct k8s_peer *pe)
+{
+    k8s_call_cancel(pe->call);
+    strmap_dispose(&pe->demand);
+    free(pe);
+}
+
+static void mark_unseen(void *ud, const char *key, void *value)
+{
+    ((struct k8s_peer *)value)->seen = false;
+}
+
+static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
+{
+    struct k8s_peers *p = ud;
+    if (e->terminating) {
+        return;
+    }
+    char addr[96];
+    snprintf(addr, sizeof addr, strchr(e->address, ':') ? "[%s]:%u" : "%s:%u", e->address,
+             p->port);
+    struct k8s_peer *pe = strmap_get(&p->peers, addr, strlen(addr));
+    if (!pe) {
+        pe = calloc(1, sizeof *pe);
+        if (!pe) {
+            return;
+        }
+        pe->set = p;
+        snprintf(pe->addr, sizeof pe->addr, "%s", addr);
+        pe->self = strcmp(e->address, p->self_ip) == 0;
+        strmap_init(&pe->demand);
+        strmap_put(&p->peers, addr, strlen(addr), pe);
+        LOGI("peer activator found", "peer=%s self=%d", addr, pe->self);
+    }
+    pe->seen = true;
+}
+
+struct gone {
+    char *keys[256];
+    size_t n;
+};
+
+static void collect_unseen(void *ud, const char *key, void *value)
+{
+    struct gone *g = ud;
+    if (!((struct k8s_peer *)value)->seen && g->n < 256) {
+        g->keys[g->n++] = strdup(key);
+    }
+}
+
+static void slice_upsert(void *ud, const cJSON *obj)
+{
+    struct k8s_peers *p = ud;
+    strmap_each(&p->peers, mark_unseen, NULL);
+    k8s_slice_each(obj, add_endpoint, p);
+    struct gone g = {.n = 0};
+    strmap_each(&p->peers, collect_unseen, &g);
+    for (size_t i = 0; i < g.n; i++) {
+        struct k8s_peer *pe = strmap_del(&p->peers, g.keys[i], strlen(g.keys[i]));
+        if (pe) {
+            LOGI("peer activator gone", "peer=%s", pe->addr);
+            free_peer(pe);
+        }
+        free(g.keys[i]);
+    }
+}
+
+static void slice_remove(void *ud, const cJSON *obj)
+{
+}
+
+static void on_demand(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct k8s_peer *pe = ud;
+    pe->call = NULL;
+    if (status != 200) {
+        pe->failures++;
+        return;
+    }
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
+    if (!cJSON_IsObject(models)) {
+        pe->failures++;
+        cJSON_Delete(root);
+        return;
+    }
+    strmap_dispose(&pe->demand);
+    strmap_init(&pe->demand);
+    const cJSON *m;
+    cJSON_ArrayForEach(m, models)
+    {
+        const cJSON *in = cJSON_GetArrayItem(m, 0), *q = cJSON_GetArrayItem(m, 1);
+        uintptr_t d = (uintptr_t)((cJSON_IsNumber(in) ? in->valuedouble : 0) +
+                                  (cJSON_IsNumber(q) ? q->valuedouble : 0));
+        strmap_put(&pe->demand, m->string, strlen(m->string), (void *)(d + 1));
+    }
+    const char *id = k8s_get_string(root, "identity");
+    snprintf(pe->identity, sizeof pe->identity, "%s", id ? id : "");
+    pe->last_ok_ms = server_now_ms();
+    cJSON_Delete(root);
+}
+
+static void poll_one(void *ud, const char *key, void *value)
+{
+    struct k8s_peer *pe = value;
+    struct k8s_peers *p = ud;
+    if (pe->self || pe->call) {
+        return;
+    }
+    char url[160];
+    snprintf(url, sizeof url, "http://%s/demand", pe->addr);
+    pe->polls++;
+    pe->call = k8s_request(p->client, "GET", url, NULL, NULL, 0, (long)p->timeout_ms, on_demand,
+                           pe);
+}
+
+static void on_poll(evutil_socket_t fd, short what, void *arg)
+{
+    struct k8s_peers *p = arg;
+    if (p->polling) {
+        strmap_each(&p->peers, poll_one, p);
+    }
+    struct timeval tv = {(time_t)(p->poll_ms / 1000), (suseconds_t)((p->poll_ms % 1000) * 1000)};
+    event_add(&p->timer, &tv);
+}
+
+static bool fresh(const struct k8s_peers *p, const struct k8s_peer *pe)
+{
+    return !pe->self && pe->last_ok_ms && server_now_ms() - pe->last_ok_ms < p->timeout_ms;
+}
+
+struct sum {
+    struct k8s_peers *p;
+    const char *key;
+    uint64_t total;
+    unsigned count;
+    bool fresh_only;
+};
+
+static void add_demand(void *ud, const char *k, void *value)
+{
+    struct sum *s = ud;
+    struct k8s_peer *pe = value;
+    if (!fresh(s->p, pe)) {
+        return;
+    }
+    void *d = strmap_get(&pe->demand, s->key, strlen(s->key));
+    if (d) {
+        s->total += (uintptr_t)d - 1;
+    }
+}
+
+uint64_t k8s_peers_demand(struct k8s_peers *p, const char *key)
+{
+    struct sum s = {p, key, 0, 0, true};
+    strmap_each(&p->peers, add_demand, &s);
+    return s.total;
+}
+
+static void count_peer(void *ud, const char *k, void *value)
+{
+    struct sum *s = ud;
+    struct k8s_peer *pe = value;
+    if (!pe->self && (!s->fresh_only || fresh(s->p, pe))) {
+        s->count++;
+    }
+}
+
+unsigned k8s_peers_count(struct k8s_peers *p, bool fresh_only)
+{
+    struct sum s = {p, NULL, 0, 0, fresh_only};
+    strmap_each(&p->peers, count_peer, &s);
+    return s.count;
+}
+
+static void describe_peer(void *ud, const char *k, void *value)
+{
+    struct k8s_peer *pe = value;
+    struct k8s_peers *p = pe->set;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "address", pe->addr);
+    cJSON_AddBoolToObject(j, "self", pe->self);
+    if (!pe->self) {
+        cJSON_AddStringToObject(j, "identity", pe->identity);
+        cJSON_AddBoolToObject(j, "fresh", fresh(p, pe));
+        cJSON_AddNumberToObject(j, "last_answer_ms_ago",
+                                pe->last_ok_ms ? (double)(server_now_ms() - pe->last_ok_ms) : -1);
+        cJSON_AddNumberToObject(j, "polls", (double)pe->polls);
+        cJSON_AddNumberToObject(j, "failures", (double)pe->failures);
+    }
+    cJSON_AddItemToArray(ud, j);
+}
+
+void k8s_peers_describe(struct k8s_peers *p, cJSON *out)
+{
+    cJSON *arr = cJSON_AddArrayToObject(out, "peers");
+    strmap_each(&p->peers, describe_peer, arr);
+}
+
+static const struct k8s_informer_ops slice_ops = {slice_upsert, slice_remove, NULL};
+
+void k8s_peers_init(struct k8s_peers *p, struct k8s_client *c, struct event_base *base,
+                    const char *namespace_, const char *service, unsigned port, const char *self_ip,
+                    uint64_t poll_ms, uint64_t timeout_ms)
+{
+    memset(p, 0, sizeof *p);
+    p->client = c;
+    p->port = port;
+    p->poll_ms = poll_ms;
+    p->timeout_ms = timeout_ms;
+    snprintf(p->self_ip, sizeof p->self_ip, "%s", self_ip ? self_ip : "");
+    strmap_init(&p->peers);
+    char path[600], sel[400];
+    snprintf(path, sizeof path, "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices",
+             namespace_);
+    snprintf(sel, sizeof sel, "kubernetes.io/service-name=%s", service);
+    k8s_informer_init(&p->slices, c, base, "peer endpointslices", path, sel, &slice_ops, p);
+    event_assign(&p->timer, base, -1, 0, on_poll, p);
+}
+
+void k8s_peers_start(struct k8s_peers *p)
+{
+    k8s_informer_start(&p->slices);
+    struct timeval tv = {0, 0};
+    event_add(&p->timer, &tv);
+}
+
+void k8s_peers_set_polling(struct k8s_peers *p, bool on)
+{
+    p->polling = on;
+}
+
+static void free_peer_cb(void *ud, const char *key, void *value)
+{
+    free_peer(value);
+}
+
+void k8s_peers_dispose(struct k8s_peers *p)
+{
+    event_del(&p->timer);
+    k8s_informer_dispose(&p->slices);
+    strmap_each(&p->peers, free_peer_cb, NULL);
+    strmap_dispose(&p->peers);
+}
