@@ -671,7 +671,8 @@ class Handler(BaseHTTPRequestHandler):
         sim = self.server.sim
         if path == "/_sim/state":
             return self.send_json(200, {"counters": sim.counters, "rv": sim.store.rv,
-                                        "watches": sim.counters["watches_open"]})
+                                        "watches": sim.counters["watches_open"],
+                                        "scale_log": sim.scale_log[-1000:]})
         if path == "/_sim/faults" and method == "POST":
             f = self.body() or {}
             if f.get("drop_watches"):
