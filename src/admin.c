@@ -98,6 +98,12 @@ void admin_render_metrics(struct server *srv, struct buf *o)
     {
         buf_printf(o, "thaw_replicas_ready{model=\"%s\"} %zu\n", m->name, m->n_endpoints);
     }
+    help_type(o, "thaw_replicas_desired", "gauge",
+              "Replicas thaw wants for a model (its autoscaler and warm pool).");
+    FOR_EACH_MODEL(srv, m)
+    {
+        buf_printf(o, "thaw_replicas_desired{model=\"%s\"} %u\n", m->name, m->replicas_desired);
+    }
     help_type(o, "thaw_upstream_errors_total", "counter",
               "Replica failures (bad or cut-off responses, timeouts), by model.");
     FOR_EACH_MODEL(srv, m)
@@ -127,7 +133,8 @@ void admin_render_metrics(struct server *srv, struct buf *o)
     }
 
     help_type(o, "thaw_cold_start_seconds", "histogram",
-              "Time from starting a replica to its first successful health check, by model.");
+              "Time from waking a model (process start, or scale-up from zero) to its first "
+              "ready replica, by model.");
     FOR_EACH_MODEL(srv, m)
     {
         char labels[300];

@@ -70,6 +70,7 @@ struct kmodel {
     uint64_t scale_ups, scale_downs;
     char last_scale_error[200];
     struct scaler_model sc;
+    uint64_t woken_ms; /* when a scale from zero landed; 0: not waking */
 };
 
 struct informer_set {
@@ -206,6 +207,7 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
              km->spec.namespace_, km->spec.deployment, (long long)from, (long long)want);
         if (from == 0 && want > 0) {
             km->scale_ups++;
+            km->woken_ms = server_now_ms();
             post_event(km, "Normal", "ScaledFromZero", msg);
         } else if (want == 0) {
             km->scale_downs++;
@@ -263,6 +265,7 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
     if (status == 200) {
         int64_t to = (int64_t)km->kb->cfg->autoscaler.activation_scale;
         km->spec.replicas = to;
+        km->woken_ms = server_now_ms();
         km->scale_ups++;
         km->kb->conditional_scales++;
         char msg[700];
@@ -339,6 +342,14 @@ static void pod_ready(struct kpod *p, const char *via)
     pod_addr(p, addr, sizeof addr);
     p->reported = true;
     LOGI("pod ready", "model=%s pod=%s addr=%s via=%s", p->km->m->name, p->name, addr, via);
+    struct kmodel *km = p->km;
+    if (km->woken_ms && km->m->n_endpoints == 0) {
+        /* The cold start as clients see it: scale-up landed -> first pod ready. */
+        uint64_t ms = server_now_ms() - km->woken_ms;
+        km->m->cold_start_ms = ms;
+        histogram_observe(&km->m->stats.cold_start, (double)ms / 1000.0);
+        km->woken_ms = 0;
+    }
     fleet_replica_ready(p->km->m->fleet, p->km->m, p->name, addr);
 }
 

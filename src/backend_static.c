@@ -47,6 +47,7 @@ static int static_attach(struct backend *b, struct model *m, const struct config
 {
     m->backend = b;
     m->fixed_replicas = true;
+    m->replicas_desired = (unsigned)cm->n_endpoints;
     for (size_t i = 0; i < cm->n_endpoints; i++) {
         char addr[300];
         int rc = resolve(cm->endpoints[i], addr, sizeof addr);

@@ -95,6 +95,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, unsigned capacity, unsigne
         sms[i]->target = wm[i].target;
         sms[i]->warm = wm[i].warm > 0;
         sms[i]->m->pool_slices = wm[i].target * wm[i].slices;
+        sms[i]->m->replicas_desired = wm[i].target;
         sms[i]->m->pool_warm = wm[i].warm > 0;
     }
     for (size_t i = 0; i < plan->n; i++) {

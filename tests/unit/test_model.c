@@ -60,7 +60,11 @@ static void test_ejected_skipped_unless_all_are(void **state)
     assert_string_equal(model_pick_endpoint(m, 500)->id, "b");
     assert_string_equal(model_pick_endpoint(m, 1000)->id, "a"); /* ejection over */
     m->endpoints[1]->ejected_until_ms = 900;
-    /* All ejected: the one whose ejection ends first. */
+    /* All ejected, replicas that come and go (process, Kubernetes): wait. */
+    assert_null(model_pick_endpoint(m, 500));
+    assert_int_equal(model_next_unejection(m, 500), 900);
+    /* Fixed replicas (static): the one whose ejection ends first. */
+    m->fixed_replicas = true;
     assert_string_equal(model_pick_endpoint(m, 500)->id, "b");
     m->endpoints[1]->inflight = 0;
     fleet_dispose(&f);
