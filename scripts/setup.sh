@@ -58,9 +58,18 @@ build() {  # build DIR [meson options...]
     ninja -C "$dir" >/dev/null
 }
 
+# The npm packages the chart checks validate rendered manifests with.
+install_chart_checks() {
+    if [ ! -d "$ROOT/tests/charts/node_modules/kubernetes-models" ]; then
+        echo "setup: installing the chart checks' npm packages"
+        (cd "$ROOT/tests/charts" && npm install --silent --no-audit --no-fund >/dev/null)
+    fi
+}
+
 build build
 if [ "$MODE" = test ]; then
     install_kube_tools
+    install_chart_checks
 fi
 case "$MODE" in
 build)

@@ -1,0 +1,310 @@
+"""Helm charts, alert rules and the dashboard, checked with real tools:
+helm (lint, template), the Kubernetes schemas (npm kubernetes-models),
+promtool (check and unit-test rules), and a real Prometheus scraping thaw."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import yaml
+
+from conftest import ROOT, THAW_BIN, wait_for
+from test_process import SIM, complete, sim_model
+
+HELM = os.path.join(ROOT, ".tools", "bin", "helm")
+CHARTS = os.path.join(ROOT, "charts")
+CHECKS = os.path.join(ROOT, "tests", "charts")
+ALL_ON = ["priorityClasses.create=true", "devicePlugin.enabled=true",
+          "metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true",
+          "metrics.grafanaDashboard.enabled=true"]
+DCGM = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_MGMT_LIMIT"}
+
+needs_helm = pytest.mark.skipif(not os.path.exists(HELM),
+                                reason="helm not installed (scripts/setup.sh test installs it)")
+
+
+def helm(*args, check=True):
+    r = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=60)
+    if check:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def render(chart, *sets, namespace="thaw-system"):
+    args = ["template", "rel", os.path.join(CHARTS, chart), "--namespace", namespace]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def by_kind(objs, kind):
+    return [o for o in objs if o["kind"] == kind]
+
+
+@needs_helm
+@pytest.mark.parametrize("chart", ["thaw", "thaw-model"])
+def test_helm_lint_strict(chart):
+    out = helm("lint", "--strict", os.path.join(CHARTS, chart)).stdout
+    assert "0 chart(s) failed" in out
+
+
+@needs_helm
+def test_rendered_objects_are_valid_kubernetes():
+    if not os.path.isdir(os.path.join(CHECKS, "node_modules")):
+        pytest.skip("npm packages not installed (scripts/setup.sh test installs them)")
+    objs = (render("thaw") + render("thaw", *ALL_ON, "watchNamespaces[0]=models")
+            + render("thaw-model", namespace="models")
+            + render("thaw-model", "server.kind=llamacpp", "priorityClassName=thaw-batch",
+                     namespace="models"))
+    r = subprocess.run(["node", "validate.mjs"], input=json.dumps(objs), capture_output=True,
+                       text=True, cwd=CHECKS, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("ok ") == len(objs)
+
+
+@needs_helm
+@pytest.mark.parametrize("chart,bad", [
+    ("thaw", "replicaCount=two"),
+    ("thaw", "image.pullPolicy=Sometimes"),
+    ("thaw", "devicePlugin.mode=mig"),
+    ("thaw", "priorityClasses.batch.preemptionPolicy=Always"),
+    ("thaw-model", "server.kind=tgi"),
+    ("thaw-model", "thawAnnotations.priority=urgent"),
+    ("thaw-model", "name=Not_A_DNS_Name"),
+])
+def test_values_schema_rejects_bad_values(chart, bad):
+    r = helm("template", "rel", os.path.join(CHARTS, chart), "--set", bad, check=False)
+    assert r.returncode != 0 and "values don't meet the specifications" in r.stderr
+
+
+@needs_helm
+def test_rendered_thaw_config_is_valid(tmp_path):
+    cm = next(o for o in render("thaw", "watchNamespaces[0]=models") if o["kind"] == "ConfigMap")
+    cfg = json.loads(cm["data"]["config.json"])
+    assert cfg["kubernetes"]["leader_election"] and cfg["kubernetes"]["peers_service"] == "rel"
+    (tmp_path / "c.json").write_text(cm["data"]["config.json"])
+    r = subprocess.run([THAW_BIN, "--check-config", str(tmp_path / "c.json")], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def rules_of(objs):
+    out = set()
+    for o in objs:
+        if o["kind"] in ("Role", "ClusterRole"):
+            for r in o["rules"]:
+                for g in r["apiGroups"]:
+                    for res in r["resources"]:
+                        out.add((o["kind"], g, res, tuple(sorted(r["verbs"]))))
+    return out
+
+
+@needs_helm
+def test_rbac_is_exactly_what_the_docs_list():
+    docs = {("apps", "deployments", ("get", "list", "watch")),
+            ("apps", "deployments/scale", ("patch",)),
+            ("", "pods", ("get", "list", "watch")),
+            ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
+            ("", "events", ("create",))}
+    everywhere = rules_of(render("thaw"))
+    assert {(g, r, v) for k, g, r, v in everywhere if k == "ClusterRole"} == docs | {
+        ("", "nodes", ("get", "list", "watch"))}
+    scoped = rules_of(render("thaw", "watchNamespaces[0]=models", "watchNamespaces[1]=b"))
+    # Namespaced: Roles for models; only nodes stay cluster-wide.
+    assert {(g, r, v) for k, g, r, v in scoped if k == "ClusterRole"} == {
+        ("", "nodes", ("get", "list", "watch"))}
+    assert ("Role", "coordination.k8s.io", "leases", ("create", "get", "update")) in scoped
+    for _, _, res, verbs in everywhere | scoped:
+        assert "*" not in verbs and res != "secrets"
+
+
+@needs_helm
+def test_pod_security_and_lifecycle():
+    objs = render("thaw")
+    d = by_kind(objs, "Deployment")[0]
+    spec = d["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    assert d["spec"]["replicas"] == 2
+    assert spec["securityContext"]["runAsNonRoot"] and \
+        spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    cfg = json.loads(by_kind(objs, "ConfigMap")[0]["data"]["config.json"])
+    assert spec["terminationGracePeriodSeconds"] * 1000 > cfg["limits"]["drain_timeout_ms"]
+    assert "podAntiAffinity" in spec["affinity"]
+    assert by_kind(objs, "PodDisruptionBudget")
+    env = {e["name"] for e in c["env"]}
+    assert {"POD_NAME", "POD_IP"} <= env
+
+
+@needs_helm
+def test_optional_parts():
+    objs = render("thaw", *ALL_ON)
+    pcs = {o["metadata"]["name"]: o for o in by_kind(objs, "PriorityClass")}
+    assert pcs["thaw-critical"]["value"] > pcs["thaw-standard"]["value"] > pcs["thaw-batch"]["value"]
+    assert pcs["thaw-batch"]["preemptionPolicy"] == "Never"
+    dp = next(o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("device-plugin"))
+    conf = yaml.safe_load(dp["data"]["config.yaml"])
+    assert conf["version"] == "v1"
+    assert conf["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
+    mps = yaml.safe_load(next(o for o in by_kind(render("thaw", "devicePlugin.enabled=true",
+                                                       "devicePlugin.mode=mps"), "ConfigMap")
+                             if o["metadata"]["name"].endswith("device-plugin"))["data"]["config.yaml"])
+    assert mps["sharing"]["mps"]["resources"][0]["replicas"] == 4
+    assert by_kind(objs, "ServiceMonitor")[0]["spec"]["endpoints"][0]["port"] == "admin"
+    rule = by_kind(objs, "PrometheusRule")[0]
+    names = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"ThawQueueRejections", "ThawColdStartSlow", "ThawKubernetesAPIUnreachable",
+            "GPUUtilizationHigh", "GPUFramebufferNearlyFull", "GPUPowerAtLimit"} <= names
+    dash = next(o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("dashboard"))
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    json.loads(dash["data"]["thaw.json"])
+
+
+@needs_helm
+def test_model_chart_shape():
+    objs = render("thaw-model", "thawAnnotations.aliases=meta-llama/Llama-3.1-8B",
+                  "thaw.service=thaw.thaw-system.svc.cluster.local", namespace="models")
+    d = by_kind(objs, "Deployment")[0]
+    assert d["spec"]["replicas"] == 0
+    assert d["metadata"]["labels"]["thaw.dev/model"] == "rel"
+    assert d["spec"]["template"]["metadata"]["labels"]["thaw.dev/model"] == "rel"
+    anns = d["metadata"]["annotations"]
+    assert anns["thaw.dev/aliases"] == "meta-llama/Llama-3.1-8B"
+    assert anns["thaw.dev/service"] == "rel-private"
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600
+    svcs = {s["metadata"]["name"]: s for s in by_kind(objs, "Service")}
+    assert svcs["rel"]["spec"]["type"] == "ExternalName"
+    assert svcs["rel"]["spec"]["externalName"] == "thaw.thaw-system.svc.cluster.local"
+    assert svcs["rel-private"]["spec"]["selector"]["app.kubernetes.io/name"] == "rel"
+    llama = by_kind(render("thaw-model", "server.kind=llamacpp"), "Deployment")[0]
+    assert "llama.cpp" in llama["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+def promtool():
+    p = shutil.which("promtool")
+    if not p:
+        pytest.skip("promtool not installed")
+    return p
+
+
+def test_alert_rules_check_and_unit_tests(tmp_path):
+    pt = promtool()
+    src = open(os.path.join(CHARTS, "thaw", "files", "alerts.yaml")).read()
+    (tmp_path / "alerts.yaml").write_text(src.replace("COLD_START_SLOW_SECONDS", "300"))
+    shutil.copy(os.path.join(ROOT, "tests", "prometheus", "alerts_test.yaml"), tmp_path)
+    r = subprocess.run([pt, "check", "rules", "alerts.yaml"], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run([pt, "test", "rules", "alerts_test.yaml"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
+
+
+PROMQL_WORDS = {"sum", "by", "rate", "increase", "avg", "max", "min", "histogram_quantile",
+                "or", "and", "unless", "without", "count", "on", "ignoring", "group_left",
+                "group_right", "offset", "bool"}
+
+
+def metric_names(expr):
+    """Metric names in a PromQL expression (label matchers, grouping labels,
+    ranges and function names left out)."""
+    e = re.sub(r'"[^"]*"', "", expr)
+    e = re.sub(r"\{[^}]*\}", " ", e)
+    e = re.sub(r"\[[^\]]*\]", " ", e)
+    e = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", " ", e)
+    names = set()
+    for m in re.finditer(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(\s*\()?", e):
+        w, call = m.group(1), m.group(2)
+        if call or w in PROMQL_WORDS:
+            continue
+        names.add(re.sub(r"_(bucket|sum|count)$", "", w))
+    return names
+
+
+def test_dashboard_queries_use_metrics_that_exist(thaw_factory):
+    # A live thaw with a process model: the metric names it exports.
+    t = thaw_factory({"gpus": [{"id": 0, "slices": 4}],
+                      "models": [sim_model(load_ms=50, gpu_slices=1)]})
+    assert complete(t).status == 200
+    _, text = t.admin("/metrics")
+    exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    exported |= {"thaw_kubernetes_api_errors_total", "thaw_kubernetes_synced", "thaw_leader",
+                 "thaw_peers", "thaw_kubernetes_watch_restarts_total"}  # Kubernetes-only
+    dash = json.load(open(os.path.join(CHARTS, "thaw", "files", "dashboard.json")))
+    assert dash["panels"]
+    for p in dash["panels"]:
+        for tgt in p["targets"]:
+            for name in metric_names(tgt["expr"]):
+                assert name in exported or name in DCGM, f"{p['title']}: {name} is not exported"
+    alerts = yaml.safe_load(open(os.path.join(CHARTS, "thaw", "files", "alerts.yaml")))
+    for g in alerts["groups"]:
+        for r in g["rules"]:
+            for name in metric_names(r["expr"].replace("COLD_START_SLOW_SECONDS", "1")):
+                assert name in exported or name in DCGM, f"{r['alert']}: {name}"
+
+
+def test_prometheus_scrapes_a_cold_start(thaw_factory, tmp_path):
+    prom = shutil.which("prometheus")
+    if not prom:
+        pytest.skip("prometheus not installed")
+    t = thaw_factory({"models": [sim_model(load_ms=2500, max_concurrency=1)]})
+    port = free_port()
+    (tmp_path / "prom.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "thaw", "static_configs": [{"targets": [t.admin_addr]}]}]}))
+    p = subprocess.Popen([prom, f"--config.file={tmp_path}/prom.yml",
+                          f"--storage.tsdb.path={tmp_path}/data",
+                          f"--web.listen-address=127.0.0.1:{port}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def query(q):
+            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    return json.load(r)["data"]["result"]
+            except OSError:
+                return None
+        wait_for(lambda: query("up{job='thaw'}") and query("up{job='thaw'}")[0]["value"][1] == "1",
+                 timeout=30, what="prometheus scraping thaw")
+        res = {}
+        ths = [threading.Thread(target=lambda i=i: res.__setitem__(i, complete(t))) for i in range(3)]
+        for th in ths:
+            th.start()
+        # While the model loads, requests are held: Prometheus sees the queue.
+        wait_for(lambda: (query('sum(thaw_queue_depth{model="llama"})') or [{"value": [0, "0"]}])
+                 [0]["value"][1] not in ("0",), timeout=20, what="queue depth seen")
+        for th in ths:
+            th.join(60)
+        assert all(r.status == 200 for r in res.values())
+        wait_for(lambda: (query('thaw_cold_start_seconds_count{model="llama"}') or
+                          [{"value": [0, "0"]}])[0]["value"][1] == "1", timeout=20,
+                 what="cold start histogram seen")
+        q = query('histogram_quantile(0.5, sum by (le) (thaw_cold_start_seconds_bucket{model="llama"}))')
+        assert q and 2.0 < float(q[0]["value"][1]) <= 5.0
+    finally:
+        p.terminate()
+        p.wait(20)
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
