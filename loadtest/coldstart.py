@@ -26,6 +26,10 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import rss_kib  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
 THAW_BIN = os.environ.get("THAW_BIN", os.path.join(BUILD, "thaw"))
@@ -43,34 +47,12 @@ def start_thaw(d, load_ms, n, ready_file):
                                    "--token-ms", "0", "--tokens", "1",
                                    "--ready-file", ready_file],
                        "queue_timeout_ms": 120000}]}
-    with open(f"{d}/thaw.json", "w") as f:
-        json.dump(cfg, f)
-    pf = f"{d}/ports.json"
-    if os.path.exists(pf):
-        os.unlink(pf)
-    p = subprocess.Popen([THAW_BIN, "--config", f"{d}/thaw.json", "--port-file", pf],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(pf):
-        if time.monotonic() > deadline:
-            raise RuntimeError("thaw did not start")
-        time.sleep(0.01)
-    with open(pf) as f:
-        ports = json.load(f)
-    return p, int(ports["listen"].rsplit(":", 1)[1]), ports["admin_listen"]
+    return common.start_thaw(THAW_BIN, d, cfg)
 
 
 def status(admin):
     with urllib.request.urlopen(f"http://{admin}/status", timeout=10) as r:
         return json.load(r)
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def pct(sorted_vals, p):

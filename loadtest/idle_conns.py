@@ -26,17 +26,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 from upstream import Upstream  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import rss_kib  # noqa: E402
+
 THAW_BIN = os.environ.get("THAW_BIN", os.path.join(ROOT, "build", "thaw"))
 SMOKE = os.environ.get("SMOKE") == "1"
 N = int(os.environ.get("N", "1000" if SMOKE else "10000"))
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def start_thaw(d, models):
@@ -44,21 +40,7 @@ def start_thaw(d, models):
            "limits": {"max_connections": N + 100, "max_queue_per_model": N + 100,
                       "max_queue_total": N + 100},
            "models": models}
-    with open(f"{d}/thaw.json", "w") as f:
-        json.dump(cfg, f)
-    pf = f"{d}/ports.json"
-    if os.path.exists(pf):
-        os.unlink(pf)
-    p = subprocess.Popen([THAW_BIN, "--config", f"{d}/thaw.json", "--port-file", pf],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(pf):
-        if time.monotonic() > deadline:
-            raise RuntimeError("thaw did not start")
-        time.sleep(0.01)
-    with open(pf) as f:
-        ports = json.load(f)
-    return p, int(ports["listen"].rsplit(":", 1)[1]), ports["admin_listen"]
+    return common.start_thaw(THAW_BIN, d, cfg)
 
 
 def queued(admin):

@@ -25,6 +25,10 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+from common import rss_kib, wait_file  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
 THAW_BIN = os.environ.get("THAW_BIN", os.path.join(BUILD, "thaw"))
@@ -49,14 +53,6 @@ def make_pki(d):
     sh("openssl", "x509", "-req", "-in", f"{d}/srv.csr", "-CA", f"{d}/ca.crt", "-CAkey",
        f"{d}/ca.key", "-CAcreateserial", "-out", f"{d}/srv.crt", "-days", "1", "-extfile",
        f"{d}/ext.cnf")
-
-
-def wait_file(path, timeout=20):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{path} did not appear")
-        time.sleep(0.01)
 
 
 def start_sim(d, extra=()):
@@ -107,23 +103,21 @@ def start_thaw(d, n_conn):
     cfg = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", "log": {"level": "warn"},
            "limits": {"max_connections": n_conn + 100},
            "kubernetes": {"namespaces": ["models"]}}
-    with open(f"{d}/thaw.json", "w") as f:
-        json.dump(cfg, f)
-    pf = f"{d}/thaw-ports"
-    if os.path.exists(pf):
-        os.unlink(pf)
-    p = subprocess.Popen([THAW_BIN, "--config", f"{d}/thaw.json", "--kubeconfig",
-                          f"{d}/kubeconfig", "--port-file", pf],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_file(pf)
-    ports = json.load(open(pf))
-    return p, int(ports["listen"].rsplit(":", 1)[1]), ports["admin_listen"]
+    return common.start_thaw(THAW_BIN, d, cfg, ["--kubeconfig", f"{d}/kubeconfig"])
 
 
 def ready(admin):
     try:
         with urllib.request.urlopen(f"http://{admin}/readyz", timeout=5) as r:
             return r.status == 200
+    except OSError:
+        return False
+
+
+def has_model(admin, name):
+    try:
+        with urllib.request.urlopen(f"http://{admin}/status", timeout=5) as r:
+            return any(m["name"] == name for m in json.load(r)["models"])
     except OSError:
         return False
 
@@ -147,19 +141,23 @@ def cold_start(d, n):
     try:
         ready_file = f"{d}/pod-ready"
         api(d, port, "POST", "/apis/apps/v1/namespaces/models/deployments",
-            deployment("llama", annotations={"thaw.dev/max-concurrency": str(n)},
+            deployment("llama", annotations={"thaw.dev/max-concurrency": str(n),
+                                             "thaw.dev/target": str(n)},
                        tpl_annotations={"sim.thaw.dev/load-ms": "1500",
                                         "sim.thaw.dev/token-ms": "0",
                                         "sim.thaw.dev/ready-file": ready_file}))
         thaw, tport, admin = start_thaw(d, n)
-        deadline = time.monotonic() + 20
-        while not ready(admin) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30
+        while not (ready(admin) and has_model(admin, "llama")) and time.monotonic() < deadline:
             time.sleep(0.05)
         out = subprocess.run([CLIENT_BIN, "127.0.0.1", str(tport), str(n), "/v1/completions",
                               '{"model":"llama","prompt":"hi"}', "60000"],
                              capture_output=True, text=True, timeout=120).stdout
-        ready_ns = int(open(ready_file).read())
         rows = [tuple(int(x) for x in line.split()) for line in out.splitlines()]
+        if not os.path.exists(ready_file):
+            codes = sorted({r[1] for r in rows})
+            raise RuntimeError(f"the model never became ready (client statuses {codes})")
+        ready_ns = int(open(ready_file).read())
         ok = [r for r in rows if r[1] == 200]
         delays = sorted((r[0] - ready_ns) / 1e6 for r in ok)
         with urllib.request.urlopen(f"https://127.0.0.1:{port}/_sim/state",
@@ -179,14 +177,6 @@ def cpu_ticks(pid):
     with open(f"/proc/{pid}/stat") as f:
         parts = f.read().split(")")[-1].split()
     return int(parts[11]) + int(parts[12])
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def scale(d, n):

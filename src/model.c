@@ -78,10 +78,10 @@ void model_apply_settings(struct model *m, const struct config_model *cm)
     m->set.loading_heartbeat_ms = cm->loading_heartbeat_ms;
 }
 
-int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_model *cm,
-                        size_t *conflicts)
+/* Routes every name of cm to m. */
+static int route_model(struct fleet *f, struct model *m, const struct config_model *cm,
+                       size_t *conflicts)
 {
-    router_remove(&f->router, m);
     struct route_names rn = {
         .name = cm->name,
         .namespace_ = cm->namespace_,
@@ -91,6 +91,13 @@ int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_mo
         .n_aliases = cm->n_aliases,
     };
     return router_add(&f->router, m, &rn, conflicts);
+}
+
+int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_model *cm,
+                        size_t *conflicts)
+{
+    router_remove(&f->router, m);
+    return route_model(f, m, cm, conflicts);
 }
 
 struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, size_t *conflicts)
@@ -110,15 +117,7 @@ struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, si
     }
     queue_init(&m->queue, (size_t)cm->max_queue, f->queue_aging_ms, f->qglobal);
     model_apply_settings(m, cm);
-    struct route_names rn = {
-        .name = cm->name,
-        .namespace_ = cm->namespace_,
-        .hosts = (const char *const *)cm->hosts,
-        .n_hosts = cm->n_hosts,
-        .aliases = (const char *const *)cm->aliases,
-        .n_aliases = cm->n_aliases,
-    };
-    if (router_add(&f->router, m, &rn, conflicts)) {
+    if (route_model(f, m, cm, conflicts)) {
         router_remove(&f->router, m);
         free(m->name);
         free(m->namespace_);

@@ -45,6 +45,9 @@ def pki(tmp_path_factory):
     return d
 
 
+_SUBNETS = iter(range(0, 1 << 30, 7))
+
+
 class KubeSim:
     def __init__(self, pki, workdir, nodes=None, kubelet_ms=1000, load_ms=500, token="t0k3n",
                  state=None):
@@ -59,6 +62,8 @@ class KubeSim:
             args += ["--nodes", json.dumps(nodes)]
         if state:
             args += ["--state", state]
+        # Its own block of pod IPs, kept across restarts (pods are adopted).
+        args += ["--pod-subnet", str(2 + (os.getpid() + next(_SUBNETS)) % 250)]
         self.args = args
         self.start()
 

@@ -309,7 +309,10 @@ class Cluster:
         self.procs = {}  # pod name -> Popen
         self.adopted = {}  # pod name -> pid, from before a restart
         self.next_probe = {}  # pod name -> monotonic time of the next kubelet probe
-        self.ip_pool = (f"127.1.{i // 250}.{i % 250 + 2}" for i in itertools.count())
+        # Pod IPs: 127.<subnet>.x.y, a block of its own per simulator so two
+        # simulators on one machine never hand out the same address.
+        self.ip_pool = (f"127.{args.pod_subnet}.{i // 250}.{i % 250 + 2}"
+                        for i in itertools.count())
         self.lock = threading.Lock()
         self.stop = False
 
@@ -988,8 +991,12 @@ def main():
     ap.add_argument("--bookmark-s", type=float, default=5)
     ap.add_argument("--history", type=int, default=20000)
     ap.add_argument("--state")
+    ap.add_argument("--pod-subnet", type=int, default=0,
+                    help="pod IPs are 127.N.x.y (default: derived from the pid)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
+    if not 1 <= args.pod_subnet <= 254:
+        args.pod_subnet = 2 + os.getpid() % 250
     sim = Sim(args)
     srv = Server((args.host, args.port), Handler)
     srv.sim, srv.sim_args = sim, args
