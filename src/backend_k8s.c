@@ -48,6 +48,7 @@ struct kpod {
     bool probe_ok;
     bool probing;
     bool terminating;
+    bool retired; /* thaw scaled to zero: not routed until scaled up again */
     bool unschedulable;
     char phase[16];
     struct probe probe;
@@ -177,11 +178,27 @@ static void on_scale_retry(evutil_socket_t fd, short what, void *arg)
 
 static void pod_gone(struct kpod *p, const char *why);
 
+/* Scaled to zero: route nothing more to the pods, even before the watch
+ * reports them terminating. Not final: if the model is scaled up again
+ * before they go, the cluster may keep them (see unretire_pod). */
 static void retire_pod(void *ud, const char *key, void *value)
 {
     struct kpod *p = value;
-    p->terminating = true;
+    p->retired = true;
     pod_gone(p, "scaled to zero");
+}
+
+static void pod_ready(struct kpod *p, const char *via);
+
+static void unretire_pod(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    if (p->retired) {
+        p->retired = false;
+        if (!p->terminating && (p->probe_ok || p->slice_ready)) {
+            pod_ready(p, "kept by the cluster");
+        }
+    }
 }
 
 static void on_scaled(void *ud, long status, const char *body, size_t len, const char *err)
@@ -208,6 +225,7 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
         if (from == 0 && want > 0) {
             km->scale_ups++;
             km->woken_ms = server_now_ms();
+            strmap_each(&km->pods, unretire_pod, NULL);
             post_event(km, "Normal", "ScaledFromZero", msg);
         } else if (want == 0) {
             km->scale_downs++;
@@ -266,6 +284,7 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
         int64_t to = (int64_t)km->kb->cfg->autoscaler.activation_scale;
         km->spec.replicas = to;
         km->woken_ms = server_now_ms();
+        strmap_each(&km->pods, unretire_pod, NULL);
         km->scale_ups++;
         km->kb->conditional_scales++;
         char msg[700];
@@ -335,7 +354,7 @@ static void pod_addr(struct kpod *p, char *out, size_t len)
 
 static void pod_ready(struct kpod *p, const char *via)
 {
-    if (p->reported || p->terminating || !p->ip[0]) {
+    if (p->reported || p->terminating || p->retired || !p->ip[0]) {
         return;
     }
     char addr[96];

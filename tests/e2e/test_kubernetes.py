@@ -445,6 +445,20 @@ def test_annotations_and_bad_values(cluster, thaw_factory, tmp_path):
     assert "bad annotations" in t.logs()
 
 
+def test_scaled_back_up_before_the_pod_went_it_is_used_again(cluster, thaw_factory, tmp_path):
+    """1 -> 0 -> 1 faster than the cluster removes the pod: the pod stays (as a
+    ReplicaSet may keep it) and thaw must route to it again, not wait forever."""
+    sim = cluster(load_ms=50)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("llama", annotations={"thaw.dev/idle-timeout": "1s"}))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    for _ in range(3):
+        assert complete(t).status == 200
+        wait_for(lambda: kmodel(t)["replicas_desired"] == 0, timeout=20, what="to zero")
+        assert complete(t, timeout=30).status == 200
+
+
 def test_idle_model_scales_to_zero(cluster, thaw_factory, tmp_path):
     sim = cluster(load_ms=50)
     sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
@@ -456,7 +470,7 @@ def test_idle_model_scales_to_zero(cluster, thaw_factory, tmp_path):
              ["spec"]["replicas"] == 0, timeout=20, what="scaled to zero")
     _, evs = sim.call("GET", "/api/v1/namespaces/models/events")
     assert any(e["reason"] == "ScaledToZero" for e in evs["items"])
-    assert complete(t).status == 200  # and back
+    assert complete(t, timeout=30).status == 200  # and back
 
 
 def test_api_server_restart_during_a_cold_start(cluster, thaw_factory, tmp_path):
