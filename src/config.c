@@ -601,6 +601,45 @@ static int parse_table_object(struct parser *p, const cJSON *obj, const char *na
     return 0;
 }
 
+/* limits: the numeric table, plus priority_header. */
+static int parse_limits(struct parser *p, const cJSON *obj, struct config *cfg)
+{
+    if (!cJSON_IsObject(obj)) {
+        return fail(p, obj, "limits", "must be an object");
+    }
+    int rc = check_duplicates(p, obj, "limits.");
+    if (rc) {
+        return rc;
+    }
+    for (const cJSON *it = obj->child; it; it = it->next) {
+        if (strcmp(it->string, "priority_header") == 0) {
+            static const char *const names[] = {"any", "lower_only", "ignore"};
+            bool ok = false;
+            for (int i = 0; i < 3 && cJSON_IsString(it); i++) {
+                if (strcmp(it->valuestring, names[i]) == 0) {
+                    cfg->limits.priority_header = (enum priority_header_policy)i;
+                    ok = true;
+                }
+            }
+            if (!ok) {
+                return fail(p, it, "limits.priority_header",
+                            "must be \"any\", \"lower_only\" or \"ignore\"");
+            }
+            continue;
+        }
+        rc = read_num_key(p, limit_keys, N_ELEMS(limit_keys), &cfg->limits, it, "limits.");
+        if (rc == 1) {
+            char path[256];
+            snprintf(path, sizeof path, "limits.%s", it->string);
+            return fail(p, it, path, "unknown key");
+        }
+        if (rc) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
 static int parse_log(struct parser *p, const cJSON *obj, struct config *cfg)
 {
     if (!cJSON_IsObject(obj)) {
@@ -665,7 +704,7 @@ static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
     /* limits first: model defaults depend on it. */
     const cJSON *limits = cJSON_GetObjectItemCaseSensitive(root, "limits");
     if (limits) {
-        rc = parse_table_object(p, limits, "limits", limit_keys, N_ELEMS(limit_keys), &cfg->limits);
+        rc = parse_limits(p, limits, cfg);
         if (rc) {
             return rc;
         }

@@ -213,6 +213,25 @@ static int parse_priority(struct request *r, enum tier *out)
     return tier_parse(http_hvalue(&r->head, h), h->value_len, out) ? -1 : 0;
 }
 
+/* The tier a request runs at: the thaw-priority header as the operator
+ * allows it (limits.priority_header), else the model's priority. */
+static enum tier effective_tier(const struct server *srv, const struct request *r)
+{
+    enum tier model_tier = r->model->set.priority;
+    enum tier asked;
+    if (parse_priority((struct request *)r, &asked) != 0) {
+        return model_tier;
+    }
+    switch (srv->cfg->limits.priority_header) {
+    case PRIORITY_HEADER_IGNORE:
+        return model_tier;
+    case PRIORITY_HEADER_LOWER_ONLY:
+        return asked > model_tier ? asked : model_tier;
+    default:
+        return asked;
+    }
+}
+
 int proxy_on_head(struct conn *c, struct request *r)
 {
     struct server *srv = c->srv;
@@ -225,15 +244,12 @@ int proxy_on_head(struct conn *c, struct request *r)
         return REJECT_BAD_PRIORITY;
     }
     enum route_status st = router_resolve_head(&srv->fleet.router, &r->head, &r->route);
+    (void)t;
     if (st == ROUTE_FOUND) {
         r->model = r->route.target;
         r->model_resolved = true;
-        r->tier = prc == 0 ? t : r->model->set.priority;
-    } else if (st == ROUTE_NEED_BODY) {
-        if (prc == 0) {
-            r->tier = t;
-        }
-    } else {
+        r->tier = effective_tier(srv, r);
+    } else if (st != ROUTE_NEED_BODY) {
         return REJECT_UNKNOWN_MODEL;
     }
     return REJECT_COUNT;
@@ -382,10 +398,7 @@ void proxy_on_request(struct conn *c, struct request *r)
         r->route.path_off = 0;
         r->route.path_len = r->head.target_len;
         r->route.add_slash = false;
-        enum tier t;
-        if (parse_priority(r, &t) != 0) {
-            r->tier = r->model->set.priority;
-        }
+        r->tier = effective_tier(srv, r);
     }
     r->state = REQ_ROUTED;
     place(srv, r);

@@ -17,6 +17,13 @@ enum tier { TIER_CRITICAL = 0, TIER_STANDARD = 1, TIER_BATCH = 2, TIER_COUNT = 3
 const char *tier_name(enum tier t);
 int tier_parse(const char *s, size_t n, enum tier *out);
 
+/* What the thaw-priority request header may do. */
+enum priority_header_policy {
+    PRIORITY_HEADER_ANY = 0,   /* any tier */
+    PRIORITY_HEADER_LOWER_ONLY, /* only a tier below the model's (clients cannot jump ahead) */
+    PRIORITY_HEADER_IGNORE,    /* the model's tier always */
+};
+
 struct config_limits {
     uint64_t max_connections;
     uint64_t max_header_bytes;
@@ -30,6 +37,7 @@ struct config_limits {
     uint64_t max_queue_total;
     uint64_t queue_aging_ms;
     uint64_t drain_timeout_ms;
+    enum priority_header_policy priority_header;
 };
 
 struct config_upstream {

@@ -629,3 +629,16 @@ def test_access_log_has_no_query_or_body(thaw_factory, upstream):
     assert "status=404 outcome=rejected reason=model_not_found" in logs
     for secret in ("sk-SECRET", "sk-TOKEN", "private words"):
         assert secret not in logs
+
+
+@pytest.mark.parametrize("policy,asked,got", [
+    ("any", "critical", "critical"), ("any", "batch", "batch"),
+    ("lower_only", "critical", "standard"), ("lower_only", "batch", "batch"),
+    ("ignore", "critical", "standard"), ("ignore", "batch", "standard"),
+])
+def test_priority_header_policy(thaw_factory, upstream, policy, asked, got):
+    t = thaw_factory({"log": {"access_log": True}, "limits": {"priority_header": policy},
+                      "models": [model(upstream, priority="standard")]})
+    assert get(t, "/echo", host="llama", headers={"thaw-priority": asked}).status == 200
+    wait_for(lambda: 'msg="request"' in t.logs(), what="access log")
+    assert f"tier={got} " in t.logs()

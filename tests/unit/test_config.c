@@ -41,6 +41,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg->limits.keepalive_timeout_ms, 60000);
     assert_int_equal(cfg->limits.max_queue_per_model, 1000);
     assert_int_equal(cfg->limits.max_queue_total, 10000);
+    assert_int_equal(cfg->limits.priority_header, PRIORITY_HEADER_ANY);
     assert_int_equal(cfg->n_models, 1);
     struct config_model *m = &cfg->models[0];
     assert_string_equal(m->namespace_, "default");
@@ -105,6 +106,8 @@ static void test_errors_name_file_line_and_key(void **state)
     expect_error("{\"models\": {}}", "models: must be an array");
     expect_error("{\"log\": {\"level\": \"loud\"}}", "log.level: must be one of");
     expect_error("[]", "(top level): must be a JSON object");
+    expect_error("{\"limits\": {\"priority_header\": \"never\"}}",
+                 "limits.priority_header: must be \"any\", \"lower_only\" or \"ignore\"");
 }
 
 static void test_process_models(void **state)
