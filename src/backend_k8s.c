@@ -12,6 +12,7 @@
  * queued, thaw scales the model down to its min-scale. */
 #include "thaw/backend.h"
 #include "thaw/k8s/client.h"
+#include "thaw/k8s/events.h"
 #include "thaw/k8s/informer.h"
 #include "thaw/k8s/lease.h"
 #include "thaw/k8s/peers.h"
@@ -103,7 +104,8 @@ struct kube_backend {
     struct k8s_peers peers;
     char identity[254];
     uint64_t conditional_scales, conditional_conflicts;
-    uint64_t events_posted, event_errors, scale_errors;
+    struct k8s_events events;
+    uint64_t scale_errors;
 };
 
 static struct kube_backend *KB(struct backend *b)
@@ -113,18 +115,6 @@ static struct kube_backend *KB(struct backend *b)
 
 /* ---- events -------------------------------------------------------------- */
 
-static void on_event_posted(void *ud, long status, const char *body, size_t len, const char *err)
-{
-    struct kube_backend *kb = ud;
-    if (status == 201 || status == 200) {
-        kb->events_posted++;
-    } else {
-        kb->event_errors++;
-        LOGW("could not post a Kubernetes Event", "status=%ld error=\"%s\"", status,
-             err ? err : "");
-    }
-}
-
 static void post_event(struct kmodel *km, const char *type, const char *reason,
                        const char *message)
 {
@@ -132,39 +122,9 @@ static void post_event(struct kmodel *km, const char *type, const char *reason,
     if (!kb->cfg->kubernetes.events) {
         return;
     }
-    cJSON *ev = cJSON_CreateObject();
-    cJSON *md = cJSON_AddObjectToObject(ev, "metadata");
-    char gen[300];
-    snprintf(gen, sizeof gen, "%s.", km->spec.deployment);
-    cJSON_AddStringToObject(md, "generateName", gen);
-    cJSON_AddStringToObject(md, "namespace", km->spec.namespace_);
-    cJSON *io = cJSON_AddObjectToObject(ev, "involvedObject");
-    cJSON_AddStringToObject(io, "apiVersion", "apps/v1");
-    cJSON_AddStringToObject(io, "kind", "Deployment");
-    cJSON_AddStringToObject(io, "name", km->spec.deployment);
-    cJSON_AddStringToObject(io, "namespace", km->spec.namespace_);
-    cJSON_AddStringToObject(ev, "type", type);
-    cJSON_AddStringToObject(ev, "reason", reason);
-    cJSON_AddStringToObject(ev, "message", message);
-    cJSON *src = cJSON_AddObjectToObject(ev, "source");
-    cJSON_AddStringToObject(src, "component", "thaw");
-    char ts[32];
-    time_t t = time(NULL);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    cJSON_AddStringToObject(ev, "firstTimestamp", ts);
-    cJSON_AddStringToObject(ev, "lastTimestamp", ts);
-    cJSON_AddNumberToObject(ev, "count", 1);
-    char *body = cJSON_PrintUnformatted(ev);
-    cJSON_Delete(ev);
-    char path[600];
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/events", km->spec.namespace_);
-    if (body) {
-        k8s_request(kb->client, "POST", path, "application/json", body, strlen(body), 10000,
-                    on_event_posted, kb);
-        free(body);
-    }
+    struct k8s_event_ref obj = {km->spec.namespace_, "apps/v1", "Deployment",
+                                km->spec.deployment};
+    k8s_events_record(&kb->events, &obj, type, reason, message, server_now_ms());
 }
 
 /* ---- scaling ------------------------------------------------------------- */
@@ -1045,7 +1005,11 @@ static void kube_describe_capacity(struct backend *b, cJSON *out)
     const struct k8s_client_stats *st = k8s_client_stats(kb->client);
     cJSON_AddNumberToObject(k, "api_requests", (double)st->requests);
     cJSON_AddNumberToObject(k, "api_errors", (double)st->errors);
-    cJSON_AddNumberToObject(k, "events_posted", (double)kb->events_posted);
+    cJSON *evs = cJSON_AddObjectToObject(k, "events");
+    cJSON_AddNumberToObject(evs, "created", (double)kb->events.stats.created);
+    cJSON_AddNumberToObject(evs, "aggregated", (double)kb->events.stats.aggregated);
+    cJSON_AddNumberToObject(evs, "unaggregated", (double)kb->events.stats.unaggregated);
+    cJSON_AddNumberToObject(evs, "errors", (double)kb->events.stats.errors);
     cJSON *infs = cJSON_AddArrayToObject(k, "informers");
     for (size_t i = 0; i < kb->n_ns; i++) {
         const char *ns = kb->cfg->kubernetes.n_namespaces ? kb->cfg->kubernetes.namespaces[i]
@@ -1155,6 +1119,7 @@ static void kube_free(struct backend *b)
     strmap_dispose(&kb->by_svc);
     strmap_each(&kb->nodes_gpu, free_node, NULL);
     strmap_dispose(&kb->nodes_gpu);
+    k8s_events_dispose(&kb->events);
     k8s_client_free(kb->client);
     free(kb);
 }
@@ -1199,6 +1164,8 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
         free(kb);
         return NULL;
     }
+    /* An hour: the API server's default Event TTL. 4096: client-go's cache size. */
+    k8s_events_init(&kb->events, kb->client, "thaw", 60 * 60 * 1000, 4096);
     const struct config_kubernetes *k = &cfg->kubernetes;
     const char *sel = k->label_selector ? k->label_selector : "thaw.dev/model";
     kb->n_ns = k->n_namespaces ? k->n_namespaces : 1;

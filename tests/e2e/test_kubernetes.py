@@ -473,6 +473,51 @@ def test_idle_model_scales_to_zero(cluster, thaw_factory, tmp_path):
     assert complete(t, timeout=30).status == 200  # and back
 
 
+def events_by_reason(sim):
+    _, evs = sim.call("GET", "/api/v1/namespaces/models/events")
+    out = {}
+    for e in evs["items"]:
+        out.setdefault(e["reason"], []).append(e)
+    return out
+
+
+def test_repeated_events_aggregate_into_one_with_a_count(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=50)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("llama", annotations={"thaw.dev/idle-timeout": "1s"}))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+
+    def wake_and_sleep(times_before):
+        assert complete(t, timeout=30).status == 200
+        wait_for(lambda: kmodel(t)["scale_downs"] == times_before + 1, timeout=20,
+                 what="scaled to zero")
+        # The Event write follows the scale write.
+        wait_for(lambda: sum(e["count"] for e in events_by_reason(sim).get("ScaledToZero", []))
+                 == times_before + 1, what="event written")
+
+    for i in range(3):
+        wake_and_sleep(i)
+    evs = events_by_reason(sim)
+    # Three wakes and three sleeps: one Event each, counted, not three.
+    assert [e["count"] for e in evs["ScaledFromZero"]] == [3]
+    assert [e["count"] for e in evs["ScaledToZero"]] == [3]
+    e = evs["ScaledFromZero"][0]
+    assert e["involvedObject"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                   "name": "llama", "namespace": "models"}
+    assert e["source"]["component"] == "thaw" and e["type"] == "Normal"
+    assert e["firstTimestamp"] <= e["lastTimestamp"]
+    st = t.status()["kubernetes"]["events"]
+    assert st["created"] == 2 and st["aggregated"] == 4 and st["errors"] == 0
+    # An Event the API server has dropped (expired) is created again, not lost.
+    sim.call("DELETE", "/api/v1/namespaces/models/events/" + e["metadata"]["name"])
+    wake_and_sleep(3)
+    evs = events_by_reason(sim)
+    assert [e["count"] for e in evs["ScaledFromZero"]] == [1]
+    assert [e["count"] for e in evs["ScaledToZero"]] == [4]
+    assert t.status()["kubernetes"]["events"]["errors"] == 0
+
+
 def test_api_server_restart_during_a_cold_start(cluster, thaw_factory, tmp_path):
     state = str(tmp_path / "sim-state.json")
     sim = cluster(load_ms=300, state=state)
