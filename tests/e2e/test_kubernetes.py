@@ -160,6 +160,17 @@ def start_thaw(thaw_factory, sim, tmp_path, extra=None, **kube):
     return thaw_factory(cfg, ["--kubeconfig", kc])
 
 
+def synced_llama(cluster, thaw_factory, tmp_path, annotations=None, sim_kw=None, deploy_kw=None,
+                 **thaw_kw):
+    """A simulated cluster with the one model Deployment "llama", and thaw synced to it."""
+    sim = cluster(**(sim_kw or {}))
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("llama", annotations=annotations, **(deploy_kw or {})))
+    t = start_thaw(thaw_factory, sim, tmp_path, **thaw_kw)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    return sim, t
+
+
 def kmodel(t, name="llama"):
     return next(m for m in t.status()["models"] if m["name"] == name)
 
@@ -258,12 +269,9 @@ def test_python_client_lists_and_watches(cluster, tmp_path):
 # --- thaw's Kubernetes backend -------------------------------------------------
 
 def test_scale_from_zero_with_100_held_requests(cluster, thaw_factory, tmp_path):
-    sim = cluster(load_ms=800)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", annotations={"thaw.dev/max-concurrency": "128",
-                                              "thaw.dev/target": "128"}))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path,
+                          sim_kw=dict(load_ms=800),
+                          annotations={"thaw.dev/max-concurrency": "128", "thaw.dev/target": "128"})
     assert kmodel(t)["state"] == "scaled_to_zero"
     res = parallel(100, lambda: complete(t))
     assert [r.status for r in res] == [200] * 100
@@ -278,10 +286,8 @@ def test_scale_from_zero_with_100_held_requests(cluster, thaw_factory, tmp_path)
 
 
 def test_direct_probe_beats_the_endpointslice(cluster, thaw_factory, tmp_path):
-    sim = cluster(load_ms=200, kubelet_ms=4000)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path,
+                          sim_kw=dict(load_ms=200, kubelet_ms=4000))
     start = time.monotonic()
     assert complete(t).status == 200
     assert time.monotonic() - start < 3.5  # the kubelet would first probe at 4 s
@@ -290,11 +296,9 @@ def test_direct_probe_beats_the_endpointslice(cluster, thaw_factory, tmp_path):
 
 
 def test_api_faults_during_a_cold_start_lose_nothing(cluster, thaw_factory, tmp_path):
-    sim = cluster(load_ms=1500)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", annotations={"thaw.dev/target": "100"}))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path,
+                          sim_kw=dict(load_ms=1500),
+                          annotations={"thaw.dev/target": "100"})
     out = {}
     th = threading.Thread(target=lambda: out.__setitem__("r", parallel(20, lambda: complete(t))))
     th.start()
@@ -313,10 +317,7 @@ def test_api_faults_during_a_cold_start_lose_nothing(cluster, thaw_factory, tmp_
 
 def test_api_server_restart_keeps_warm_models_serving(cluster, thaw_factory, tmp_path):
     state = str(tmp_path / "sim-state.json")
-    sim = cluster(load_ms=100, state=state)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=100, state=state))
     assert complete(t).status == 200
     port = sim.port
     sim.stop(restart=True)  # the API is gone: a warm model keeps flowing
@@ -402,10 +403,7 @@ def test_pending_for_gpu_capacity_then_scheduled(cluster, thaw_factory, tmp_path
 
 
 def test_deleted_deployment_answers_held_requests(cluster, thaw_factory, tmp_path):
-    sim = cluster(load_ms=60000)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=60000))
     res = {}
     ths = [threading.Thread(target=lambda i=i: res.__setitem__(i, complete(t))) for i in range(3)]
     for th in ths:
@@ -448,11 +446,9 @@ def test_annotations_and_bad_values(cluster, thaw_factory, tmp_path):
 def test_scaled_back_up_before_the_pod_went_it_is_used_again(cluster, thaw_factory, tmp_path):
     """1 -> 0 -> 1 faster than the cluster removes the pod: the pod stays (as a
     ReplicaSet may keep it) and thaw must route to it again, not wait forever."""
-    sim = cluster(load_ms=50)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", annotations={"thaw.dev/idle-timeout": "1s"}))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path,
+                          sim_kw=dict(load_ms=50),
+                          annotations={"thaw.dev/idle-timeout": "1s"})
     for _ in range(3):
         assert complete(t).status == 200
         wait_for(lambda: kmodel(t)["replicas_desired"] == 0, timeout=20, what="to zero")
@@ -460,11 +456,9 @@ def test_scaled_back_up_before_the_pod_went_it_is_used_again(cluster, thaw_facto
 
 
 def test_idle_model_scales_to_zero(cluster, thaw_factory, tmp_path):
-    sim = cluster(load_ms=50)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", annotations={"thaw.dev/idle-timeout": "1s"}))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path,
+                          sim_kw=dict(load_ms=50),
+                          annotations={"thaw.dev/idle-timeout": "1s"})
     assert complete(t).status == 200
     wait_for(lambda: sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")[1]
              ["spec"]["replicas"] == 0, timeout=20, what="scaled to zero")
@@ -482,11 +476,9 @@ def events_by_reason(sim):
 
 
 def test_repeated_events_aggregate_into_one_with_a_count(cluster, thaw_factory, tmp_path):
-    sim = cluster(load_ms=50)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", annotations={"thaw.dev/idle-timeout": "1s"}))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path,
+                          sim_kw=dict(load_ms=50),
+                          annotations={"thaw.dev/idle-timeout": "1s"})
 
     def wake_and_sleep(times_before):
         assert complete(t, timeout=30).status == 200
@@ -520,11 +512,9 @@ def test_repeated_events_aggregate_into_one_with_a_count(cluster, thaw_factory, 
 
 def test_api_server_restart_during_a_cold_start(cluster, thaw_factory, tmp_path):
     state = str(tmp_path / "sim-state.json")
-    sim = cluster(load_ms=300, state=state)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", annotations={"thaw.dev/target": "100"}))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path,
+                          sim_kw=dict(load_ms=300, state=state),
+                          annotations={"thaw.dev/target": "100"})
     port = sim.port
     sim.stop(restart=True)  # the API is down when the first request arrives
     out = {}
@@ -554,11 +544,9 @@ def test_config_models_and_cluster_models_together(cluster, thaw_factory, tmp_pa
 
 def test_pods_that_never_get_ready_fail_held_requests_after_startup_timeout(
         cluster, thaw_factory, tmp_path):
-    sim = cluster()
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", annotations={"thaw.dev/startup-timeout": "1s"}, load_ms=600000))
-    t = start_thaw(thaw_factory, sim, tmp_path)
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path,
+                          annotations={"thaw.dev/startup-timeout": "1s"},
+                          deploy_kw=dict(load_ms=600000))
     start = time.monotonic()
     r = complete(t)
     assert r.status == 503 and r.json()["error"]["type"] == "start_failed"
