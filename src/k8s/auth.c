@@ -16,6 +16,14 @@ void k8s_auth_init(struct k8s_auth *a)
     buf_init(&a->key_pem);
 }
 
+static void free_strv(char **v)
+{
+    for (size_t i = 0; v && v[i]; i++) {
+        free(v[i]);
+    }
+    free(v);
+}
+
 void k8s_auth_dispose(struct k8s_auth *a)
 {
     free(a->server);
@@ -27,6 +35,9 @@ void k8s_auth_dispose(struct k8s_auth *a)
     }
     free(a->token);
     free(a->token_file);
+    free_strv(a->exec_argv);
+    free_strv(a->exec_env);
+    free(a->exec_api_version);
     free(a->namespace_);
     buf_dispose(&a->ca_pem);
     buf_dispose(&a->cert_pem);
@@ -143,6 +154,66 @@ static char *resolve_path(const char *kubeconfig, const char *p)
     return out;
 }
 
+/* user.exec: command (a bare name is looked up on PATH, a relative path is
+ * relative to the kubeconfig, as kubectl does), args, env, apiVersion. */
+static int parse_exec(yaml_document_t *doc, yaml_node_t *exec, const char *path,
+                      struct k8s_auth *a, char *err, size_t errlen)
+{
+    const char *cmd = scalar(map_get(doc, exec, "command"));
+    const char *api = scalar(map_get(doc, exec, "apiVersion"));
+    if (!cmd || !*cmd) {
+        snprintf(err, errlen, "kubeconfig %s: users[].user.exec.command: missing", path);
+        return -1;
+    }
+    if (!api || (strcmp(api, "client.authentication.k8s.io/v1") != 0 &&
+                 strcmp(api, "client.authentication.k8s.io/v1beta1") != 0)) {
+        snprintf(err, errlen, "kubeconfig %s: users[].user.exec.apiVersion: \"%s\" is not "
+                 "client.authentication.k8s.io/v1 or v1beta1", path, api ? api : "");
+        return -1;
+    }
+    yaml_node_t *args = map_get(doc, exec, "args");
+    yaml_node_t *env = map_get(doc, exec, "env");
+    size_t nargs = args && args->type == YAML_SEQUENCE_NODE
+                       ? (size_t)(args->data.sequence.items.top - args->data.sequence.items.start)
+                       : 0;
+    size_t nenv = env && env->type == YAML_SEQUENCE_NODE
+                      ? (size_t)(env->data.sequence.items.top - env->data.sequence.items.start)
+                      : 0;
+    a->exec_api_version = strdup(api);
+    a->exec_argv = calloc(nargs + 2, sizeof(char *));
+    a->exec_env = calloc(nenv + 1, sizeof(char *));
+    if (!a->exec_api_version || !a->exec_argv || !a->exec_env) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    a->exec_argv[0] = strchr(cmd, '/') ? resolve_path(path, cmd) : strdup(cmd);
+    for (size_t i = 0; i < nargs; i++) {
+        const char *v = scalar(yaml_document_get_node(doc, args->data.sequence.items.start[i]));
+        if (!v) {
+            snprintf(err, errlen, "kubeconfig %s: users[].user.exec.args[%zu]: not a string",
+                     path, i);
+            return -1;
+        }
+        a->exec_argv[i + 1] = strdup(v);
+    }
+    for (size_t i = 0; i < nenv; i++) {
+        yaml_node_t *e = yaml_document_get_node(doc, env->data.sequence.items.start[i]);
+        const char *name = scalar(map_get(doc, e, "name"));
+        const char *value = scalar(map_get(doc, e, "value"));
+        if (!name || !*name || strchr(name, '=') || !value) {
+            snprintf(err, errlen, "kubeconfig %s: users[].user.exec.env[%zu]: needs a name and "
+                     "a value", path, i);
+            return -1;
+        }
+        size_t n = strlen(name) + strlen(value) + 2;
+        a->exec_env[i] = malloc(n);
+        if (a->exec_env[i]) {
+            snprintf(a->exec_env[i], n, "%s=%s", name, value);
+        }
+    }
+    return 0;
+}
+
 static int decode_field(yaml_node_t *n, struct buf *out, const char *what, char *err,
                         size_t errlen)
 {
@@ -217,11 +288,15 @@ int k8s_auth_from_kubeconfig(struct k8s_auth *a, const char *path, const char *c
                          err, errlen)) {
             goto out;
         }
-        if (map_get(&doc, user, "exec") || map_get(&doc, user, "auth-provider")) {
+        if (map_get(&doc, user, "auth-provider")) {
             snprintf(err, errlen,
-                     "kubeconfig %s: user \"%s\" uses an exec or auth-provider plugin; give "
-                     "thaw a token, tokenFile or client certificate instead",
+                     "kubeconfig %s: user \"%s\" uses an auth-provider plugin (removed from "
+                     "Kubernetes); use an exec plugin, a token, tokenFile or client certificate",
                      path, user_name ? user_name : "");
+            goto out;
+        }
+        yaml_node_t *exec = map_get(&doc, user, "exec");
+        if (exec && parse_exec(&doc, exec, path, a, err, errlen)) {
             goto out;
         }
     }

@@ -1,4 +1,5 @@
 #include "thaw/k8s/client.h"
+#include "thaw/k8s/execcred.h"
 #include "thaw/list.h"
 #include "thaw/log.h"
 
@@ -29,6 +30,8 @@ struct k8s_client {
     struct k8s_auth auth;
     char *token; /* current bearer token (from auth.token or auth.token_file) */
     uint64_t token_read_ms;
+    bool have_exec; /* tokens from an exec plugin instead */
+    struct k8s_execcred exec;
     struct list_node calls;
     struct list_node pending; /* watches with unread lines */
     struct k8s_client_stats stats;
@@ -71,6 +74,10 @@ uint64_t k8s_backoff_ms(unsigned failures, double rand01)
 
 static void refresh_token(struct k8s_client *c, bool force)
 {
+    if (c->have_exec) {
+        k8s_execcred_refresh(&c->exec, force);
+        return;
+    }
     if (!c->auth.token_file) {
         return;
     }
@@ -385,7 +392,10 @@ static struct k8s_call *start_call(struct k8s_client *c, const char *method, con
     }
 headers:
     call->headers = curl_slist_append(call->headers, "Accept: application/json");
-    const char *tok = peer ? NULL : c->token ? c->token : a->token;
+    const char *tok = peer         ? NULL
+                      : c->have_exec ? c->exec.token
+                      : c->token     ? c->token
+                                     : a->token;
     if (tok && *tok) {
         size_t n = strlen(tok) + 32;
         char *h = malloc(n);
@@ -473,7 +483,16 @@ struct k8s_client *k8s_client_new(struct event_base *base, struct k8s_auth *auth
     curl_multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
     curl_multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, timer_cb);
     curl_multi_setopt(c->multi, CURLMOPT_TIMERDATA, c);
-    refresh_token(c, true);
+    if (c->auth.exec_argv) {
+        if (k8s_execcred_init(&c->exec, base, &c->auth, err, errlen)) {
+            k8s_execcred_dispose(&c->exec);
+            k8s_client_free(c);
+            return NULL;
+        }
+        c->have_exec = true;
+    } else {
+        refresh_token(c, true);
+    }
     if (c->auth.token_file && !c->token) {
         snprintf(err, errlen, "cannot read the token file %s", c->auth.token_file);
         k8s_client_free(c);
@@ -491,6 +510,9 @@ void k8s_client_free(struct k8s_client *c)
         call_free(container_of(list_first(&c->calls), struct k8s_call, node));
     }
     event_del(&c->timer);
+    if (c->have_exec) {
+        k8s_execcred_dispose(&c->exec);
+    }
     curl_multi_cleanup(c->multi);
     if (c->token) {
         memset(c->token, 0, strlen(c->token));

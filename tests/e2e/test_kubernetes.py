@@ -103,8 +103,10 @@ class KubeSim:
     def state(self):
         return self.call("GET", "/_sim/state")[1]
 
-    def kubeconfig(self, path, ca="ca", token=None, token_file=None, namespace="models"):
-        user = {"tokenFile": token_file} if token_file else {"token": token or self.token}
+    def kubeconfig(self, path, ca="ca", token=None, token_file=None, namespace="models",
+                   exec_=None):
+        user = ({"exec": exec_} if exec_ else {"tokenFile": token_file} if token_file
+                else {"token": token or self.token})
         cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "sim",
                "clusters": [{"name": "sim", "cluster": {
                    "server": self.url, "certificate-authority": f"{self.pki}/{ca}.crt"}}],
@@ -328,6 +330,101 @@ def test_api_server_restart_keeps_warm_models_serving(cluster, thaw_factory, tmp
              what="watches resumed")
     assert complete(t).status == 200
     sim.stop()
+
+
+EXEC_PLUGIN = """#!/bin/sh
+# An exec credential plugin: the token from a file, valid for $VALID_S seconds.
+echo run >> "$RUNS"
+[ "$(cat "$FAIL" 2>/dev/null)" = yes ] && { echo "no credentials" >&2; exit 1; }
+case "$KUBERNETES_EXEC_INFO" in *'"kind":"ExecCredential"'*) ;; *) exit 3 ;; esac
+exp=$(date -u -d "+$VALID_S seconds" +%Y-%m-%dT%H:%M:%SZ)
+printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential",'
+printf '"status":{"token":"%s","expirationTimestamp":"%s"}}' "$(cat "$TOKEN")" "$exp"
+"""
+
+
+def exec_plugin(tmp_path, token, valid_s):
+    plugin = tmp_path / "get-token"
+    plugin.write_text(EXEC_PLUGIN)
+    plugin.chmod(0o755)
+    (tmp_path / "token").write_text(token)
+    env = {"RUNS": tmp_path / "runs", "TOKEN": tmp_path / "token", "FAIL": tmp_path / "fail",
+           "VALID_S": valid_s}
+    return {"apiVersion": "client.authentication.k8s.io/v1", "command": "./get-token",
+            "env": [{"name": k, "value": str(v)} for k, v in env.items()]}
+
+
+def plugin_runs(tmp_path):
+    p = tmp_path / "runs"
+    return len(p.read_text().splitlines()) if p.exists() else 0
+
+
+def test_exec_credential_plugin(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=50)
+    sim.faults(tokens=["plugin-t0k3n"])
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"),
+             token="plugin-t0k3n")
+    # Valid for 3,600 s: no run is due before the API server refuses the token.
+    t = start_thaw(thaw_factory, sim, tmp_path, kc={"exec_": exec_plugin(tmp_path, "plugin-t0k3n",
+                                                                          3600)})
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced with the plugin's token")
+    assert plugin_runs(tmp_path) == 1
+    assert complete(t).status == 200
+    # The credential rotates: the API server's 401 makes thaw run the plugin again.
+    (tmp_path / "token").write_text("n3w-plugin-t0k3n")
+    sim.faults(tokens=["n3w-plugin-t0k3n"], drop_watches=True)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("qwen"),
+             token="n3w-plugin-t0k3n")
+    wait_for(lambda: any(m["name"] == "qwen" for m in t.status()["models"]), timeout=30,
+             what="new model seen with the plugin's new token")
+    assert plugin_runs(tmp_path) >= 2
+    assert "t0k3n" not in t.logs()
+
+
+def test_exec_credential_plugin_refreshes_before_expiry(cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=50)
+    sim.faults(tokens=["plugin-t0k3n"])
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"),
+             token="plugin-t0k3n")
+    # 61 s left: within a minute of expiry once a second has passed.
+    t = start_thaw(thaw_factory, sim, tmp_path, kc={"exec_": exec_plugin(tmp_path, "plugin-t0k3n",
+                                                                          61)})
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    # Due a minute before expiry, with no request to prompt it.
+    wait_for(lambda: plugin_runs(tmp_path) >= 2, what="plugin run before expiry")
+    assert complete(t).status == 200
+    # A failing run keeps the token that still works, and says so.
+    (tmp_path / "fail").write_text("yes")
+    wait_for(lambda: "exec credential plugin failed" in t.logs(), what="failure logged")
+    n = plugin_runs(tmp_path)
+    time.sleep(3)
+    assert plugin_runs(tmp_path) == n  # retried every 10 s, not in a loop
+    assert complete(t).status == 200
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("qwen"),
+             token="plugin-t0k3n")
+    wait_for(lambda: any(m["name"] == "qwen" for m in t.status()["models"]), timeout=10,
+             what="the API still reachable with the token kept")
+    assert "plugin-t0k3n" not in t.logs()
+
+
+def test_exec_credential_plugin_failing_at_start_is_a_clear_error(tmp_path):
+    sim_kc = exec_plugin(tmp_path, "x", 60)
+    (tmp_path / "fail").write_text("yes")
+    kc = tmp_path / "kubeconfig"
+    import yaml
+    kc.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"exec": sim_kc}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    cfg = tmp_path / "thaw.json"
+    cfg.write_text(json.dumps({"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0",
+                               "kubernetes": {"namespaces": ["models"]}}))
+    from conftest import THAW_BIN
+    r = subprocess.run([THAW_BIN, "--config", str(cfg), "--kubeconfig", str(kc)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert "get-token exited with status 1" in r.stderr + r.stdout, r.stderr
 
 
 def test_token_rotation(cluster, thaw_factory, tmp_path):

@@ -13,6 +13,7 @@
 
 #include "thaw/k8s/auth.h"
 #include "thaw/k8s/client.h"
+#include "thaw/k8s/execcred.h"
 #include "thaw/k8s/informer.h"
 #include "thaw/k8s/model_spec.h"
 #include "thaw/k8s/objects.h"
@@ -357,10 +358,90 @@ static void test_kubeconfig(void **state)
                      "clusters: [{name: k, cluster: {server: 'https://k'}}]\n"
                      "users: [{name: u, user: {exec: {command: aws}}}]\n");
     assert_int_equal(k8s_auth_from_kubeconfig(&a, path, NULL, err, sizeof err), -1);
-    assert_non_null(strstr(err, "exec or auth-provider"));
+    assert_non_null(strstr(err, "exec.apiVersion"));
     unlink(path);
     free(path);
     k8s_auth_dispose(&a);
+    path = write_tmp("current-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+                     "clusters: [{name: k, cluster: {server: 'https://k'}}]\n"
+                     "users: [{name: u, user: {exec: {apiVersion: "
+                     "client.authentication.k8s.io/v1, command: bin/get-token, "
+                     "args: [eks, get-token], env: [{name: REGION, value: eu-west-1}]}}}]\n");
+    assert_int_equal(k8s_auth_from_kubeconfig(&a, path, NULL, err, sizeof err), 0);
+    assert_non_null(strstr(a.exec_argv[0], "/bin/get-token")); /* relative to the file */
+    assert_string_equal(a.exec_argv[0] + strlen(a.exec_argv[0]) - 14, "/bin/get-token");
+    assert_string_equal(a.exec_argv[1], "eks");
+    assert_string_equal(a.exec_argv[2], "get-token");
+    assert_null(a.exec_argv[3]);
+    assert_string_equal(a.exec_env[0], "REGION=eu-west-1");
+    assert_null(a.exec_env[1]);
+    unlink(path);
+    free(path);
+    k8s_auth_dispose(&a);
+    k8s_auth_init(&a);
+    path = write_tmp("current-context: c\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
+                     "clusters: [{name: k, cluster: {server: 'https://k'}}]\n"
+                     "users: [{name: u, user: {auth-provider: {name: gcp}}}]\n");
+    assert_int_equal(k8s_auth_from_kubeconfig(&a, path, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "auth-provider"));
+    unlink(path);
+    free(path);
+    k8s_auth_dispose(&a);
+}
+
+static void test_exec_credential(void **state)
+{
+    const char *v1 = "client.authentication.k8s.io/v1";
+    char err[300];
+    char *tok = NULL;
+    int64_t valid = 0;
+    const time_t now = 1796217600; /* 2026-12-02T13:20:00Z */
+#define CRED(status) "{\"apiVersion\":\"client.authentication.k8s.io/v1\"," \
+                     "\"kind\":\"ExecCredential\",\"status\":" status "}"
+    const char *ok = CRED("{\"token\":\"s3cr3t\",\"expirationTimestamp\":"
+                          "\"2026-12-02T14:20:00Z\"}");
+    assert_int_equal(k8s_execcred_parse(ok, strlen(ok), v1, now, &tok, &valid, err, sizeof err),
+                     0);
+    assert_string_equal(tok, "s3cr3t");
+    assert_int_equal(valid, 3600);
+    free(tok);
+    /* Offsets and fractions, as RFC 3339 allows. */
+    const char *off = CRED("{\"token\":\"t\",\"expirationTimestamp\":"
+                           "\"2026-12-02T15:20:00.123+01:00\"}");
+    assert_int_equal(k8s_execcred_parse(off, strlen(off), v1, now, &tok, &valid, err, sizeof err),
+                     0);
+    assert_int_equal(valid, 3600);
+    free(tok);
+    /* No expiry: valid for good. An expired one: 0 s left. */
+    const char *forever = CRED("{\"token\":\"t\"}");
+    assert_int_equal(k8s_execcred_parse(forever, strlen(forever), v1, now, &tok, &valid, err,
+                                        sizeof err), 0);
+    assert_int_equal(valid, -1);
+    free(tok);
+    const char *old = CRED("{\"token\":\"t\",\"expirationTimestamp\":\"2020-01-01T00:00:00Z\"}");
+    assert_int_equal(k8s_execcred_parse(old, strlen(old), v1, now, &tok, &valid, err, sizeof err),
+                     0);
+    assert_int_equal(valid, 0);
+    free(tok);
+    struct {
+        const char *json, *error;
+    } bad[] = {
+        {"not json", "not JSON"},
+        {"{\"kind\":\"Secret\"}", "not an ExecCredential"},
+        {"{\"apiVersion\":\"client.authentication.k8s.io/v1beta1\",\"kind\":\"ExecCredential\","
+         "\"status\":{\"token\":\"t\"}}", "asked for client.authentication.k8s.io/v1"},
+        {CRED("{\"clientCertificateData\":\"x\"}"), "no status.token"},
+        {CRED("{\"token\":\"\"}"), "no status.token"},
+        {CRED("{\"token\":\"t\",\"expirationTimestamp\":\"tomorrow\"}"), "not RFC 3339"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tok = NULL;
+        assert_int_equal(k8s_execcred_parse(bad[i].json, strlen(bad[i].json), v1, now, &tok,
+                                            &valid, err, sizeof err), -1);
+        assert_null(tok);
+        assert_non_null(strstr(err, bad[i].error));
+    }
+#undef CRED
 }
 
 static void test_in_cluster(void **state)
@@ -416,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_node_decoding),
         cmocka_unit_test(test_base64),
         cmocka_unit_test(test_kubeconfig),
+        cmocka_unit_test(test_exec_credential),
         cmocka_unit_test(test_in_cluster),
         cmocka_unit_test(test_backoff_is_capped_and_jittered),
     };

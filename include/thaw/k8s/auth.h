@@ -1,6 +1,7 @@
 /* How to reach and authenticate to a Kubernetes API server: from a
  * kubeconfig file (parsed with libyaml: server, CA, client certificate,
- * token or tokenFile, namespace of the current or named context), or from
+ * token, tokenFile or an exec credential plugin, namespace of the current
+ * or named context), or from
  * the in-cluster service account (KUBERNETES_SERVICE_HOST/PORT, the mounted
  * token, which rotates and is re-read, and CA). struct k8s_auth owns its
  * strings and buffers. */
@@ -22,6 +23,11 @@ struct k8s_auth {
     struct buf key_pem;
     char *token;      /* static token, or: */
     char *token_file; /* re-read as it rotates */
+    /* An exec credential plugin (user.exec): argv[0] is the command, NULL
+     * ends argv; env holds "NAME=value" entries added to thaw's own. */
+    char **exec_argv;
+    char **exec_env;
+    char *exec_api_version;
     bool insecure;    /* insecure-skip-tls-verify */
     char *namespace_;
     char source[300]; /* where this came from, for logs */
