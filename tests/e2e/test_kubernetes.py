@@ -359,15 +359,21 @@ def plugin_runs(tmp_path):
     return len(p.read_text().splitlines()) if p.exists() else 0
 
 
-def test_exec_credential_plugin(cluster, thaw_factory, tmp_path):
+def synced_with_plugin(cluster, thaw_factory, tmp_path, valid_s):
+    """thaw synced to a cluster that only takes the exec plugin's token."""
     sim = cluster(load_ms=50)
     sim.faults(tokens=["plugin-t0k3n"])
     sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"),
              token="plugin-t0k3n")
-    # Valid for 3,600 s: no run is due before the API server refuses the token.
-    t = start_thaw(thaw_factory, sim, tmp_path, kc={"exec_": exec_plugin(tmp_path, "plugin-t0k3n",
-                                                                          3600)})
+    t = start_thaw(thaw_factory, sim, tmp_path,
+                   kc={"exec_": exec_plugin(tmp_path, "plugin-t0k3n", valid_s)})
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced with the plugin's token")
+    return sim, t
+
+
+def test_exec_credential_plugin(cluster, thaw_factory, tmp_path):
+    # Valid for 3,600 s: no run is due before the API server refuses the token.
+    sim, t = synced_with_plugin(cluster, thaw_factory, tmp_path, 3600)
     assert plugin_runs(tmp_path) == 1
     assert complete(t).status == 200
     # The credential rotates: the API server's 401 makes thaw run the plugin again.
@@ -382,14 +388,8 @@ def test_exec_credential_plugin(cluster, thaw_factory, tmp_path):
 
 
 def test_exec_credential_plugin_refreshes_before_expiry(cluster, thaw_factory, tmp_path):
-    sim = cluster(load_ms=50)
-    sim.faults(tokens=["plugin-t0k3n"])
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"),
-             token="plugin-t0k3n")
     # 61 s left: within a minute of expiry once a second has passed.
-    t = start_thaw(thaw_factory, sim, tmp_path, kc={"exec_": exec_plugin(tmp_path, "plugin-t0k3n",
-                                                                          61)})
-    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    sim, t = synced_with_plugin(cluster, thaw_factory, tmp_path, 61)
     # Due a minute before expiry, with no request to prompt it.
     wait_for(lambda: plugin_runs(tmp_path) >= 2, what="plugin run before expiry")
     assert complete(t).status == 200
