@@ -603,7 +603,8 @@ static void pod_remove(void *ud, const cJSON *obj)
     if (!name || !ns) {
         return;
     }
-    /* The object may be a stub (after a relist): look in every model of ns. */
+    /* After a relist the removed object may carry only its name and namespace
+     * (see informer.c): look in every model of ns. */
     struct k8s_pod_info pi;
     struct kmodel *km = k8s_pod_decode(obj, &pi) == 0 ? model_of_pod(kb, &pi) : NULL;
     if (km) {

@@ -75,7 +75,9 @@ uint64_t k8s_backoff_ms(unsigned failures, double rand01)
 static void refresh_token(struct k8s_client *c, bool force)
 {
     if (c->have_exec) {
-        k8s_execcred_refresh(&c->exec, force);
+        if (force) { /* a 401; expiry has its own timer */
+            k8s_execcred_refresh(&c->exec);
+        }
         return;
     }
     if (!c->auth.token_file) {

@@ -381,17 +381,13 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 
 static void on_refresh_due(evutil_socket_t fd, short what, void *arg)
 {
-    k8s_execcred_refresh(arg, true);
+    k8s_execcred_refresh(arg);
 }
 
-void k8s_execcred_refresh(struct k8s_execcred *x, bool force)
+void k8s_execcred_refresh(struct k8s_execcred *x)
 {
     if (x->pid) {
         return; /* a run is going (or being reaped) */
-    }
-    if (!force && x->token &&
-        (!x->expires_ms || server_now_ms() + REFRESH_BEFORE_MS < x->expires_ms)) {
-        return;
     }
     char err[300];
     if (spawn_plugin(x, err, sizeof err)) {

@@ -100,20 +100,21 @@ static void collect_gone(void *ud, const char *key, void *value)
     s->gone[s->n_gone++] = strdup(key);
 }
 
-/* A removed object we only know by key: hand the owner a stub. */
+/* A removed object we only know by key (it vanished while the watch was
+ * down): hand the owner an object with just its name and namespace. */
 static void remove_by_key(struct k8s_informer *inf, const char *key)
 {
     const char *slash = strchr(key, '/');
-    cJSON *stub = cJSON_CreateObject();
-    cJSON *md = cJSON_AddObjectToObject(stub, "metadata");
+    cJSON *key_only = cJSON_CreateObject();
+    cJSON *md = cJSON_AddObjectToObject(key_only, "metadata");
     char ns[256];
     snprintf(ns, sizeof ns, "%.*s", (int)(slash - key), key);
     if (ns[0]) {
         cJSON_AddStringToObject(md, "namespace", ns);
     }
     cJSON_AddStringToObject(md, "name", slash + 1);
-    inf->ops->remove(inf->ud, stub);
-    cJSON_Delete(stub);
+    inf->ops->remove(inf->ud, key_only);
+    cJSON_Delete(key_only);
 }
 
 static void on_list(void *ud, long status, const char *body, size_t len, const char *err)

@@ -7,17 +7,15 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
-import time
 import urllib.parse
 import urllib.request
 
 import pytest
 import yaml
 
-from conftest import ROOT, THAW_BIN, wait_for
-from test_process import SIM, complete, sim_model
+from conftest import ROOT, THAW_BIN, free_port, wait_for
+from test_process import complete, sim_model
 
 HELM = os.path.join(ROOT, ".tools", "bin", "helm")
 CHARTS = os.path.join(ROOT, "charts")
@@ -299,12 +297,3 @@ def test_prometheus_scrapes_a_cold_start(thaw_factory, tmp_path):
     finally:
         p.terminate()
         p.wait(20)
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port

@@ -5,25 +5,16 @@ stale peers dropped."""
 import json
 import os
 import signal
-import socket
 import threading
 import time
 
 import pytest
 
 import httpc
-from conftest import Thaw, wait_for
+from conftest import Thaw, free_port, wait_for
 from test_kubernetes import KubeSim, deployment, pki  # noqa: F401  (pki is a fixture)
 
 LEASE = {"lease_duration_ms": 3000, "renew_interval_ms": 300, "renew_deadline_ms": 2000}
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Fleet:

@@ -60,7 +60,7 @@ static void test_full_model(void **state)
                        "  \"models\": [{\n"
                        "    \"name\": \"llama\", \"namespace\": \"models\",\n"
                        "    \"hosts\": [\"a.example\"], \"aliases\": [\"x/y\"],\n"
-                       "    \"endpoints\": [\"10.0.0.1:8000\", \"[fd00::1]:8000\"],\n"
+                       "    \"endpoints\": [\"127.0.0.11:8000\", \"[::1]:8000\"],\n"
                        "    \"priority\": \"critical\", \"max_concurrency\": 3\n"
                        "  }]\n"
                        "}\n";

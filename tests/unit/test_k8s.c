@@ -226,7 +226,7 @@ static void test_pod_decoding(void **state)
     assert_non_null(strstr(pi.unschedulable_message, "Insufficient nvidia.com/gpu"));
     cJSON_Delete(pod);
     pod = cJSON_Parse("{\"metadata\":{\"name\":\"p\",\"deletionTimestamp\":\"2026-01-01T00:00:00Z\"},"
-                      "\"status\":{\"phase\":\"Running\",\"podIP\":\"10.0.0.9\"}}");
+                      "\"status\":{\"phase\":\"Running\",\"podIP\":\"127.0.0.19\"}}");
     assert_int_equal(k8s_pod_decode(pod, &pi), 0);
     assert_true(pi.terminating);
     cJSON_Delete(pod);
@@ -255,16 +255,16 @@ static void test_endpointslice_decoding(void **state)
         "\"kubernetes.io/service-name\":\"llama\"}},\"addressType\":\"IPv4\","
         "\"ports\":[{\"name\":\"http\",\"port\":8000,\"protocol\":\"TCP\"}],"
         "\"endpoints\":["
-        "{\"addresses\":[\"10.0.0.1\"],\"conditions\":{\"ready\":true},"
+        "{\"addresses\":[\"127.0.0.11\"],\"conditions\":{\"ready\":true},"
         "\"targetRef\":{\"kind\":\"Pod\",\"name\":\"a\"}},"
-        "{\"addresses\":[\"10.0.0.2\"],\"conditions\":{\"ready\":false,\"serving\":true,"
+        "{\"addresses\":[\"127.0.0.12\"],\"conditions\":{\"ready\":false,\"serving\":true,"
         "\"terminating\":true},\"targetRef\":{\"kind\":\"Pod\",\"name\":\"b\"}},"
-        "{\"addresses\":[\"10.0.0.3\"],\"conditions\":{},\"targetRef\":{\"name\":\"c\"}},"
+        "{\"addresses\":[\"127.0.0.13\"],\"conditions\":{},\"targetRef\":{\"name\":\"c\"}},"
         "{\"addresses\":[],\"targetRef\":{\"name\":\"d\"}}]}");
     assert_string_equal(k8s_slice_service(slice), "llama");
     struct seen s = {0};
     assert_int_equal(k8s_slice_each(slice, collect_ep, &s), 3);
-    assert_string_equal(s.pods[0], "a@10.0.0.1");
+    assert_string_equal(s.pods[0], "a@127.0.0.11");
     assert_true(s.ready[0] && !s.term[0]);
     assert_true(!s.ready[1] && s.term[1]);
     assert_true(s.ready[2]); /* absent ready condition means ready */
@@ -321,7 +321,7 @@ static void test_kubeconfig(void **state)
     char *path = write_tmp("apiVersion: v1\nkind: Config\ncurrent-context: prod\n"
                            "clusters:\n"
                            "- name: dev\n  cluster: {server: 'https://dev:6443'}\n"
-                           "- name: prod\n  cluster:\n    server: https://10.0.0.1:6443/\n"
+                           "- name: prod\n  cluster:\n    server: https://127.0.0.11:6443/\n"
                            "    certificate-authority-data: aGVsbG8=\n"
                            "users:\n"
                            "- name: admin\n  user:\n    token: abc.def\n"
@@ -334,7 +334,7 @@ static void test_kubeconfig(void **state)
     char err[256];
     k8s_auth_init(&a);
     assert_int_equal(k8s_auth_from_kubeconfig(&a, path, NULL, err, sizeof err), 0);
-    assert_string_equal(a.server, "https://10.0.0.1:6443");
+    assert_string_equal(a.server, "https://127.0.0.11:6443");
     assert_int_equal(a.ca_pem.len, 5);
     assert_string_equal(a.token, "abc.def");
     assert_string_equal(a.namespace_, "models");
@@ -453,13 +453,13 @@ static void test_in_cluster(void **state)
     FILE *f = fopen(p, "w");
     fputs("thaw-system\n", f);
     fclose(f);
-    setenv("KUBERNETES_SERVICE_HOST", "fd00::1", 1);
+    setenv("KUBERNETES_SERVICE_HOST", "::1", 1);
     setenv("KUBERNETES_SERVICE_PORT", "443", 1);
     struct k8s_auth a;
     char err[256];
     k8s_auth_init(&a);
     assert_int_equal(k8s_auth_in_cluster(&a, dir, err, sizeof err), 0);
-    assert_string_equal(a.server, "https://[fd00::1]:443");
+    assert_string_equal(a.server, "https://[::1]:443");
     assert_string_equal(a.namespace_, "thaw-system");
     assert_non_null(strstr(a.token_file, "/token"));
     assert_non_null(strstr(a.ca_file, "/ca.crt"));

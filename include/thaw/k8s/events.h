@@ -32,7 +32,6 @@ struct k8s_events {
     uint64_t window_ms;
     size_t max_entries;
     struct strmap entries; /* key -> struct k8s_event_entry */
-    size_t n_entries;
     struct k8s_events_stats stats;
 };
 

@@ -45,9 +45,9 @@ int k8s_execcred_parse(const char *json, size_t len, const char *api_version, ti
 /* Runs the plugin and waits for it. 0, or -1 with err set. */
 int k8s_execcred_init(struct k8s_execcred *x, struct event_base *base,
                       const struct k8s_auth *auth, char *err, size_t errlen);
-/* Starts a background run unless one is going or, without force, the
- * token is not within a minute of expiring. */
-void k8s_execcred_refresh(struct k8s_execcred *x, bool force);
+/* Starts a background run unless one is going. Runs due before expiry
+ * start by themselves; call this when the API server refuses the token. */
+void k8s_execcred_refresh(struct k8s_execcred *x);
 void k8s_execcred_dispose(struct k8s_execcred *x);
 
 #endif
