@@ -215,6 +215,11 @@ void admin_render_metrics(struct server *srv, struct buf *o)
     help_type(o, "thaw_upstream_reused_total", "counter",
               "Requests sent over a pooled keep-alive connection.");
     buf_printf(o, "thaw_upstream_reused_total %llu\n", (unsigned long long)sm->upstream_reused);
+    help_type(o, "thaw_upstream_stale_retries_total", "counter",
+              "Requests sent again on a new connection after a pooled one failed before any "
+              "response byte.");
+    buf_printf(o, "thaw_upstream_stale_retries_total %llu\n",
+               (unsigned long long)sm->upstream_stale_retries);
 }
 
 void admin_render_status(struct server *srv, struct buf *out)

@@ -56,7 +56,7 @@ static const struct num_key limit_keys[] = {
 #define UPS(k, d, lo, hi) {#k, offsetof(struct config_upstream, k), d, lo, hi}
 static const struct num_key upstream_keys[] = {
     UPS(keepalive_per_endpoint, 64, 0, 100000),
-    UPS(keepalive_timeout_ms, 60000, 1, 3600000),
+    UPS(keepalive_timeout_ms, 4000, 1, 3600000),
     UPS(eject_ms, 2000, 0, 600000),
     UPS(max_response_header_bytes, 65536, 1024, 1048576),
 };

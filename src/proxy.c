@@ -50,6 +50,7 @@ struct request *request_new(struct server *srv, struct conn *c)
     r->last_ep = NULL;
     r->tries = 0;
     r->counted = false;
+    r->stale_retried = false;
     r->response_started = false;
     r->model_resolved = false;
     r->heartbeat = false;
@@ -333,6 +334,7 @@ static void place(struct server *srv, struct request *r)
         struct endpoint *ep = model_pick_endpoint(m, now);
         if (ep) {
             r->queued_ms = now;
+            queue_item_stamp(&r->qi, r->tier, now, now + m->set.queue_timeout_ms);
             histogram_observe(&m->stats.queue_wait[r->tier], 0);
             start_at(srv, r, ep);
             return;

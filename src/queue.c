@@ -15,6 +15,14 @@ void queue_init(struct queue *q, size_t max, uint64_t aging_ms, struct queue_glo
     q->global = global;
 }
 
+void queue_item_stamp(struct queue_item *it, enum tier tier, uint64_t now_ms,
+                      uint64_t deadline_ms)
+{
+    it->tier = tier;
+    it->enqueued_ms = now_ms;
+    it->deadline_ms = deadline_ms;
+}
+
 static void link_item(struct queue *q, struct queue_item *it, bool front)
 {
     if (front) {
@@ -54,9 +62,7 @@ int queue_push(struct queue *q, struct queue_item *it, enum tier tier, uint64_t 
         queue_remove(q, victim);
         *displaced = victim;
     }
-    it->tier = tier;
-    it->enqueued_ms = now_ms;
-    it->deadline_ms = deadline_ms;
+    queue_item_stamp(it, tier, now_ms, deadline_ms);
     link_item(q, it, false);
     return 0;
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -64,6 +65,45 @@ static void leave(struct upstream *u)
     }
 }
 
+/* How long a pooled connection may sit idle: the configured time, or less
+ * when the replica said it closes sooner (Keep-Alive: timeout=N), with a
+ * margin so thaw closes first and never sends into a closing connection. */
+static uint64_t pool_idle_ms(const struct upstream *u, uint64_t configured)
+{
+    if (u->server_keepalive_ms == 0) {
+        return configured;
+    }
+    uint64_t margin = u->server_keepalive_ms >= 2000 ? 1000 : u->server_keepalive_ms / 2;
+    uint64_t server = u->server_keepalive_ms - margin;
+    return server < configured ? (server ? server : 1) : configured;
+}
+
+/* Remembers the replica's idle timeout from `Keep-Alive: timeout=N`. */
+static void learn_keepalive(struct upstream *u)
+{
+    const struct http_header *h = http_head_find(&u->head, "keep-alive");
+    if (!h) {
+        return;
+    }
+    const char *v = http_hvalue(&u->head, h);
+    size_t len = h->value_len;
+    for (size_t i = 0; i + 8 <= len; i++) {
+        if (strncasecmp(v + i, "timeout=", 8) != 0 || (i > 0 && v[i - 1] != ' ' && v[i - 1] != ',')) {
+            continue;
+        }
+        uint64_t secs = 0;
+        size_t j = i + 8;
+        while (j < len && v[j] >= '0' && v[j] <= '9' && secs < 86400) {
+            secs = secs * 10 + (uint64_t)(v[j] - '0');
+            j++;
+        }
+        if (j > i + 8 && secs > 0) {
+            u->server_keepalive_ms = (uint32_t)(secs * 1000);
+        }
+        return;
+    }
+}
+
 /* Lets go of the request: gives its slot back, then pools or closes the
  * connection. Returns the model the slot belonged to (NULL if gone). */
 static struct model *release(struct upstream *u, bool reusable)
@@ -87,11 +127,13 @@ static struct model *release(struct upstream *u, bool reusable)
         !u->dead) {
         u->state = UP_IDLE;
         u->reading_paused = false;
-        list_push_back(&ep->idle, &u->node);
+        /* Most recently used first (as nginx does): the connection least
+         * likely to be closed by the replica's own idle timer. */
+        list_push_front(&ep->idle, &u->node);
         ep->n_idle++;
         event_del(&u->wev);
         event_add(&u->rev, NULL);
-        arm_ms(u, srv->cfg->upstream.keepalive_timeout_ms);
+        arm_ms(u, pool_idle_ms(u, srv->cfg->upstream.keepalive_timeout_ms));
         http_head_reset(&u->head);
     } else {
         destroy(u);
@@ -176,10 +218,49 @@ static void connect_failed(struct upstream *u, int err)
     }
 }
 
+static void begin(struct server *srv, struct request *r, struct endpoint *ep, bool may_reuse);
+
+/* A reused pooled connection failed before the replica sent a byte (EOF,
+ * reset, or a refused write): the replica closed it while idle and never
+ * read the request. That says nothing about the replica's health, so it is
+ * not ejected; the request goes out once more on a new connection, and only
+ * a failure there counts against the replica. */
+static bool is_stale_pooled(const struct upstream *u)
+{
+    return u->reused && !u->got_bytes && u->req && !u->req->stale_retried;
+}
+
+static void stale_pooled(struct upstream *u, int err)
+{
+    struct server *srv = u->srv;
+    struct request *r = u->req;
+    struct endpoint *ep = u->ep;
+    srv->metrics.upstream_stale_retries++;
+    LOGD("pooled connection closed by the replica; sending again on a new one",
+         "model=%s endpoint=%s error=\"%s\"", ep->model ? ep->model->name : "-", ep->addr_text,
+         strerror(err));
+    r->stale_retried = true;
+    endpoint_ref(ep);
+    struct model *m = release(u, false);
+    if (m && ep->model == m) {
+        r->tries--; /* the same attempt, not a new one */
+        begin(srv, r, ep, false);
+    } else {
+        proxy_upstream_retry(r); /* the replica is gone meanwhile */
+    }
+    endpoint_unref(ep);
+}
+
 static void fail(struct upstream *u, enum reject_reason reason, enum abort_reason abort)
 {
     struct server *srv = u->srv;
     struct request *r = u->req;
+    if (r && u->head_pending && !r->heartbeat) {
+        /* The replica's head was parsed but nothing reached the client (bad
+         * framing in the same read): the client still gets a clean 502. */
+        u->head_pending = false;
+        r->response_started = false;
+    }
     if (r && r->model) {
         LOGW("upstream failed", "model=%s endpoint=%s reason=%s started=%d", r->model->name,
              u->ep->addr_text, reject_info(reason)->name, r->response_started);
@@ -265,10 +346,10 @@ static void send_request(struct upstream *u)
             return;
         }
         int err = errno;
-        if (u->sent == 0) {
-            /* Nothing was accepted: a pooled connection the replica had
-             * closed. Safe to try again. */
-            connect_failed(u, err);
+        if (is_stale_pooled(u)) {
+            stale_pooled(u, err);
+        } else if (u->sent == 0 && !u->reused) {
+            connect_failed(u, err); /* a fresh connection the replica refused */
         } else {
             fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
         }
@@ -281,6 +362,13 @@ static void send_request(struct upstream *u)
 
 void upstream_start(struct server *srv, struct request *r, struct endpoint *ep)
 {
+    begin(srv, r, ep, true);
+}
+
+/* Takes the slot and sends r over the most recently pooled connection
+ * (may_reuse) or a new one. */
+static void begin(struct server *srv, struct request *r, struct endpoint *ep, bool may_reuse)
+{
     struct model *m = ep->model;
     ep->inflight++;
     m->inflight++;
@@ -292,7 +380,7 @@ void upstream_start(struct server *srv, struct request *r, struct endpoint *ep)
         build_upstream_head(r, ep);
     }
     struct upstream *u = NULL;
-    struct list_node *n = list_first(&ep->idle);
+    struct list_node *n = may_reuse ? list_first(&ep->idle) : NULL;
     if (n) {
         list_remove(n);
         ep->n_idle--;
@@ -340,6 +428,7 @@ void upstream_start(struct server *srv, struct request *r, struct endpoint *ep)
     u->req = r;
     r->up = u;
     u->sent = 0;
+    u->got_bytes = false;
     u->decode_body = u->rechunk = u->client_close = u->client_failed = false;
     u->head_pending = false;
     u->reading_paused = false;
@@ -542,9 +631,17 @@ static void process(struct upstream *u, const char *data, size_t n)
             }
             goto out;
         case HTTP_EV_HEAD:
-            if (u->head.status >= 100 && u->head.status < 200 && u->head.status != 101) {
+            if (u->head.status == 101) {
+                /* thaw never asks a replica to switch protocols (Upgrade is
+                 * hop-by-hop and not forwarded): an unsolicited 101 is a
+                 * broken replica, not something to pass on. */
+                fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+                return;
+            }
+            if (u->head.status >= 100 && u->head.status < 200) {
                 continue; /* interim response: skipped at its end */
             }
+            learn_keepalive(u);
             if (forward_head(u) != 0) {
                 client_gone(u);
                 return;
@@ -590,8 +687,8 @@ static void on_eof(struct upstream *u, int err)
         return;
     case UP_SENDING:
     case UP_WAITING:
-        if (u->reused && u->sent == 0) {
-            connect_failed(u, err ? err : ECONNRESET); /* stale pooled connection */
+        if (is_stale_pooled(u)) {
+            stale_pooled(u, err ? err : ECONNRESET);
         } else {
             fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
         }
@@ -620,6 +717,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
         if (u->state == UP_IDLE) {
             destroy(u); /* bytes nobody asked for */
         } else {
+            u->got_bytes = true;
             if (u->state == UP_STREAMING) {
                 arm_ms(u, u->req->model->set.upstream_idle_timeout_ms);
             }

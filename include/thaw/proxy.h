@@ -46,6 +46,7 @@ struct request {
     struct endpoint *last_ep;
     uint16_t tries;
     bool counted;          /* its outcome has been counted */
+    bool stale_retried;    /* sent again once after a pooled connection failed */
     bool response_started; /* response bytes went to the client */
     bool model_resolved;
     bool heartbeat; /* thaw sent a 200 event-stream head and ": loading" comments */

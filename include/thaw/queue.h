@@ -40,6 +40,11 @@ struct queue {
 };
 
 void queue_init(struct queue *q, size_t max, uint64_t aging_ms, struct queue_global *global);
+/* Gives an item its tier, enqueue time and deadline without queueing it: a
+ * request sent straight to a replica carries them in case it comes back
+ * (queue_push_front after a failed connect keeps them). */
+void queue_item_stamp(struct queue_item *it, enum tier tier, uint64_t now_ms,
+                      uint64_t deadline_ms);
 /* Adds it at the back of its tier. Returns 0, or -ENOSPC when full. When a
  * critical item displaced a batch one to fit, *displaced is set to that item
  * (already removed), else NULL. */

@@ -47,6 +47,8 @@ struct upstream {
     int busy;
     bool dead;
     bool reused;
+    bool got_bytes;     /* the replica sent something for the current request */
+    uint32_t server_keepalive_ms; /* from its Keep-Alive: timeout=N, 0 if never said */
     bool reading_paused;
     bool decode_body;  /* forward decoded body bytes (not raw framing) */
     bool rechunk;      /* ... wrapped in chunked framing */

@@ -39,6 +39,9 @@ static void test_defaults(void **state)
     assert_int_equal(cfg->limits.max_body_bytes, 16 * 1024 * 1024);
     assert_int_equal(cfg->limits.header_timeout_ms, 10000);
     assert_int_equal(cfg->limits.keepalive_timeout_ms, 60000);
+    /* Below uvicorn's (vLLM's) 5 s idle close, so thaw closes a pooled
+     * connection before the replica does. */
+    assert_true(cfg->upstream.keepalive_timeout_ms < 5000);
     assert_int_equal(cfg->limits.max_queue_per_model, 1000);
     assert_int_equal(cfg->limits.max_queue_total, 10000);
     assert_int_equal(cfg->limits.priority_header, PRIORITY_HEADER_ANY);

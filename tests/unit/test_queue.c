@@ -156,6 +156,22 @@ static void test_push_front_keeps_place(void **state)
     assert_int_equal(id_of(queue_pop(&q)), 2);
 }
 
+/* A request sent straight to a replica and put back after a failed connect
+ * keeps the tier and deadline it was stamped with, not stale or zero ones. */
+static void test_stamped_item_pushed_front_keeps_its_deadline(void **state)
+{
+    struct queue q;
+    queue_init(&q, 10, 1000, NULL);
+    struct item a = {.id = 1};
+    a.qi.deadline_ms = 0; /* what a never-queued item carried before */
+    queue_item_stamp(&a.qi, TIER_CRITICAL, 100, 60100);
+    queue_push_front(&q, &a.qi);
+    assert_null(queue_pop_expired(&q, 200));
+    assert_int_equal(queue_next_deadline(&q), 60100);
+    assert_int_equal(id_of(queue_pop_expired(&q, 60100)), 1);
+    assert_int_equal(a.qi.tier, TIER_CRITICAL);
+}
+
 static void test_remove_from_middle(void **state)
 {
     struct queue q;
@@ -182,6 +198,7 @@ int main(void)
         cmocka_unit_test(test_critical_displaces_newest_batch),
         cmocka_unit_test(test_deadlines),
         cmocka_unit_test(test_push_front_keeps_place),
+        cmocka_unit_test(test_stamped_item_pushed_front_keeps_its_deadline),
         cmocka_unit_test(test_remove_from_middle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
