@@ -65,6 +65,8 @@ struct replica {
     /* stop */
     struct event kill_timer;
     bool exited;
+    struct endpoint *draining; /* held while its in-flight requests finish */
+    uint64_t drain_until_ms;
 };
 
 struct proc_model {
@@ -77,7 +79,7 @@ struct proc_model {
     size_t n_env;
     char *health_path;
     unsigned min_replicas, max_replicas, gpu_slices;
-    uint64_t idle_timeout_ms, startup_timeout_ms, stop_grace_ms;
+    uint64_t idle_timeout_ms, startup_timeout_ms, stop_grace_ms, stop_drain_ms;
     struct list_node replicas;
     unsigned n_starting, n_ready, n_stopping;
     uint64_t idle_since_ms;
@@ -379,6 +381,31 @@ static int replica_start(struct proc_model *pm)
     return 0;
 }
 
+/* The replica's endpoint in the model (NULL before it is ready). */
+static struct endpoint *replica_endpoint(struct replica *r)
+{
+    struct model *m = r->pm->m;
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        if (strcmp(m->endpoints[i]->id, r->id) == 0) {
+            return m->endpoints[i];
+        }
+    }
+    return NULL;
+}
+
+static void replica_terminate(struct replica *r)
+{
+    if (r->draining) {
+        endpoint_unref(r->draining);
+        r->draining = NULL;
+    }
+    kill(-r->pid, SIGTERM);
+    arm_ms(&r->kill_timer, r->pm->stop_grace_ms);
+}
+
+/* Takes the replica out of routing at once; a ready one with requests in
+ * flight is signalled only once they finish (or stop_drain_ms passes), so a
+ * scale-down or a preemption does not cut streams. */
 static void replica_stop(struct replica *r, const char *why)
 {
     struct proc_model *pm = r->pm;
@@ -386,6 +413,12 @@ static void replica_stop(struct replica *r, const char *why)
         return;
     }
     if (r->state == R_READY) {
+        struct endpoint *ep = replica_endpoint(r);
+        if (ep && ep->inflight > 0 && pm->stop_drain_ms > 0) {
+            endpoint_ref(ep);
+            r->draining = ep;
+            r->drain_until_ms = server_now_ms() + pm->stop_drain_ms;
+        }
         pm->n_ready--;
         fleet_replica_gone(pm->m->fleet, pm->m, r->id, why);
     } else {
@@ -394,10 +427,29 @@ static void replica_stop(struct replica *r, const char *why)
     r->state = R_STOPPING;
     pm->n_stopping++;
     probe_stop(&r->probe);
+    if (r->draining) {
+        LOGI("draining replica before stopping it", "model=%s replica=%s pid=%d in_flight=%u "
+             "reason=\"%s\"", pm->m->name, r->id, (int)r->pid, r->draining->inflight, why);
+        return;
+    }
     LOGI("stopping replica", "model=%s replica=%s pid=%d reason=\"%s\"", pm->m->name, r->id,
          (int)r->pid, why);
-    kill(-r->pid, SIGTERM);
-    arm_ms(&r->kill_timer, pm->stop_grace_ms);
+    replica_terminate(r);
+}
+
+/* On each tick: a draining replica is signalled once idle or out of time. */
+static void replica_check_drain(struct replica *r, uint64_t now)
+{
+    if (!r->draining || r->exited) {
+        return;
+    }
+    bool idle = r->draining->inflight == 0;
+    if (!idle && now < r->drain_until_ms) {
+        return;
+    }
+    LOGI("stopping replica", "model=%s replica=%s pid=%d reason=\"%s\"", r->pm->m->name, r->id,
+         (int)r->pid, idle ? "drained" : "stop_drain_ms passed with requests in flight");
+    replica_terminate(r);
 }
 
 static void on_kill_timer(evutil_socket_t fd, short what, void *arg)
@@ -415,6 +467,9 @@ static void replica_free(struct replica *r)
     struct process_backend *pb = r->pm->pb;
     probe_stop(&r->probe);
     event_del(&r->kill_timer);
+    if (r->draining) {
+        endpoint_unref(r->draining);
+    }
     if (r->out_fd >= 0) {
         /* Take what the child wrote last before it went. */
         on_output(r->out_fd, EV_READ, r);
@@ -480,13 +535,8 @@ static void start_failed(struct proc_model *pm, struct replica *r, const char *w
 /* In-flight requests at the replica (its endpoint, once ready). */
 static uint32_t replica_inflight(struct replica *r)
 {
-    struct model *m = r->pm->m;
-    for (size_t i = 0; i < m->n_endpoints; i++) {
-        if (strcmp(m->endpoints[i]->id, r->id) == 0) {
-            return m->endpoints[i]->inflight;
-        }
-    }
-    return 0;
+    struct endpoint *ep = replica_endpoint(r);
+    return ep ? ep->inflight : 0;
 }
 
 /* Starts or stops replicas until the model has `target`. Stopping takes
@@ -599,6 +649,7 @@ static void reconcile_all(struct process_backend *pb)
         list_for_each_safe(rp, rt, &pm->replicas)
         {
             struct replica *r = container_of(rp, struct replica, node);
+            replica_check_drain(r, now);
             if (r->state == R_STARTING && now - r->started_ms >= pm->startup_timeout_ms) {
                 char why[96];
                 snprintf(why, sizeof why, "not ready within startup_timeout_ms=%llu",
@@ -739,6 +790,7 @@ static int process_attach(struct backend *b, struct model *m, const struct confi
     pm->idle_timeout_ms = cm->idle_timeout_ms;
     pm->startup_timeout_ms = cm->startup_timeout_ms;
     pm->stop_grace_ms = cm->stop_grace_ms;
+    pm->stop_drain_ms = cm->stop_drain_ms;
     list_init(&pm->replicas);
     list_push_back(&pb->models, &pm->node);
     m->backend = b;

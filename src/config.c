@@ -97,6 +97,7 @@ static const struct num_key model_keys[] = {
     MOD(idle_timeout_ms, 300000, 0, 86400000),
     MOD(startup_timeout_ms, 600000, 1, 86400000),
     MOD(stop_grace_ms, 10000, 0, 600000),
+    MOD(stop_drain_ms, 30000, 0, 3600000),
     MOD(gpu_slices, 0, 0, 64),
     MOD(loading_heartbeat_ms, 0, 0, 600000),
     MOD(target, 0, 0, 100000),

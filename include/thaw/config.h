@@ -67,6 +67,7 @@ struct config_model {
     uint64_t idle_timeout_ms;
     uint64_t startup_timeout_ms;
     uint64_t stop_grace_ms;
+    uint64_t stop_drain_ms;
     uint64_t gpu_slices;
     uint64_t loading_heartbeat_ms; /* 0: no SSE heartbeats while loading */
     uint64_t target;               /* autoscaler: concurrency per replica; 0: derived */

@@ -372,3 +372,33 @@ def test_burst_scales_out_and_back(thaw_factory):
     wait_for(lambda: model_status(t)["replicas_ready"] + model_status(t)["replicas_starting"]
              == 0, timeout=30, what="back to zero")  # ...and back
     t.assert_reconciled()
+
+
+def test_preempted_batch_replica_finishes_its_stream_first(thaw_factory):
+    """The only GPU is busy with a batch stream when a critical model wakes:
+    the batch replica is preempted, but leaves routing and finishes the
+    stream before it is stopped; then the critical model runs."""
+    t = thaw_factory({
+        "gpus": [{"id": 0, "slices": 2}],
+        "autoscaler": {"tick_ms": 100},
+        "models": [sim_model("batch", load_ms=50, token_ms=100, tokens=15, gpu_slices=2,
+                             priority="batch", max_concurrency=1),
+                   sim_model("crit", load_ms=50, gpu_slices=2, priority="critical")]})
+    s = t.connect()
+    httpc.send(s, "POST", "/v1/completions", {}, b'{"model":"batch","stream":true}')
+    rd = httpc.Reader(s)
+    wait_for(lambda: model_status(t, "batch")["inflight"] == 1, timeout=10 * SLOW,
+             what="batch streaming")
+    res = {}
+    th = threading.Thread(target=lambda: res.__setitem__("crit", complete(t, "crit")))
+    th.start()
+    wait_for(lambda: "draining replica before stopping it" in t.logs(), timeout=10,
+             what="batch replica draining")
+    r = rd.response()  # the whole stream, not cut
+    assert r.status == 200
+    assert r.body.rstrip().endswith(b"data: [DONE]")
+    th.join(30)
+    assert res["crit"].status == 200
+    assert t.metric("thaw_pool_decisions_total", model="batch", action="preempt") >= 1
+    t.assert_reconciled()
+    assert t.metric("thaw_aborts_total", reason="upstream_closed") == 0
