@@ -5,6 +5,8 @@ counterparts in tests/counterparts (a scriptable raw upstream, an asyncio
 model server, a real uvicorn app)."""
 
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -45,4 +47,117 @@ def test_requeued_request_keeps_its_full_queue_deadline(thaw_factory, upstream):
     assert b.status == 200, b.body
     assert waited > 0.5  # it waited for A's slot
     assert t.metric("thaw_upstream_connect_failures_total") >= 1
+    t.assert_reconciled()
+
+
+COUNTERPARTS = Path(__file__).resolve().parents[1] / "counterparts"
+PY = "/usr/bin/python3"
+
+
+def counterpart_model(server, name="llama", *args, **kw):
+    """A process-backend model run by an independent model server:
+    asyncio_server.py (its own HTTP/1.1 code) or uvicorn_app.py (uvicorn)."""
+    m = {"name": name,
+         "command": [PY, str(COUNTERPARTS / server), "--port", "{port}", "--model", name, *args],
+         "idle_timeout_ms": 60000, "startup_timeout_ms": 30000, "stop_grace_ms": 2000}
+    m.update(kw)
+    return m
+
+
+def completion(t, model="llama", stream=False, sock=None):
+    body = json.dumps({"model": model, "prompt": "hi", "stream": stream}).encode()
+    hdrs = {"Content-Type": "application/json"}
+    if sock is None:
+        return httpc.request(t.host, t.port, "POST", "/v1/completions", hdrs, body, timeout=60)
+    httpc.send(sock, "POST", "/v1/completions", hdrs, body)
+    return None
+
+
+def model_pid(t, name="llama"):
+    m = next(m for m in t.status()["models"] if m["name"] == name)
+    procs = m["processes"]
+    return procs[0]["pid"] if procs else None
+
+
+@pytest.mark.parametrize("run", range(5))
+def test_replica_killed_mid_stream_does_not_fail_held_requests(thaw_factory, run):
+    """A model server is SIGKILLed while it streams, with idle pooled
+    connections to it and three requests arriving at that moment. Requests
+    that go out on a pooled connection the dead server had closed are sent
+    again on a new connection (here: the next replica), never answered 502.
+    thaw is paused (SIGSTOP) across the kill so the requests are read before
+    the pooled connections' close is seen, the race a busy loop runs into."""
+    t = thaw_factory({"models": [counterpart_model("asyncio_server.py", "llama", "--token-delay-ms", "100",
+                                               "--tokens", "4", max_concurrency=8)]})
+    # Three requests at once leave three pooled connections to the replica.
+    out = [None] * 3
+    ths = [threading.Thread(target=lambda i=i: out.__setitem__(i, completion(t)))
+           for i in range(3)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(60)
+    assert [r.status for r in out] == [200, 200, 200]
+    clients = [t.connect(timeout=60) for _ in range(3)]
+    stream = t.connect(timeout=60)
+    completion(t, stream=True, sock=stream)
+    rd = httpc.Reader(stream)
+    assert rd.readline().startswith(b"HTTP/1.1 200")
+    pid = model_pid(t)
+    os.kill(t.proc.pid, signal.SIGSTOP)
+    try:
+        for s in clients:
+            completion(t, sock=s)
+        time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    finally:
+        os.kill(t.proc.pid, signal.SIGCONT)
+    statuses = [httpc.Reader(s).response().status for s in clients]
+    assert statuses == [200, 200, 200], statuses
+    t.assert_reconciled()
+    assert t.metric("thaw_upstream_stale_retries_total") >= 1
+
+
+def paused(t):
+    """thaw stopped (SIGSTOP) for the duration: what happens meanwhile is
+    seen by its loop in one batch, in the order it happened."""
+    class Paused:
+        def __enter__(self):
+            os.kill(t.proc.pid, signal.SIGSTOP)
+
+        def __exit__(self, *exc):
+            os.kill(t.proc.pid, signal.SIGCONT)
+    return Paused()
+
+
+def test_post_on_a_connection_uvicorn_closed_idle_is_sent_again(thaw_factory):
+    """uvicorn (vLLM's server) closes keep-alive connections idle for 5 s. A
+    POST that goes out on such a pooled connection (thaw's loop busy, its
+    pool timeout set long) is sent again on a new connection, never 502."""
+    t = thaw_factory({"upstream": {"keepalive_timeout_ms": 60000},
+                      "models": [counterpart_model("uvicorn_app.py")]})
+    assert completion(t).status == 200
+    client = t.connect(timeout=60)
+    time.sleep(0.2)  # accepted before the pause
+    with paused(t):
+        completion(t, sock=client)  # read by thaw before it sees uvicorn's close
+        time.sleep(5.8)             # uvicorn closes the idle pooled connection
+    r = httpc.Reader(client).response()
+    assert r.status == 200, r.body
+    assert t.metric("thaw_upstream_stale_retries_total") == 1
+    assert t.metric("thaw_upstream_connect_failures_total") == 0
+    t.assert_reconciled()
+
+
+def test_default_pool_timeout_closes_before_uvicorn_does(thaw_factory):
+    """With the defaults, thaw gives up an idle pooled connection before
+    uvicorn's 5 s: after 4.5 s idle the next request opens a new one rather
+    than racing uvicorn's close."""
+    t = thaw_factory({"models": [counterpart_model("uvicorn_app.py")]})
+    assert completion(t).status == 200
+    time.sleep(4.5)
+    assert completion(t).status == 200
+    assert t.metric("thaw_upstream_stale_retries_total") == 0
+    assert t.metric("thaw_upstream_reused_total") == 0
     t.assert_reconciled()
