@@ -161,3 +161,93 @@ def test_default_pool_timeout_closes_before_uvicorn_does(thaw_factory):
     assert t.metric("thaw_upstream_stale_retries_total") == 0
     assert t.metric("thaw_upstream_reused_total") == 0
     t.assert_reconciled()
+
+
+@pytest.fixture
+def raw_upstream_factory():
+    from raw_upstream import RawUpstream
+    started = []
+
+    def make(**kw):
+        u = RawUpstream(**kw).start()
+        started.append(u)
+        return u
+    yield make
+    for u in started:
+        u.stop()
+
+
+def static_model(up, **kw):
+    m = {"name": "llama", "endpoints": [f"127.0.0.1:{up.port}"], "max_concurrency": 8}
+    m.update(kw)
+    return m
+
+
+def test_replica_that_resets_idle_connections_is_not_ejected(thaw_factory, raw_upstream_factory):
+    """A model server that resets idle keep-alive connections: the request
+    that meets the reset goes out again on a new connection. The replica is
+    healthy and stays in rotation (no ejection, no 502/504, no stall)."""
+    up = raw_upstream_factory(idle_close_ms=300, idle_close_mode="rst")
+    t = thaw_factory({"upstream": {"keepalive_timeout_ms": 60000},
+                      "models": [static_model(up)]})
+    assert get(t, "/ok", host="llama").status == 200
+    client = t.connect()
+    time.sleep(0.2)  # accepted before the pause
+    with paused(t):
+        httpc.send(client, "GET", "/ok", host="llama")
+        assert up.wait_until(lambda u: u.resets >= 1, timeout=5)
+    start = time.monotonic()
+    r = httpc.Reader(client).response()
+    assert r.status == 200, r.body
+    assert time.monotonic() - start < 1.0
+    assert t.metric("thaw_upstream_connect_failures_total") == 0
+    assert t.metric("thaw_upstream_stale_retries_total") == 1
+    st = t.status()["models"][0]["replicas"][0]
+    assert st["connect_failures"] == 0
+    assert get(t, "/ok", host="llama").status == 200
+    t.assert_reconciled()
+
+
+def test_reset_on_a_fresh_connection_is_not_retried(thaw_factory, raw_upstream_factory):
+    """Only a reused connection is retried: a reset on a new one may mean the
+    replica read the request, so the client gets 502 and the replica saw it
+    once."""
+    up = raw_upstream_factory()
+    t = thaw_factory({"models": [static_model(up)]})
+    r = get(t, "/reset", host="llama")
+    assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
+    assert up.stats()["paths"].count("/reset") == 1
+    t.assert_reconciled()
+
+
+def test_bad_chunk_in_the_first_read_is_a_502(thaw_factory, raw_upstream_factory):
+    """Broken framing in the replica's first bytes: nothing reached the
+    client yet, so it gets a clean 502, not an empty close."""
+    up = raw_upstream_factory()
+    t = thaw_factory({"models": [static_model(up)]})
+    r = get(t, "/bad-chunk", host="llama")
+    assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
+    t.assert_reconciled()
+
+
+def test_unsolicited_101_is_a_502(thaw_factory, raw_upstream_factory):
+    up = raw_upstream_factory()
+    t = thaw_factory({"models": [static_model(up)]})
+    s = t.connect()
+    httpc.send(s, "GET", "/upgrade", host="llama")
+    r = httpc.Reader(s).response()
+    assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
+    t.assert_reconciled()
+
+
+def test_replica_keep_alive_timeout_is_learned(thaw_factory, raw_upstream_factory):
+    """A replica that says `Keep-Alive: timeout=2` gets its idle pooled
+    connection closed by thaw about a second before it would close it."""
+    up = raw_upstream_factory(keepalive_header="2", idle_close_ms=2000)
+    t = thaw_factory({"upstream": {"keepalive_timeout_ms": 60000},
+                      "models": [static_model(up)]})
+    assert get(t, "/ok", host="llama").status == 200
+    assert up.wait_until(lambda u: u.open_connections == 0, timeout=1.8)
+    assert up.idle_closes == 0  # thaw closed it first
+    assert get(t, "/ok", host="llama").status == 200
+    assert t.metric("thaw_upstream_reused_total") == 0
