@@ -167,7 +167,14 @@ class Conn:
 
     # --- writing and ending ----------------------------------------------
 
+    def pause(self, seconds):
+        """Sleeps, but ends the connection's work at once when the server stops."""
+        if self.server.stopping.wait(seconds):
+            raise ClientGone()
+
     def send(self, data):
+        if self.server.stopping.is_set():
+            raise ClientGone()
         try:
             self.sock.sendall(data)
         except OSError:
@@ -193,9 +200,9 @@ class Conn:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         except OSError:
             pass
+        self.server._count("resets")  # before the RST, so a peer that sees it sees the count
         self.closed = True
         self.sock.close()
-        self.server._count("resets")
 
     def close(self):
         """Closes with FIN."""
@@ -413,7 +420,7 @@ def route_stream(conn, req, close):
     conn.send(("\r\n".join(head) + "\r\n\r\n").encode())
     for i in range(n):
         if delay:
-            time.sleep(delay)
+            conn.pause(delay)
         frame = f"data: {json.dumps({'i': i})}\n\n".encode()
         conn.send(b"%x\r\n%s\r\n" % (len(frame), frame))
     done = b"data: [DONE]\n\n"
@@ -429,7 +436,7 @@ def route_reset(conn, req, close):
 def route_reset_mid(conn, req, close):
     conn.send(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
               b"Content-Length: 1000\r\n\r\n" + b"x" * 100)
-    time.sleep(0.05)
+    conn.pause(0.05)
     conn.reset()
     return False
 
@@ -457,7 +464,7 @@ def route_trickle(conn, req, close):
                f"Content-Length: {n}\r\n" +
                ("Connection: close\r\n" if close else "") + "\r\n").encode())
     for i in range(n):
-        time.sleep(interval)
+        conn.pause(interval)
         conn.send(bytes([ord("a") + i % 26]))
     return not close
 
@@ -468,7 +475,7 @@ def route_close_before_response(conn, req, close):
 
 
 def route_slow(conn, req, close):
-    time.sleep(float(req.query.get("ms", "1000")) / 1000.0)
+    conn.pause(float(req.query.get("ms", "1000")) / 1000.0)
     return route_ok(conn, req, close)
 
 
