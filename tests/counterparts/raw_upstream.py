@@ -28,6 +28,7 @@ import json
 import signal
 import socket
 import struct
+import sys
 import threading
 import time
 from urllib.parse import parse_qs, urlsplit
@@ -135,6 +136,9 @@ class Conn:
                 raise BadRequest("malformed header line")
             headers[name.strip().lower()] = value.strip()
         req = Request(method, target, version, headers)
+        has_body = "transfer-encoding" in headers or headers.get("content-length", "0") != "0"
+        if headers.get("expect", "").lower() == "100-continue" and has_body:
+            self.send(b"HTTP/1.1 100 Continue\r\n\r\n")
         if "chunked" in headers.get("transfer-encoding", "").lower():
             req.body = self.read_chunked()
         elif "content-length" in headers:
@@ -371,7 +375,7 @@ class RawUpstream:
             except ClientGone:
                 pass
         except Exception as e:  # a fault server must never take the test down
-            print(f"raw_upstream: connection handler failed: {e!r}", flush=True)
+            print(f"raw_upstream: connection handler failed: {e!r}", file=sys.stderr, flush=True)
         finally:
             conn.close()
             self._count("open", -1)
