@@ -27,6 +27,9 @@ step "end-to-end tests"
 (cd tests/e2e && THAW_BIN="$ROOT/build/thaw" THAW_SIM_BIN="$ROOT/build/thaw-model-sim" \
     $PY -m pytest -q -p no:cacheprovider .) || status=1
 
+step "counterparts: independent model servers"
+(cd tests/counterparts && $PY -m pytest -q -p no:cacheprovider .) || status=1
+
 step "ASan+UBSan build: unit and end-to-end tests"
 build build-asan -Db_sanitize=address,undefined -Db_lundef=false
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
