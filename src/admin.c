@@ -220,6 +220,10 @@ void admin_render_metrics(struct server *srv, struct buf *o)
               "response byte.");
     buf_printf(o, "thaw_upstream_stale_retries_total %llu\n",
                (unsigned long long)sm->upstream_stale_retries);
+    help_type(o, "thaw_upstream_stale_closed_total", "counter",
+              "Pooled connections found closed by the replica when taken for a request.");
+    buf_printf(o, "thaw_upstream_stale_closed_total %llu\n",
+               (unsigned long long)sm->upstream_stale_closed);
 }
 
 void admin_render_status(struct server *srv, struct buf *out)

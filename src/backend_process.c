@@ -471,8 +471,11 @@ static void replica_free(struct replica *r)
         endpoint_unref(r->draining);
     }
     if (r->out_fd >= 0) {
-        /* Take what the child wrote last before it went. */
-        on_output(r->out_fd, EV_READ, r);
+        /* Take what the child wrote last before it went (not at shutdown:
+         * the models it would be logged under may be gone). */
+        if (!pb->stopping) {
+            on_output(r->out_fd, EV_READ, r);
+        }
         if (r->out_fd >= 0) {
             event_del(&r->out_ev);
             close(r->out_fd);

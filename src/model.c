@@ -159,6 +159,9 @@ static void detach_endpoint(struct model *m, size_t i)
 {
     struct endpoint *ep = m->endpoints[i];
     m->endpoints[i] = m->endpoints[--m->n_endpoints];
+    /* Requests still running on it (a draining or dead replica) no longer
+     * count as the model's: release() cannot reach the model once unlinked. */
+    m->inflight -= ep->inflight;
     ep->model = NULL;
     if (m->fleet->on_endpoint_gone) {
         m->fleet->on_endpoint_gone(m->fleet->cb_ud, ep);

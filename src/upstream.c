@@ -16,6 +16,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+/* A reused connection closed by the replica within this long of the request
+ * going out is taken as closed before the replica read it. */
+#define STALE_RACE_MS 250
+
 static void on_read(evutil_socket_t fd, short what, void *arg);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void on_timer(evutil_socket_t fd, short what, void *arg);
@@ -88,7 +92,8 @@ static void learn_keepalive(struct upstream *u)
     const char *v = http_hvalue(&u->head, h);
     size_t len = h->value_len;
     for (size_t i = 0; i + 8 <= len; i++) {
-        if (strncasecmp(v + i, "timeout=", 8) != 0 || (i > 0 && v[i - 1] != ' ' && v[i - 1] != ',')) {
+        bool at_start = i == 0 || v[i - 1] == ' ' || v[i - 1] == '\t' || v[i - 1] == ',';
+        if (!at_start || strncasecmp(v + i, "timeout=", 8) != 0) {
             continue;
         }
         uint64_t secs = 0;
@@ -97,7 +102,8 @@ static void learn_keepalive(struct upstream *u)
             secs = secs * 10 + (uint64_t)(v[j] - '0');
             j++;
         }
-        if (j > i + 8 && secs > 0) {
+        if (j > i + 8) {
+            u->server_no_keepalive = secs == 0;
             u->server_keepalive_ms = (uint32_t)(secs * 1000);
         }
         return;
@@ -123,7 +129,7 @@ static struct model *release(struct upstream *u, bool reusable)
         }
     }
     struct server *srv = u->srv;
-    if (reusable && m && !srv->draining && ep->n_idle < srv->cfg->upstream.keepalive_per_endpoint &&
+    if (reusable && m && !srv->draining && !u->server_no_keepalive && ep->n_idle < srv->cfg->upstream.keepalive_per_endpoint &&
         !u->dead) {
         u->state = UP_IDLE;
         u->reading_paused = false;
@@ -220,6 +226,27 @@ static void connect_failed(struct upstream *u, int err)
 
 static void begin(struct server *srv, struct request *r, struct endpoint *ep, bool may_reuse);
 
+/* The most recently pooled connection the replica has not closed. A close
+ * the loop has not processed yet (the replica's idle timer, or its death) is
+ * seen here with one non-blocking peek, before a request is put on it. */
+static struct upstream *take_pooled(struct server *srv, struct endpoint *ep)
+{
+    struct list_node *n;
+    while ((n = list_first(&ep->idle))) {
+        struct upstream *u = container_of(n, struct upstream, node);
+        char byte;
+        ssize_t got = recv(u->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            list_remove(n);
+            ep->n_idle--;
+            return u;
+        }
+        srv->metrics.upstream_stale_closed++;
+        destroy(u); /* closed, reset, or bytes nobody asked for */
+    }
+    return NULL;
+}
+
 /* A reused pooled connection failed before the replica sent a byte (EOF,
  * reset, or a refused write): the replica closed it while idle and never
  * read the request. That says nothing about the replica's health, so it is
@@ -227,7 +254,13 @@ static void begin(struct server *srv, struct request *r, struct endpoint *ep, bo
  * a failure there counts against the replica. */
 static bool is_stale_pooled(const struct upstream *u)
 {
-    return u->reused && !u->got_bytes && u->req && !u->req->stale_retried;
+    if (!u->reused || u->got_bytes || !u->req || u->req->stale_retried) {
+        return false;
+    }
+    /* A write that failed was never read. A close right after the request
+     * went out is the replica's idle close racing it; a close after the
+     * replica had time to work on it may mean it did: not sent again. */
+    return u->state == UP_SENDING || server_now_ms() - u->sent_ms <= STALE_RACE_MS;
 }
 
 static void stale_pooled(struct upstream *u, int err)
@@ -348,8 +381,8 @@ static void send_request(struct upstream *u)
         int err = errno;
         if (is_stale_pooled(u)) {
             stale_pooled(u, err);
-        } else if (u->sent == 0 && !u->reused) {
-            connect_failed(u, err); /* a fresh connection the replica refused */
+        } else if (u->sent == 0) {
+            connect_failed(u, err); /* nothing was accepted: safe elsewhere */
         } else {
             fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
         }
@@ -357,6 +390,7 @@ static void send_request(struct upstream *u)
     }
     event_del(&u->wev);
     u->state = UP_WAITING;
+    u->sent_ms = server_now_ms();
     arm_ms(u, r->model->set.first_byte_timeout_ms);
 }
 
@@ -379,12 +413,8 @@ static void begin(struct server *srv, struct request *r, struct endpoint *ep, bo
     if (r->up_head.len == 0) {
         build_upstream_head(r, ep);
     }
-    struct upstream *u = NULL;
-    struct list_node *n = may_reuse ? list_first(&ep->idle) : NULL;
-    if (n) {
-        list_remove(n);
-        ep->n_idle--;
-        u = container_of(n, struct upstream, node);
+    struct upstream *u = may_reuse ? take_pooled(srv, ep) : NULL;
+    if (u) {
         u->reused = true;
         srv->metrics.upstream_reused++;
         event_del(&u->tev);
@@ -413,7 +443,19 @@ static void begin(struct server *srv, struct request *r, struct endpoint *ep, bo
         r->up = u;
         srv->metrics.upstream_connects++;
         if (u->fd < 0) {
-            connect_failed(u, errno);
+            int err = errno;
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                /* thaw's own limit, not the replica's fault: no ejection. */
+                LOGW("no socket for a replica connection", "error=\"%s\"", strerror(err));
+                release(u, false);
+                r->state = REQ_ROUTED;
+                conn_reject(r->conn, REJECT_TOO_MANY_CONNECTIONS, NULL);
+                if (m->queue.count) {
+                    proxy_dispatch(srv, m);
+                }
+                return;
+            }
+            connect_failed(u, err);
             return;
         }
         int one = 1;

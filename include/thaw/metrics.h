@@ -96,6 +96,7 @@ struct server_metrics {
     uint64_t upstream_connect_failures;
     uint64_t upstream_reused;
     uint64_t upstream_stale_retries;
+    uint64_t upstream_stale_closed;
     struct code_counts unrouted_codes; /* responses to requests no model took */
 };
 

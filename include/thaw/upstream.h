@@ -49,6 +49,8 @@ struct upstream {
     bool reused;
     bool got_bytes;     /* the replica sent something for the current request */
     uint32_t server_keepalive_ms; /* from its Keep-Alive: timeout=N, 0 if never said */
+    bool server_no_keepalive;     /* it said timeout=0 */
+    uint64_t sent_ms;             /* when the request was handed to it */
     bool reading_paused;
     bool decode_body;  /* forward decoded body bytes (not raw framing) */
     bool rechunk;      /* ... wrapped in chunked framing */

@@ -400,5 +400,6 @@ def test_preempted_batch_replica_finishes_its_stream_first(thaw_factory):
     th.join(30)
     assert res["crit"].status == 200
     assert t.metric("thaw_pool_decisions_total", model="batch", action="preempt") >= 1
+    assert model_status(t, "batch")["inflight"] == 0  # nothing left counted on the model
     t.assert_reconciled()
     assert t.metric("thaw_aborts_total", reason="upstream_closed") == 0

@@ -116,7 +116,14 @@ def test_replica_killed_mid_stream_does_not_fail_held_requests(thaw_factory, run
     statuses = [httpc.Reader(s).response().status for s in clients]
     assert statuses == [200, 200, 200], statuses
     t.assert_reconciled()
-    assert t.metric("thaw_upstream_stale_retries_total") >= 1
+    assert stale(t) >= 1
+
+
+def stale(t):
+    """Pooled connections the replica had closed: found closed when taken,
+    or failing right after the request went out (then sent again)."""
+    return (t.metric("thaw_upstream_stale_closed_total")
+            + t.metric("thaw_upstream_stale_retries_total"))
 
 
 def paused(t):
@@ -145,7 +152,7 @@ def test_post_on_a_connection_uvicorn_closed_idle_is_sent_again(thaw_factory):
         time.sleep(5.8)             # uvicorn closes the idle pooled connection
     r = httpc.Reader(client).response()
     assert r.status == 200, r.body
-    assert t.metric("thaw_upstream_stale_retries_total") == 1
+    assert stale(t) == 1
     assert t.metric("thaw_upstream_connect_failures_total") == 0
     t.assert_reconciled()
 
@@ -158,7 +165,7 @@ def test_default_pool_timeout_closes_before_uvicorn_does(thaw_factory):
     assert completion(t).status == 200
     time.sleep(4.5)
     assert completion(t).status == 200
-    assert t.metric("thaw_upstream_stale_retries_total") == 0
+    assert stale(t) == 0
     assert t.metric("thaw_upstream_reused_total") == 0
     t.assert_reconciled()
 
@@ -201,7 +208,7 @@ def test_replica_that_resets_idle_connections_is_not_ejected(thaw_factory, raw_u
     assert r.status == 200, r.body
     assert time.monotonic() - start < 1.0
     assert t.metric("thaw_upstream_connect_failures_total") == 0
-    assert t.metric("thaw_upstream_stale_retries_total") == 1
+    assert stale(t) == 1
     st = t.status()["models"][0]["replicas"][0]
     assert st["connect_failures"] == 0
     assert get(t, "/ok", host="llama").status == 200
@@ -251,3 +258,51 @@ def test_replica_keep_alive_timeout_is_learned(thaw_factory, raw_upstream_factor
     assert up.idle_closes == 0  # thaw closed it first
     assert get(t, "/ok", host="llama").status == 200
     assert t.metric("thaw_upstream_reused_total") == 0
+
+
+def close_without_answer(after_s):
+    def route(conn, req, close):
+        if after_s:
+            conn.pause(after_s)
+        conn.close()
+        return False
+    return route
+
+
+def test_close_right_after_a_reused_request_is_sent_once_more(thaw_factory,
+                                                              raw_upstream_factory):
+    """The replica closes a reused connection as the request arrives (its
+    idle close racing the request): sent once more on a new connection;
+    closed there too, the client gets 502. Never more than twice."""
+    up = raw_upstream_factory(routes={"/gone": close_without_answer(0)})
+    t = thaw_factory({"models": [static_model(up)]})
+    s = t.connect()
+    httpc.send(s, "GET", "/ok", host="llama")
+    rd = httpc.Reader(s)
+    assert rd.response().status == 200
+    httpc.send(s, "GET", "/gone", host="llama")
+    r = rd.response()
+    assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
+    assert up.stats()["paths"].count("/gone") == 2
+    assert t.metric("thaw_upstream_stale_retries_total") == 1
+    t.assert_reconciled()
+
+
+def test_close_after_the_replica_worked_on_a_request_is_not_retried(thaw_factory,
+                                                                    raw_upstream_factory):
+    """A reused connection closed half a second after the request went out:
+    the replica may have acted on it (a POST that generated), so it is not
+    sent again: 502, seen once."""
+    up = raw_upstream_factory(routes={"/crash": close_without_answer(0.5)})
+    t = thaw_factory({"models": [static_model(up)]})
+    s = t.connect()
+    httpc.send(s, "GET", "/ok", host="llama")
+    rd = httpc.Reader(s)
+    assert rd.response().status == 200
+    httpc.send(s, "POST", "/crash", {"Content-Type": "application/json"}, b'{"model":"x"}',
+               host="llama")
+    r = rd.response()
+    assert r.status == 502
+    assert up.stats()["paths"].count("/crash") == 1
+    assert t.metric("thaw_upstream_stale_retries_total") == 0
+    t.assert_reconciled()
