@@ -21,6 +21,7 @@ void http_head_reset(struct http_head *h)
     h->n_headers = 0;
     h->target_off = h->target_len = 0;
     h->method = 0;
+    h->method_known = false;
     h->http_major = h->http_minor = 0;
     h->status = 0;
     h->keep_alive = h->chunked = h->has_length = false;
@@ -70,6 +71,11 @@ static int on_url(llhttp_t *ll, const char *at, size_t len)
     struct http_parser *p = P(ll);
     if (p->head->target_len == 0) {
         p->head->target_off = (uint32_t)p->head->bytes.len;
+        /* The target starts after the method: it is known from here on. */
+        if (ll->type == HTTP_REQUEST) {
+            p->head->method = ll->method;
+            p->head->method_known = true;
+        }
     }
     p->head->target_len += (uint32_t)len;
     return append(p, at, len);
@@ -86,10 +92,26 @@ static int on_url_complete(llhttp_t *ll)
     return terminate(P(ll));
 }
 
+/* Trailer fields (after a chunked body) arrive through the header callbacks
+ * once the head is done. They are dropped, never forwarded: a trailer could
+ * otherwise smuggle fields (a second Host, say) past the checks made on the
+ * head. Their bytes count against the head limit. */
+static int count_trailer(struct http_parser *p, size_t len)
+{
+    p->trailer_bytes += len;
+    if (p->trailer_bytes > p->limits->max_head_bytes) {
+        return fail(p, HTTP_ERR_HEAD_TOO_LARGE);
+    }
+    return 0;
+}
+
 static int on_header_field(llhttp_t *ll, const char *at, size_t len)
 {
     struct http_parser *p = P(ll);
     struct http_head *h = p->head;
+    if (p->head_done) {
+        return count_trailer(p, len);
+    }
     if (p->last_was_value || h->n_headers == 0) {
         if (h->n_headers >= p->limits->max_headers) {
             return fail(p, HTTP_ERR_TOO_MANY_HEADERS);
@@ -124,6 +146,9 @@ static bool is_tchar(unsigned char c)
 static int on_header_field_complete(llhttp_t *ll)
 {
     struct http_parser *p = P(ll);
+    if (p->head_done) {
+        return 0;
+    }
     struct http_header *x = &p->head->headers[p->head->n_headers - 1];
     const char *name = p->head->bytes.data + x->name_off;
     /* llhttp 8 lets some separators (such as a space) into names. */
@@ -147,6 +172,9 @@ static int on_header_value(llhttp_t *ll, const char *at, size_t len)
 {
     struct http_parser *p = P(ll);
     struct http_head *h = p->head;
+    if (p->head_done) {
+        return count_trailer(p, len);
+    }
     h->headers[h->n_headers - 1].value_len += (uint32_t)len;
     return append(p, at, len);
 }
@@ -155,6 +183,9 @@ static int on_header_value_complete(llhttp_t *ll)
 {
     struct http_parser *p = P(ll);
     struct http_head *h = p->head;
+    if (p->head_done) {
+        return 0;
+    }
     struct http_header *x = &h->headers[h->n_headers - 1];
     if (x->value_len == 0) {
         /* Empty value: llhttp gives no value span, point at the terminator. */
@@ -169,6 +200,7 @@ static int on_headers_complete(llhttp_t *ll)
     struct http_parser *p = P(ll);
     struct http_head *h = p->head;
     h->method = ll->method;
+    h->method_known = ll->type == HTTP_REQUEST;
     h->http_major = ll->http_major;
     h->http_minor = ll->http_minor;
     h->status = ll->status_code;
@@ -184,6 +216,10 @@ static int on_headers_complete(llhttp_t *ll)
     }
     p->head_done = true;
     p->in_head = false;
+    if (ll->type == HTTP_REQUEST && h->http_major != 1) {
+        /* llhttp takes HTTP/0.9 and HTTP/2.0 request lines; thaw speaks 1.x. */
+        return fail(p, HTTP_ERR_BAD_VERSION);
+    }
     if (ll->type == HTTP_REQUEST && h->has_length &&
         h->content_length > p->limits->max_body_bytes) {
         return fail(p, HTTP_ERR_BODY_TOO_LARGE);
@@ -220,6 +256,18 @@ static int on_chunk_complete(llhttp_t *ll)
     struct http_parser *p = P(ll);
     if (p->chunk_had_data &&
         (stream_byte(p, p->body_end_abs) != '\r' || stream_byte(p, p->body_end_abs + 1) != '\n')) {
+        return fail(p, HTTP_ERR_BAD_CHUNK);
+    }
+    return 0;
+}
+
+/* Chunk extensions are not forwarded (the body is re-framed), but a client
+ * could send them without end; their bytes are capped per message. */
+static int on_chunk_extension(llhttp_t *ll, const char *at, size_t len)
+{
+    struct http_parser *p = P(ll);
+    p->chunk_ext_bytes += len;
+    if (p->chunk_ext_bytes > HTTP_MAX_CHUNK_EXT_BYTES) {
         return fail(p, HTTP_ERR_BAD_CHUNK);
     }
     return 0;
@@ -269,6 +317,8 @@ static const llhttp_settings_t settings = {
     .on_message_complete = on_message_complete,
     .on_chunk_header = on_chunk_header,
     .on_chunk_complete = on_chunk_complete,
+    .on_chunk_extension_name = on_chunk_extension,
+    .on_chunk_extension_value = on_chunk_extension,
 };
 
 void http_parser_init(struct http_parser *p, llhttp_type_t type, const struct http_limits *limits)
@@ -294,6 +344,8 @@ void http_parser_next(struct http_parser *p, struct http_head *head, struct buf 
         http_head_reset(head);
     }
     p->head_bytes = 0;
+    p->chunk_ext_bytes = 0;
+    p->trailer_bytes = 0;
     p->error = HTTP_ERR_NONE;
     p->in_head = false;
     p->head_done = false;
@@ -311,6 +363,9 @@ static enum http_error map_llhttp_error(struct http_parser *p, llhttp_errno_t e)
         return HTTP_ERR_BAD_LENGTH;
     case HPE_INVALID_CHUNK_SIZE:
         return HTTP_ERR_BAD_CHUNK;
+    case HPE_INVALID_VERSION:
+        /* "HTTP/3.0" is a version thaw does not speak; "HTTP/1.x" is bad syntax. */
+        return p->ll.http_major != 1 ? HTTP_ERR_BAD_VERSION : HTTP_ERR_BAD_REQUEST;
     default:
         if (p->head_done && p->head && p->head->chunked) {
             return HTTP_ERR_BAD_CHUNK;
@@ -454,6 +509,38 @@ unsigned http_head_count(const struct http_head *h, const char *name)
     return n;
 }
 
+bool http_target_authority(const struct http_head *h, const char **auth, size_t *len)
+{
+    const char *t = http_target(h);
+    size_t tlen = h->target_len;
+    size_t scheme = 0;
+    if (tlen > 7 && strncasecmp(t, "http://", 7) == 0) {
+        scheme = 7;
+    } else if (tlen > 8 && strncasecmp(t, "https://", 8) == 0) {
+        scheme = 8;
+    } else {
+        return false;
+    }
+    const char *a = t + scheme;
+    size_t n = 0;
+    while (scheme + n < tlen && a[n] != '/' && a[n] != '?' && a[n] != '#') {
+        n++;
+    }
+    const char *at = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] == '@') {
+            at = a + i;
+        }
+    }
+    if (at) {
+        n -= (size_t)(at + 1 - a);
+        a = at + 1;
+    }
+    *auth = a;
+    *len = n;
+    return true;
+}
+
 bool http_token_list_has(const char *list, size_t len, const char *token)
 {
     size_t tlen = strlen(token);
@@ -525,6 +612,7 @@ const char *http_reason_phrase(int status)
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
     default: return "Unknown";
     }
 }

@@ -102,7 +102,8 @@ static void access_log(struct server *srv, struct request *r, const char *outcom
     LOGI("request", "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "
          "ms=%llu client=%s",
          r->model && r->model_resolved ? r->model->name : "-", tier_name(r->tier),
-         llhttp_method_name((llhttp_method_t)r->head.method), path, status, outcome, reason,
+         r->head.method_known ? llhttp_method_name((llhttp_method_t)r->head.method) : "-", path,
+         status, outcome, reason,
          (unsigned long long)(server_now_ms() - r->start_ms), r->conn->peer_ip);
 }
 
