@@ -559,10 +559,9 @@ static void log_client_fault(struct conn *c, enum reject_reason reason)
         const char *q = memchr(t, '?', len);
         log_quote(path, sizeof path, t, q ? (size_t)(q - t) : len, 120);
     }
-    const char *parser = llhttp_get_error_reason(&c->parser.ll);
     LOGI("request rejected",
          "reason=%s client=%s parser=\"%s\" method=%s path=%s head_bytes=%zu body_bytes=%zu",
-         reject_info(reason)->name, c->peer_ip, parser ? parser : "",
+         reject_info(reason)->name, c->peer_ip, http_parser_error_text(&c->parser),
          h && h->method_known ? llhttp_method_name((llhttp_method_t)h->method) : "-", path,
          c->parser.head_bytes,
          c->req ? c->req->body.len : (size_t)0);
@@ -702,7 +701,7 @@ static void process_input(struct conn *c, const char *data, size_t len)
         case HTTP_EV_ERROR: {
             enum reject_reason reason = http_error_reason(c->parser.error);
             log_client_fault(c, reason);
-            conn_reject(c, reason, NULL);
+            conn_reject(c, reason, c->parser.why);
             return;
         }
         }

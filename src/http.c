@@ -36,10 +36,17 @@ void http_head_dispose(struct http_head *h)
     h->n_headers = h->cap_headers = 0;
 }
 
-static int fail(struct http_parser *p, enum http_error e)
+/* why: a fixed description for logs and error bodies (never input bytes). */
+static int fail_why(struct http_parser *p, enum http_error e, const char *why)
 {
     p->error = e;
+    p->why = why;
     return HPE_USER;
+}
+
+static int fail(struct http_parser *p, enum http_error e)
+{
+    return fail_why(p, e, NULL);
 }
 
 static int append(struct http_parser *p, const char *at, size_t len)
@@ -100,7 +107,7 @@ static int count_trailer(struct http_parser *p, size_t len)
 {
     p->trailer_bytes += len;
     if (p->trailer_bytes > p->limits->max_head_bytes) {
-        return fail(p, HTTP_ERR_HEAD_TOO_LARGE);
+        return fail_why(p, HTTP_ERR_HEAD_TOO_LARGE, "trailer fields over the header limit");
     }
     return 0;
 }
@@ -154,11 +161,11 @@ static int on_header_field_complete(llhttp_t *ll)
     /* llhttp 8 lets some separators (such as a space) into names. */
     for (uint32_t i = 0; i < x->name_len; i++) {
         if (!is_tchar((unsigned char)name[i])) {
-            return fail(p, HTTP_ERR_BAD_REQUEST);
+            return fail_why(p, HTTP_ERR_BAD_REQUEST, "a header name is not a token");
         }
     }
     if (x->name_len == 0) {
-        return fail(p, HTTP_ERR_BAD_REQUEST);
+        return fail_why(p, HTTP_ERR_BAD_REQUEST, "empty header name");
     }
     int rc = terminate(p);
     if (!rc) {
@@ -218,7 +225,7 @@ static int on_headers_complete(llhttp_t *ll)
     p->in_head = false;
     if (ll->type == HTTP_REQUEST && h->http_major != 1) {
         /* llhttp takes HTTP/0.9 and HTTP/2.0 request lines; thaw speaks 1.x. */
-        return fail(p, HTTP_ERR_BAD_VERSION);
+        return fail_why(p, HTTP_ERR_BAD_VERSION, "the HTTP major version is not 1");
     }
     if (ll->type == HTTP_REQUEST && h->has_length &&
         h->content_length > p->limits->max_body_bytes) {
@@ -256,7 +263,7 @@ static int on_chunk_complete(llhttp_t *ll)
     struct http_parser *p = P(ll);
     if (p->chunk_had_data &&
         (stream_byte(p, p->body_end_abs) != '\r' || stream_byte(p, p->body_end_abs + 1) != '\n')) {
-        return fail(p, HTTP_ERR_BAD_CHUNK);
+        return fail_why(p, HTTP_ERR_BAD_CHUNK, "chunk data is not followed by CRLF");
     }
     return 0;
 }
@@ -268,7 +275,7 @@ static int on_chunk_extension(llhttp_t *ll, const char *at, size_t len)
     struct http_parser *p = P(ll);
     p->chunk_ext_bytes += len;
     if (p->chunk_ext_bytes > HTTP_MAX_CHUNK_EXT_BYTES) {
-        return fail(p, HTTP_ERR_BAD_CHUNK);
+        return fail_why(p, HTTP_ERR_BAD_CHUNK, "chunk extensions over 4096 bytes");
     }
     return 0;
 }
@@ -345,6 +352,7 @@ void http_parser_next(struct http_parser *p, struct http_head *head, struct buf 
     }
     p->head_bytes = 0;
     p->chunk_ext_bytes = 0;
+    p->why = NULL;
     p->trailer_bytes = 0;
     p->error = HTTP_ERR_NONE;
     p->in_head = false;
@@ -406,8 +414,13 @@ enum http_event http_parser_execute(struct http_parser *p, const char *data, siz
     p->cur = data;
     e = llhttp_execute(&p->ll, data, len);
     size_t n = len;
-    if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {
-        n = (size_t)(llhttp_get_error_pos(&p->ll) - data);
+    if (e != HPE_OK) {
+        /* Paused: where to go on from. Failed: where it failed, so the
+         * head's size below counts only bytes up to the error. */
+        const char *pos = llhttp_get_error_pos(&p->ll);
+        if (pos && pos >= data && pos <= data + len) {
+            n = (size_t)(pos - data);
+        }
     }
     *used = n;
     if (n >= 2) {
@@ -420,9 +433,9 @@ enum http_event http_parser_execute(struct http_parser *p, const char *data, siz
     p->abs += n;
     /* When the head ends inside this chunk the parser paused right at its
      * end, so only head bytes are counted here. */
-    if (!head_was_done && p->error == HTTP_ERR_NONE) {
+    if (!head_was_done) {
         p->head_bytes += n;
-        if (p->head_bytes > p->limits->max_head_bytes) {
+        if (p->error == HTTP_ERR_NONE && p->head_bytes > p->limits->max_head_bytes) {
             p->error = HTTP_ERR_HEAD_TOO_LARGE;
             return HTTP_EV_ERROR;
         }
@@ -444,6 +457,19 @@ enum http_event http_parser_execute(struct http_parser *p, const char *data, siz
         }
         return HTTP_EV_ERROR;
     }
+}
+
+const char *http_parser_error_text(const struct http_parser *p)
+{
+    if (p->why) {
+        return p->why;
+    }
+    if (p->error == HTTP_ERR_HEAD_TOO_LARGE) {
+        return "the header block is over the limit";
+    }
+    /* llhttp's reasons are fixed strings ("Invalid header value char"). */
+    const char *r = llhttp_get_error_reason(&p->ll);
+    return r ? r : "";
 }
 
 enum http_event http_parser_finish(struct http_parser *p)

@@ -81,6 +81,7 @@ struct http_parser {
     size_t chunk_ext_bytes; /* chunk extensions of this message */
     size_t trailer_bytes;   /* trailer fields of this message (dropped) */
     enum http_error error;
+    const char *why; /* thaw's own description of `error`, or NULL (llhttp's applies) */
     bool in_head;
     bool head_done;
     bool head_reported;
@@ -105,6 +106,9 @@ void http_parser_next(struct http_parser *p, struct http_head *head, struct buf 
 /* Feeds data; *used says how many bytes were consumed. */
 enum http_event http_parser_execute(struct http_parser *p, const char *data, size_t len,
                                     size_t *used);
+/* What was wrong with the input, for logs and error bodies: a fixed text,
+ * never bytes of the input. */
+const char *http_parser_error_text(const struct http_parser *p);
 /* Tells the parser the peer closed: completes close-delimited bodies.
  * Returns HTTP_EV_DONE, HTTP_EV_ERROR (truncated message) or HTTP_EV_NEED_MORE
  * when no message had started. */
