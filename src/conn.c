@@ -554,10 +554,10 @@ static void log_client_fault(struct conn *c, enum reject_reason reason)
     const struct http_head *h = c->req ? &c->req->head : NULL;
     char path[200] = "\"\"";
     if (h && h->target_len) {
-        const char *t = http_target(h);
-        size_t len = h->target_len;
-        const char *q = memchr(t, '?', len);
-        log_quote(path, sizeof path, t, q ? (size_t)(q - t) : len, 120);
+        const char *t;
+        size_t len;
+        http_target_log_path(h, &t, &len);
+        log_quote(path, sizeof path, t, len, 120);
     }
     LOGI("request rejected",
          "reason=%s client=%s parser=\"%s\" method=%s path=%s head_bytes=%zu body_bytes=%zu",

@@ -567,6 +567,21 @@ bool http_target_authority(const struct http_head *h, const char **auth, size_t 
     return true;
 }
 
+void http_target_log_path(const struct http_head *h, const char **path, size_t *len)
+{
+    const char *t = http_target(h);
+    size_t n = h->target_len;
+    const char *auth;
+    size_t alen;
+    if (n && http_target_authority(h, &auth, &alen)) {
+        n -= (size_t)(auth + alen - t);
+        t = auth + alen;
+    }
+    const char *q = memchr(t, '?', n);
+    *path = t;
+    *len = q ? (size_t)(q - t) : n;
+}
+
 bool http_token_list_has(const char *list, size_t len, const char *token)
 {
     size_t tlen = strlen(token);

@@ -84,19 +84,17 @@ void request_free(struct server *srv, struct request *r)
     free(r);
 }
 
-/* The access log line: the path without its query (queries can carry keys). */
+/* The access log line: the path without its query (queries can carry keys)
+ * nor an absolute-form authority (it can carry userinfo). */
 static void access_log(struct server *srv, struct request *r, const char *outcome, int status,
                        const char *reason)
 {
     if (!srv->cfg->access_log || !log_enabled(LOG_INFO)) {
         return;
     }
-    const char *t = http_target(&r->head);
-    size_t len = r->head.target_len;
-    const char *q = memchr(t, '?', len);
-    if (q) {
-        len = (size_t)(q - t);
-    }
+    const char *t;
+    size_t len;
+    http_target_log_path(&r->head, &t, &len);
     char path[200];
     log_quote(path, sizeof path, t, len, 120);
     LOGI("request", "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "

@@ -138,6 +138,10 @@ static inline const char *http_target(const struct http_head *h)
  * without userinfo, which replaces the Host header (RFC 9112 3.2.2).
  * false for other forms. */
 bool http_target_authority(const struct http_head *h, const char **auth, size_t *len);
+/* The part of a request-target safe to log: the path without its query (keys
+ * travel there) and, for absolute-form, without scheme and authority (which
+ * may hold userinfo). May be empty. */
+void http_target_log_path(const struct http_head *h, const char **path, size_t *len);
 /* True when the comma-separated list `list` holds token (case-insensitive). */
 bool http_token_list_has(const char *list, size_t len, const char *token);
 bool http_name_eq(const char *a, size_t alen, const char *b);

@@ -50,7 +50,8 @@ def echoed_headers(r):
 # --- secrets stay out of the log --------------------------------------------
 
 def test_rejections_never_log_client_input(thaw_factory, upstream):
-    t = thaw_factory({"models": [model(upstream)]}, extra_args=("--log-level", "debug"))
+    t = thaw_factory({"log": {"access_log": True}, "models": [model(upstream)]},
+                     extra_args=("--log-level", "debug"))
     # A bad header line right after the credentials, in a read of its own.
     r = exchange(t, b"GET /v1/models HTTP/1.1\r\nHost: model-a\r\n",
                  [b"Authorization: Bearer SECRET-TOKEN\r\nBad Name: 1\r\n\r\n"])
@@ -63,6 +64,10 @@ def test_rejections_never_log_client_input(thaw_factory, upstream):
     r = exchange(t, b"GET /v1/x?api_key=SECRET-QUERY HTTP/1.1\r\nHost: model-a\r\n"
                     b"Bad Name: 1\r\n\r\n")
     assert r.status == 400
+    # Userinfo in an absolute-form target.
+    r = exchange(t, b"GET http://user:SECRET-PASS@model-a/v1/x?k=SECRET-Q HTTP/1.1\r\n"
+                    b"Bad Name: 1\r\n\r\n")
+    assert r.status == 400
     # Body bytes around a bad chunk.
     r = exchange(t, b"POST /v1/completions HTTP/1.1\r\nHost: model-a\r\n"
                     b"Transfer-Encoding: chunked\r\n\r\n",
@@ -72,12 +77,14 @@ def test_rejections_never_log_client_input(thaw_factory, upstream):
     logs = t.logs()
     assert "SECRET" not in logs, logs
     rejected = [l for l in logs.splitlines() if "request rejected" in l]
-    assert len(rejected) == 4, logs
-    assert sum("reason=bad_request" in l for l in rejected) == 3
+    assert len(rejected) == 5, logs
+    assert sum("reason=bad_request" in l for l in rejected) == 4
     assert sum("reason=bad_chunk" in l for l in rejected) == 1
     # Safe facts are there: the path without its query, sizes.
     assert any("path=\"/v1/x\"" in l for l in rejected), rejected
     assert all("head_bytes=" in l for l in rejected), rejected
+    assert sum('path="/v1/x"' in l for l in logs.splitlines()) == 4  # fault and access lines
+    assert any('parser="a header name is not a token"' in l for l in rejected), rejected
 
 
 # --- out of file descriptors -------------------------------------------------
@@ -147,7 +154,7 @@ def test_admin_port_has_its_own_connection_limit(thaw):
     assert r.status == 200
 
 
-def test_lingering_connections_are_counted(thaw_factory, upstream):
+def test_lingering_connections_are_counted_and_capped(thaw_factory, upstream):
     t = thaw_factory({"models": [model(upstream)]})
     s = t.connect()
     # A bad request answered 400; thaw half-closes and discards input for a moment.
@@ -158,6 +165,22 @@ def test_lingering_connections_are_counted(thaw_factory, upstream):
     s.close()
     wait_for(lambda: t.metric("thaw_lingering_connections") == 0, timeout=5,
              what="the lingering connection to end")
+    # More bad clients than the cap (1024) that keep their side open: past the
+    # cap, connections close at once instead of lingering.
+    socks = []
+    try:
+        for _ in range(1100):
+            c = t.connect()
+            c.sendall(b"GET / HTTP/1.1\r\nBad Name: 1\r\n\r\n")
+            socks.append(c)
+        wait_for(lambda: t.metric("thaw_rejections_total", reason="bad_request") == 1101,
+                 timeout=20, interval=0.1, what="every bad request answered")
+        assert t.metric("thaw_lingering_connections") == 1024
+    finally:
+        for c in socks:
+            c.close()
+    wait_for(lambda: t.metric("thaw_lingering_connections") == 0, timeout=10,
+             what="the lingering connections to end")
 
 
 # --- versions, Host --------------------------------------------------------
