@@ -321,13 +321,13 @@ static void begin_close(struct conn *c)
         return;
     }
     struct server *s = c->srv;
-    if (s->n_lingering >= SERVER_MAX_LINGERING) {
-        /* Under a flood of bad requests, close at once: lingering costs a
-         * descriptor for LINGER_MS each. */
-        conn_close(c, ABORT_CLIENT_CLOSED);
-        return;
-    }
     if (!c->lingering) {
+        if (s->n_lingering >= SERVER_MAX_LINGERING) {
+            /* Under a flood of bad requests, close at once: lingering costs
+             * a descriptor for LINGER_MS each. */
+            conn_close(c, ABORT_CLIENT_CLOSED);
+            return;
+        }
         c->lingering = true;
         s->n_lingering++;
     }
