@@ -112,13 +112,16 @@ static bool is_forwarding_header(const char *name, size_t len)
 static void append_forwarding_headers(struct buf *b, const struct request *r, bool trusted)
 {
     const struct http_head *h = &r->head;
-    const struct http_header *xff = trusted ? http_head_find(h, "x-forwarded-for") : NULL;
     const struct http_header *proto = trusted ? http_head_find(h, "x-forwarded-proto") : NULL;
     buf_append_str(b, "X-Forwarded-For: ");
-    if (xff && xff->value_len) {
-        /* As nginx's $proxy_add_x_forwarded_for. */
-        buf_append(b, http_hvalue(h, xff), xff->value_len);
-        buf_append(b, ", ", 2);
+    /* Trusted: every X-Forwarded-For value in order, then the peer (as
+     * nginx's $proxy_add_x_forwarded_for). */
+    for (uint32_t i = 0; trusted && i < h->n_headers; i++) {
+        const struct http_header *x = &h->headers[i];
+        if (x->value_len && http_name_eq(http_hname(h, x), x->name_len, "x-forwarded-for")) {
+            buf_append(b, http_hvalue(h, x), x->value_len);
+            buf_append(b, ", ", 2);
+        }
     }
     buf_printf(b, "%s\r\n", r->conn->peer_ip);
     if (proto) {

@@ -232,9 +232,10 @@ def test_client_forwarding_headers_are_replaced_by_default(thaw):
 def test_trusted_forwarding_headers_are_appended(thaw_factory, upstream):
     t = thaw_factory({"limits": {"trust_forwarded_headers": True},
                       "models": [model(upstream)]})
-    r = exchange(t, b"GET /echo HTTP/1.1\r\nHost: model-a\r\n" + FORGED + b"\r\n")
+    r = exchange(t, b"GET /echo HTTP/1.1\r\nHost: model-a\r\n" + FORGED +
+                 b"X-Forwarded-For: 10.1.1.1\r\n\r\n")
     seen = echoed_headers(r)
-    assert [v for k, v in seen if k == "x-forwarded-for"] == ["10.9.8.7, 127.0.0.1"]
+    assert [v for k, v in seen if k == "x-forwarded-for"] == ["10.9.8.7, 10.1.1.1, 127.0.0.1"]
     assert [v for k, v in seen if k == "x-forwarded-proto"] == ["https"]
     assert [v for k, v in seen if k == "forwarded"] == ["for=10.9.8.7;proto=https"]
     assert [v for k, v in seen if k == "x-forwarded-host"] == ["evil.example"]
