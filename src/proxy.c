@@ -393,10 +393,8 @@ void proxy_on_request(struct conn *c, struct request *r)
         }
         r->model = r->route.target;
         r->model_resolved = true;
-        /* route.path_* still describe the original target from the head. */
-        r->route.path_off = 0;
-        r->route.path_len = r->head.target_len;
-        r->route.add_slash = false;
+        /* route.path_* still describe the target from the head: origin-form,
+         * without an absolute-form scheme and authority. */
         r->tier = effective_tier(srv, r);
     }
     r->state = REQ_ROUTED;

@@ -213,6 +213,12 @@ def test_absolute_form_authority_replaces_host(thaw):
                        b"Host: other\r\n\r\n")
     assert [v for k, v in echoed_headers(r) if k == "host"] == ["elsewhere"]
     assert r.json()["path"] == "/echo"
+    # Routed by the JSON body: still origin-form upstream.
+    body = b'{"model":"model-a"}'
+    r = exchange(thaw, b"POST http://elsewhere/v1/completions HTTP/1.1\r\nHost: other\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert [v for k, v in echoed_headers(r) if k == "host"] == ["elsewhere"]
+    assert r.json()["path"] == "/v1/completions"
 
 
 # --- forwarding headers -----------------------------------------------------
