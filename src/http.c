@@ -268,11 +268,16 @@ static int on_chunk_complete(llhttp_t *ll)
     return 0;
 }
 
-/* Chunk extensions are not forwarded (the body is re-framed), but a client
- * could send them without end; their bytes are capped per message. */
+/* Chunk extensions of requests are not forwarded (the body is re-framed),
+ * but a client could send them without end; their bytes are capped per
+ * request. Responses pass through byte for byte and are not capped (a long
+ * stream could add up to any total). */
 static int on_chunk_extension(llhttp_t *ll, const char *at, size_t len)
 {
     struct http_parser *p = P(ll);
+    if (ll->type != HTTP_REQUEST) {
+        return 0;
+    }
     p->chunk_ext_bytes += len;
     if (p->chunk_ext_bytes > HTTP_MAX_CHUNK_EXT_BYTES) {
         return fail_why(p, HTTP_ERR_BAD_CHUNK, "chunk extensions over 4096 bytes");

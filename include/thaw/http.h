@@ -51,7 +51,7 @@ enum http_error {
     HTTP_ERR_BAD_VERSION,     /* a request's HTTP major version is not 1 */
 };
 
-/* Chunk extensions are parsed and dropped; their bytes per message are capped. */
+/* Chunk extensions are parsed and dropped; their bytes per request are capped. */
 #define HTTP_MAX_CHUNK_EXT_BYTES 4096
 
 struct http_limits {
