@@ -224,6 +224,14 @@ void admin_render_metrics(struct server *srv, struct buf *o)
               "Pooled connections found closed by the replica when taken for a request.");
     buf_printf(o, "thaw_upstream_stale_closed_total %llu\n",
                (unsigned long long)sm->upstream_stale_closed);
+    help_type(o, "thaw_admin_connections", "gauge", "Open connections on the admin port.");
+    buf_printf(o, "thaw_admin_connections %zu\n", srv->n_admin_conns);
+    help_type(o, "thaw_lingering_connections", "gauge",
+              "Connections in their lingering close (answered, input being discarded).");
+    buf_printf(o, "thaw_lingering_connections %zu\n", srv->n_lingering);
+    help_type(o, "thaw_accept_paused_total", "counter",
+              "Times the listeners paused accepting because file descriptors ran out.");
+    buf_printf(o, "thaw_accept_paused_total %llu\n", (unsigned long long)sm->accept_paused);
 }
 
 void admin_render_status(struct server *srv, struct buf *out)

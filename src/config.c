@@ -50,6 +50,7 @@ static const struct num_key limit_keys[] = {
     LIM(max_queue_total, 10000, 0, 10000000),
     LIM(queue_aging_ms, 10000, 1, 3600000),
     LIM(drain_timeout_ms, 30000, 0, 3600000),
+    LIM(body_total_timeout_ms, 300000, 1, 86400000),
 };
 #undef LIM
 
@@ -602,7 +603,7 @@ static int parse_table_object(struct parser *p, const cJSON *obj, const char *na
     return 0;
 }
 
-/* limits: the numeric table, plus priority_header. */
+/* limits: the numeric table, plus priority_header and trust_forwarded_headers. */
 static int parse_limits(struct parser *p, const cJSON *obj, struct config *cfg)
 {
     if (!cJSON_IsObject(obj)) {
@@ -625,6 +626,14 @@ static int parse_limits(struct parser *p, const cJSON *obj, struct config *cfg)
             if (!ok) {
                 return fail(p, it, "limits.priority_header",
                             "must be \"any\", \"lower_only\" or \"ignore\"");
+            }
+            continue;
+        }
+        if (strcmp(it->string, "trust_forwarded_headers") == 0) {
+            rc = read_bool(p, it, "limits.trust_forwarded_headers",
+                           &cfg->limits.trust_forwarded_headers);
+            if (rc) {
+                return rc;
             }
             continue;
         }

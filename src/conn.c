@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 /* A connection may be closed from deep inside its own callbacks; `busy`
@@ -68,6 +69,24 @@ static void arm_timer(struct conn *c, const struct timeval *tv)
     event_add(&c->tev, tv);
 }
 
+/* The body timer is the idle one (limits.body_timeout_ms, restarted by each
+ * read) unless the total deadline (limits.body_total_timeout_ms) comes first:
+ * a body trickled a byte at a time must not hold the connection forever. */
+static void arm_body_timer(struct conn *c)
+{
+    struct server *s = c->srv;
+    uint64_t now = server_now_ms();
+    uint64_t idle_ms = s->cfg->limits.body_timeout_ms;
+    c->body_total_armed = c->body_deadline_ms && now + idle_ms >= c->body_deadline_ms;
+    if (!c->body_total_armed) {
+        arm_timer(c, s->tv_body);
+        return;
+    }
+    uint64_t left = c->body_deadline_ms > now ? c->body_deadline_ms - now : 0;
+    struct timeval tv = {(time_t)(left / 1000), (suseconds_t)((left % 1000) * 1000)};
+    arm_timer(c, &tv);
+}
+
 static void set_timer(struct conn *c, enum timer_kind k)
 {
     struct server *s = c->srv;
@@ -79,7 +98,7 @@ static void set_timer(struct conn *c, enum timer_kind k)
         arm_timer(c, s->tv_header);
         break;
     case TIMER_BODY:
-        arm_timer(c, s->tv_body);
+        arm_body_timer(c);
         break;
     case TIMER_KEEPALIVE:
         arm_timer(c, s->tv_keepalive);
@@ -168,6 +187,12 @@ void conn_close(struct conn *c, enum abort_reason reason)
     struct server *s = c->srv;
     if (c->kind == LISTENER_PROXY) {
         s->n_conns--;
+    }
+    if (c->admin_counted) {
+        s->n_admin_conns--;
+    }
+    if (c->lingering) {
+        s->n_lingering--;
     }
     if (f->busy == 0) {
         free(container_of(c, struct conn_ext, c));
@@ -294,6 +319,17 @@ static void begin_close(struct conn *c)
     if (c->eof) {
         conn_close(c, ABORT_CLIENT_CLOSED);
         return;
+    }
+    struct server *s = c->srv;
+    if (!c->lingering) {
+        if (s->n_lingering >= SERVER_MAX_LINGERING) {
+            /* Under a flood of bad requests, close at once: lingering costs
+             * a descriptor for LINGER_MS each. */
+            conn_close(c, ABORT_CLIENT_CLOSED);
+            return;
+        }
+        c->lingering = true;
+        s->n_lingering++;
     }
     if (c->read_paused) {
         event_add(&c->rev, NULL);
@@ -478,6 +514,8 @@ static enum reject_reason http_error_reason(enum http_error e)
         return REJECT_BODY_TOO_LARGE;
     case HTTP_ERR_NO_MEMORY:
         return REJECT_INTERNAL;
+    case HTTP_ERR_BAD_VERSION:
+        return REJECT_VERSION_NOT_SUPPORTED;
     default:
         return REJECT_BAD_REQUEST;
     }
@@ -494,6 +532,7 @@ static void start_request(struct conn *c)
     c->req = r;
     http_parser_next(&c->parser, &r->head, &r->body);
     c->state = CONN_READING;
+    c->body_deadline_ms = 0;
     if (!c->first_request) {
         set_timer(c, TIMER_HEADER);
     }
@@ -504,17 +543,28 @@ static void start_request(struct conn *c)
     }
 }
 
-static void log_client_fault(struct conn *c, enum reject_reason reason, const char *excerpt,
-                             size_t len)
+/* The log line for a request thaw refused as malformed. Raw client input
+ * never goes to the log (it carries credentials, keys in query strings and
+ * body bytes): only the reason and facts thaw parsed itself. */
+static void log_client_fault(struct conn *c, enum reject_reason reason)
 {
     if (!log_enabled(LOG_INFO)) {
         return;
     }
-    char q[200];
-    log_quote(q, sizeof q, excerpt ? excerpt : "", excerpt ? len : 0, 64);
-    LOGI("request rejected", "reason=%s client=%s parser=\"%s\" excerpt=%s",
-         reject_info(reason)->name, c->peer_ip, llhttp_get_error_reason(&c->parser.ll) ?
-         llhttp_get_error_reason(&c->parser.ll) : "", q);
+    const struct http_head *h = c->req ? &c->req->head : NULL;
+    char path[200] = "\"\"";
+    if (h && h->target_len) {
+        const char *t;
+        size_t len;
+        http_target_log_path(h, &t, &len);
+        log_quote(path, sizeof path, t, len, 120);
+    }
+    LOGI("request rejected",
+         "reason=%s client=%s parser=\"%s\" method=%s path=%s head_bytes=%zu body_bytes=%zu",
+         reject_info(reason)->name, c->peer_ip, http_parser_error_text(&c->parser),
+         h && h->method_known ? llhttp_method_name((llhttp_method_t)h->method) : "-", path,
+         c->parser.head_bytes,
+         c->req ? c->req->body.len : (size_t)0);
 }
 
 static bool expects_body(const struct http_head *h)
@@ -540,13 +590,16 @@ static bool on_head(struct conn *c)
         }
         want_continue = h->http_major == 1 && h->http_minor >= 1 && expects_body(h);
     }
-    if (h->http_major == 1 && h->http_minor >= 1) {
-        unsigned hosts = http_head_count(h, "host");
-        if (hosts != 1) {
-            conn_reject(c, REJECT_BAD_REQUEST, hosts ? "more than one Host header"
-                                                     : "HTTP/1.1 request without Host");
-            return false;
-        }
+    /* One Host at most, whatever the version (which of two would route?);
+     * HTTP/1.1 requires one. */
+    unsigned hosts = http_head_count(h, "host");
+    if (hosts > 1) {
+        conn_reject(c, REJECT_BAD_REQUEST, "more than one Host header");
+        return false;
+    }
+    if (hosts == 0 && h->http_major == 1 && h->http_minor >= 1) {
+        conn_reject(c, REJECT_BAD_REQUEST, "HTTP/1.1 request without Host");
+        return false;
     }
     if (c->kind == LISTENER_PROXY) {
         int rc = proxy_on_head(c, r);
@@ -560,6 +613,7 @@ static bool on_head(struct conn *c)
         conn_write(c, cont, sizeof cont - 1);
     }
     if (expects_body(h)) {
+        c->body_deadline_ms = server_now_ms() + c->srv->cfg->limits.body_total_timeout_ms;
         set_timer(c, TIMER_BODY);
     }
     return true;
@@ -646,8 +700,8 @@ static void process_input(struct conn *c, const char *data, size_t len)
             break;
         case HTTP_EV_ERROR: {
             enum reject_reason reason = http_error_reason(c->parser.error);
-            log_client_fault(c, reason, p, n);
-            conn_reject(c, reason, NULL);
+            log_client_fault(c, reason);
+            conn_reject(c, reason, c->parser.why);
             return;
         }
         }
@@ -757,6 +811,21 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
     leave(c);
 }
 
+/* limits.body_total_timeout_ms passed while the body was still arriving.
+ * Before anything went upstream the client gets 408; once part of the
+ * request has left (or a response began) it can only be aborted. */
+static void body_deadline_passed(struct conn *c)
+{
+    struct request *r = c->req;
+    LOGI("request body not received in total time", "client=%s body_bytes=%zu",
+         c->peer_ip, r ? r->body.len : (size_t)0);
+    if (r && (r->up || r->response_started)) {
+        conn_close(c, ABORT_BODY_TIMEOUT);
+        return;
+    }
+    conn_reject(c, REJECT_BODY_TIMEOUT, "the whole body took longer than allowed");
+}
+
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
@@ -775,7 +844,12 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         }
         break;
     case CONN_READING:
-        conn_reject(c, c->parser.head_done ? REJECT_BODY_TIMEOUT : REJECT_HEADER_TIMEOUT, NULL);
+        if (c->parser.head_done && c->body_total_armed) {
+            body_deadline_passed(c);
+        } else {
+            conn_reject(c, c->parser.head_done ? REJECT_BODY_TIMEOUT : REJECT_HEADER_TIMEOUT,
+                        NULL);
+        }
         break;
     case CONN_HANDLING:
         if (buf_unread(&c->out) > 0) {

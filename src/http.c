@@ -21,6 +21,7 @@ void http_head_reset(struct http_head *h)
     h->n_headers = 0;
     h->target_off = h->target_len = 0;
     h->method = 0;
+    h->method_known = false;
     h->http_major = h->http_minor = 0;
     h->status = 0;
     h->keep_alive = h->chunked = h->has_length = false;
@@ -35,10 +36,17 @@ void http_head_dispose(struct http_head *h)
     h->n_headers = h->cap_headers = 0;
 }
 
-static int fail(struct http_parser *p, enum http_error e)
+/* why: a fixed description for logs and error bodies (never input bytes). */
+static int fail_why(struct http_parser *p, enum http_error e, const char *why)
 {
     p->error = e;
+    p->why = why;
     return HPE_USER;
+}
+
+static int fail(struct http_parser *p, enum http_error e)
+{
+    return fail_why(p, e, NULL);
 }
 
 static int append(struct http_parser *p, const char *at, size_t len)
@@ -70,6 +78,11 @@ static int on_url(llhttp_t *ll, const char *at, size_t len)
     struct http_parser *p = P(ll);
     if (p->head->target_len == 0) {
         p->head->target_off = (uint32_t)p->head->bytes.len;
+        /* The target starts after the method: it is known from here on. */
+        if (ll->type == HTTP_REQUEST) {
+            p->head->method = ll->method;
+            p->head->method_known = true;
+        }
     }
     p->head->target_len += (uint32_t)len;
     return append(p, at, len);
@@ -86,10 +99,26 @@ static int on_url_complete(llhttp_t *ll)
     return terminate(P(ll));
 }
 
+/* Trailer fields (after a chunked body) arrive through the header callbacks
+ * once the head is done. They are dropped, never forwarded: a trailer could
+ * otherwise smuggle fields (a second Host, say) past the checks made on the
+ * head. Their bytes count against the head limit. */
+static int count_trailer(struct http_parser *p, size_t len)
+{
+    p->trailer_bytes += len;
+    if (p->trailer_bytes > p->limits->max_head_bytes) {
+        return fail_why(p, HTTP_ERR_HEAD_TOO_LARGE, "trailer fields over the header limit");
+    }
+    return 0;
+}
+
 static int on_header_field(llhttp_t *ll, const char *at, size_t len)
 {
     struct http_parser *p = P(ll);
     struct http_head *h = p->head;
+    if (p->head_done) {
+        return count_trailer(p, len);
+    }
     if (p->last_was_value || h->n_headers == 0) {
         if (h->n_headers >= p->limits->max_headers) {
             return fail(p, HTTP_ERR_TOO_MANY_HEADERS);
@@ -124,16 +153,19 @@ static bool is_tchar(unsigned char c)
 static int on_header_field_complete(llhttp_t *ll)
 {
     struct http_parser *p = P(ll);
+    if (p->head_done) {
+        return 0;
+    }
     struct http_header *x = &p->head->headers[p->head->n_headers - 1];
     const char *name = p->head->bytes.data + x->name_off;
     /* llhttp 8 lets some separators (such as a space) into names. */
     for (uint32_t i = 0; i < x->name_len; i++) {
         if (!is_tchar((unsigned char)name[i])) {
-            return fail(p, HTTP_ERR_BAD_REQUEST);
+            return fail_why(p, HTTP_ERR_BAD_REQUEST, "a header name is not a token");
         }
     }
     if (x->name_len == 0) {
-        return fail(p, HTTP_ERR_BAD_REQUEST);
+        return fail_why(p, HTTP_ERR_BAD_REQUEST, "empty header name");
     }
     int rc = terminate(p);
     if (!rc) {
@@ -147,6 +179,9 @@ static int on_header_value(llhttp_t *ll, const char *at, size_t len)
 {
     struct http_parser *p = P(ll);
     struct http_head *h = p->head;
+    if (p->head_done) {
+        return count_trailer(p, len);
+    }
     h->headers[h->n_headers - 1].value_len += (uint32_t)len;
     return append(p, at, len);
 }
@@ -155,6 +190,9 @@ static int on_header_value_complete(llhttp_t *ll)
 {
     struct http_parser *p = P(ll);
     struct http_head *h = p->head;
+    if (p->head_done) {
+        return 0;
+    }
     struct http_header *x = &h->headers[h->n_headers - 1];
     if (x->value_len == 0) {
         /* Empty value: llhttp gives no value span, point at the terminator. */
@@ -169,6 +207,7 @@ static int on_headers_complete(llhttp_t *ll)
     struct http_parser *p = P(ll);
     struct http_head *h = p->head;
     h->method = ll->method;
+    h->method_known = ll->type == HTTP_REQUEST;
     h->http_major = ll->http_major;
     h->http_minor = ll->http_minor;
     h->status = ll->status_code;
@@ -184,6 +223,10 @@ static int on_headers_complete(llhttp_t *ll)
     }
     p->head_done = true;
     p->in_head = false;
+    if (ll->type == HTTP_REQUEST && h->http_major != 1) {
+        /* llhttp takes HTTP/0.9 and HTTP/2.0 request lines; thaw speaks 1.x. */
+        return fail_why(p, HTTP_ERR_BAD_VERSION, "the HTTP major version is not 1");
+    }
     if (ll->type == HTTP_REQUEST && h->has_length &&
         h->content_length > p->limits->max_body_bytes) {
         return fail(p, HTTP_ERR_BODY_TOO_LARGE);
@@ -220,7 +263,24 @@ static int on_chunk_complete(llhttp_t *ll)
     struct http_parser *p = P(ll);
     if (p->chunk_had_data &&
         (stream_byte(p, p->body_end_abs) != '\r' || stream_byte(p, p->body_end_abs + 1) != '\n')) {
-        return fail(p, HTTP_ERR_BAD_CHUNK);
+        return fail_why(p, HTTP_ERR_BAD_CHUNK, "chunk data is not followed by CRLF");
+    }
+    return 0;
+}
+
+/* Chunk extensions of requests are not forwarded (the body is re-framed),
+ * but a client could send them without end; their bytes are capped per
+ * request. Responses pass through byte for byte and are not capped (a long
+ * stream could add up to any total). */
+static int on_chunk_extension(llhttp_t *ll, const char *at, size_t len)
+{
+    struct http_parser *p = P(ll);
+    if (ll->type != HTTP_REQUEST) {
+        return 0;
+    }
+    p->chunk_ext_bytes += len;
+    if (p->chunk_ext_bytes > HTTP_MAX_CHUNK_EXT_BYTES) {
+        return fail_why(p, HTTP_ERR_BAD_CHUNK, "chunk extensions over 4096 bytes");
     }
     return 0;
 }
@@ -269,6 +329,8 @@ static const llhttp_settings_t settings = {
     .on_message_complete = on_message_complete,
     .on_chunk_header = on_chunk_header,
     .on_chunk_complete = on_chunk_complete,
+    .on_chunk_extension_name = on_chunk_extension,
+    .on_chunk_extension_value = on_chunk_extension,
 };
 
 void http_parser_init(struct http_parser *p, llhttp_type_t type, const struct http_limits *limits)
@@ -294,6 +356,9 @@ void http_parser_next(struct http_parser *p, struct http_head *head, struct buf 
         http_head_reset(head);
     }
     p->head_bytes = 0;
+    p->chunk_ext_bytes = 0;
+    p->why = NULL;
+    p->trailer_bytes = 0;
     p->error = HTTP_ERR_NONE;
     p->in_head = false;
     p->head_done = false;
@@ -311,6 +376,9 @@ static enum http_error map_llhttp_error(struct http_parser *p, llhttp_errno_t e)
         return HTTP_ERR_BAD_LENGTH;
     case HPE_INVALID_CHUNK_SIZE:
         return HTTP_ERR_BAD_CHUNK;
+    case HPE_INVALID_VERSION:
+        /* "HTTP/3.0" is a version thaw does not speak; "HTTP/1.x" is bad syntax. */
+        return p->ll.http_major != 1 ? HTTP_ERR_BAD_VERSION : HTTP_ERR_BAD_REQUEST;
     default:
         if (p->head_done && p->head && p->head->chunked) {
             return HTTP_ERR_BAD_CHUNK;
@@ -351,8 +419,13 @@ enum http_event http_parser_execute(struct http_parser *p, const char *data, siz
     p->cur = data;
     e = llhttp_execute(&p->ll, data, len);
     size_t n = len;
-    if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {
-        n = (size_t)(llhttp_get_error_pos(&p->ll) - data);
+    if (e != HPE_OK) {
+        /* Paused: where to go on from. Failed: where it failed, so the
+         * head's size below counts only bytes up to the error. */
+        const char *pos = llhttp_get_error_pos(&p->ll);
+        if (pos && pos >= data && pos <= data + len) {
+            n = (size_t)(pos - data);
+        }
     }
     *used = n;
     if (n >= 2) {
@@ -365,9 +438,9 @@ enum http_event http_parser_execute(struct http_parser *p, const char *data, siz
     p->abs += n;
     /* When the head ends inside this chunk the parser paused right at its
      * end, so only head bytes are counted here. */
-    if (!head_was_done && p->error == HTTP_ERR_NONE) {
+    if (!head_was_done) {
         p->head_bytes += n;
-        if (p->head_bytes > p->limits->max_head_bytes) {
+        if (p->error == HTTP_ERR_NONE && p->head_bytes > p->limits->max_head_bytes) {
             p->error = HTTP_ERR_HEAD_TOO_LARGE;
             return HTTP_EV_ERROR;
         }
@@ -389,6 +462,19 @@ enum http_event http_parser_execute(struct http_parser *p, const char *data, siz
         }
         return HTTP_EV_ERROR;
     }
+}
+
+const char *http_parser_error_text(const struct http_parser *p)
+{
+    if (p->why) {
+        return p->why;
+    }
+    if (p->error == HTTP_ERR_HEAD_TOO_LARGE) {
+        return "the header block is over the limit";
+    }
+    /* llhttp's reasons are fixed strings ("Invalid header value char"). */
+    const char *r = llhttp_get_error_reason(&p->ll);
+    return r ? r : "";
 }
 
 enum http_event http_parser_finish(struct http_parser *p)
@@ -452,6 +538,53 @@ unsigned http_head_count(const struct http_head *h, const char *name)
         }
     }
     return n;
+}
+
+bool http_target_authority(const struct http_head *h, const char **auth, size_t *len)
+{
+    const char *t = http_target(h);
+    size_t tlen = h->target_len;
+    size_t scheme = 0;
+    if (tlen > 7 && strncasecmp(t, "http://", 7) == 0) {
+        scheme = 7;
+    } else if (tlen > 8 && strncasecmp(t, "https://", 8) == 0) {
+        scheme = 8;
+    } else {
+        return false;
+    }
+    const char *a = t + scheme;
+    size_t n = 0;
+    while (scheme + n < tlen && a[n] != '/' && a[n] != '?' && a[n] != '#') {
+        n++;
+    }
+    const char *at = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] == '@') {
+            at = a + i;
+        }
+    }
+    if (at) {
+        n -= (size_t)(at + 1 - a);
+        a = at + 1;
+    }
+    *auth = a;
+    *len = n;
+    return true;
+}
+
+void http_target_log_path(const struct http_head *h, const char **path, size_t *len)
+{
+    const char *t = http_target(h);
+    size_t n = h->target_len;
+    const char *auth;
+    size_t alen;
+    if (n && http_target_authority(h, &auth, &alen)) {
+        n -= (size_t)(auth + alen - t);
+        t = auth + alen;
+    }
+    const char *q = memchr(t, '?', n);
+    *path = t;
+    *len = q ? (size_t)(q - t) : n;
 }
 
 bool http_token_list_has(const char *list, size_t len, const char *token)
@@ -525,6 +658,7 @@ const char *http_reason_phrase(int status)
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
     default: return "Unknown";
     }
 }

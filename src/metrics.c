@@ -44,6 +44,8 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
                                "the replica's response was invalid or cut off"},
     [REJECT_SHUTTING_DOWN] = {"shutting_down", 503, true, "thaw is shutting down"},
     [REJECT_INTERNAL] = {"internal_error", 500, false, "thaw ran out of resources"},
+    [REJECT_VERSION_NOT_SUPPORTED] = {"http_version_not_supported", 505, false,
+                                      "thaw speaks HTTP/1.0 and HTTP/1.1 only"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)
@@ -53,6 +55,7 @@ const struct reject_info *reject_info(enum reject_reason r)
 
 static const char *const abort_names[ABORT_COUNT] = {
     "client_closed", "upstream_closed", "upstream_timeout", "send_timeout", "shutdown",
+    "body_timeout",
 };
 
 const char *abort_reason_name(enum abort_reason r)

@@ -85,25 +85,24 @@ void request_free(struct server *srv, struct request *r)
     free(r);
 }
 
-/* The access log line: the path without its query (queries can carry keys). */
+/* The access log line: the path without its query (queries can carry keys)
+ * nor an absolute-form authority (it can carry userinfo). */
 static void access_log(struct server *srv, struct request *r, const char *outcome, int status,
                        const char *reason)
 {
     if (!srv->cfg->access_log || !log_enabled(LOG_INFO)) {
         return;
     }
-    const char *t = http_target(&r->head);
-    size_t len = r->head.target_len;
-    const char *q = memchr(t, '?', len);
-    if (q) {
-        len = (size_t)(q - t);
-    }
+    const char *t;
+    size_t len;
+    http_target_log_path(&r->head, &t, &len);
     char path[200];
     log_quote(path, sizeof path, t, len, 120);
     LOGI("request", "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "
          "ms=%llu client=%s",
          r->model && r->model_resolved ? r->model->name : "-", tier_name(r->tier),
-         llhttp_method_name((llhttp_method_t)r->head.method), path, status, outcome, reason,
+         r->head.method_known ? llhttp_method_name((llhttp_method_t)r->head.method) : "-", path,
+         status, outcome, reason,
          (unsigned long long)(server_now_ms() - r->start_ms), r->conn->peer_ip);
 }
 
@@ -396,10 +395,8 @@ void proxy_on_request(struct conn *c, struct request *r)
         }
         r->model = r->route.target;
         r->model_resolved = true;
-        /* route.path_* still describe the original target from the head. */
-        r->route.path_off = 0;
-        r->route.path_len = r->head.target_len;
-        r->route.add_slash = false;
+        /* route.path_* still describe the target from the head: origin-form,
+         * without an absolute-form scheme and authority. */
         r->tier = effective_tier(srv, r);
     }
     r->state = REQ_ROUTED;

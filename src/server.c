@@ -26,8 +26,12 @@
 /* Connections taken per accept event, so one busy listener cannot starve
  * the others. */
 #define ACCEPT_BATCH 64
-/* Admin-port connections are few; they get their own small bound. */
-#define ADMIN_MAX_CONNECTIONS 256
+/* How long the listeners stop accepting when descriptors run out. The
+ * pending connection stays readable on the listening socket, so accepting
+ * again at once would spin (nginx and HAProxy pause the same way). */
+#define ACCEPT_PAUSE_MS 100
+/* At most one "out of file descriptors" line per this many ms. */
+#define FD_LOG_INTERVAL_MS 1000
 
 uint64_t server_now_ms(void)
 {
@@ -153,7 +157,7 @@ static void reject_connection(struct server *srv, int fd, const struct sockaddr 
 {
     srv->metrics.connections_rejected++;
     srv->metrics.rejections[REJECT_TOO_MANY_CONNECTIONS]++;
-    if (srv->n_lingering >= 1024) {
+    if (srv->n_lingering >= SERVER_MAX_LINGERING) {
         close(fd); /* under a flood, not even a polite answer */
         return;
     }
@@ -166,6 +170,76 @@ static void reject_connection(struct server *srv, int fd, const struct sockaddr 
     conn_reject(c, REJECT_TOO_MANY_CONNECTIONS, NULL);
 }
 
+static const char *listener_name(const struct listener *l)
+{
+    return l->kind == LISTENER_PROXY ? "proxy" : "admin";
+}
+
+static void log_out_of_fds(struct server *srv, const struct listener *l, int err)
+{
+    uint64_t now = server_now_ms();
+    if (srv->fd_log_ms && now - srv->fd_log_ms < FD_LOG_INTERVAL_MS) {
+        srv->fd_log_suppressed++;
+        return;
+    }
+    LOGW("out of file descriptors: pausing accepts", "listener=%s error=\"%s\" pause_ms=%d "
+         "suppressed=%llu", listener_name(l), strerror(err), ACCEPT_PAUSE_MS,
+         (unsigned long long)srv->fd_log_suppressed);
+    srv->fd_log_ms = now;
+    srv->fd_log_suppressed = 0;
+}
+
+static void listener_pause(struct listener *l)
+{
+    if (l->active && !l->paused) {
+        event_del(&l->ev);
+        l->paused = true;
+    }
+}
+
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+    struct server *srv = arg;
+    struct listener *ls[] = {&srv->proxy_l, &srv->admin_l};
+    for (size_t i = 0; i < 2; i++) {
+        if (ls[i]->active && ls[i]->paused) {
+            event_add(&ls[i]->ev, NULL);
+        }
+        ls[i]->paused = false;
+    }
+}
+
+/* Both listeners stop for ACCEPT_PAUSE_MS: one descriptor short for one is
+ * short for the other, and connections closing meanwhile give some back. */
+static void pause_accepting(struct server *srv, const struct listener *l, int err)
+{
+    srv->metrics.accept_paused++;
+    log_out_of_fds(srv, l, err);
+    if (!srv->accept_resume) {
+        srv->accept_resume = evtimer_new(srv->base, on_accept_resume, srv);
+        if (!srv->accept_resume) {
+            return;
+        }
+    }
+    listener_pause(&srv->proxy_l);
+    listener_pause(&srv->admin_l);
+    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+    event_add(srv->accept_resume, &tv);
+}
+
+static void accept_admin(struct server *srv, int cfd, const struct sockaddr *peer)
+{
+    if (srv->n_admin_conns >= SERVER_ADMIN_MAX_CONNECTIONS) {
+        close(cfd); /* the admin port is for a few scrapers and probes */
+        return;
+    }
+    struct conn *c = conn_new(srv, cfd, LISTENER_ADMIN, peer);
+    if (c) {
+        c->admin_counted = true;
+        srv->n_admin_conns++;
+    }
+}
+
 static void on_accept(evutil_socket_t fd, short what, void *arg)
 {
     struct listener *l = arg;
@@ -175,9 +249,9 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
         socklen_t plen = sizeof peer;
         int cfd = accept4(fd, (struct sockaddr *)&peer, &plen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd < 0) {
-            if (errno == EMFILE || errno == ENFILE) {
-                LOGW("out of file descriptors", "listener=%s",
-                     l->kind == LISTENER_PROXY ? "proxy" : "admin");
+            int err = errno;
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+                pause_accepting(srv, l, err);
             }
             return;
         }
@@ -191,7 +265,7 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
                 srv->n_conns++;
             }
         } else {
-            conn_new(srv, cfd, LISTENER_ADMIN, (struct sockaddr *)&peer);
+            accept_admin(srv, cfd, (struct sockaddr *)&peer);
         }
     }
 }
@@ -469,6 +543,9 @@ void server_dispose(struct server *srv)
     }
     if (srv->drain_timer) {
         event_free(srv->drain_timer);
+    }
+    if (srv->accept_resume) {
+        event_free(srv->accept_resume);
     }
     if (srv->base) {
         event_base_free(srv->base);

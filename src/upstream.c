@@ -147,10 +147,45 @@ static struct model *release(struct upstream *u, bool reusable)
     return m;
 }
 
+/* Forwarding headers a client could forge. Unless limits.trust_forwarded_headers
+ * (thaw sits behind a proxy that sets them), thaw drops the client's and
+ * writes its own. */
+static bool is_forwarding_header(const char *name, size_t len)
+{
+    return http_name_eq(name, len, "x-forwarded-for") ||
+           http_name_eq(name, len, "x-forwarded-proto") ||
+           http_name_eq(name, len, "x-forwarded-host") || http_name_eq(name, len, "forwarded");
+}
+
+static void append_forwarding_headers(struct buf *b, const struct request *r, bool trusted)
+{
+    const struct http_head *h = &r->head;
+    const struct http_header *proto = trusted ? http_head_find(h, "x-forwarded-proto") : NULL;
+    buf_append_str(b, "X-Forwarded-For: ");
+    /* Trusted: every X-Forwarded-For value in order, then the peer (as
+     * nginx's $proxy_add_x_forwarded_for). */
+    for (uint32_t i = 0; trusted && i < h->n_headers; i++) {
+        const struct http_header *x = &h->headers[i];
+        if (x->value_len && http_name_eq(http_hname(h, x), x->name_len, "x-forwarded-for")) {
+            buf_append(b, http_hvalue(h, x), x->value_len);
+            buf_append(b, ", ", 2);
+        }
+    }
+    buf_printf(b, "%s\r\n", r->conn->peer_ip);
+    if (proto) {
+        buf_append_str(b, "X-Forwarded-Proto: ");
+        buf_append(b, http_hvalue(h, proto), proto->value_len);
+        buf_append(b, "\r\n", 2);
+    } else {
+        buf_append_str(b, "X-Forwarded-Proto: http\r\n");
+    }
+}
+
 static void build_upstream_head(struct request *r, struct endpoint *ep)
 {
     struct buf *b = &r->up_head;
     struct http_head *h = &r->head;
+    bool trusted = r->conn->srv->cfg->limits.trust_forwarded_headers;
     buf_reset(b);
     buf_append_str(b, llhttp_method_name((llhttp_method_t)h->method));
     buf_append(b, " ", 1);
@@ -159,8 +194,10 @@ static void build_upstream_head(struct request *r, struct endpoint *ep)
     }
     buf_append(b, http_target(h) + r->route.path_off, r->route.path_len);
     buf_append_str(b, " HTTP/1.1\r\n");
-    const struct http_header *xff = NULL;
-    bool have_host = false, have_proto = false;
+    const char *authority = NULL;
+    size_t authority_len = 0;
+    bool absolute = http_target_authority(h, &authority, &authority_len);
+    bool have_host = false;
     for (uint32_t i = 0; i < h->n_headers; i++) {
         const struct http_header *x = &h->headers[i];
         const char *name = http_hname(h, x);
@@ -169,33 +206,30 @@ static void build_upstream_head(struct request *r, struct endpoint *ep)
             http_name_eq(name, x->name_len, "thaw-priority")) {
             continue;
         }
-        if (http_name_eq(name, x->name_len, "x-forwarded-for")) {
-            xff = x;
-            continue;
+        if (http_name_eq(name, x->name_len, "x-forwarded-for") ||
+            http_name_eq(name, x->name_len, "x-forwarded-proto") ||
+            (!trusted && is_forwarding_header(name, x->name_len))) {
+            continue; /* written below */
         }
         if (http_name_eq(name, x->name_len, "host")) {
+            if (absolute) {
+                continue; /* the absolute-form authority replaces it */
+            }
             have_host = true;
-        } else if (http_name_eq(name, x->name_len, "x-forwarded-proto")) {
-            have_proto = true;
         }
         buf_append(b, name, x->name_len);
         buf_append(b, ": ", 2);
         buf_append(b, http_hvalue(h, x), x->value_len);
         buf_append(b, "\r\n", 2);
     }
-    if (!have_host) {
+    if (absolute && authority_len) {
+        buf_append_str(b, "Host: ");
+        buf_append(b, authority, authority_len);
+        buf_append(b, "\r\n", 2);
+    } else if (!have_host) {
         buf_printf(b, "Host: %s\r\n", ep->addr_text);
     }
-    if (xff) {
-        buf_append_str(b, "X-Forwarded-For: ");
-        buf_append(b, http_hvalue(h, xff), xff->value_len);
-        buf_printf(b, ", %s\r\n", r->conn->peer_ip);
-    } else {
-        buf_printf(b, "X-Forwarded-For: %s\r\n", r->conn->peer_ip);
-    }
-    if (!have_proto) {
-        buf_append_str(b, "X-Forwarded-Proto: http\r\n");
-    }
+    append_forwarding_headers(b, r, trusted);
     if (r->body.len > 0 || h->has_length || h->chunked) {
         buf_printf(b, "Content-Length: %zu\r\n", r->body.len);
     }

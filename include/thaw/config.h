@@ -38,6 +38,8 @@ struct config_limits {
     uint64_t queue_aging_ms;
     uint64_t drain_timeout_ms;
     enum priority_header_policy priority_header;
+    uint64_t body_total_timeout_ms; /* whole request body, from the end of the head */
+    bool trust_forwarded_headers;   /* keep and extend the client's X-Forwarded-* / Forwarded */
 };
 
 struct config_upstream {

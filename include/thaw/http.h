@@ -29,7 +29,8 @@ struct http_head {
     struct http_header *headers;
     uint32_t n_headers, cap_headers;
     uint32_t target_off, target_len; /* request-target, or a response's reason phrase */
-    uint8_t method;                  /* llhttp_method_t */
+    uint8_t method;                  /* llhttp_method_t; valid when method_known */
+    bool method_known;               /* the request line got past its method */
     uint8_t http_major, http_minor;
     uint16_t status;       /* responses only */
     bool keep_alive;       /* after this message, per llhttp */
@@ -47,7 +48,11 @@ enum http_error {
     HTTP_ERR_TOO_MANY_HEADERS,
     HTTP_ERR_BODY_TOO_LARGE,
     HTTP_ERR_NO_MEMORY,
+    HTTP_ERR_BAD_VERSION,     /* a request's HTTP major version is not 1 */
 };
+
+/* Chunk extensions are parsed and dropped; their bytes per request are capped. */
+#define HTTP_MAX_CHUNK_EXT_BYTES 4096
 
 struct http_limits {
     size_t max_head_bytes;
@@ -73,7 +78,10 @@ struct http_parser {
     http_body_cb on_body;   /* responses: body spans go here; may be NULL */
     void *ud;
     size_t head_bytes;
+    size_t chunk_ext_bytes; /* chunk extensions of this message */
+    size_t trailer_bytes;   /* trailer fields of this message (dropped) */
     enum http_error error;
+    const char *why; /* thaw's own description of `error`, or NULL (llhttp's applies) */
     bool in_head;
     bool head_done;
     bool head_reported;
@@ -98,6 +106,9 @@ void http_parser_next(struct http_parser *p, struct http_head *head, struct buf 
 /* Feeds data; *used says how many bytes were consumed. */
 enum http_event http_parser_execute(struct http_parser *p, const char *data, size_t len,
                                     size_t *used);
+/* What was wrong with the input, for logs and error bodies: a fixed text,
+ * never bytes of the input. */
+const char *http_parser_error_text(const struct http_parser *p);
 /* Tells the parser the peer closed: completes close-delimited bodies.
  * Returns HTTP_EV_DONE, HTTP_EV_ERROR (truncated message) or HTTP_EV_NEED_MORE
  * when no message had started. */
@@ -123,6 +134,14 @@ static inline const char *http_target(const struct http_head *h)
 {
     return h->bytes.data + h->target_off;
 }
+/* An absolute-form request-target ("http://host:port/path"): its authority
+ * without userinfo, which replaces the Host header (RFC 9112 3.2.2).
+ * false for other forms. */
+bool http_target_authority(const struct http_head *h, const char **auth, size_t *len);
+/* The part of a request-target safe to log: the path without its query (keys
+ * travel there) and, for absolute-form, without scheme and authority (which
+ * may hold userinfo). May be empty. */
+void http_target_log_path(const struct http_head *h, const char **path, size_t *len);
 /* True when the comma-separated list `list` holds token (case-insensitive). */
 bool http_token_list_has(const char *list, size_t len, const char *token);
 bool http_name_eq(const char *a, size_t alen, const char *b);

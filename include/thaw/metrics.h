@@ -37,6 +37,7 @@ enum reject_reason {
     REJECT_UPSTREAM_ERROR,
     REJECT_SHUTTING_DOWN,
     REJECT_INTERNAL,
+    REJECT_VERSION_NOT_SUPPORTED,
     REJECT_COUNT
 };
 
@@ -56,6 +57,7 @@ enum abort_reason {
     ABORT_UPSTREAM_TIMEOUT,/* upstream went silent mid-response */
     ABORT_SEND_TIMEOUT,    /* client stopped reading */
     ABORT_SHUTDOWN,        /* drain timeout passed */
+    ABORT_BODY_TIMEOUT,    /* limits.body_total_timeout_ms passed after the request left */
     ABORT_COUNT
 };
 const char *abort_reason_name(enum abort_reason r);
@@ -98,6 +100,7 @@ struct server_metrics {
     uint64_t upstream_stale_retries;
     uint64_t upstream_stale_closed;
     struct code_counts unrouted_codes; /* responses to requests no model took */
+    uint64_t accept_paused; /* listeners paused for want of file descriptors */
 };
 
 #endif

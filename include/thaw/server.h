@@ -27,6 +27,7 @@ struct listener {
     int fd;
     struct event ev;
     bool active;
+    bool paused; /* out of file descriptors: not accepting for a moment */
     struct sockaddr_storage bound;
     socklen_t bound_len;
 };
@@ -38,6 +39,11 @@ struct listener {
 #define CONN_OUT_HIGH_WATER (64 * 1024)
 /* Pipelined bytes a busy connection may hold before thaw stops reading it. */
 #define CONN_PIPELINE_MAX (64 * 1024)
+/* Admin-port connections are few; they get their own small bound. Past it a
+ * new admin connection is closed at once. */
+#define SERVER_ADMIN_MAX_CONNECTIONS 256
+/* Connections in their lingering close at most; past it they close at once. */
+#define SERVER_MAX_LINGERING 1024
 /* Idle request objects kept for reuse. */
 #define SERVER_REQUEST_CACHE 256
 
@@ -70,6 +76,10 @@ struct server {
     uint64_t started_ms;
     struct event *sig_term, *sig_int, *drain_timer;
     const char *port_file;
+    size_t n_admin_conns;        /* admin-port connections */
+    struct event *accept_resume; /* ends a pause of the listeners (EMFILE) */
+    uint64_t fd_log_ms;          /* last "out of file descriptors" line */
+    uint64_t fd_log_suppressed;  /* such lines not written since */
 };
 
 /* Monotonic milliseconds. */

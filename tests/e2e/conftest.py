@@ -30,7 +30,7 @@ def wait_for(pred, timeout=10.0, interval=0.01, what="condition"):
 
 
 class Thaw:
-    def __init__(self, config, extra_args=()):
+    def __init__(self, config, extra_args=(), preexec_fn=None):
         self.dir = tempfile.mkdtemp(prefix="thaw-e2e-")
         self.config_path = os.path.join(self.dir, "config.json")
         cfg = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0"}
@@ -42,7 +42,7 @@ class Thaw:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [THAW_BIN, "--config", self.config_path, "--port-file", self.port_file, *extra_args],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
         ports = wait_for(self._read_ports, what="thaw port file")
         self.addr = ports["listen"]
         self.admin_addr = ports["admin_listen"]
@@ -152,8 +152,8 @@ def upstream2():
 def thaw_factory():
     started = []
 
-    def make(config, extra_args=()):
-        t = Thaw(config, extra_args)
+    def make(config, extra_args=(), preexec_fn=None):
+        t = Thaw(config, extra_args, preexec_fn)
         started.append(t)
         return t
 

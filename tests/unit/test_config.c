@@ -45,6 +45,8 @@ static void test_defaults(void **state)
     assert_int_equal(cfg->limits.max_queue_per_model, 1000);
     assert_int_equal(cfg->limits.max_queue_total, 10000);
     assert_int_equal(cfg->limits.priority_header, PRIORITY_HEADER_ANY);
+    assert_int_equal(cfg->limits.body_total_timeout_ms, 300000);
+    assert_false(cfg->limits.trust_forwarded_headers);
     assert_int_equal(cfg->n_models, 1);
     struct config_model *m = &cfg->models[0];
     assert_string_equal(m->namespace_, "default");
@@ -59,7 +61,8 @@ static void test_full_model(void **state)
     struct config_error err;
     const char *text = "{\n"
                        "  \"listen\": \"[::1]:0\",\n"
-                       "  \"limits\": {\"max_queue_per_model\": 7},\n"
+                       "  \"limits\": {\"max_queue_per_model\": 7, \"body_total_timeout_ms\": 5000, "
+                       "\"trust_forwarded_headers\": true},\n"
                        "  \"models\": [{\n"
                        "    \"name\": \"llama\", \"namespace\": \"models\",\n"
                        "    \"hosts\": [\"a.example\"], \"aliases\": [\"x/y\"],\n"
@@ -70,6 +73,8 @@ static void test_full_model(void **state)
     struct config *cfg = parse(text, &err);
     assert_non_null(cfg);
     assert_string_equal(cfg->listen, "[::1]:0");
+    assert_int_equal(cfg->limits.body_total_timeout_ms, 5000);
+    assert_true(cfg->limits.trust_forwarded_headers);
     struct config_model *m = &cfg->models[0];
     assert_int_equal(m->priority, TIER_CRITICAL);
     assert_int_equal(m->max_concurrency, 3);
@@ -109,6 +114,10 @@ static void test_errors_name_file_line_and_key(void **state)
     expect_error("{\"models\": {}}", "models: must be an array");
     expect_error("{\"log\": {\"level\": \"loud\"}}", "log.level: must be one of");
     expect_error("[]", "(top level): must be a JSON object");
+    expect_error("{\"limits\": {\n\"body_total_timeout_ms\": 0}}",
+                 "test.json:2: limits.body_total_timeout_ms: must be between 1 and 86400000 (got 0)");
+    expect_error("{\"limits\": {\n\"trust_forwarded_headers\": 1}}",
+                 "test.json:2: limits.trust_forwarded_headers: must be true or false");
     expect_error("{\"limits\": {\"priority_header\": \"never\"}}",
                  "limits.priority_header: must be \"any\", \"lower_only\" or \"ignore\"");
 }

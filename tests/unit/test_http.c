@@ -90,6 +90,9 @@ static void test_byte_by_byte_equals_whole(void **state)
     assert_memory_equal(c.body.data, "wikipedia", 9);
     assert_true(c.h.chunked);
     assert_string_equal(http_hvalue(&c.h, http_head_find(&c.h, "host")), "h");
+    /* Trailer fields are dropped, not added to the head. */
+    assert_null(http_head_find(&c.h, "trailer"));
+    assert_int_equal(c.h.n_headers, 2);
     ctx_dispose(&c);
 }
 
@@ -153,7 +156,20 @@ static void test_strict_rejections(void **state)
     assert_int_equal(c.p.error, HTTP_ERR_BAD_CHUNK);
     ctx_dispose(&c);
     assert_int_equal(error_of("GET / HTTP/1.1\r\nBad Header: x\r\n\r\n"), HTTP_ERR_BAD_REQUEST);
-    assert_int_equal(error_of("GET / HTTP/9.9\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_REQUEST);
+    /* Other major versions: 505, from llhttp's own check or thaw's. */
+    assert_int_equal(error_of("GET / HTTP/9.9\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_VERSION);
+    assert_int_equal(error_of("GET / HTTP/2.0\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_VERSION);
+    assert_int_equal(error_of("GET / HTTP/0.9\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_VERSION);
+    assert_int_equal(error_of("GET / HTTP/1.x\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_REQUEST);
+    /* Chunk extensions: 4096 bytes per message at most. */
+    char ext[8192];
+    int n = snprintf(ext, sizeof ext, "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked"
+                                      "\r\n\r\n");
+    for (int i = 0; i < 5; i++) {
+        n += snprintf(ext + n, sizeof ext - (size_t)n, "1;e=%01000d\r\nx\r\n", 0);
+    }
+    snprintf(ext + n, sizeof ext - (size_t)n, "0\r\n\r\n");
+    assert_int_equal(error_of(ext), HTTP_ERR_BAD_CHUNK);
     assert_int_equal(error_of(" GET / HTTP/1.1\r\n\r\n"), HTTP_ERR_BAD_REQUEST);
 }
 

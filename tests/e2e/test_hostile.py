@@ -1,0 +1,324 @@
+"""End-to-end: hostile and malformed clients, over raw sockets.
+
+Secrets must stay out of the log, running out of file descriptors must not spin the loop,
+and odd but parseable requests (other HTTP versions, absolute-form targets, forged
+forwarding headers, trickled bodies, chunk extensions and trailers) get a defined answer.
+"""
+
+import json
+import os
+import resource
+import socket
+import time
+
+import pytest
+
+import httpc
+from conftest import wait_for
+
+
+def model(upstream, **kw):
+    m = {"name": "model-a", "endpoints": [upstream.address], "max_concurrency": 8}
+    m.update(kw)
+    return m
+
+
+@pytest.fixture
+def thaw(thaw_factory, upstream):
+    return thaw_factory({"models": [model(upstream)]})
+
+
+def exchange(t, data, pieces=(), pause=0.2, timeout=10):
+    """Sends data (then each of pieces after a pause, so each arrives in its own read)
+    and returns the response."""
+    s = t.connect(timeout=timeout)
+    try:
+        s.sendall(data)
+        for p in pieces:
+            time.sleep(pause)
+            s.sendall(p)
+        return httpc.Reader(s).response()
+    finally:
+        s.close()
+
+
+def echoed_headers(r):
+    assert r.status == 200, r.body
+    return [(k.lower(), v) for k, v in r.json()["headers"]]
+
+
+# --- secrets stay out of the log --------------------------------------------
+
+def test_rejections_never_log_client_input(thaw_factory, upstream):
+    t = thaw_factory({"log": {"access_log": True}, "models": [model(upstream)]},
+                     extra_args=("--log-level", "debug"))
+    # A bad header line right after the credentials, in a read of its own.
+    r = exchange(t, b"GET /v1/models HTTP/1.1\r\nHost: model-a\r\n",
+                 [b"Authorization: Bearer SECRET-TOKEN\r\nBad Name: 1\r\n\r\n"])
+    assert r.status == 400 and r.json()["error"]["type"] == "bad_request"
+    # A bad byte inside the credential's own value.
+    r = exchange(t, b"GET /v1/models HTTP/1.1\r\nHost: model-a\r\n",
+                 [b"Authorization: Bearer SECRET-TOKEN\x7f\r\n\r\n"])
+    assert r.status == 400
+    # An API key in the query string of a request with a bad header.
+    r = exchange(t, b"GET /v1/x?api_key=SECRET-QUERY HTTP/1.1\r\nHost: model-a\r\n"
+                    b"Bad Name: 1\r\n\r\n")
+    assert r.status == 400
+    # Userinfo in an absolute-form target.
+    r = exchange(t, b"GET http://user:SECRET-PASS@model-a/v1/x?k=SECRET-Q HTTP/1.1\r\n"
+                    b"Bad Name: 1\r\n\r\n")
+    assert r.status == 400
+    # Body bytes around a bad chunk.
+    r = exchange(t, b"POST /v1/completions HTTP/1.1\r\nHost: model-a\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n",
+                 [b"6\r\nSECRET-BODY-BYTES\r\n0\r\n\r\n"])
+    assert r.status == 400 and r.json()["error"]["type"] == "bad_chunk"
+    t.assert_reconciled()
+    logs = t.logs()
+    assert "SECRET" not in logs, logs
+    rejected = [l for l in logs.splitlines() if "request rejected" in l]
+    assert len(rejected) == 5, logs
+    assert sum("reason=bad_request" in l for l in rejected) == 4
+    assert sum("reason=bad_chunk" in l for l in rejected) == 1
+    # Safe facts are there: the path without its query, sizes.
+    assert any("path=\"/v1/x\"" in l for l in rejected), rejected
+    assert all("head_bytes=" in l for l in rejected), rejected
+    assert sum('path="/v1/x"' in l for l in logs.splitlines()) == 4  # fault and access lines
+    assert any('parser="a header name is not a token"' in l for l in rejected), rejected
+
+
+# --- out of file descriptors -------------------------------------------------
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of the whole line.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def limit_fds(n):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    return apply
+
+
+def test_out_of_fds_backs_off_without_spinning(thaw_factory, upstream):
+    t = thaw_factory({"models": [model(upstream)]}, preexec_fn=limit_fds(128))
+    conns = []
+    try:
+        for _ in range(200):
+            conns.append(socket.create_connection(("127.0.0.1", t.admin_port), timeout=10))
+        time.sleep(0.5)
+        lines_before = t.logs().count("out of file descriptors")
+        cpu0, t0 = cpu_seconds(t.proc.pid), time.monotonic()
+        time.sleep(3)
+        cpu1, t1 = cpu_seconds(t.proc.pid), time.monotonic()
+        lines = t.logs().count("out of file descriptors") - lines_before
+        share = (cpu1 - cpu0) / (t1 - t0)
+        print(f"cpu share while out of fds: {share:.3f}; log lines in 3 s: {lines}")
+        assert share < 0.2, f"thaw used {share:.0%} of a CPU while out of file descriptors"
+        assert lines <= 5, f"{lines} 'out of file descriptors' lines in 3 s"
+    finally:
+        for s in conns:
+            s.close()
+    # Once the descriptors are back, thaw serves again.
+    def served():
+        try:
+            return httpc.request(t.host, t.port, path="/echo",
+                                 headers={"Host": "model-a"}, timeout=5).status == 200
+        except OSError:
+            return False
+    wait_for(served, timeout=15, interval=0.2, what="a proxied request after the fd flood")
+    assert t.metric("thaw_accept_paused_total") >= 1
+    assert "suppressed=" in t.logs()
+
+
+def test_admin_port_has_its_own_connection_limit(thaw):
+    held = [socket.create_connection(("127.0.0.1", thaw.admin_port), timeout=10)
+            for _ in range(256)]
+    try:
+        extra = [socket.create_connection(("127.0.0.1", thaw.admin_port), timeout=10)
+                 for _ in range(5)]
+        for s in extra:
+            assert httpc.closed_by_peer(s, timeout=3), "admin connection over the limit kept open"
+            s.close()
+        for s in held[:10]:
+            s.close()
+        wait_for(lambda: thaw.metric("thaw_admin_connections") <= 247, timeout=10,
+                 interval=0.1, what="admin connections to be counted down")
+    finally:
+        for s in held:
+            s.close()
+    # The proxy port is unaffected.
+    r = httpc.request(thaw.host, thaw.port, path="/echo", headers={"Host": "model-a"})
+    assert r.status == 200
+
+
+def test_lingering_connections_are_counted_and_capped(thaw_factory, upstream):
+    t = thaw_factory({"models": [model(upstream)]})
+    s = t.connect()
+    # A bad request answered 400; thaw half-closes and discards input for a moment.
+    s.sendall(b"GET / HTTP/1.1\r\nBad Name: 1\r\n\r\n")
+    r = httpc.Reader(s).response()
+    assert r.status == 400
+    assert t.metric("thaw_lingering_connections") == 1
+    s.close()
+    wait_for(lambda: t.metric("thaw_lingering_connections") == 0, timeout=5,
+             what="the lingering connection to end")
+    # More bad clients than the cap (1024) that keep their side open: past the
+    # cap, connections close at once instead of lingering.
+    socks = []
+    try:
+        for _ in range(1100):
+            c = t.connect()
+            c.sendall(b"GET / HTTP/1.1\r\nBad Name: 1\r\n\r\n")
+            socks.append(c)
+        wait_for(lambda: t.metric("thaw_rejections_total", reason="bad_request") == 1101,
+                 timeout=20, interval=0.1, what="every bad request answered")
+        assert t.metric("thaw_lingering_connections") == 1024
+    finally:
+        for c in socks:
+            c.close()
+    wait_for(lambda: t.metric("thaw_lingering_connections") == 0, timeout=10,
+             what="the lingering connections to end")
+
+
+# --- versions, Host --------------------------------------------------------
+
+@pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/3.0", b"HTTP/0.9"])
+def test_other_http_versions_are_505(thaw, version):
+    r = exchange(thaw, b"GET /echo " + version + b"\r\nHost: model-a\r\n\r\n")
+    assert r.status == 505, r.body
+    err = r.json()["error"]
+    assert err["type"] == "http_version_not_supported" and err["code"] == 505
+    thaw.assert_reconciled()
+
+
+def test_http10_with_two_hosts_is_400(thaw, upstream):
+    r = exchange(thaw, b"GET /echo HTTP/1.0\r\nHost: model-a\r\nHost: other\r\n\r\n")
+    assert r.status == 400
+    assert "Host" in r.json()["error"]["message"]
+    assert upstream.requests == 0
+
+
+def test_absolute_form_authority_replaces_host(thaw):
+    r = exchange(thaw, b"GET http://model-a/echo?x=1 HTTP/1.1\r\nHost: other\r\n\r\n")
+    seen = echoed_headers(r)
+    assert [v for k, v in seen if k == "host"] == ["model-a"]
+    assert r.json()["path"] == "/echo?x=1"
+    r = exchange(thaw, b"GET http://model-a:80/echo HTTP/1.1\r\nHost: other\r\n\r\n")
+    assert [v for k, v in echoed_headers(r) if k == "host"] == ["model-a:80"]
+    # Routed by path; userinfo is not part of the Host (nor sent on).
+    r = exchange(thaw, b"GET http://user:pw@elsewhere/models/model-a/echo HTTP/1.1\r\n"
+                       b"Host: other\r\n\r\n")
+    assert [v for k, v in echoed_headers(r) if k == "host"] == ["elsewhere"]
+    assert r.json()["path"] == "/echo"
+    # Routed by the JSON body: still origin-form upstream.
+    body = b'{"model":"model-a"}'
+    r = exchange(thaw, b"POST http://elsewhere/v1/completions HTTP/1.1\r\nHost: other\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert [v for k, v in echoed_headers(r) if k == "host"] == ["elsewhere"]
+    assert r.json()["path"] == "/v1/completions"
+
+
+# --- forwarding headers -----------------------------------------------------
+
+FORGED = (b"X-Forwarded-For: 10.9.8.7\r\nX-Forwarded-Proto: https\r\n"
+          b"X-Forwarded-Host: evil.example\r\nForwarded: for=10.9.8.7;proto=https\r\n")
+
+
+def test_client_forwarding_headers_are_replaced_by_default(thaw):
+    r = exchange(thaw, b"GET /echo HTTP/1.1\r\nHost: model-a\r\n" + FORGED + b"\r\n")
+    seen = echoed_headers(r)
+    assert [v for k, v in seen if k == "x-forwarded-for"] == ["127.0.0.1"]
+    assert [v for k, v in seen if k == "x-forwarded-proto"] == ["http"]
+    assert not [k for k, v in seen if k in ("forwarded", "x-forwarded-host")], seen
+
+
+def test_trusted_forwarding_headers_are_appended(thaw_factory, upstream):
+    t = thaw_factory({"limits": {"trust_forwarded_headers": True},
+                      "models": [model(upstream)]})
+    r = exchange(t, b"GET /echo HTTP/1.1\r\nHost: model-a\r\n" + FORGED +
+                 b"X-Forwarded-For: 10.1.1.1\r\n\r\n")
+    seen = echoed_headers(r)
+    assert [v for k, v in seen if k == "x-forwarded-for"] == ["10.9.8.7, 10.1.1.1, 127.0.0.1"]
+    assert [v for k, v in seen if k == "x-forwarded-proto"] == ["https"]
+    assert [v for k, v in seen if k == "forwarded"] == ["for=10.9.8.7;proto=https"]
+    assert [v for k, v in seen if k == "x-forwarded-host"] == ["evil.example"]
+
+
+# --- bodies -----------------------------------------------------------------
+
+def test_trickled_body_hits_the_total_body_timeout(thaw_factory, upstream):
+    t = thaw_factory({"limits": {"body_total_timeout_ms": 2000, "body_timeout_ms": 60000},
+                      "models": [model(upstream)]})
+    s = t.connect(timeout=10)
+    s.sendall(b"POST /echo HTTP/1.1\r\nHost: model-a\r\nContent-Length: 100\r\n\r\n")
+    start = time.monotonic()
+    s.settimeout(0.1)
+    got = b""
+    # One byte every 1.5 s: each arrives well within body_timeout_ms.
+    while time.monotonic() - start < 8 and not got:
+        try:
+            s.sendall(b"x")
+        except OSError:
+            break
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            try:
+                d = s.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            got += d
+            break
+    elapsed = time.monotonic() - start
+    s.close()
+    assert got.startswith(b"HTTP/1.1 408"), (got, elapsed)
+    assert b'"body_timeout"' in got
+    assert elapsed < 5
+    assert upstream.requests == 0
+    t.assert_reconciled()
+    assert t.metric("thaw_rejections_total", reason="body_timeout") == 1
+
+
+CHUNKED_HEAD = b"POST /echo HTTP/1.1\r\nHost: model-a\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def test_chunk_extensions_are_capped(thaw, upstream):
+    small = b"3;name=value\r\nabc\r\n0\r\n\r\n"
+    r = exchange(thaw, CHUNKED_HEAD + small)
+    assert r.status == 200 and r.json()["body"] == "abc"
+    ext = b";e=" + b"a" * 1000
+    body = b"".join(b"1" + ext + b"\r\nx\r\n" for _ in range(5)) + b"0\r\n\r\n"
+    r = exchange(thaw, CHUNKED_HEAD + body)
+    assert r.status == 400, r.body
+    assert r.json()["error"]["type"] == "bad_chunk"
+    assert upstream.requests == 1
+    thaw.assert_reconciled()
+
+
+def test_chunked_trailers_are_not_forwarded(thaw):
+    body = b"3\r\nabc\r\n0\r\nX-Trailer-Field: t\r\nHost: evil\r\n\r\n"
+    r = exchange(thaw, CHUNKED_HEAD + body)
+    seen = echoed_headers(r)
+    assert r.json()["body"] == "abc"
+    assert "x-trailer-field" not in [k for k, _ in seen]
+    assert [v for k, v in seen if k == "host"] == ["model-a"]
+
+
+# --- access log -------------------------------------------------------------
+
+def test_access_log_has_no_method_for_unparsed_requests(thaw_factory, upstream):
+    t = thaw_factory({"log": {"access_log": True}, "models": [model(upstream)]})
+    r = exchange(t, b"\x01BAD / HTTP/1.1\r\n\r\n")
+    assert r.status == 400
+    t.assert_reconciled()
+    lines = [l for l in t.logs().splitlines() if 'msg="request"' in l]
+    assert len(lines) == 1, lines
+    assert "method=-" in lines[0], lines[0]
+    r = exchange(t, b"DELETE /echo HTTP/1.1\r\nHost: model-a\r\n\r\n")
+    assert r.status == 200
+    wait_for(lambda: "method=DELETE path=\"/echo\" status=200" in t.logs(), timeout=5,
+             what="the access log line of a parsed DELETE")
