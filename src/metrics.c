@@ -44,6 +44,8 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
                                "the replica's response was invalid or cut off"},
     [REJECT_SHUTTING_DOWN] = {"shutting_down", 503, true, "thaw is shutting down"},
     [REJECT_INTERNAL] = {"internal_error", 500, false, "thaw ran out of resources"},
+    [REJECT_MODEL_REMOVED] = {"model_removed", 503, false,
+                              "the model was removed from the configuration"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)
