@@ -885,9 +885,19 @@ static int take_definition(struct proc_model *pm, const struct config_model *cm)
     pm->idle_timeout_ms = cm->idle_timeout_ms;
     pm->startup_timeout_ms = cm->startup_timeout_ms;
     pm->stop_grace_ms = cm->stop_grace_ms;
-    /* The autoscaler starts over with the new numbers. */
-    scaler_model_init(&pm->sc, pm->m, pm->pb->cfg, cm->target, cm->stable_window_ms,
+    /* New autoscaler numbers; the demand it has seen stays (a fresh start
+     * would see none and could stop replicas that are busy), unless the
+     * window, which sizes its buckets, changed. */
+    struct scaler_model fresh;
+    scaler_model_init(&fresh, pm->m, pm->pb->cfg, cm->target, cm->stable_window_ms,
                       pm->min_replicas, pm->max_replicas, pm->idle_timeout_ms, pm->gpu_slices);
+    if (!pm->sc.m || pm->sc.asc.stable_window_ms != fresh.asc.stable_window_ms) {
+        pm->sc = fresh;
+    } else {
+        pm->sc.asc = fresh.asc;
+        pm->sc.min_replicas = fresh.min_replicas;
+        pm->sc.slices = fresh.slices;
+    }
     return 0;
 }
 
