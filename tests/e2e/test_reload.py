@@ -219,3 +219,27 @@ def test_settings_that_need_a_restart_are_reported_and_kept(thaw_factory, upstre
     assert "needs a restart" in t.logs() and "key=listen" in t.logs()
     assert t.status()["config"]["restart_needed"] == 1
     assert get(t, "/models/llama/echo").status == 200
+
+
+def test_unchanged_models_keep_their_held_requests_and_processes(thaw_factory, upstream,
+                                                                  upstream2):
+    proc = sim_model(name="proc", min_replicas=1)
+    t = thaw_factory({"models": [static_model(upstream, max_concurrency=1), proc]})
+    wait_for(lambda: model_status(t, "proc")["replicas_ready"] == 1, timeout=20 * SLOW,
+             what="ready")
+    pid = model_status(t, "proc")["processes"][0]["pid"]
+    busy = Background(lambda: get(t, "/models/llama/sleep?ms=600"))
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="llama") == 1, what="in flight")
+    held = Background(lambda: get(t, "/models/llama/echo"))
+    wait_for(lambda: t.metric("thaw_queue_depth_all") == 1, what="held")
+    # Only the process model's concurrency changes, and a model is added.
+    changed = dict(proc, max_concurrency=16)
+    write_config(t, {"models": [static_model(upstream, max_concurrency=1), changed,
+                                static_model(upstream2, name="mistral")]})
+    hup(t)
+    assert busy.join().status == 200
+    assert held.join().status == 200
+    assert complete(t, model="proc").status == 200
+    assert model_status(t, "proc")["processes"][0]["pid"] == pid
+    assert "draining replica" not in t.logs()
+    t.assert_reconciled()
