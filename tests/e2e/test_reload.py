@@ -243,3 +243,22 @@ def test_unchanged_models_keep_their_held_requests_and_processes(thaw_factory, u
     assert model_status(t, "proc")["processes"][0]["pid"] == pid
     assert "draining replica" not in t.logs()
     t.assert_reconciled()
+
+
+def test_changed_endpoints_and_hosts(thaw_factory, upstream, upstream2):
+    t = thaw_factory({"models": [static_model(upstream, hosts=["a.example"])]})
+    stream = Background(lambda: get(t, "/models/llama/sse?n=20&ms=50"))
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="llama") == 1, what="stream started")
+    write_config(t, {"models": [static_model(upstream2, hosts=["b.example"])]})
+    hup(t)
+    # The old endpoint takes no new requests but finishes its stream.
+    assert get(t, "/echo", host="b.example").status == 200
+    assert get(t, "/echo", host="a.example").status == 404
+    assert upstream2.requests == 1
+    s = stream.join()
+    assert not isinstance(s, Exception), s
+    assert s.status == 200 and sse_chunks(s) == 21
+    assert upstream.requests == 1
+    reps = t.status()["models"][0]["replicas"]
+    assert [r["id"] for r in reps] == [upstream2.address]
+    t.assert_reconciled()
