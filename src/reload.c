@@ -168,10 +168,18 @@ static void keep_restart_only(struct server *srv, struct config *next)
 
 /* ---- thaw-wide settings ---------------------------------------------------- */
 
-static const struct timeval *common_timeout(struct event_base *base, uint64_t ms)
+/* libevent keeps at most 256 common timeouts per loop (equal durations
+ * share one); past that the running value stays rather than none. */
+static void set_common_timeout(struct event_base *base, const struct timeval **field, uint64_t ms)
 {
     struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
-    return event_base_init_common_timeout(base, &tv);
+    const struct timeval *c = event_base_init_common_timeout(base, &tv);
+    if (c) {
+        *field = c;
+    } else {
+        LOGW("too many distinct timeouts: keeping the running one", "ms=%llu",
+             (unsigned long long)ms);
+    }
 }
 
 /* Limits and timeouts apply to what happens next: requests already read,
@@ -182,10 +190,10 @@ static void apply_thaw_settings(struct server *srv, const struct config *next)
     srv->req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
                                            lim->max_body_bytes};
     srv->resp_limits.max_head_bytes = next->upstream.max_response_header_bytes;
-    srv->tv_header = common_timeout(srv->base, lim->header_timeout_ms);
-    srv->tv_body = common_timeout(srv->base, lim->body_timeout_ms);
-    srv->tv_keepalive = common_timeout(srv->base, lim->keepalive_timeout_ms);
-    srv->tv_send = common_timeout(srv->base, lim->send_timeout_ms);
+    set_common_timeout(srv->base, &srv->tv_header, lim->header_timeout_ms);
+    set_common_timeout(srv->base, &srv->tv_body, lim->body_timeout_ms);
+    set_common_timeout(srv->base, &srv->tv_keepalive, lim->keepalive_timeout_ms);
+    set_common_timeout(srv->base, &srv->tv_send, lim->send_timeout_ms);
     srv->qglobal.max_total = lim->max_queue_total;
     srv->fleet.queue_aging_ms = lim->queue_aging_ms;
     struct list_node *pos, *tmp;
