@@ -262,3 +262,30 @@ def test_changed_endpoints_and_hosts(thaw_factory, upstream, upstream2):
     reps = t.status()["models"][0]["replicas"]
     assert [r["id"] for r in reps] == [upstream2.address]
     t.assert_reconciled()
+
+
+def test_repeated_reloads_under_traffic_lose_nothing(thaw_factory, upstream, upstream2):
+    base = [static_model(upstream)]
+    t = thaw_factory({"models": base})
+    stop = threading.Event()
+    statuses = []
+
+    def traffic():
+        while not stop.is_set():
+            statuses.append(get(t, "/models/llama/sleep?ms=5").status)
+
+    workers = [threading.Thread(target=traffic) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        for i in range(10):
+            extra = [static_model(upstream2, name="mistral", max_concurrency=1 + i)] if i % 2 else []
+            write_config(t, {"models": base + extra})
+            hup(t)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+    assert statuses and set(statuses) == {200}
+    assert reloads(t, "success") == 10
+    t.assert_reconciled()
