@@ -25,6 +25,43 @@ static void help_type(struct buf *o, const char *name, const char *type, const c
          n_ != &(srv)->fleet.models && ((m) = container_of(n_, struct model, node), 1);            \
          n_ = n_->next)
 
+static void render_reload_metrics(const struct reload_status *st, struct buf *o)
+{
+    help_type(o, "thaw_config_reloads_total", "counter",
+              "Configuration reloads (SIGHUP), by result.");
+    buf_printf(o, "thaw_config_reloads_total{result=\"success\"} %llu\n",
+               (unsigned long long)st->succeeded);
+    buf_printf(o, "thaw_config_reloads_total{result=\"failure\"} %llu\n",
+               (unsigned long long)st->failed);
+    help_type(o, "thaw_config_last_reload_successful", "gauge",
+              "1 when the last reload (or the start-up load) succeeded.");
+    buf_printf(o, "thaw_config_last_reload_successful %d\n", st->last_ok ? 1 : 0);
+    help_type(o, "thaw_config_last_reload_success_timestamp_seconds", "gauge",
+              "Unix time of the last successful load of the configuration.");
+    buf_printf(o, "thaw_config_last_reload_success_timestamp_seconds %.3f\n",
+               st->last_success_unix);
+}
+
+static void status_reload(const struct server *srv, cJSON *root)
+{
+    const struct reload_status *st = &srv->reload;
+    cJSON *c = cJSON_AddObjectToObject(root, "config");
+    cJSON_AddStringToObject(c, "file", srv->cfg->path);
+    cJSON_AddNumberToObject(c, "reloads_succeeded", (double)st->succeeded);
+    cJSON_AddNumberToObject(c, "reloads_failed", (double)st->failed);
+    cJSON_AddStringToObject(c, "last_reload", st->last_attempt_unix == 0 ? "none"
+                                              : st->last_ok             ? "success"
+                                                                        : "failure");
+    cJSON_AddNumberToObject(c, "last_success_unix", st->last_success_unix);
+    if (st->last_attempt_unix) {
+        cJSON_AddNumberToObject(c, "last_attempt_unix", st->last_attempt_unix);
+    }
+    if (!st->last_ok) {
+        cJSON_AddStringToObject(c, "last_error", st->last_error);
+    }
+    cJSON_AddNumberToObject(c, "restart_needed", st->restart_needed);
+}
+
 void admin_render_metrics(struct server *srv, struct buf *o)
 {
     const struct server_metrics *sm = &srv->metrics;
@@ -32,6 +69,7 @@ void admin_render_metrics(struct server *srv, struct buf *o)
 
     help_type(o, "thaw_build_info", "gauge", "thaw version.");
     buf_printf(o, "thaw_build_info{version=\"%s\"} 1\n", THAW_VERSION);
+    render_reload_metrics(&srv->reload, o);
 
     help_type(o, "thaw_requests_accepted_total", "counter",
               "Requests thaw started reading on the proxy port.");
@@ -240,6 +278,7 @@ void admin_render_status(struct server *srv, struct buf *out)
     uint64_t now = server_now_ms();
     cJSON_AddStringToObject(root, "version", THAW_VERSION);
     cJSON_AddNumberToObject(root, "uptime_ms", (double)(now - srv->started_ms));
+    status_reload(srv, root);
     cJSON_AddBoolToObject(root, "ready", server_is_ready(srv));
     cJSON_AddBoolToObject(root, "draining", srv->draining);
     cJSON_AddNumberToObject(root, "inflight", (double)srv->inflight);

@@ -1125,6 +1125,11 @@ static void kube_free(struct backend *b)
     free(kb);
 }
 
+void backend_k8s_set_config(struct backend *b, const struct config *cfg)
+{
+    KB(b)->cfg = cfg;
+}
+
 static const struct backend_ops kube_ops = {
     .name = "kubernetes",
     .attach = kube_attach,

@@ -41,7 +41,10 @@ extern char **environ;
 
 uint64_t server_now_ms(void);
 
-enum replica_state { R_STARTING, R_READY, R_STOPPING };
+/* R_DRAINING: taken out of routing (scaled down or preempted with requests in
+ * flight, its model removed, or its definition changed by a reload); stopped
+ * once its in-flight requests are done or stop_drain_ms has passed. */
+enum replica_state { R_STARTING, R_READY, R_DRAINING, R_STOPPING };
 
 struct proc_model;
 
@@ -52,6 +55,9 @@ struct replica {
     pid_t pid;
     int port;
     int gpu; /* index into backend gpus, -1: none */
+    unsigned slices; /* GPU slices it holds (its model's may change on reload) */
+    struct endpoint *drain_ep; /* R_DRAINING: its endpoint, referenced */
+    uint64_t drain_until_ms;   /* R_DRAINING: stopped then even if busy */
     char id[48];
     uint64_t started_ms;
     /* output capture */
@@ -65,8 +71,6 @@ struct replica {
     /* stop */
     struct event kill_timer;
     bool exited;
-    struct endpoint *draining; /* held while its in-flight requests finish */
-    uint64_t drain_until_ms;
 };
 
 struct proc_model {
@@ -81,7 +85,8 @@ struct proc_model {
     unsigned min_replicas, max_replicas, gpu_slices;
     uint64_t idle_timeout_ms, startup_timeout_ms, stop_grace_ms, stop_drain_ms;
     struct list_node replicas;
-    unsigned n_starting, n_ready, n_stopping;
+    unsigned n_starting, n_ready, n_draining, n_stopping;
+    bool retired; /* its model was removed: freed once its replicas are gone */
     uint64_t idle_since_ms;
     unsigned failures;
     uint64_t backoff_until_ms;
@@ -101,6 +106,7 @@ struct process_backend {
     enum gpu_sharing *sharing;
     size_t n_gpus;
     struct list_node models;
+    struct list_node retired; /* proc_models of removed models, draining */
     struct event *sigchld;
     struct event *tick;
     const struct config *cfg;
@@ -372,6 +378,7 @@ static int replica_start(struct proc_model *pm)
     probe_start(&r->probe);
     if (gpu >= 0) {
         pb->gpus[gpu].used += pm->gpu_slices;
+        r->slices = pm->gpu_slices;
     }
     list_push_back(&pm->replicas, &r->node);
     pm->n_starting++;
@@ -381,31 +388,14 @@ static int replica_start(struct proc_model *pm)
     return 0;
 }
 
-/* The replica's endpoint in the model (NULL before it is ready). */
-static struct endpoint *replica_endpoint(struct replica *r)
+static void release_drain_ep(struct replica *r)
 {
-    struct model *m = r->pm->m;
-    for (size_t i = 0; i < m->n_endpoints; i++) {
-        if (strcmp(m->endpoints[i]->id, r->id) == 0) {
-            return m->endpoints[i];
-        }
+    if (r->drain_ep) {
+        endpoint_unref(r->drain_ep);
+        r->drain_ep = NULL;
     }
-    return NULL;
 }
 
-static void replica_terminate(struct replica *r)
-{
-    if (r->draining) {
-        endpoint_unref(r->draining);
-        r->draining = NULL;
-    }
-    kill(-r->pid, SIGTERM);
-    arm_ms(&r->kill_timer, r->pm->stop_grace_ms);
-}
-
-/* Takes the replica out of routing at once; a ready one with requests in
- * flight is signalled only once they finish (or stop_drain_ms passes), so a
- * scale-down or a preemption does not cut streams. */
 static void replica_stop(struct replica *r, const char *why)
 {
     struct proc_model *pm = r->pm;
@@ -413,43 +403,21 @@ static void replica_stop(struct replica *r, const char *why)
         return;
     }
     if (r->state == R_READY) {
-        struct endpoint *ep = replica_endpoint(r);
-        if (ep && ep->inflight > 0 && pm->stop_drain_ms > 0) {
-            endpoint_ref(ep);
-            r->draining = ep;
-            r->drain_until_ms = server_now_ms() + pm->stop_drain_ms;
-        }
         pm->n_ready--;
         fleet_replica_gone(pm->m->fleet, pm->m, r->id, why);
+    } else if (r->state == R_DRAINING) {
+        pm->n_draining--;
+        release_drain_ep(r);
     } else {
         pm->n_starting--;
     }
     r->state = R_STOPPING;
     pm->n_stopping++;
     probe_stop(&r->probe);
-    if (r->draining) {
-        LOGI("draining replica before stopping it", "model=%s replica=%s pid=%d in_flight=%u "
-             "reason=\"%s\"", pm->m->name, r->id, (int)r->pid, r->draining->inflight, why);
-        return;
-    }
     LOGI("stopping replica", "model=%s replica=%s pid=%d reason=\"%s\"", pm->m->name, r->id,
          (int)r->pid, why);
-    replica_terminate(r);
-}
-
-/* On each tick: a draining replica is signalled once idle or out of time. */
-static void replica_check_drain(struct replica *r, uint64_t now)
-{
-    if (!r->draining || r->exited) {
-        return;
-    }
-    bool idle = r->draining->inflight == 0;
-    if (!idle && now < r->drain_until_ms) {
-        return;
-    }
-    LOGI("stopping replica", "model=%s replica=%s pid=%d reason=\"%s\"", r->pm->m->name, r->id,
-         (int)r->pid, idle ? "drained" : "stop_drain_ms passed with requests in flight");
-    replica_terminate(r);
+    kill(-r->pid, SIGTERM);
+    arm_ms(&r->kill_timer, pm->stop_grace_ms);
 }
 
 static void on_kill_timer(evutil_socket_t fd, short what, void *arg)
@@ -465,11 +433,9 @@ static void on_kill_timer(evutil_socket_t fd, short what, void *arg)
 static void replica_free(struct replica *r)
 {
     struct process_backend *pb = r->pm->pb;
+    release_drain_ep(r);
     probe_stop(&r->probe);
     event_del(&r->kill_timer);
-    if (r->draining) {
-        endpoint_unref(r->draining);
-    }
     if (r->out_fd >= 0) {
         /* Take what the child wrote last before it went (not at shutdown:
          * the models it would be logged under may be gone). */
@@ -482,7 +448,7 @@ static void replica_free(struct replica *r)
         }
     }
     if (r->gpu >= 0) {
-        pb->gpus[r->gpu].used -= r->pm->gpu_slices;
+        pb->gpus[r->gpu].used -= r->slices;
     }
     list_remove(&r->node);
     free(r);
@@ -538,8 +504,70 @@ static void start_failed(struct proc_model *pm, struct replica *r, const char *w
 /* In-flight requests at the replica (its endpoint, once ready). */
 static uint32_t replica_inflight(struct replica *r)
 {
+    struct model *m = r->pm->m;
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        if (strcmp(m->endpoints[i]->id, r->id) == 0) {
+            return m->endpoints[i]->inflight;
+        }
+    }
+    return 0;
+}
+
+static struct endpoint *replica_endpoint(struct replica *r)
+{
+    struct model *m = r->pm->m;
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        if (strcmp(m->endpoints[i]->id, r->id) == 0) {
+            return m->endpoints[i];
+        }
+    }
+    return NULL;
+}
+
+/* Takes a replica out of routing at once and stops it when the requests it
+ * is serving are done, or stop_drain_ms has passed (a starting one stops
+ * now), so a scale-down, a preemption or a reload does not cut streams. */
+static void replica_drain(struct replica *r, const char *why)
+{
+    struct proc_model *pm = r->pm;
+    if (r->state != R_READY) {
+        replica_stop(r, why);
+        return;
+    }
     struct endpoint *ep = replica_endpoint(r);
-    return ep ? ep->inflight : 0;
+    if (!ep || ep->inflight == 0 || pm->stop_drain_ms == 0) {
+        replica_stop(r, why);
+        return;
+    }
+    endpoint_ref(ep);
+    r->drain_ep = ep;
+    r->drain_until_ms = server_now_ms() + pm->stop_drain_ms;
+    pm->n_ready--;
+    fleet_replica_gone(pm->m->fleet, pm->m, r->id, why);
+    r->state = R_DRAINING;
+    pm->n_draining++;
+    LOGI("draining replica", "model=%s replica=%s inflight=%u reason=\"%s\"", pm->m->name, r->id,
+         ep->inflight, why);
+}
+
+/* Draining replicas whose last request finished, or whose stop_drain_ms
+ * has passed, are stopped. */
+static void stop_drained(struct proc_model *pm)
+{
+    uint64_t now = server_now_ms();
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pm->replicas)
+    {
+        struct replica *r = container_of(pos, struct replica, node);
+        if (r->state != R_DRAINING) {
+            continue;
+        }
+        if (r->drain_ep->inflight == 0) {
+            replica_stop(r, "drained");
+        } else if (now >= r->drain_until_ms) {
+            replica_stop(r, "stop_drain_ms passed with requests in flight");
+        }
+    }
 }
 
 /* Starts or stops replicas until the model has `target`. Stopping takes
@@ -576,7 +604,7 @@ static void apply_target(struct proc_model *pm, unsigned target, const char *why
         if (!victim) {
             break;
         }
-        replica_stop(victim, why);
+        replica_drain(victim, why);
         have--;
     }
 }
@@ -652,7 +680,6 @@ static void reconcile_all(struct process_backend *pb)
         list_for_each_safe(rp, rt, &pm->replicas)
         {
             struct replica *r = container_of(rp, struct replica, node);
-            replica_check_drain(r, now);
             if (r->state == R_STARTING && now - r->started_ms >= pm->startup_timeout_ms) {
                 char why[96];
                 snprintf(why, sizeof why, "not ready within startup_timeout_ms=%llu",
@@ -667,18 +694,58 @@ static void reconcile_all(struct process_backend *pb)
     }
 }
 
+static void proc_model_free(struct proc_model *pm)
+{
+    while (!list_empty(&pm->replicas)) {
+        replica_free(container_of(list_first(&pm->replicas), struct replica, node));
+    }
+    list_remove(&pm->node);
+    for (size_t i = 0; i < pm->argc; i++) {
+        free(pm->argv[i]);
+    }
+    free(pm->argv);
+    for (size_t i = 0; i < pm->n_env; i++) {
+        free(pm->env[i]);
+    }
+    free(pm->env);
+    free(pm->health_path);
+    model_unref(pm->m);
+    free(pm);
+}
+
+/* Removed models: stop drained replicas; forget the model when none is left. */
+static void reap_retired(struct process_backend *pb)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pb->retired)
+    {
+        struct proc_model *pm = container_of(pos, struct proc_model, node);
+        stop_drained(pm);
+        if (list_empty(&pm->replicas)) {
+            LOGI("removed model's processes all stopped", "model=%s", pm->m->name);
+            proc_model_free(pm);
+        }
+    }
+}
+
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct process_backend *pb = arg;
     if (!pb->stopping) {
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &pb->models)
+        {
+            stop_drained(container_of(pos, struct proc_model, node));
+        }
+        reap_retired(pb);
         reconcile_all(pb);
     }
 }
 
-static struct replica *find_pid(struct process_backend *pb, pid_t pid)
+static struct replica *find_pid_in(struct list_node *models, pid_t pid)
 {
     struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &pb->models)
+    list_for_each_safe(pos, tmp, models)
     {
         struct proc_model *pm = container_of(pos, struct proc_model, node);
         struct list_node *rp, *rt;
@@ -691,6 +758,12 @@ static struct replica *find_pid(struct process_backend *pb, pid_t pid)
         }
     }
     return NULL;
+}
+
+static struct replica *find_pid(struct process_backend *pb, pid_t pid)
+{
+    struct replica *r = find_pid_in(&pb->models, pid);
+    return r ? r : find_pid_in(&pb->retired, pid);
 }
 
 static void describe_exit(int status, char *out, size_t len)
@@ -735,6 +808,12 @@ static void reaped(struct process_backend *pb, pid_t pid, int status)
         fleet_replica_gone(pm->m->fleet, pm->m, r->id, how);
         replica_free(r);
         break;
+    case R_DRAINING:
+        pm->n_draining--;
+        LOGW("replica exited while draining", "model=%s replica=%s how=\"%s\"", pm->m->name,
+             r->id, how);
+        replica_free(r);
+        break;
     case R_STOPPING:
         pm->n_stopping--;
         LOGI("replica stopped", "model=%s replica=%s how=\"%s\"", pm->m->name, r->id, how);
@@ -773,6 +852,70 @@ static char **copy_strv(char **src, size_t n)
     return v;
 }
 
+static bool same_strv(char **a, size_t na, char **b, size_t nb)
+{
+    if (na != nb) {
+        return false;
+    }
+    for (size_t i = 0; i < na; i++) {
+        if (strcmp(a[i], b[i]) != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Does cm describe the same processes as pm runs? */
+static bool same_definition(const struct proc_model *pm, const struct config_model *cm)
+{
+    return same_strv(pm->argv, pm->argc, cm->command, cm->n_command) &&
+           same_strv(pm->env, pm->n_env, cm->env, cm->n_env) &&
+           strcmp(pm->health_path, cm->health_path) == 0 && pm->gpu_slices == cm->gpu_slices;
+}
+
+/* Copies cm's process settings into pm (replacing what it had). */
+static int take_definition(struct proc_model *pm, const struct config_model *cm)
+{
+    char **argv = copy_strv(cm->command, cm->n_command);
+    char **env = copy_strv(cm->env, cm->n_env);
+    char *health = strdup(cm->health_path);
+    if (!argv || !env || !health) {
+        free_strv(argv);
+        free_strv(env);
+        free(health);
+        return -ENOMEM;
+    }
+    free_strv(pm->argv);
+    free_strv(pm->env);
+    free(pm->health_path);
+    pm->argv = argv;
+    pm->argc = cm->n_command;
+    pm->env = env;
+    pm->n_env = cm->n_env;
+    pm->health_path = health;
+    pm->min_replicas = (unsigned)cm->min_replicas;
+    pm->max_replicas = (unsigned)cm->max_replicas;
+    pm->gpu_slices = (unsigned)cm->gpu_slices;
+    pm->idle_timeout_ms = cm->idle_timeout_ms;
+    pm->startup_timeout_ms = cm->startup_timeout_ms;
+    pm->stop_grace_ms = cm->stop_grace_ms;
+    pm->stop_drain_ms = cm->stop_drain_ms;
+    /* New autoscaler numbers; the demand it has seen stays (a fresh start
+     * would see none and could stop replicas that are busy), unless the
+     * window, which sizes its buckets, changed. */
+    struct scaler_model fresh;
+    scaler_model_init(&fresh, pm->m, pm->pb->cfg, cm->target, cm->stable_window_ms,
+                      pm->min_replicas, pm->max_replicas, pm->idle_timeout_ms, pm->gpu_slices);
+    if (!pm->sc.m || pm->sc.asc.stable_window_ms != fresh.asc.stable_window_ms) {
+        pm->sc = fresh;
+    } else {
+        pm->sc.asc = fresh.asc;
+        pm->sc.min_replicas = fresh.min_replicas;
+        pm->sc.slices = fresh.slices;
+    }
+    return 0;
+}
+
 static int process_attach(struct backend *b, struct model *m, const struct config_model *cm)
 {
     struct process_backend *pb = PB(b);
@@ -782,26 +925,74 @@ static int process_attach(struct backend *b, struct model *m, const struct confi
     }
     pm->pb = pb;
     pm->m = m;
-    pm->argv = copy_strv(cm->command, cm->n_command);
-    pm->argc = cm->n_command;
-    pm->env = copy_strv(cm->env, cm->n_env);
-    pm->n_env = cm->n_env;
-    pm->health_path = strdup(cm->health_path);
-    pm->min_replicas = (unsigned)cm->min_replicas;
-    pm->max_replicas = (unsigned)cm->max_replicas;
-    pm->gpu_slices = (unsigned)cm->gpu_slices;
-    pm->idle_timeout_ms = cm->idle_timeout_ms;
-    pm->startup_timeout_ms = cm->startup_timeout_ms;
-    pm->stop_grace_ms = cm->stop_grace_ms;
-    pm->stop_drain_ms = cm->stop_drain_ms;
+    model_ref(m);
+    list_node_init(&pm->node);
     list_init(&pm->replicas);
+    if (take_definition(pm, cm)) {
+        proc_model_free(pm);
+        return -ENOMEM;
+    }
     list_push_back(&pb->models, &pm->node);
     m->backend = b;
     m->backend_data = pm;
-    scaler_model_init(&pm->sc, m, pb->cfg, cm->target, cm->stable_window_ms, pm->min_replicas,
-                      pm->max_replicas, pm->idle_timeout_ms, pm->gpu_slices);
     plan_all(pb); /* min_replicas start now */
     return 0;
+}
+
+/* A reload changed the model. A new command, environment, health path or
+ * GPU share means new processes: the running ones are drained (no new
+ * requests, stopped when their last one ends) and as many replacements
+ * start at once. Replica counts and timeouts apply in place. */
+static int process_update(struct backend *b, struct model *m, const struct config_model *cm)
+{
+    struct proc_model *pm = m->backend_data;
+    bool replace = !same_definition(pm, cm);
+    unsigned had = pm->n_ready + pm->n_starting;
+    if (take_definition(pm, cm)) {
+        return -ENOMEM;
+    }
+    if (replace) {
+        LOGI("model command changed: replacing its processes", "model=%s replicas=%u", m->name,
+             had);
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &pm->replicas)
+        {
+            replica_drain(container_of(pos, struct replica, node), "definition changed");
+        }
+        pm->failures = 0;
+        pm->backoff_until_ms = 0;
+        pm->last_error[0] = '\0';
+        if (had > pm->max_replicas) {
+            had = pm->max_replicas;
+        }
+        if (had < pm->min_replicas) {
+            had = pm->min_replicas;
+        }
+        apply_target(pm, had, "definition changed");
+    }
+    plan_all(pm->pb);
+    return 0;
+}
+
+/* A reload removed the model: its replicas drain and stop; its state stays
+ * (on the retired list, with a reference to the model) until they are gone. */
+static void process_retire(struct backend *b, struct model *m)
+{
+    struct process_backend *pb = PB(b);
+    struct proc_model *pm = m->backend_data;
+    list_remove(&pm->node);
+    list_push_back(&pb->retired, &pm->node);
+    pm->retired = true;
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pm->replicas)
+    {
+        replica_drain(container_of(pos, struct replica, node), "model removed");
+    }
+}
+
+void backend_process_set_config(struct backend *b, const struct config *cfg)
+{
+    PB(b)->cfg = cfg;
 }
 
 /* Demand arrived for a model with no ready replica: start one now rather
@@ -849,6 +1040,7 @@ static void process_describe(struct backend *b, struct model *m, cJSON *out)
     cJSON_AddStringToObject(out, "state", state);
     cJSON_AddNumberToObject(out, "replicas_ready", pm->n_ready);
     cJSON_AddNumberToObject(out, "replicas_starting", pm->n_starting);
+    cJSON_AddNumberToObject(out, "replicas_draining", pm->n_draining);
     cJSON_AddNumberToObject(out, "replicas_stopping", pm->n_stopping);
     cJSON_AddNumberToObject(out, "min_replicas", pm->min_replicas);
     cJSON_AddNumberToObject(out, "max_replicas", pm->max_replicas);
@@ -876,9 +1068,10 @@ static void process_describe(struct backend *b, struct model *m, cJSON *out)
         cJSON_AddStringToObject(j, "id", r->id);
         cJSON_AddNumberToObject(j, "pid", r->pid);
         cJSON_AddNumberToObject(j, "port", r->port);
-        cJSON_AddStringToObject(j, "state", r->state == R_STARTING ? "starting"
-                                            : r->state == R_READY  ? "ready"
-                                                                   : "stopping");
+        cJSON_AddStringToObject(j, "state", r->state == R_STARTING   ? "starting"
+                                            : r->state == R_READY    ? "ready"
+                                            : r->state == R_DRAINING ? "draining"
+                                                                     : "stopping");
         if (r->gpu >= 0) {
             cJSON_AddNumberToObject(j, "gpu", r->pm->pb->gpus[r->gpu].id);
         }
@@ -907,6 +1100,12 @@ static void process_stop(struct backend *b)
 {
     struct process_backend *pb = PB(b);
     pb->stopping = true;
+    /* Removed models' draining processes stop with the rest. */
+    while (!list_empty(&pb->retired)) {
+        struct list_node *n = list_first(&pb->retired);
+        list_remove(n);
+        list_push_back(&pb->models, n);
+    }
     uint64_t grace = 0;
     unsigned alive = 0;
     struct list_node *pos, *tmp;
@@ -979,21 +1178,10 @@ static void process_free(struct backend *b)
 {
     struct process_backend *pb = PB(b);
     while (!list_empty(&pb->models)) {
-        struct proc_model *pm = container_of(list_first(&pb->models), struct proc_model, node);
-        while (!list_empty(&pm->replicas)) {
-            replica_free(container_of(list_first(&pm->replicas), struct replica, node));
-        }
-        list_remove(&pm->node);
-        for (size_t i = 0; i < pm->argc; i++) {
-            free(pm->argv[i]);
-        }
-        free(pm->argv);
-        for (size_t i = 0; i < pm->n_env; i++) {
-            free(pm->env[i]);
-        }
-        free(pm->env);
-        free(pm->health_path);
-        free(pm);
+        proc_model_free(container_of(list_first(&pb->models), struct proc_model, node));
+    }
+    while (!list_empty(&pb->retired)) {
+        proc_model_free(container_of(list_first(&pb->retired), struct proc_model, node));
     }
     if (pb->sigchld) {
         event_free(pb->sigchld);
@@ -1013,6 +1201,8 @@ static const struct backend_ops process_ops = {
     .retry_after_ms = process_retry_after_ms,
     .describe = process_describe,
     .describe_capacity = process_describe_capacity,
+    .update = process_update,
+    .retire = process_retire,
     .stop = process_stop,
     .free = process_free,
 };
@@ -1029,6 +1219,7 @@ struct backend *backend_process_new(struct fleet *fleet, struct event_base *base
     pb->evbase = base;
     pb->cfg = cfg;
     list_init(&pb->models);
+    list_init(&pb->retired);
     pb->n_gpus = cfg->n_gpus;
     pb->gpus = calloc(cfg->n_gpus ? cfg->n_gpus : 1, sizeof *pb->gpus);
     pb->sharing = calloc(cfg->n_gpus ? cfg->n_gpus : 1, sizeof *pb->sharing);

@@ -63,6 +63,41 @@ static int static_attach(struct backend *b, struct model *m, const struct config
     return 0;
 }
 
+static bool listed(char **list, size_t n, const char *s)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(list[i], s) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A reload changed the model: endpoints no longer listed go (requests at
+ * them finish), new ones come; those in both lists are left alone. */
+static int static_update(struct backend *b, struct model *m, const struct config_model *cm)
+{
+    for (size_t i = m->n_endpoints; i-- > 0;) {
+        if (!listed(cm->endpoints, cm->n_endpoints, m->endpoints[i]->id)) {
+            fleet_replica_gone(b->fleet, m, m->endpoints[i]->id, "removed from the configuration");
+        }
+    }
+    m->replicas_desired = (unsigned)cm->n_endpoints;
+    for (size_t i = 0; i < cm->n_endpoints; i++) {
+        char addr[300];
+        int rc = resolve(cm->endpoints[i], addr, sizeof addr);
+        if (rc) {
+            LOGE("cannot resolve endpoint", "model=%s endpoint=%s", m->name, cm->endpoints[i]);
+            return rc;
+        }
+        rc = fleet_replica_ready(b->fleet, m, cm->endpoints[i], addr);
+        if (rc) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
 static int static_scale(struct backend *b, struct model *m, unsigned replicas)
 {
     return -ENOTSUP;
@@ -95,6 +130,7 @@ static const struct backend_ops static_ops = {
     .retry_after_ms = static_retry_after_ms,
     .describe = static_describe,
     .describe_capacity = NULL,
+    .update = static_update,
     .stop = static_stop,
     .free = static_free,
 };

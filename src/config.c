@@ -1,8 +1,10 @@
 #include "thaw/config.h"
 #include "thaw/jsonpos.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <netdb.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -246,10 +248,12 @@ static int read_string_array(struct parser *p, const cJSON *item, const char *pa
 }
 
 /* Model names and namespaces: DNS-label-like, as Kubernetes names are. */
+#define NAME_MAX_CHARS 253
+
 static int check_name(const char *s)
 {
     size_t n = strlen(s);
-    if (n == 0 || n > 253) {
+    if (n == 0 || n > NAME_MAX_CHARS) {
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
@@ -310,6 +314,23 @@ static int check_listen(const char *s)
         return check_hostport(tmp);
     }
     return check_hostport(s);
+}
+
+/* Reads a model name or namespace, saying which rule it breaks. */
+static int read_name(struct parser *p, const cJSON *item, const char *path, char **out)
+{
+    int rc = read_string(p, item, path, out);
+    if (rc) {
+        return rc;
+    }
+    size_t n = strlen(*out);
+    if (n > NAME_MAX_CHARS) {
+        return fail(p, item, path, "is too long (%zu characters; at most %d)", n, NAME_MAX_CHARS);
+    }
+    if (check_name(*out)) {
+        return fail(p, item, path, "may hold only letters, digits, '-', '.' and '_'");
+    }
+    return 0;
 }
 
 /* "env": {"NAME": "value", ...} -> "NAME=value" strings. */
@@ -514,15 +535,9 @@ static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct co
         }
         rc = 0;
         if (strcmp(it->string, "name") == 0) {
-            rc = read_string(p, it, path, &m->name);
-            if (!rc && check_name(m->name)) {
-                rc = fail(p, it, path, "may hold only letters, digits, '-', '.' and '_'");
-            }
+            rc = read_name(p, it, path, &m->name);
         } else if (strcmp(it->string, "namespace") == 0) {
-            rc = read_string(p, it, path, &m->namespace_);
-            if (!rc && check_name(m->namespace_)) {
-                rc = fail(p, it, path, "may hold only letters, digits, '-', '.' and '_'");
-            }
+            rc = read_name(p, it, path, &m->namespace_);
         } else if (strcmp(it->string, "hosts") == 0) {
             rc = read_string_array(p, it, path, &m->hosts, &m->n_hosts, check_host);
         } else if (strcmp(it->string, "aliases") == 0) {
@@ -805,6 +820,102 @@ static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
     return 0;
 }
 
+/* The host part of "host:port" / "[v6]:port" (validated by check_hostport). */
+static void endpoint_host(const char *hostport, char *host, size_t len)
+{
+    if (hostport[0] == '[') {
+        const char *rb = strchr(hostport, ']');
+        snprintf(host, len, "%.*s", (int)(rb - hostport - 1), hostport + 1);
+    } else {
+        const char *colon = strrchr(hostport, ':');
+        snprintf(host, len, "%.*s", (int)(colon - hostport), hostport);
+    }
+}
+
+/* Static endpoints must resolve now, so a typo fails --check-config and a
+ * reload rather than the first request. Numeric addresses and localhost
+ * need no lookup. */
+static int resolve_endpoints(struct parser *p, const cJSON *root, const struct config *cfg)
+{
+    const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const struct config_model *m = &cfg->models[i];
+        const cJSON *eps = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetArrayItem(models, (int)i), "endpoints");
+        for (size_t j = 0; j < m->n_endpoints; j++) {
+            char host[256];
+            endpoint_host(m->endpoints[j], host, sizeof host);
+            unsigned char addr[sizeof(struct in6_addr)];
+            if (strcmp(host, "localhost") == 0 || inet_pton(AF_INET, host, addr) == 1 ||
+                inet_pton(AF_INET6, host, addr) == 1) {
+                continue;
+            }
+            struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+            struct addrinfo *res = NULL;
+            int rc = getaddrinfo(host, NULL, &hints, &res);
+            if (res) {
+                freeaddrinfo(res);
+            }
+            if (rc || !res) {
+                char path[64];
+                snprintf(path, sizeof path, "models[%zu].endpoints[%zu]", i, j);
+                return fail(p, cJSON_GetArrayItem(eps, (int)j), path,
+                            "host \"%.100s\" does not resolve (%s)", host,
+                            rc ? gai_strerror(rc) : "no address");
+            }
+        }
+    }
+    return 0;
+}
+
+/* Offset of the first NUL in the text: a raw byte or a \u0000 escape in a
+ * string (cJSON would cut the string there). len when there is none. */
+static size_t find_nul(const char *text, size_t len)
+{
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = text[i];
+        if (c == '\0') {
+            return i;
+        }
+        if (!in_string) {
+            in_string = c == '"';
+            continue;
+        }
+        if (c == '"') {
+            in_string = false;
+        } else if (c == '\\' && i + 1 < len) {
+            if (text[i + 1] == 'u' && i + 5 < len && memcmp(text + i + 2, "0000", 4) == 0) {
+                return i;
+            }
+            i++; /* the escaped character */
+        }
+    }
+    return len;
+}
+
+/* The path ("models[0].name") of the first string on line (or, with
+ * strings_only false, of any item there). */
+static bool path_on_line(const struct jsonpos *pos, const cJSON *item, int line,
+                         bool strings_only, char *path, size_t len)
+{
+    size_t base = strlen(path);
+    size_t idx = 0;
+    for (const cJSON *c = item->child; c; c = c->next, idx++) {
+        if (c->string) {
+            snprintf(path + base, len - base, "%s%s", base ? "." : "", c->string);
+        } else {
+            snprintf(path + base, len - base, "[%zu]", idx);
+        }
+        if ((jsonpos_line(pos, c) == line && (!strings_only || cJSON_IsString(c))) ||
+            path_on_line(pos, c, line, strings_only, path, len)) {
+            return true;
+        }
+        path[base] = '\0';
+    }
+    return false;
+}
+
 struct config *config_parse(const char *text, size_t len, const char *label,
                             struct config_error *err)
 {
@@ -818,6 +929,17 @@ struct config *config_parse(const char *text, size_t len, const char *label,
                  jsonpos_line_of_offset(text, len, off), off);
         return NULL;
     }
+    size_t off = end ? (size_t)(end - text) : len;
+    while (off < len && isspace((unsigned char)text[off])) {
+        off++;
+    }
+    if (off < len) {
+        snprintf(err->msg, sizeof err->msg,
+                 "%s:%d: (syntax): unexpected content after the JSON object near byte %zu", label,
+                 jsonpos_line_of_offset(text, len, off), off);
+        cJSON_Delete(root);
+        return NULL;
+    }
     struct config *cfg = config_new_default();
     if (!cfg || !(cfg->path = strdup(label)) || jsonpos_build(&p.pos, text, len, root)) {
         snprintf(err->msg, sizeof err->msg, "%s:0: (load): out of memory", label);
@@ -825,7 +947,25 @@ struct config *config_parse(const char *text, size_t len, const char *label,
         config_free(cfg);
         return NULL;
     }
-    int rc = parse_root(&p, root, cfg);
+    int rc = 0;
+    size_t nul = find_nul(text, len);
+    if (nul < len) {
+        int line = jsonpos_line_of_offset(text, len, nul);
+        char path[256] = "";
+        if (!path_on_line(&p.pos, root, line, true, path, sizeof path) &&
+            !path_on_line(&p.pos, root, line, false, path, sizeof path)) {
+            snprintf(path, sizeof path, "(string)");
+        }
+        snprintf(err->msg, sizeof err->msg, "%s:%d: %s: a string holds a NUL character (\\u0000)",
+                 label, line, path);
+        rc = -EINVAL;
+    }
+    if (!rc) {
+        rc = parse_root(&p, root, cfg);
+    }
+    if (!rc) {
+        rc = resolve_endpoints(&p, root, cfg);
+    }
     jsonpos_dispose(&p.pos);
     cJSON_Delete(root);
     if (rc) {

@@ -37,7 +37,8 @@ static void usage(FILE *f)
             "\n"
             "Port 0 in an address lets the kernel choose; --port-file tells which it chose.\n"
             "SIGTERM or SIGINT: stop accepting, finish in-flight requests (up to\n"
-            "limits.drain_timeout_ms), exit 0.\n");
+            "limits.drain_timeout_ms), exit 0.\n"
+            "SIGHUP: reload the --config file; a file that does not load changes nothing.\n");
 }
 
 int main(int argc, char **argv)
@@ -113,6 +114,9 @@ int main(int argc, char **argv)
     curl_global_init(CURL_GLOBAL_DEFAULT);
     struct server srv;
     int rc = server_init(&srv, cfg, port_file, kubeconfig);
+    srv.reload.listen_overridden = listen != NULL;
+    srv.reload.admin_listen_overridden = admin != NULL;
+    srv.reload.log_level_overridden = log_level != NULL;
     if (rc == 0) {
         rc = server_run(&srv);
     } else {

@@ -46,6 +46,8 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_INTERNAL] = {"internal_error", 500, false, "thaw ran out of resources"},
     [REJECT_VERSION_NOT_SUPPORTED] = {"http_version_not_supported", 505, false,
                                       "thaw speaks HTTP/1.0 and HTTP/1.1 only"},
+    [REJECT_MODEL_REMOVED] = {"model_removed", 503, false,
+                              "the model was removed from the configuration"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

@@ -107,6 +107,7 @@ struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, si
         return NULL;
     }
     m->fleet = f;
+    m->refs = 1;
     m->name = strdup(cm->name);
     m->namespace_ = strdup(cm->namespace_);
     if (!m->name || !m->namespace_) {
@@ -242,6 +243,23 @@ void fleet_remove_model(struct fleet *f, struct model *m, const char *reason)
     }
     list_remove(&m->node);
     f->n_models--;
+    /* Requests still holding m may ask it things; it has no backend now. */
+    m->removed = true;
+    m->backend = NULL;
+    m->backend_data = NULL;
+    model_unref(m);
+}
+
+void model_ref(struct model *m)
+{
+    m->refs++;
+}
+
+void model_unref(struct model *m)
+{
+    if (--m->refs > 0) {
+        return;
+    }
     free(m->endpoints);
     free(m->name);
     free(m->namespace_);

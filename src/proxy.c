@@ -62,6 +62,10 @@ void request_free(struct server *srv, struct request *r)
 {
     assert(!list_linked(&r->qi.node));
     assert(r->up == NULL);
+    if (r->model) {
+        model_unref(r->model);
+        r->model = NULL;
+    }
     if (srv->n_free_requests < SERVER_REQUEST_CACHE) {
         http_head_reset(&r->head);
         buf_reset(&r->body);
@@ -247,6 +251,7 @@ int proxy_on_head(struct conn *c, struct request *r)
     (void)t;
     if (st == ROUTE_FOUND) {
         r->model = r->route.target;
+        model_ref(r->model);
         r->model_resolved = true;
         r->tier = effective_tier(srv, r);
     } else if (st != ROUTE_NEED_BODY) {
@@ -329,6 +334,11 @@ static void place(struct server *srv, struct request *r)
 {
     struct model *m = r->model;
     uint64_t now = server_now_ms();
+    if (m->removed) {
+        /* Routed at its head, then a reload removed the model. */
+        conn_reject(r->conn, REJECT_MODEL_REMOVED, NULL);
+        return;
+    }
     if (m->queue.count == 0) {
         struct endpoint *ep = model_pick_endpoint(m, now);
         if (ep) {
@@ -394,6 +404,7 @@ void proxy_on_request(struct conn *c, struct request *r)
             return;
         }
         r->model = r->route.target;
+        model_ref(r->model);
         r->model_resolved = true;
         /* route.path_* still describe the target from the head: origin-form,
          * without an absolute-form scheme and authority. */
@@ -518,6 +529,11 @@ void proxy_upstream_retry(struct request *r)
 {
     struct model *m = r->model;
     struct server *srv = r->conn->srv;
+    if (m->removed) {
+        r->state = REQ_ROUTED;
+        conn_reject(r->conn, REJECT_MODEL_REMOVED, NULL);
+        return;
+    }
     size_t limit = m->n_endpoints > 1 ? m->n_endpoints : 1;
     if (r->tries >= limit || m->n_endpoints == 0) {
         /* Every replica refused. A backend that can start replicas (its

@@ -283,6 +283,13 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     server_begin_drain(srv);
 }
 
+/* SIGHUP: reload the configuration file (on the loop, never in a raw
+ * signal handler). */
+static void on_sighup(evutil_socket_t sig, short what, void *arg)
+{
+    reload_from_file(arg);
+}
+
 static bool output_pending(struct server *srv)
 {
     struct list_node *pos, *tmp;
@@ -383,6 +390,7 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     srv->port_file = port_file;
     srv->kubeconfig_flag = kubeconfig_flag;
     srv->started_ms = server_now_ms();
+    reload_status_init(&srv->reload);
     list_init(&srv->conns);
     list_init(&srv->lingering);
     list_init(&srv->free_requests);
@@ -475,6 +483,8 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     srv->sig_int = evsignal_new(srv->base, SIGINT, on_signal, srv);
     event_add(srv->sig_term, NULL);
     event_add(srv->sig_int, NULL);
+    srv->sig_hup = evsignal_new(srv->base, SIGHUP, on_sighup, srv);
+    event_add(srv->sig_hup, NULL);
     if (port_file && write_port_file(srv)) {
         return -1;
     }
@@ -540,6 +550,9 @@ void server_dispose(struct server *srv)
     }
     if (srv->sig_int) {
         event_free(srv->sig_int);
+    }
+    if (srv->sig_hup) {
+        event_free(srv->sig_hup);
     }
     if (srv->drain_timer) {
         event_free(srv->drain_timer);

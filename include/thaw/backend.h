@@ -34,6 +34,13 @@ struct backend_ops {
     void (*describe_capacity)(struct backend *b, cJSON *out);
     /* Has it caught up with its source (informers listed)? NULL: always. */
     bool (*synced)(struct backend *b);
+    /* A configuration reload changed m's definition to cm (settings are
+     * already applied to m). Replicas whose definition changed are replaced,
+     * the old ones drained first. NULL: models cannot change at run time. */
+    int (*update)(struct backend *b, struct model *m, const struct config_model *cm);
+    /* A reload removed m: stop its replicas once their in-flight requests are
+     * done. Called just before fleet_remove_model. NULL: nothing to stop. */
+    void (*retire)(struct backend *b, struct model *m);
     /* Stops everything the backend started; called once, at exit. */
     void (*stop)(struct backend *b);
     void (*free)(struct backend *b);
@@ -57,12 +64,19 @@ struct event_base;
 struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
                                     const struct config *cfg);
 
+/* After a reload: the process backend reads cfg from now on (the caller
+ * keeps the GPUs and autoscaler settings it was created with). */
+void backend_process_set_config(struct backend *b, const struct config *cfg);
+
 struct k8s_auth;
 /* The Kubernetes backend (see backend_k8s.c); takes over auth. NULL with err
  * set on failure. */
 struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
                                 const struct config *cfg, struct k8s_auth *auth, char *err,
                                 size_t errlen);
+/* After a reload: the Kubernetes backend reads cfg from now on (its
+ * "kubernetes" settings are the ones it started with). */
+void backend_k8s_set_config(struct backend *b, const struct config *cfg);
 /* This activator's per-model counts (GET /demand on the admin port). */
 void backend_k8s_demand(struct backend *b, cJSON *out);
 /* Is this activator the leader; how many peers (fresh, all)? */

@@ -83,6 +83,11 @@ struct model {
     unsigned replicas_desired; /* what the backend is asked to hold */
     unsigned pool_slices;      /* GPU slices its replicas hold (backends with capacity) */
     bool pool_warm;            /* held only by the warm pool */
+    /* The fleet's link + one per request routed to it + backend holds. A
+     * removed model leaves the fleet and its routes at once and is freed
+     * when the last request that named it is done. */
+    uint32_t refs;
+    bool removed;
     struct model_stats stats;
 };
 
@@ -113,7 +118,11 @@ void fleet_init(struct fleet *f, struct queue_global *qg, uint64_t queue_aging_m
 void fleet_dispose(struct fleet *f);
 /* Creates a model from config; routes it. NULL on allocation failure. */
 struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, size_t *conflicts);
+/* Unroutes m, answers its queue (on_removing), detaches its endpoints and
+ * drops the fleet's reference: requests already at a replica finish. */
 void fleet_remove_model(struct fleet *f, struct model *m, const char *reason);
+void model_ref(struct model *m);
+void model_unref(struct model *m);
 /* Re-reads a model's names (hosts, aliases) after its definition changed. */
 int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_model *cm,
                         size_t *conflicts);

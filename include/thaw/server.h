@@ -16,6 +16,7 @@
 #include "thaw/metrics.h"
 #include "thaw/model.h"
 #include "thaw/queue.h"
+#include "thaw/reload.h"
 
 struct backend;
 
@@ -74,7 +75,8 @@ struct server {
     bool ready;
     int exit_code;
     uint64_t started_ms;
-    struct event *sig_term, *sig_int, *drain_timer;
+    struct event *sig_term, *sig_int, *sig_hup, *drain_timer;
+    struct reload_status reload;
     const char *port_file;
     size_t n_admin_conns;        /* admin-port connections */
     struct event *accept_resume; /* ends a pause of the listeners (EMFILE) */

@@ -44,6 +44,13 @@ def test_check_config_accepts_the_shipped_examples():
     ('{"models": [\n {"name": "m",\n  "endpoints": ["127.0.0.1:1"],\n  "max_concurrency": 0}]}',
      ":4: models[0].max_concurrency: must be between 1 and 100000 (got 0)"),
     ('{"models": [', ":1: (syntax)"),
+    ('{}\n xyz\n', ":2: (syntax): unexpected content after the JSON object"),
+    ('{"models": [\n {"name": "a\\u0000b", "endpoints": ["127.0.0.1:1"]}]}',
+     ":2: models[0].name: a string holds a NUL character"),
+    ('{"models": [\n {"name": "m",\n  "endpoints": ["no-such-host.invalid:8000"]}]}',
+     ':3: models[0].endpoints[0]: host "no-such-host.invalid" does not resolve'),
+    ('{"models": [\n {"name": "' + "n" * 300 + '", "endpoints": ["127.0.0.1:1"]}]}',
+     ":2: models[0].name: is too long (300 characters; at most 253)"),
 ])
 def test_check_config_errors_name_file_line_key(text, where):
     path = write(text)

@@ -639,6 +639,31 @@ def test_config_models_and_cluster_models_together(cluster, thaw_factory, tmp_pa
     assert backends == {"static-one": "static", "llama": "kubernetes"}
 
 
+def test_reload_keeps_cluster_models_and_applies_file_settings(cluster, thaw_factory, tmp_path,
+                                                              upstream, upstream2):
+    sim = cluster(load_ms=50)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path, extra={
+        "models": [{"name": "static-one", "endpoints": [upstream.address]}]})
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    assert complete(t).status == 200
+    with open(t.config_path) as f:
+        cfg = json.load(f)
+    cfg["models"] = [{"name": "static-two", "endpoints": [upstream2.address]}]
+    cfg["kubernetes"]["namespaces"] = ["models", "other"]  # needs a restart
+    cfg["limits"] = {"max_body_bytes": 100}
+    with open(t.config_path, "w") as f:
+        json.dump(cfg, f)
+    t.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: t.metric("thaw_config_reloads_total", result="success") == 1, what="reload")
+    assert "key=kubernetes" in t.logs()
+    assert {m["name"] for m in t.status()["models"]} == {"llama", "static-two"}
+    assert complete(t).status == 200  # the discovered model is untouched
+    assert complete(t, body={"model": "x", "prompt": "y" * 200}).status == 413
+    get = lambda host: httpc.request(t.host, t.port, path="/echo", headers={"Host": host}).status
+    assert get("static-two") == 200 and get("static-one") == 404
+
+
 def test_pods_that_never_get_ready_fail_held_requests_after_startup_timeout(
         cluster, thaw_factory, tmp_path):
     sim, t = synced_llama(cluster, thaw_factory, tmp_path,

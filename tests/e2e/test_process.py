@@ -392,7 +392,7 @@ def test_preempted_batch_replica_finishes_its_stream_first(thaw_factory):
     res = {}
     th = threading.Thread(target=lambda: res.__setitem__("crit", complete(t, "crit")))
     th.start()
-    wait_for(lambda: "draining replica before stopping it" in t.logs(), timeout=10,
+    wait_for(lambda: "draining replica" in t.logs(), timeout=10,
              what="batch replica draining")
     r = rd.response()  # the whole stream, not cut
     assert r.status == 200

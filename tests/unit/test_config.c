@@ -175,6 +175,45 @@ static void test_listen_override(void **state)
     config_free(cfg);
 }
 
+/* Text after the object, NULs inside strings, over-long names and
+ * endpoints that do not resolve are errors with line and key. */
+static void test_strictness(void **state)
+{
+    expect_error("{}\n xyz", "test.json:2: (syntax): unexpected content after the JSON object");
+    expect_error("{} {}", "test.json:1: (syntax): unexpected content");
+    struct config_error err;
+    struct config *cfg = parse("{}\n\n  \n", &err); /* trailing white space is fine */
+    assert_non_null(cfg);
+    config_free(cfg);
+    expect_error("{\"models\": [\n{\"name\": \"a\\u0000b\", \"endpoints\": [\"127.0.0.1:1\"]}]}",
+                 "test.json:2: models[0].name: a string holds a NUL character");
+    expect_error("{\n\"log\": {\"level\": \"info\\u0000\"}}", "test.json:2: log");
+    /* An escaped backslash before "u0000" is not a NUL. */
+    expect_error("{\"models\": [{\"name\": \"a\\\\u0000\", \"endpoints\": [\"127.0.0.1:1\"]}]}",
+                 "may hold only letters");
+    char text[700];
+    char name[300];
+    memset(name, 'a', 254);
+    name[254] = '\0';
+    snprintf(text, sizeof text, "{\"models\": [{\"name\": \"%s\", \"endpoints\": [\"127.0.0.1:1\"]}]}",
+             name);
+    expect_error(text, "models[0].name: is too long (254 characters; at most 253)");
+    name[253] = '\0';
+    snprintf(text, sizeof text, "{\"models\": [{\"name\": \"%s\", \"endpoints\": [\"127.0.0.1:1\"]}]}",
+             name);
+    cfg = parse(text, &err);
+    assert_non_null(cfg);
+    config_free(cfg);
+    expect_error("{\"models\": [\n{\"name\": \"a\",\n \"endpoints\": [\"127.0.0.1:1\",\n"
+                 " \"no-such-host.invalid:80\"]}]}",
+                 "test.json:4: models[0].endpoints[1]: host \"no-such-host.invalid\" does not "
+                 "resolve");
+    cfg = parse("{\"models\": [{\"name\": \"a\", \"endpoints\": [\"localhost:1\", \"[::1]:2\"]}]}",
+                &err);
+    assert_non_null(cfg);
+    config_free(cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -183,6 +222,7 @@ int main(void)
         cmocka_unit_test(test_errors_name_file_line_and_key),
         cmocka_unit_test(test_process_models),
         cmocka_unit_test(test_syntax_error_line),
+        cmocka_unit_test(test_strictness),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_listen_override),
     };

@@ -112,6 +112,30 @@ static void test_find_and_route(void **state)
     fleet_dispose(&f);
 }
 
+/* A removed model leaves the fleet and its routes at once and stays valid
+ * for whoever still holds a reference (a request at its replica). */
+static void test_removed_model_lives_while_referenced(void **state)
+{
+    struct fleet f;
+    struct queue_global g = {0, 100};
+    struct model *m = make(&f, &g, 2);
+    assert_int_equal(fleet_replica_ready(&f, m, "a", "127.0.0.1:9001"), 0);
+    struct endpoint *ep = m->endpoints[0];
+    endpoint_ref(ep); /* a request at the replica */
+    model_ref(m);     /* the same request's model */
+    fleet_remove_model(&f, m, "removed");
+    assert_true(m->removed);
+    assert_null(m->backend);
+    assert_int_equal(m->n_endpoints, 0);
+    assert_null(ep->model);
+    assert_int_equal(f.n_models, 0);
+    assert_null(fleet_find(&f, "ns", "m"));
+    assert_string_equal(m->name, "m"); /* still readable */
+    model_unref(m);
+    endpoint_unref(ep);
+    fleet_dispose(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -120,6 +144,7 @@ int main(void)
         cmocka_unit_test(test_replica_gone_keeps_referenced_endpoint),
         cmocka_unit_test(test_bad_address_rejected),
         cmocka_unit_test(test_find_and_route),
+        cmocka_unit_test(test_removed_model_lives_while_referenced),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

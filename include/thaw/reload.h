@@ -1,0 +1,36 @@
+/* Configuration reload (SIGHUP): reads the --config file again, validates it
+ * whole, then applies the difference to the running server. A file that
+ * does not load changes nothing. Models added are routed at once; removed
+ * ones stop taking requests, answer their queue 503 model_removed and let
+ * requests at their replicas finish; changed ones take their new settings,
+ * and process replicas whose command changed are replaced after draining.
+ * Models that did not change are not touched. Settings that need a restart
+ * (listen addresses, gpus, autoscaler, warm_pool, kubernetes, a model's
+ * backend kind) keep their running values and are logged. */
+#ifndef THAW_RELOAD_H
+#define THAW_RELOAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct server;
+struct config;
+
+struct reload_status {
+    uint64_t succeeded, failed;
+    bool last_ok;
+    double last_success_unix; /* start-up counts as the first success */
+    double last_attempt_unix; /* 0: never reloaded */
+    unsigned restart_needed;  /* settings the last reload could not apply */
+    char last_error[768];     /* "FILE:LINE: KEY: problem" of the last failure */
+    /* Set from the command line: these file settings are overridden. */
+    bool listen_overridden, admin_listen_overridden, log_level_overridden;
+};
+
+void reload_status_init(struct reload_status *st);
+/* Loads srv->cfg->path again and applies it; logs and counts the outcome. */
+void reload_from_file(struct server *srv);
+/* Applies next (validated) to the running server and takes it over. */
+void reload_apply(struct server *srv, struct config *next);
+
+#endif

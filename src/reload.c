@@ -1,0 +1,436 @@
+/* Configuration reload: diff the running configuration against a freshly
+ * loaded one and apply the difference without dropping anything that did
+ * not change. See reload.h. */
+#include "thaw/reload.h"
+#include "thaw/backend.h"
+#include "thaw/config.h"
+#include "thaw/log.h"
+#include "thaw/proxy.h"
+#include "thaw/server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double unix_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+void reload_status_init(struct reload_status *st)
+{
+    memset(st, 0, sizeof *st);
+    st->last_ok = true;
+    st->last_success_unix = unix_now();
+}
+
+/* ---- comparing ----------------------------------------------------------- */
+
+static bool same_str(const char *a, const char *b)
+{
+    return (!a && !b) || (a && b && strcmp(a, b) == 0);
+}
+
+static bool same_strv(char **a, size_t na, char **b, size_t nb)
+{
+    if (na != nb) {
+        return false;
+    }
+    for (size_t i = 0; i < na; i++) {
+        if (!same_str(a[i], b[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool same_names(const struct config_model *a, const struct config_model *b)
+{
+    return same_strv(a->hosts, a->n_hosts, b->hosts, b->n_hosts) &&
+           same_strv(a->aliases, a->n_aliases, b->aliases, b->n_aliases);
+}
+
+/* What model_apply_settings takes. */
+static bool same_settings(const struct config_model *a, const struct config_model *b)
+{
+    return a->max_concurrency == b->max_concurrency && a->priority == b->priority &&
+           a->max_queue == b->max_queue && a->queue_timeout_ms == b->queue_timeout_ms &&
+           a->connect_timeout_ms == b->connect_timeout_ms &&
+           a->first_byte_timeout_ms == b->first_byte_timeout_ms &&
+           a->upstream_idle_timeout_ms == b->upstream_idle_timeout_ms &&
+           a->loading_heartbeat_ms == b->loading_heartbeat_ms;
+}
+
+/* What the backend takes: endpoints, or the process definition and counts. */
+static bool same_replicas(const struct config_model *a, const struct config_model *b)
+{
+    return same_strv(a->endpoints, a->n_endpoints, b->endpoints, b->n_endpoints) &&
+           same_strv(a->command, a->n_command, b->command, b->n_command) &&
+           same_strv(a->env, a->n_env, b->env, b->n_env) &&
+           same_str(a->health_path, b->health_path) && a->min_replicas == b->min_replicas &&
+           a->max_replicas == b->max_replicas && a->idle_timeout_ms == b->idle_timeout_ms &&
+           a->startup_timeout_ms == b->startup_timeout_ms &&
+           a->stop_grace_ms == b->stop_grace_ms && a->gpu_slices == b->gpu_slices &&
+           a->target == b->target && a->stable_window_ms == b->stable_window_ms;
+}
+
+static const struct config_model *find_config_model(const struct config *cfg, const char *ns,
+                                                    const char *name)
+{
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        if (strcmp(cfg->models[i].name, name) == 0 &&
+            strcmp(cfg->models[i].namespace_, ns) == 0) {
+            return &cfg->models[i];
+        }
+    }
+    return NULL;
+}
+
+/* ---- settings that need a restart ----------------------------------------- */
+
+#define SWAP(a, b)                                                                                 \
+    do {                                                                                           \
+        __typeof__(a) swap_tmp_ = (a);                                                             \
+        (a) = (b);                                                                                 \
+        (b) = swap_tmp_;                                                                           \
+    } while (0)
+
+static void needs_restart(struct server *srv, const char *key)
+{
+    srv->reload.restart_needed++;
+    LOGW("configuration change needs a restart; keeping the running value", "key=%s file=%s",
+         key, srv->cfg->path);
+}
+
+static bool same_gpus(const struct config *a, const struct config *b)
+{
+    return a->n_gpus == b->n_gpus &&
+           (a->n_gpus == 0 || memcmp(a->gpus, b->gpus, a->n_gpus * sizeof *a->gpus) == 0);
+}
+
+static bool same_kubernetes(const struct config_kubernetes *a, const struct config_kubernetes *b)
+{
+    return a->enabled == b->enabled &&
+           same_strv(a->namespaces, a->n_namespaces, b->namespaces, b->n_namespaces) &&
+           same_str(a->label_selector, b->label_selector) &&
+           same_str(a->kubeconfig, b->kubeconfig) && same_str(a->context, b->context) &&
+           a->probe_pods == b->probe_pods && a->events == b->events &&
+           a->default_port == b->default_port && a->leader_election == b->leader_election &&
+           same_str(a->lease_name, b->lease_name) &&
+           same_str(a->lease_namespace, b->lease_namespace) &&
+           same_str(a->identity, b->identity) && a->lease_duration_ms == b->lease_duration_ms &&
+           a->renew_interval_ms == b->renew_interval_ms &&
+           a->renew_deadline_ms == b->renew_deadline_ms &&
+           same_str(a->peers_service, b->peers_service) &&
+           same_str(a->peers_namespace, b->peers_namespace) && a->peers_port == b->peers_port &&
+           a->peers_poll_ms == b->peers_poll_ms && a->peers_timeout_ms == b->peers_timeout_ms;
+}
+
+/* Moves the running values of restart-only settings into next (swapping, so
+ * whatever the running backends point into stays alive in next), warning
+ * about each one the file changed. */
+static void keep_restart_only(struct server *srv, struct config *next)
+{
+    struct config *cur = srv->cfg;
+    struct reload_status *st = &srv->reload;
+    if (!st->listen_overridden && strcmp(cur->listen, next->listen) != 0) {
+        needs_restart(srv, "listen");
+    }
+    SWAP(cur->listen, next->listen);
+    if (!st->admin_listen_overridden && strcmp(cur->admin_listen, next->admin_listen) != 0) {
+        needs_restart(srv, "admin_listen");
+    }
+    SWAP(cur->admin_listen, next->admin_listen);
+    if (!same_gpus(cur, next)) {
+        needs_restart(srv, "gpus");
+    }
+    SWAP(cur->gpus, next->gpus);
+    SWAP(cur->n_gpus, next->n_gpus);
+    if (memcmp(&cur->autoscaler, &next->autoscaler, sizeof cur->autoscaler) != 0) {
+        needs_restart(srv, "autoscaler");
+    }
+    next->autoscaler = cur->autoscaler;
+    if (memcmp(&cur->warm_pool, &next->warm_pool, sizeof cur->warm_pool) != 0) {
+        needs_restart(srv, "warm_pool");
+    }
+    next->warm_pool = cur->warm_pool;
+    if (!same_kubernetes(&cur->kubernetes, &next->kubernetes)) {
+        needs_restart(srv, "kubernetes");
+    }
+    SWAP(cur->kubernetes, next->kubernetes);
+    if (st->log_level_overridden) {
+        next->log_level = cur->log_level;
+    }
+}
+
+/* ---- thaw-wide settings ---------------------------------------------------- */
+
+/* libevent keeps at most 256 common timeouts per loop (equal durations
+ * share one); past that the running value stays rather than none. */
+static void set_common_timeout(struct event_base *base, const struct timeval **field, uint64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    const struct timeval *c = event_base_init_common_timeout(base, &tv);
+    if (c) {
+        *field = c;
+    } else {
+        LOGW("too many distinct timeouts: keeping the running one", "ms=%llu",
+             (unsigned long long)ms);
+    }
+}
+
+/* Limits and timeouts apply to what happens next: requests already read,
+ * connections already armed keep what they had. */
+static void apply_thaw_settings(struct server *srv, const struct config *next)
+{
+    const struct config_limits *lim = &next->limits;
+    srv->req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
+                                           lim->max_body_bytes};
+    srv->resp_limits.max_head_bytes = next->upstream.max_response_header_bytes;
+    set_common_timeout(srv->base, &srv->tv_header, lim->header_timeout_ms);
+    set_common_timeout(srv->base, &srv->tv_body, lim->body_timeout_ms);
+    set_common_timeout(srv->base, &srv->tv_keepalive, lim->keepalive_timeout_ms);
+    set_common_timeout(srv->base, &srv->tv_send, lim->send_timeout_ms);
+    srv->qglobal.max_total = lim->max_queue_total;
+    srv->fleet.queue_aging_ms = lim->queue_aging_ms;
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->fleet.models)
+    {
+        container_of(pos, struct model, node)->queue.aging_ms = lim->queue_aging_ms;
+    }
+    log_init(next->log_level);
+}
+
+/* ---- models ---------------------------------------------------------------- */
+
+struct model_counts {
+    unsigned added, removed, changed, unchanged, failed;
+};
+
+/* Models this file owns (not the ones Kubernetes discovered). */
+static bool from_file(const struct server *srv, const struct model *m)
+{
+    return m->backend &&
+           (m->backend == srv->static_backend || m->backend == srv->process_backend);
+}
+
+static struct backend *backend_for(struct server *srv, const struct config_model *cm)
+{
+    return cm->n_command ? srv->process_backend : srv->static_backend;
+}
+
+static void remove_model(struct server *srv, struct model *m)
+{
+    LOGI("model removed by reload: draining", "model=%s namespace=%s inflight=%u queued=%zu",
+         m->name, m->namespace_, m->inflight, m->queue.count);
+    proxy_flush_queue(srv, m, REJECT_MODEL_REMOVED, NULL);
+    if (m->backend->ops->retire) {
+        m->backend->ops->retire(m->backend, m);
+    }
+    fleet_remove_model(&srv->fleet, m, "removed from the configuration");
+}
+
+static void remove_missing(struct server *srv, const struct config *next, struct model_counts *n)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->fleet.models)
+    {
+        struct model *m = container_of(pos, struct model, node);
+        if (from_file(srv, m) && !find_config_model(next, m->namespace_, m->name)) {
+            remove_model(srv, m);
+            n->removed++;
+        }
+    }
+}
+
+static int add_model(struct server *srv, const struct config *next, const struct config_model *cm)
+{
+    if (cm->n_command && !srv->process_backend) {
+        srv->process_backend = backend_process_new(&srv->fleet, srv->base, next);
+        if (!srv->process_backend) {
+            LOGE("out of memory creating the process backend", "model=%s", cm->name);
+            return -1;
+        }
+    }
+    size_t conflicts = 0;
+    struct model *m = fleet_add_model(&srv->fleet, cm, &conflicts);
+    if (!m) {
+        LOGE("out of memory adding model", "model=%s", cm->name);
+        return -1;
+    }
+    if (conflicts) {
+        LOGW("model names already taken by another model are ignored", "model=%s conflicts=%zu",
+             m->name, conflicts);
+    }
+    struct backend *b = backend_for(srv, cm);
+    if (b->ops->attach(b, m, cm)) {
+        LOGE("cannot start model added by reload", "model=%s", cm->name);
+        fleet_remove_model(&srv->fleet, m, "could not be started");
+        return -1;
+    }
+    LOGI("model added by reload", "model=%s namespace=%s line=%d", m->name, m->namespace_,
+         cm->line);
+    return 0;
+}
+
+/* Applies a changed definition to a running model; its queue and the
+ * requests at its replicas stay. */
+static int change_model(struct server *srv, struct model *m, const struct config_model *was,
+                        const struct config_model *cm)
+{
+    bool settings = !same_settings(was, cm);
+    bool replicas = !same_replicas(was, cm);
+    if (settings) {
+        model_apply_settings(m, cm);
+    }
+    /* The process autoscaler's target follows max_concurrency. */
+    if ((replicas || settings) && m->backend->ops->update &&
+        m->backend->ops->update(m->backend, m, cm)) {
+        LOGE("cannot apply the model's new definition", "model=%s", m->name);
+        return -1;
+    }
+    LOGI("model changed by reload", "model=%s namespace=%s settings=%d replicas=%d names=%d",
+         m->name, m->namespace_, settings, replicas, !same_names(was, cm));
+    /* More slots (or replicas) may let held requests go now. */
+    proxy_dispatch(srv, m);
+    return 0;
+}
+
+/* Names move between models in two passes, so one model may take a host
+ * another gives up in the same reload. */
+static void reroute_changed(struct server *srv, const struct config *cur, const struct config *next)
+{
+    struct list_node *pos, *tmp;
+    for (int pass = 0; pass < 2; pass++) {
+        list_for_each_safe(pos, tmp, &srv->fleet.models)
+        {
+            struct model *m = container_of(pos, struct model, node);
+            const struct config_model *was = find_config_model(cur, m->namespace_, m->name);
+            const struct config_model *cm = find_config_model(next, m->namespace_, m->name);
+            if (!from_file(srv, m) || !was || !cm || same_names(was, cm) ||
+                !cm->n_command != !was->n_command) {
+                continue;
+            }
+            if (pass == 0) {
+                router_remove(&srv->fleet.router, m);
+                continue;
+            }
+            size_t conflicts = 0;
+            fleet_reroute_model(&srv->fleet, m, cm, &conflicts);
+            if (conflicts) {
+                LOGW("model names already taken by another model are ignored",
+                     "model=%s conflicts=%zu", m->name, conflicts);
+            }
+        }
+    }
+}
+
+static void apply_models(struct server *srv, const struct config *next, struct model_counts *n)
+{
+    const struct config *cur = srv->cfg;
+    remove_missing(srv, next, n);
+    reroute_changed(srv, cur, next);
+    for (size_t i = 0; i < next->n_models; i++) {
+        const struct config_model *cm = &next->models[i];
+        struct model *m = fleet_find(&srv->fleet, cm->namespace_, cm->name);
+        const struct config_model *was = find_config_model(cur, cm->namespace_, cm->name);
+        if (m && !from_file(srv, m)) {
+            LOGW("model in the file has the name of a discovered model; ignored",
+                 "model=%s namespace=%s line=%d", cm->name, cm->namespace_, cm->line);
+            n->failed++;
+        } else if (!m) {
+            if (add_model(srv, next, cm)) {
+                n->failed++;
+            } else {
+                n->added++;
+            }
+        } else if (!was) {
+            n->unchanged++; /* cannot happen: file models come from cur */
+        } else if (!cm->n_command != !was->n_command) {
+            needs_restart(srv, "models[].endpoints/command (backend kind)");
+            n->unchanged++;
+        } else if (same_settings(was, cm) && same_replicas(was, cm) && same_names(was, cm)) {
+            n->unchanged++;
+        } else if (change_model(srv, m, was, cm)) {
+            n->failed++;
+        } else {
+            n->changed++;
+        }
+    }
+}
+
+/* A model whose backend kind changed keeps running as it was, so the new
+ * configuration must describe it as it was. */
+static void keep_running_kinds(const struct config *cur, struct config *next)
+{
+    for (size_t i = 0; i < next->n_models; i++) {
+        struct config_model *cm = &next->models[i];
+        const struct config_model *was = find_config_model(cur, cm->namespace_, cm->name);
+        if (was && !cm->n_command != !was->n_command) {
+            struct config_model *w = (struct config_model *)was;
+            SWAP(*cm, *w);
+        }
+    }
+}
+
+void reload_apply(struct server *srv, struct config *next)
+{
+    srv->reload.restart_needed = 0;
+    keep_restart_only(srv, next);
+    apply_thaw_settings(srv, next);
+    struct model_counts n = {0};
+    apply_models(srv, next, &n);
+    keep_running_kinds(srv->cfg, next);
+    struct config *old = srv->cfg;
+    srv->cfg = next;
+    if (srv->process_backend) {
+        backend_process_set_config(srv->process_backend, next);
+    }
+    if (srv->k8s_backend) {
+        backend_k8s_set_config(srv->k8s_backend, next);
+    }
+    config_free(old);
+    LOGI("configuration reloaded",
+         "file=%s models=%zu added=%u removed=%u changed=%u unchanged=%u failed=%u "
+         "restart_needed=%u",
+         next->path, srv->fleet.n_models, n.added, n.removed, n.changed, n.unchanged, n.failed,
+         srv->reload.restart_needed);
+}
+
+static void record_failure(struct server *srv, const char *msg)
+{
+    struct reload_status *st = &srv->reload;
+    st->failed++;
+    st->last_ok = false;
+    st->last_attempt_unix = unix_now();
+    snprintf(st->last_error, sizeof st->last_error, "%s", msg);
+    char q[600];
+    log_quote(q, sizeof q, msg, strlen(msg), 500);
+    LOGE("configuration reload failed: keeping the running configuration", "error=%s", q);
+}
+
+void reload_from_file(struct server *srv)
+{
+    if (srv->draining) {
+        LOGW("reload ignored: draining", NULL);
+        return;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s", srv->cfg->path);
+    LOGI("reloading configuration", "file=%s", path);
+    struct config_error err;
+    struct config *next = config_load(path, &err);
+    if (!next) {
+        record_failure(srv, err.msg);
+        return;
+    }
+    reload_apply(srv, next);
+    struct reload_status *st = &srv->reload;
+    st->succeeded++;
+    st->last_ok = true;
+    st->last_error[0] = '\0';
+    st->last_attempt_unix = st->last_success_unix = unix_now();
+}

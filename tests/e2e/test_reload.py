@@ -1,0 +1,291 @@
+"""End-to-end: SIGHUP reloads the configuration file without dropping work."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpc
+from conftest import wait_for
+from test_process import SLOW, complete, model_status, pid_alive, sim_model
+
+
+def static_model(upstream, name="llama", **kw):
+    m = {"name": name, "endpoints": [upstream.address], "max_concurrency": 8}
+    m.update(kw)
+    return m
+
+
+def write_config(t, config):
+    cfg = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0"}
+    cfg.update(config)
+    with open(t.config_path + ".tmp", "w") as f:
+        json.dump(cfg, f, indent=2)
+    os.replace(t.config_path + ".tmp", t.config_path)
+
+
+def reloads(t, result):
+    return t.metric("thaw_config_reloads_total", result=result)
+
+
+def hup(t, expect="success"):
+    """Sends SIGHUP and waits until thaw counted the reload's outcome."""
+    before = reloads(t, expect)
+    t.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: reloads(t, expect) == before + 1, timeout=10 * SLOW,
+             what=f"reload counted as {expect}")
+    assert t.proc.poll() is None, t.logs()
+
+
+def get(t, path, host="thaw.test", timeout=30):
+    return httpc.request(t.host, t.port, path=path, headers={"Host": host}, timeout=timeout)
+
+
+class Background:
+    """A request running in a thread; .result is its response (or exception)."""
+
+    def __init__(self, fn):
+        self.result = None
+        self.th = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.th.start()
+
+    def _run(self, fn):
+        try:
+            self.result = fn()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            self.result = e
+
+    def join(self, timeout=60):
+        self.th.join(timeout)
+        return self.result
+
+
+def sse_chunks(r):
+    return r.body.count(b"data: ")
+
+
+def test_sighup_with_the_same_file_keeps_serving_a_stream_in_flight(thaw_factory, upstream):
+    t = thaw_factory({"models": [static_model(upstream)]})
+    stream = Background(lambda: get(t, "/models/llama/sse?n=20&ms=50"))
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="llama") == 1, what="stream started")
+    hup(t)
+    r = stream.join()
+    assert not isinstance(r, Exception), r
+    assert r.status == 200
+    assert sse_chunks(r) == 21  # 20 chunks and [DONE]
+    assert get(t, "/models/llama/echo").status == 200
+    assert t.metric("thaw_config_last_reload_successful") == 1
+    m = t.metrics()
+    assert not any(k[0] == "thaw_requests_total" and ("code", "502") in k[1] for k in m)
+    assert t.metric("thaw_requests_total", model="llama", code="200") == 2
+    assert "configuration reloaded" in t.logs()
+    assert upstream.connections >= 1
+    t.assert_reconciled()
+
+
+def test_bad_file_is_refused_with_its_line_and_the_old_config_keeps_serving(thaw_factory,
+                                                                            upstream, upstream2):
+    t = thaw_factory({"models": [static_model(upstream)]})
+    started = t.metric("thaw_config_last_reload_success_timestamp_seconds")
+    assert started > 0
+    with open(t.config_path, "w") as f:
+        f.write('{\n  "listen": "127.0.0.1:0",\n  "models": [ {"name": "x",, } ]\n}\n')
+    hup(t, "failure")
+    assert "configuration reload failed" in t.logs()
+    assert "config.json:3:" in t.logs()
+    assert t.metric("thaw_config_last_reload_successful") == 0
+    st = t.status()["config"]
+    assert st["file"] == t.config_path
+    assert st["last_reload"] == "failure" and "config.json:3:" in st["last_error"]
+    assert st["reloads_failed"] == 1
+    assert get(t, "/models/llama/echo").status == 200
+    # A semantic error names its key; still nothing changes.
+    write_config(t, {"models": [static_model(upstream2, max_concurrency=0)]})
+    hup(t, "failure")
+    assert "models[0].max_concurrency" in t.status()["config"]["last_error"]
+    assert get(t, "/models/llama/echo").status == 200
+    assert upstream2.requests == 0
+    # Fixed: the next reload succeeds and the gauge and timestamp move.
+    time.sleep(0.01)
+    write_config(t, {"models": [static_model(upstream)]})
+    hup(t)
+    assert t.metric("thaw_config_last_reload_successful") == 1
+    assert t.metric("thaw_config_last_reload_success_timestamp_seconds") > started
+    assert t.status()["config"]["last_reload"] == "success"
+    assert reloads(t, "failure") == 2 and reloads(t, "success") == 1
+
+
+def test_adding_a_model_makes_it_routable(thaw_factory, upstream, upstream2):
+    t = thaw_factory({"models": [static_model(upstream)]})
+    assert get(t, "/models/mistral/echo").status == 404
+    write_config(t, {"models": [static_model(upstream),
+                                static_model(upstream2, name="mistral", hosts=["m.example"])]})
+    hup(t)
+    assert get(t, "/models/mistral/echo").status == 200
+    assert get(t, "/echo", host="m.example").status == 200
+    assert upstream2.requests == 2
+    assert get(t, "/models/llama/echo").status == 200
+    assert "model added by reload" in t.logs()
+
+
+def test_removed_model_finishes_its_stream_answers_its_queue_and_disappears(thaw_factory,
+                                                                            upstream, upstream2):
+    t = thaw_factory({"models": [static_model(upstream, max_concurrency=1),
+                                 static_model(upstream2, name="mistral")]})
+    stream = Background(lambda: get(t, "/models/llama/sse?n=20&ms=50"))
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="llama") == 1, what="stream started")
+    queued = Background(lambda: get(t, "/models/llama/echo"))
+    wait_for(lambda: t.metric("thaw_queue_depth_all") == 1, what="second request queued")
+    write_config(t, {"models": [static_model(upstream2, name="mistral")]})
+    hup(t)
+    q = queued.join()
+    assert q.status == 503, q.body
+    assert q.json()["error"]["type"] == "model_removed"
+    # New requests no longer find the model.
+    r = get(t, "/models/llama/echo")
+    assert r.status == 404 and r.json()["error"]["type"] == "model_not_found"
+    s = stream.join()
+    assert not isinstance(s, Exception), s
+    assert s.status == 200 and sse_chunks(s) == 21
+    assert get(t, "/models/mistral/echo").status == 200
+    assert [m["name"] for m in t.status()["models"]] == ["mistral"]
+    assert t.metric("thaw_rejections_total", reason="model_removed") == 1
+    t.assert_reconciled()
+
+
+def test_changing_max_concurrency_takes_effect(thaw_factory, upstream):
+    t = thaw_factory({"models": [static_model(upstream, max_concurrency=1)]})
+
+    def burst():
+        rs = [Background(lambda: get(t, "/models/llama/sleep?ms=300")) for _ in range(3)]
+        return [b.join().status for b in rs]
+
+    assert burst() == [200] * 3
+    assert upstream.peak == 1
+    write_config(t, {"models": [static_model(upstream, max_concurrency=3)]})
+    hup(t)
+    upstream.peak = 0
+    assert burst() == [200] * 3
+    assert upstream.peak == 3
+    assert "model changed by reload" in t.logs()
+
+
+def test_process_model_with_a_new_command_gets_a_new_replica_after_the_old_drains(thaw_factory):
+    old = sim_model(tokens=20, token_ms=50, min_replicas=1)
+    t = thaw_factory({"models": [old]})
+    wait_for(lambda: model_status(t)["replicas_ready"] == 1, timeout=20 * SLOW, what="ready")
+    old_pid = model_status(t)["processes"][0]["pid"]
+    stream = Background(lambda: complete(t, stream=True))
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="llama") == 1, what="stream started")
+    write_config(t, {"models": [sim_model(tokens=3, token_ms=5, min_replicas=1)]})
+    hup(t)
+    # The old process drains its stream; a new one serves the new command.
+    r = complete(t)
+    assert r.status == 200, r.body
+    assert r.json()["usage"]["completion_tokens"] == 3
+    s = stream.join()
+    assert not isinstance(s, Exception), s
+    assert s.status == 200 and s.body.count(b"data: ") == 21  # 20 tokens and [DONE]
+    wait_for(lambda: not pid_alive(old_pid), timeout=10 * SLOW, what="old process stopped")
+    procs = model_status(t)["processes"]
+    assert [p["state"] for p in procs] == ["ready"] and procs[0]["pid"] != old_pid
+    assert "draining replica" in t.logs()
+    t.assert_reconciled()
+
+
+def test_removed_process_model_stops_its_process_after_draining(thaw_factory, upstream):
+    t = thaw_factory({"models": [sim_model(tokens=20, token_ms=50, min_replicas=1),
+                                 static_model(upstream, name="static")]})
+    wait_for(lambda: model_status(t)["replicas_ready"] == 1, timeout=20 * SLOW, what="ready")
+    pid = model_status(t)["processes"][0]["pid"]
+    stream = Background(lambda: complete(t, stream=True))
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="llama") == 1, what="stream started")
+    write_config(t, {"models": [static_model(upstream, name="static")]})
+    hup(t)
+    assert pid_alive(pid)  # still serving the stream
+    s = stream.join()
+    assert not isinstance(s, Exception), s
+    assert s.status == 200 and s.body.count(b"data: ") == 21
+    wait_for(lambda: not pid_alive(pid), timeout=10 * SLOW, what="removed model's process stopped")
+    assert complete(t).status == 404
+    t.assert_reconciled()
+
+
+def test_settings_that_need_a_restart_are_reported_and_kept(thaw_factory, upstream):
+    t = thaw_factory({"models": [static_model(upstream)]})
+    write_config(t, {"listen": "127.0.0.1:1", "models": [static_model(upstream)]})
+    hup(t)
+    assert "needs a restart" in t.logs() and "key=listen" in t.logs()
+    assert t.status()["config"]["restart_needed"] == 1
+    assert get(t, "/models/llama/echo").status == 200
+
+
+def test_unchanged_models_keep_their_held_requests_and_processes(thaw_factory, upstream,
+                                                                  upstream2):
+    proc = sim_model(name="proc", min_replicas=1)
+    t = thaw_factory({"models": [static_model(upstream, max_concurrency=1), proc]})
+    wait_for(lambda: model_status(t, "proc")["replicas_ready"] == 1, timeout=20 * SLOW,
+             what="ready")
+    pid = model_status(t, "proc")["processes"][0]["pid"]
+    busy = Background(lambda: get(t, "/models/llama/sleep?ms=600"))
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="llama") == 1, what="in flight")
+    held = Background(lambda: get(t, "/models/llama/echo"))
+    wait_for(lambda: t.metric("thaw_queue_depth_all") == 1, what="held")
+    # Only the process model's concurrency changes, and a model is added.
+    changed = dict(proc, max_concurrency=16)
+    write_config(t, {"models": [static_model(upstream, max_concurrency=1), changed,
+                                static_model(upstream2, name="mistral")]})
+    hup(t)
+    assert busy.join().status == 200
+    assert held.join().status == 200
+    assert complete(t, model="proc").status == 200
+    assert model_status(t, "proc")["processes"][0]["pid"] == pid
+    assert "draining replica" not in t.logs()
+    t.assert_reconciled()
+
+
+def test_changed_endpoints_and_hosts(thaw_factory, upstream, upstream2):
+    t = thaw_factory({"models": [static_model(upstream, hosts=["a.example"])]})
+    stream = Background(lambda: get(t, "/models/llama/sse?n=20&ms=50"))
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="llama") == 1, what="stream started")
+    write_config(t, {"models": [static_model(upstream2, hosts=["b.example"])]})
+    hup(t)
+    # The old endpoint takes no new requests but finishes its stream.
+    assert get(t, "/echo", host="b.example").status == 200
+    assert get(t, "/echo", host="a.example").status == 404
+    assert upstream2.requests == 1
+    s = stream.join()
+    assert not isinstance(s, Exception), s
+    assert s.status == 200 and sse_chunks(s) == 21
+    assert upstream.requests == 1
+    reps = t.status()["models"][0]["replicas"]
+    assert [r["id"] for r in reps] == [upstream2.address]
+    t.assert_reconciled()
+
+
+def test_repeated_reloads_under_traffic_lose_nothing(thaw_factory, upstream, upstream2):
+    base = [static_model(upstream)]
+    t = thaw_factory({"models": base})
+    stop = threading.Event()
+    statuses = []
+
+    def traffic():
+        while not stop.is_set():
+            statuses.append(get(t, "/models/llama/sleep?ms=5").status)
+
+    workers = [threading.Thread(target=traffic) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        for i in range(10):
+            extra = [static_model(upstream2, name="mistral", max_concurrency=1 + i)] if i % 2 else []
+            write_config(t, {"models": base + extra})
+            hup(t)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+    assert statuses and set(statuses) == {200}
+    assert reloads(t, "success") == 10
+    t.assert_reconciled()
