@@ -53,6 +53,10 @@ struct request *request_new(struct server *srv, struct conn *c)
     r->response_started = false;
     r->model_resolved = false;
     r->heartbeat = false;
+    r->body_routed = false;
+    r->body_seen = 0;
+    r->body_reserved = 0;
+    r->metrics_stream = NULL;
     r->tier = TIER_STANDARD;
     return r;
 }
@@ -61,6 +65,8 @@ void request_free(struct server *srv, struct request *r)
 {
     assert(!list_linked(&r->qi.node));
     assert(r->up == NULL);
+    srv->buffered_body_bytes -= r->body_reserved;
+    r->body_reserved = 0;
     if (srv->n_free_requests < SERVER_REQUEST_CACHE) {
         http_head_reset(&r->head);
         buf_reset(&r->body);
@@ -232,6 +238,8 @@ static enum tier effective_tier(const struct server *srv, const struct request *
     }
 }
 
+static bool reserve_body(struct server *srv, struct request *r, uint64_t bytes);
+
 int proxy_on_head(struct conn *c, struct request *r)
 {
     struct server *srv = c->srv;
@@ -249,10 +257,99 @@ int proxy_on_head(struct conn *c, struct request *r)
         r->model = r->route.target;
         r->model_resolved = true;
         r->tier = effective_tier(srv, r);
-    } else if (st != ROUTE_NEED_BODY) {
+    } else if (st == ROUTE_NEED_BODY) {
+        r->body_routed = true;
+        jsonscan_init(&r->scan);
+    } else {
         return REJECT_UNKNOWN_MODEL;
     }
+    /* A declared length is reserved whole at the head, so a body that
+     * cannot be held is refused before any of it is read. */
+    if (r->head.has_length && !reserve_body(srv, r, r->head.content_length)) {
+        return REJECT_BODY_BUFFER_FULL;
+    }
     return REJECT_COUNT;
+}
+
+/* Grows r's share of the body budget to `bytes`; false when that would
+ * take all held bodies over limits.max_buffered_body_bytes. */
+static bool reserve_body(struct server *srv, struct request *r, uint64_t bytes)
+{
+    if (bytes <= r->body_reserved) {
+        return true;
+    }
+    uint64_t more = bytes - r->body_reserved;
+    if (srv->buffered_body_bytes + more > srv->cfg->limits.max_buffered_body_bytes) {
+        LOGI("request body over the buffer budget", "held=%llu asked=%llu limit=%llu",
+             (unsigned long long)srv->buffered_body_bytes, (unsigned long long)more,
+             (unsigned long long)srv->cfg->limits.max_buffered_body_bytes);
+        return false;
+    }
+    srv->buffered_body_bytes += more;
+    r->body_reserved = bytes;
+    return true;
+}
+
+/* Takes the model the body named (early, while the body still arrives). */
+static void route_by_body(struct server *srv, struct request *r)
+{
+    r->model = r->route.target;
+    r->model_resolved = true;
+    /* route.path_* still describe the original target from the head. */
+    r->route.path_off = 0;
+    r->route.path_len = r->head.target_len;
+    r->route.add_slash = false;
+    r->tier = effective_tier(srv, r);
+}
+
+/* Feeds the body's new bytes to the scan (at_end: the body is complete).
+ * Returns false after rejecting the request. */
+static bool scan_body(struct conn *c, struct request *r, bool at_end)
+{
+    struct server *srv = c->srv;
+    enum jsonscan_status js = r->scan.status;
+    if (js == JSONSCAN_MORE && r->body.len > r->body_seen) {
+        js = jsonscan_feed(&r->scan, r->body.data + r->body_seen, r->body.len - r->body_seen);
+    }
+    if (js == JSONSCAN_MORE && at_end) {
+        js = jsonscan_finish(&r->scan);
+    }
+    switch (router_resolve_scan(&srv->fleet.router, js, &r->scan, &r->route)) {
+    case ROUTE_NEED_BODY:
+        return true;
+    case ROUTE_FOUND:
+        route_by_body(srv, r);
+        return true;
+    case ROUTE_BAD_JSON: {
+        char why[160];
+        jsonscan_error(&r->scan, why, sizeof why);
+        conn_reject(c, REJECT_BAD_JSON, why);
+        return false;
+    }
+    case ROUTE_NO_MODEL_FIELD:
+        conn_reject(c, REJECT_NO_MODEL_FIELD, NULL);
+        return false;
+    default:
+        conn_reject(c, REJECT_UNKNOWN_MODEL, NULL);
+        return false;
+    }
+}
+
+bool proxy_on_body(struct conn *c, struct request *r)
+{
+    if (r->body.len <= r->body_seen) {
+        return true;
+    }
+    /* Chunked bodies (no declared length) are counted as they grow. */
+    if (!reserve_body(c->srv, r, r->body.len)) {
+        conn_reject(c, REJECT_BODY_BUFFER_FULL, NULL);
+        return false;
+    }
+    if (r->body_routed && !r->model_resolved && !scan_body(c, r, false)) {
+        return false;
+    }
+    r->body_seen = r->body.len;
+    return true;
 }
 
 static void start_at(struct server *srv, struct request *r, struct endpoint *ep)
@@ -376,29 +473,11 @@ static void place(struct server *srv, struct request *r)
 void proxy_on_request(struct conn *c, struct request *r)
 {
     struct server *srv = c->srv;
-    if (!r->model) {
-        enum route_status st =
-            router_resolve_body(&srv->fleet.router, r->body.data, r->body.len, &r->route);
-        switch (st) {
-        case ROUTE_FOUND:
-            break;
-        case ROUTE_BAD_JSON:
-            conn_reject(c, REJECT_BAD_JSON, NULL);
-            return;
-        case ROUTE_NO_MODEL_FIELD:
-            conn_reject(c, REJECT_NO_MODEL_FIELD, NULL);
-            return;
-        default:
-            conn_reject(c, REJECT_UNKNOWN_MODEL, NULL);
-            return;
-        }
-        r->model = r->route.target;
-        r->model_resolved = true;
-        /* route.path_* still describe the original target from the head. */
-        r->route.path_off = 0;
-        r->route.path_len = r->head.target_len;
-        r->route.add_slash = false;
-        r->tier = effective_tier(srv, r);
+    if (!proxy_on_body(c, r)) {
+        return;
+    }
+    if (!r->model_resolved && !scan_body(c, r, true)) {
+        return;
     }
     r->state = REQ_ROUTED;
     place(srv, r);
