@@ -257,13 +257,18 @@ static void test_bounds(void **state)
 static void test_large_skipped_string(void **state)
 {
     /* A multi-megabyte prompt before the model: skipped, not kept. */
+    static const char head[] = "{\"prompt\":\"";
+    static const char tail[] = "\",\"model\":\"m\"}";
     size_t big = 4 * 1024 * 1024;
-    char *body = malloc(big + 64);
-    assert_non_null(body);
-    size_t n = (size_t)sprintf(body, "{\"prompt\":\"");
-    memset(body + n, 'a', big);
-    n += big;
-    n += (size_t)sprintf(body + n, "\",\"model\":\"m\"}");
+    size_t n = sizeof head - 1 + big + sizeof tail - 1;
+    char *body = malloc(n);
+    if (!body) {
+        fail_msg("out of memory");
+        return;
+    }
+    memcpy(body, head, sizeof head - 1);
+    memset(body + sizeof head - 1, 'a', big);
+    memcpy(body + sizeof head - 1 + big, tail, sizeof tail - 1);
     struct jsonscan s;
     jsonscan_init(&s);
     enum jsonscan_status st = JSONSCAN_MORE;
