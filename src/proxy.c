@@ -537,6 +537,22 @@ void proxy_dispatch(struct server *srv, struct model *m)
     }
 }
 
+void proxy_model_removed(struct server *srv, struct model *m, const char *reason)
+{
+    /* Requests routed at their head, or early by their body, hold m while
+     * their body still arrives: answer them before m goes. */
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->conns)
+    {
+        struct conn *c = container_of(pos, struct conn, node);
+        struct request *r = c->req;
+        if (c->kind == LISTENER_PROXY && r && r->state == REQ_READING && r->model == m) {
+            conn_reject(c, REJECT_NO_REPLICAS, reason);
+        }
+    }
+    proxy_flush_queue(srv, m, REJECT_NO_REPLICAS, reason);
+}
+
 void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason,
                        const char *detail)
 {

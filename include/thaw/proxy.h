@@ -87,6 +87,9 @@ void proxy_upstream_failed(struct request *r, enum reject_reason reason, enum ab
 
 /* A model gained capacity: dispatch what waits. */
 void proxy_dispatch(struct server *srv, struct model *m);
+/* m is being removed: answers its queued requests and those still reading
+ * their body (503 no_replicas with reason). */
+void proxy_model_removed(struct server *srv, struct model *m, const char *reason);
 /* Answers every queued request of m with reason (model removed, shutdown). */
 void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason,
                        const char *detail);
