@@ -33,14 +33,19 @@ enum str_kind {
     STR_MODEL,   /* the value of the first top-level "model": kept */
 };
 
-static const char model_key[] = "model";
-
-void jsonscan_init(struct jsonscan *s)
+void jsonscan_init_key(struct jsonscan *s, const char *key)
 {
     memset(s, 0, offsetof(struct jsonscan, model));
+    s->key = key;
+    s->key_len = (uint8_t)strlen(key);
     s->state = S_START;
     s->status = JSONSCAN_MORE;
     s->model[0] = '\0';
+}
+
+void jsonscan_init(struct jsonscan *s)
+{
+    jsonscan_init_key(s, "model");
 }
 
 static enum jsonscan_status fail(struct jsonscan *s, const char *why)
@@ -98,8 +103,8 @@ static void begin_string(struct jsonscan *s, enum str_kind kind)
 static enum jsonscan_status emit(struct jsonscan *s, uint32_t cp, bool raw_byte)
 {
     if (s->str_kind == STR_TOP_KEY) {
-        if (!s->key_mismatch && s->key_pos < sizeof model_key - 1 &&
-            cp == (unsigned char)model_key[s->key_pos]) {
+        if (!s->key_mismatch && s->key_pos < s->key_len &&
+            cp == (unsigned char)s->key[s->key_pos]) {
             s->key_pos++;
         } else {
             s->key_mismatch = true;
@@ -148,7 +153,7 @@ static enum jsonscan_status end_string(struct jsonscan *s)
     switch (s->str_kind) {
     case STR_TOP_KEY:
         s->key_is_model =
-            !s->model_seen && !s->key_mismatch && s->key_pos == sizeof model_key - 1;
+            !s->model_seen && !s->key_mismatch && s->key_pos == s->key_len;
         if (s->key_is_model) {
             s->model_seen = true;
         }
@@ -173,6 +178,7 @@ static enum jsonscan_status begin_value(struct jsonscan *s, unsigned char ch)
     s->key_is_model = false;
     if (for_model && ch != '"') {
         s->model_not_string = true;
+        s->literal_for_key = ch == 't';
     }
     switch (ch) {
     case '{':
@@ -367,6 +373,8 @@ static enum jsonscan_status step(struct jsonscan *s, unsigned char ch)
         }
         if (s->literal[++s->lit_pos] == '\0') {
             s->state = S_AFTER;
+            s->key_is_true = s->key_is_true || s->literal_for_key;
+            s->literal_for_key = false;
         }
         return JSONSCAN_MORE;
     case S_NUM_MINUS:

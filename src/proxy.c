@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
 #include <event2/event.h>
 
 /* Requests released per loop turn (see proxy_dispatch). */
@@ -368,10 +367,14 @@ static bool wants_stream(const struct request *r)
     if (r->body.len == 0 || r->body.len > 1024 * 1024) {
         return false;
     }
-    cJSON *root = cJSON_ParseWithLength(r->body.data, r->body.len);
-    bool yes = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream"));
-    cJSON_Delete(root);
-    return yes;
+    /* A scan, not a parse: no tree for a large body on the loop. */
+    struct jsonscan scan;
+    jsonscan_init_key(&scan, "stream");
+    enum jsonscan_status st = jsonscan_feed(&scan, r->body.data, r->body.len);
+    if (st == JSONSCAN_MORE) {
+        st = jsonscan_finish(&scan);
+    }
+    return st == JSONSCAN_NO_MODEL && scan.key_is_true;
 }
 
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)

@@ -40,6 +40,10 @@ struct jsonscan {
     bool key_is_model;    /* the value being read belongs to the first top-level "model" */
     bool model_seen;      /* a top-level "model" key was seen (its value decides) */
     bool model_not_string;
+    bool literal_for_key; /* the literal being matched is the key's value (true) */
+    bool key_is_true;     /* the key's value was the literal true */
+    const char *key;      /* the top-level key looked for: "model" unless told */
+    uint8_t key_len;
     const char *literal;  /* the literal being matched */
     uint32_t code;        /* the \u escape being read */
     uint32_t high_surrogate;
@@ -53,6 +57,10 @@ struct jsonscan {
 };
 
 void jsonscan_init(struct jsonscan *s);
+/* The same for another top-level key (static, at most 255 bytes, ASCII).
+ * A string value is reported as JSONSCAN_MODEL; after JSONSCAN_NO_MODEL,
+ * key_is_true says whether the key's value was the literal true. */
+void jsonscan_init_key(struct jsonscan *s, const char *key);
 /* Feeds the next piece of the body. Returns JSONSCAN_MORE until an answer
  * is known, then that answer (further calls change nothing). */
 enum jsonscan_status jsonscan_feed(struct jsonscan *s, const char *data, size_t len);

@@ -281,13 +281,37 @@ static void test_large_skipped_string(void **state)
     free(body);
 }
 
+static bool stream_of(const char *body)
+{
+    struct jsonscan s;
+    jsonscan_init_key(&s, "stream");
+    enum jsonscan_status st = jsonscan_feed(&s, body, strlen(body));
+    if (st == JSONSCAN_MORE) {
+        st = jsonscan_finish(&s);
+    }
+    return st == JSONSCAN_NO_MODEL && s.key_is_true;
+}
+
+static void test_other_key(void **state)
+{
+    assert_true(stream_of("{\"model\":\"m\",\"stream\":true}"));
+    assert_true(stream_of("{\"str\\u0065am\" : true }"));
+    assert_false(stream_of("{\"stream\":false}"));
+    assert_false(stream_of("{\"stream\":\"true\"}"));
+    assert_false(stream_of("{\"stream\":null,\"stream\":true}")); /* the first decides */
+    assert_false(stream_of("{\"a\":{\"stream\":true}}"));
+    assert_false(stream_of("{\"a\":[true],\"b\":true}"));
+    assert_false(stream_of("{\"stream\":true,]"));
+    assert_false(stream_of("{\"streams\":true}"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain_and_whitespace), cmocka_unit_test(test_escapes),
         cmocka_unit_test(test_nested_decoys),        cmocka_unit_test(test_stops_early),
         cmocka_unit_test(test_bad_input),            cmocka_unit_test(test_bounds),
-        cmocka_unit_test(test_large_skipped_string),
+        cmocka_unit_test(test_large_skipped_string), cmocka_unit_test(test_other_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
