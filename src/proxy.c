@@ -52,9 +52,9 @@ struct request *request_new(struct server *srv, struct conn *c)
     r->response_started = false;
     r->model_resolved = false;
     r->heartbeat = false;
-    r->body_routed = false;
     r->body_seen = 0;
     r->body_reserved = 0;
+    r->scan = NULL;
     r->metrics_stream = NULL;
     r->tier = TIER_STANDARD;
     return r;
@@ -66,6 +66,8 @@ void request_free(struct server *srv, struct request *r)
     assert(r->up == NULL);
     srv->buffered_body_bytes -= r->body_reserved;
     r->body_reserved = 0;
+    free(r->scan);
+    r->scan = NULL;
     if (srv->n_free_requests < SERVER_REQUEST_CACHE) {
         http_head_reset(&r->head);
         buf_reset(&r->body);
@@ -257,8 +259,11 @@ int proxy_on_head(struct conn *c, struct request *r)
         r->model_resolved = true;
         r->tier = effective_tier(srv, r);
     } else if (st == ROUTE_NEED_BODY) {
-        r->body_routed = true;
-        jsonscan_init(&r->scan);
+        r->scan = malloc(sizeof *r->scan);
+        if (!r->scan) {
+            return REJECT_INTERNAL;
+        }
+        jsonscan_init(r->scan);
     } else {
         return REJECT_UNKNOWN_MODEL;
     }
@@ -306,25 +311,31 @@ static void route_by_body(struct server *srv, struct request *r)
 static bool scan_body(struct conn *c, struct request *r, bool at_end)
 {
     struct server *srv = c->srv;
-    enum jsonscan_status js = r->scan.status;
+    struct jsonscan *scan = r->scan;
+    enum jsonscan_status js = scan->status;
     if (js == JSONSCAN_MORE && r->body.len > r->body_seen) {
-        js = jsonscan_feed(&r->scan, r->body.data + r->body_seen, r->body.len - r->body_seen);
+        js = jsonscan_feed(scan, r->body.data + r->body_seen, r->body.len - r->body_seen);
     }
     if (js == JSONSCAN_MORE && at_end) {
-        js = jsonscan_finish(&r->scan);
+        js = jsonscan_finish(scan);
     }
-    switch (router_resolve_scan(&srv->fleet.router, js, &r->scan, &r->route)) {
-    case ROUTE_NEED_BODY:
+    enum route_status st = router_resolve_scan(&srv->fleet.router, js, scan, &r->route);
+    if (st == ROUTE_NEED_BODY) {
         return true;
+    }
+    char why[160];
+    if (st == ROUTE_BAD_JSON) {
+        jsonscan_error(scan, why, sizeof why);
+    }
+    free(r->scan);
+    r->scan = NULL;
+    switch (st) {
     case ROUTE_FOUND:
         route_by_body(srv, r);
         return true;
-    case ROUTE_BAD_JSON: {
-        char why[160];
-        jsonscan_error(&r->scan, why, sizeof why);
+    case ROUTE_BAD_JSON:
         conn_reject(c, REJECT_BAD_JSON, why);
         return false;
-    }
     case ROUTE_NO_MODEL_FIELD:
         conn_reject(c, REJECT_NO_MODEL_FIELD, NULL);
         return false;
@@ -344,7 +355,7 @@ bool proxy_on_body(struct conn *c, struct request *r)
         conn_reject(c, REJECT_BODY_BUFFER_FULL, NULL);
         return false;
     }
-    if (r->body_routed && !r->model_resolved && !scan_body(c, r, false)) {
+    if (r->scan && !scan_body(c, r, false)) {
         return false;
     }
     r->body_seen = r->body.len;
@@ -479,7 +490,7 @@ void proxy_on_request(struct conn *c, struct request *r)
     if (!proxy_on_body(c, r)) {
         return;
     }
-    if (!r->model_resolved && !scan_body(c, r, true)) {
+    if (r->scan && !scan_body(c, r, true)) {
         return;
     }
     r->state = REQ_ROUTED;

@@ -51,10 +51,11 @@ struct request {
     bool response_started; /* response bytes went to the client */
     bool model_resolved;
     bool heartbeat; /* thaw sent a 200 event-stream head and ": loading" comments */
-    bool body_routed; /* the JSON body's "model" decides: `scan` reads it as it arrives */
     size_t body_seen;       /* body bytes already accounted for and scanned */
     uint64_t body_reserved; /* this request's share of server.buffered_body_bytes */
-    struct jsonscan scan;
+    /* While a body-routed request's model is unknown: the scan of its body
+     * (about 450 bytes, freed once the route is decided). */
+    struct jsonscan *scan;
     /* The admin port's streamed /metrics answer, while it is being written. */
     struct metrics_stream *metrics_stream;
 };
