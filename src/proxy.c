@@ -239,7 +239,7 @@ static enum tier effective_tier(const struct server *srv, const struct request *
     }
 }
 
-static bool reserve_body(struct server *srv, struct request *r, uint64_t bytes);
+static int reserve_body(struct server *srv, struct request *r, uint64_t bytes);
 
 int proxy_on_head(struct conn *c, struct request *r)
 {
@@ -269,29 +269,31 @@ int proxy_on_head(struct conn *c, struct request *r)
     }
     /* A declared length is reserved whole at the head, so a body that
      * cannot be held is refused before any of it is read. */
-    if (r->head.has_length && !reserve_body(srv, r, r->head.content_length)) {
-        return REJECT_BODY_BUFFER_FULL;
-    }
-    return REJECT_COUNT;
+    return r->head.has_length ? reserve_body(srv, r, r->head.content_length) : REJECT_COUNT;
 }
 
-/* Grows r's share of the body budget to `bytes`; false when that would
- * take all held bodies over limits.max_buffered_body_bytes. */
-static bool reserve_body(struct server *srv, struct request *r, uint64_t bytes)
+/* Grows r's share of the body budget to `bytes`. REJECT_COUNT when it fits;
+ * REJECT_BODY_BUFFER_FULL when the bodies held now leave no room for it
+ * (worth retrying); REJECT_BODY_TOO_LARGE when it could never fit. */
+static int reserve_body(struct server *srv, struct request *r, uint64_t bytes)
 {
+    uint64_t limit = srv->cfg->limits.max_buffered_body_bytes;
     if (bytes <= r->body_reserved) {
-        return true;
+        return REJECT_COUNT;
+    }
+    if (bytes > limit) {
+        return REJECT_BODY_TOO_LARGE;
     }
     uint64_t more = bytes - r->body_reserved;
-    if (srv->buffered_body_bytes + more > srv->cfg->limits.max_buffered_body_bytes) {
+    if (srv->buffered_body_bytes + more > limit) {
         LOGI("request body over the buffer budget", "held=%llu asked=%llu limit=%llu",
              (unsigned long long)srv->buffered_body_bytes, (unsigned long long)more,
-             (unsigned long long)srv->cfg->limits.max_buffered_body_bytes);
-        return false;
+             (unsigned long long)limit);
+        return REJECT_BODY_BUFFER_FULL;
     }
     srv->buffered_body_bytes += more;
     r->body_reserved = bytes;
-    return true;
+    return REJECT_COUNT;
 }
 
 /* Takes the model the body named (early, while the body still arrives). */
@@ -351,8 +353,9 @@ bool proxy_on_body(struct conn *c, struct request *r)
         return true;
     }
     /* Chunked bodies (no declared length) are counted as they grow. */
-    if (!reserve_body(c->srv, r, r->body.len)) {
-        conn_reject(c, REJECT_BODY_BUFFER_FULL, NULL);
+    int rc = reserve_body(c->srv, r, r->body.len);
+    if (rc != REJECT_COUNT) {
+        conn_reject(c, (enum reject_reason)rc, NULL);
         return false;
     }
     if (r->scan && !scan_body(c, r, false)) {

@@ -237,6 +237,11 @@ def test_held_bodies_over_the_buffer_budget_get_503(thaw_factory):
     assert r.status == 503 and r.json()["error"]["type"] == "body_buffer_full"
     assert t.metric("thaw_rejections_total", reason="body_buffer_full") == 2
 
+    # A body larger than the whole budget could never be held: 413.
+    huge = httpc.request(t.host, t.port, "POST", "/v1/completions",
+                         {"Content-Type": "application/json"}, b" " * (budget + 1))
+    assert huge.status == 413 and huge.json()["error"]["type"] == "body_too_large"
+
     # The held ones are served when the model is up; the budget empties.
     for s in held:
         s.settimeout(30 * SLOW)
