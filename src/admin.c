@@ -474,11 +474,8 @@ static void serve_metrics(struct conn *c, struct request *r)
     struct server *srv = c->srv;
     static const char type[] = "text/plain; version=0.0.4; charset=utf-8";
     bool http11 = r->head.http_major == 1 && r->head.http_minor >= 1;
-    if (r->head.method == HTTP_HEAD) {
-        conn_respond(c, 200, type, "", 0, NULL);
-        return;
-    }
-    struct metrics_stream *ms = stream_new(srv, c);
+    bool head_only = r->head.method == HTTP_HEAD;
+    struct metrics_stream *ms = head_only ? NULL : stream_new(srv, c);
     if (ms) {
         ms->resume = evtimer_new(srv->base, on_resume, ms);
         if (!ms->resume) {
@@ -486,13 +483,12 @@ static void serve_metrics(struct conn *c, struct request *r)
             ms = NULL;
         }
     }
-    if (!ms) {
+    if (!ms && !head_only) {
         static const char oom[] = "{\"error\":{\"type\":\"internal_error\",\"message\":"
                                   "\"thaw ran out of resources\",\"code\":500}}\n";
         conn_respond(c, 500, "application/json", oom, sizeof oom - 1, NULL);
         return;
     }
-    ms->chunked = http11;
     if (!http11 || !r->head.keep_alive || srv->draining) {
         c->close_after = true;
     }
@@ -502,6 +498,12 @@ static void serve_metrics(struct conn *c, struct request *r)
                      c->close_after ? "Connection: close\r\n" : "");
     r->state = REQ_ANSWERED;
     r->response_started = true;
+    if (head_only) {
+        conn_write(c, head, (size_t)n);
+        conn_response_done(c);
+        return;
+    }
+    ms->chunked = http11;
     r->metrics_stream = ms;
     c->on_drain = on_stream_drain;
     if (conn_write(c, head, (size_t)n) != 0) {

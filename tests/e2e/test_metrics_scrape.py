@@ -99,6 +99,20 @@ def test_metrics_of_400_models_complete_and_well_formed(thaw_factory, upstream):
     assert r10.header("connection") == "close"
     assert check_exposition(r10.body.decode()).keys() == samples.keys()
 
+    # HEAD: the same head, no body.
+    import socket
+    s = socket.create_connection(("127.0.0.1", t.admin_port), timeout=30)
+    s.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: admin\r\n\r\n"
+              b"GET /metrics HTTP/1.1\r\nHost: admin\r\n\r\n"
+              b"GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n")
+    rd = httpc.Reader(s)
+    h = rd.response("HEAD")
+    assert h.status == 200 and h.header("transfer-encoding") == "chunked"
+    # Pipelined after HEAD and after a streamed answer, on one connection.
+    assert check_exposition(rd.response().body.decode()).keys() == samples.keys()
+    assert rd.response().body == b'{"status":"ok"}\n'
+    s.close()
+
     promtool = shutil.which("promtool")
     if promtool:
         p = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
