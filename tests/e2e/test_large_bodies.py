@@ -188,6 +188,24 @@ def test_body_routing_answers(thaw_factory, sims, body, status, kind, detail):
             assert detail in err["message"]
 
 
+def test_model_split_across_chunks_and_reads(thaw_factory, sims):
+    sim = sims("llama")
+    t = thaw_factory({"models": [{"name": "llama", "endpoints": [sim.address]}]})
+    body = b'{"messages":[{"role":"user","content":"say \\"model\\""}],"mo\\u0064el":"llama"}'
+    for cut in range(1, len(body)):
+        s = t.connect()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: thaw.test\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        for piece in (body[:cut], body[cut:]):
+            s.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            time.sleep(0.001)
+        s.sendall(b"0\r\n\r\n")
+        r = httpc.Reader(s).response()
+        s.close()
+        assert r.status == 200, (cut, r.body)
+    t.assert_reconciled()
+
+
 def sim_model(name, load_ms):
     return {"name": name,
             "command": [SIM, "--port", "{port}", "--model", name, "--load-ms", str(load_ms),
