@@ -5,6 +5,8 @@
 #include "thaw/server.h"
 #include "thaw/warmpool.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +26,47 @@ static void help_type(struct buf *o, const char *name, const char *type, const c
     for (struct list_node *n_ = (srv)->fleet.models.next;                                          \
          n_ != &(srv)->fleet.models && ((m) = container_of(n_, struct model, node), 1);            \
          n_ = n_->next)
+
+/* /metrics is written in pieces of about this size, one per turn of the
+ * loop (and only while the client keeps up), so a scrape of many models
+ * never holds up proxied requests for long. */
+#define METRICS_CHUNK_BYTES (32 * 1024)
+
+/* What /metrics shows of one model, copied when the scrape starts: models
+ * may come and go while the answer is written, and every family then
+ * shows the same models with the same values. */
+struct model_snap {
+    const char *name; /* in metrics_stream.names */
+    struct model_stats stats;
+    size_t queue_len[TIER_COUNT];
+    size_t n_endpoints;
+    uint32_t inflight;
+    unsigned replicas_desired;
+    unsigned pool_slices;
+    enum tier priority;
+    bool pool_warm;
+};
+
+struct metrics_stream {
+    struct server *srv;
+    struct conn *c;
+    struct event *resume; /* renders the next piece on the next turn of the loop */
+    struct model_snap *models;
+    size_t n_models;
+    char *names;
+    size_t family;     /* the family being rendered */
+    size_t next_model; /* in a per-model family: the next model */
+    bool chunked;      /* HTTP/1.1: chunked; else the body ends at close */
+    struct buf piece;
+};
+
+/* A family is rendered whole by `whole`, or, for one line group per model,
+ * by HELP/TYPE then `per_model` for each model in turn. */
+struct family {
+    const char *name, *type, *help;
+    void (*whole)(const struct metrics_stream *ms, struct buf *o);
+    void (*per_model)(const struct model_snap *m, struct buf *o);
+};
 
 static void render_reload_metrics(const struct reload_status *st, struct buf *o)
 {
@@ -62,11 +105,10 @@ static void status_reload(const struct server *srv, cJSON *root)
     cJSON_AddNumberToObject(c, "restart_needed", st->restart_needed);
 }
 
-void admin_render_metrics(struct server *srv, struct buf *o)
+static void requests_totals(const struct metrics_stream *ms, struct buf *o)
 {
+    const struct server *srv = ms->srv;
     const struct server_metrics *sm = &srv->metrics;
-    struct model *m;
-
     help_type(o, "thaw_build_info", "gauge", "thaw version.");
     buf_printf(o, "thaw_build_info{version=\"%s\"} 1\n", THAW_VERSION);
     render_reload_metrics(&srv->reload, o);
@@ -86,16 +128,25 @@ void admin_render_metrics(struct server *srv, struct buf *o)
     buf_printf(o, "thaw_requests_aborted_total %llu\n", (unsigned long long)sm->requests_aborted);
     help_type(o, "thaw_requests_inflight", "gauge", "Requests accepted and not yet finished.");
     buf_printf(o, "thaw_requests_inflight %llu\n", (unsigned long long)srv->inflight);
+    help_type(o, "thaw_buffered_body_bytes", "gauge",
+              "Request body bytes held (reserved by Content-Length or read), against "
+              "limits.max_buffered_body_bytes.");
+    buf_printf(o, "thaw_buffered_body_bytes %llu\n",
+               (unsigned long long)srv->buffered_body_bytes);
+}
 
-    help_type(o, "thaw_requests_total", "counter", "Finished requests by model and status code.");
-    FOR_EACH_MODEL(srv, m)
-    {
-        const struct code_counts *cc = &m->stats.codes;
-        for (int i = 0; i < CODE_SLOTS && cc->code[i]; i++) {
-            buf_printf(o, "thaw_requests_total{model=\"%s\",code=\"%u\"} %llu\n", m->name,
-                       cc->code[i], (unsigned long long)cc->n[i]);
-        }
+static void requests_by_code(const struct model_snap *m, struct buf *o)
+{
+    const struct code_counts *cc = &m->stats.codes;
+    for (int i = 0; i < CODE_SLOTS && cc->code[i]; i++) {
+        buf_printf(o, "thaw_requests_total{model=\"%s\",code=\"%u\"} %llu\n", m->name, cc->code[i],
+                   (unsigned long long)cc->n[i]);
     }
+}
+
+static void reasons(const struct metrics_stream *ms, struct buf *o)
+{
+    const struct server_metrics *sm = &ms->srv->metrics;
     help_type(o, "thaw_unrouted_responses_total", "counter",
               "Error responses to requests that matched no model, by status code.");
     for (int i = 0; i < CODE_SLOTS && sm->unrouted_codes.code[i]; i++) {
@@ -114,127 +165,129 @@ void admin_render_metrics(struct server *srv, struct buf *o)
         buf_printf(o, "thaw_aborts_total{reason=\"%s\"} %llu\n",
                    abort_reason_name((enum abort_reason)a), (unsigned long long)sm->aborts[a]);
     }
+}
 
-    help_type(o, "thaw_queue_depth", "gauge", "Requests waiting for a replica slot, by model and tier.");
-    FOR_EACH_MODEL(srv, m)
-    {
-        for (int t = 0; t < TIER_COUNT; t++) {
-            buf_printf(o, "thaw_queue_depth{model=\"%s\",tier=\"%s\"} %zu\n", m->name,
-                       tier_name((enum tier)t), m->queue.len[t]);
-        }
+static void queue_depth(const struct model_snap *m, struct buf *o)
+{
+    for (int t = 0; t < TIER_COUNT; t++) {
+        buf_printf(o, "thaw_queue_depth{model=\"%s\",tier=\"%s\"} %zu\n", m->name,
+                   tier_name((enum tier)t), m->queue_len[t]);
     }
+}
+
+static void queue_depth_all(const struct metrics_stream *ms, struct buf *o)
+{
     help_type(o, "thaw_queue_depth_all", "gauge", "Requests waiting, all models.");
-    buf_printf(o, "thaw_queue_depth_all %zu\n", srv->qglobal.total);
+    buf_printf(o, "thaw_queue_depth_all %zu\n", ms->srv->qglobal.total);
+}
 
-    help_type(o, "thaw_upstream_inflight", "gauge", "Requests at a replica, by model.");
-    FOR_EACH_MODEL(srv, m)
-    {
-        buf_printf(o, "thaw_upstream_inflight{model=\"%s\"} %u\n", m->name, m->inflight);
-    }
-    help_type(o, "thaw_replicas_ready", "gauge", "Replicas ready to take requests, by model.");
-    FOR_EACH_MODEL(srv, m)
-    {
-        buf_printf(o, "thaw_replicas_ready{model=\"%s\"} %zu\n", m->name, m->n_endpoints);
-    }
-    help_type(o, "thaw_replicas_desired", "gauge",
-              "Replicas thaw wants for a model (its autoscaler and warm pool).");
-    FOR_EACH_MODEL(srv, m)
-    {
-        buf_printf(o, "thaw_replicas_desired{model=\"%s\"} %u\n", m->name, m->replicas_desired);
-    }
-    help_type(o, "thaw_upstream_errors_total", "counter",
-              "Replica failures (bad or cut-off responses, timeouts), by model.");
-    FOR_EACH_MODEL(srv, m)
-    {
-        buf_printf(o, "thaw_upstream_errors_total{model=\"%s\"} %llu\n", m->name,
-                   (unsigned long long)m->stats.upstream_errors);
-    }
+static void upstream_inflight(const struct model_snap *m, struct buf *o)
+{
+    buf_printf(o, "thaw_upstream_inflight{model=\"%s\"} %u\n", m->name, m->inflight);
+}
 
-    help_type(o, "thaw_upstream_response_seconds", "histogram",
-              "Time from dispatch to a replica until its response head, by model.");
-    FOR_EACH_MODEL(srv, m)
-    {
+static void replicas_ready(const struct model_snap *m, struct buf *o)
+{
+    buf_printf(o, "thaw_replicas_ready{model=\"%s\"} %zu\n", m->name, m->n_endpoints);
+}
+
+static void replicas_desired(const struct model_snap *m, struct buf *o)
+{
+    buf_printf(o, "thaw_replicas_desired{model=\"%s\"} %u\n", m->name, m->replicas_desired);
+}
+
+static void upstream_errors(const struct model_snap *m, struct buf *o)
+{
+    buf_printf(o, "thaw_upstream_errors_total{model=\"%s\"} %llu\n", m->name,
+               (unsigned long long)m->stats.upstream_errors);
+}
+
+static void upstream_response_seconds(const struct model_snap *m, struct buf *o)
+{
+    char labels[300];
+    snprintf(labels, sizeof labels, "model=\"%s\"", m->name);
+    histogram_render(&m->stats.upstream_ttfb, o, "thaw_upstream_response_seconds", labels);
+}
+
+static void queue_wait_seconds(const struct model_snap *m, struct buf *o)
+{
+    for (int t = 0; t < TIER_COUNT; t++) {
         char labels[300];
-        snprintf(labels, sizeof labels, "model=\"%s\"", m->name);
-        histogram_render(&m->stats.upstream_ttfb, o, "thaw_upstream_response_seconds", labels);
+        snprintf(labels, sizeof labels, "model=\"%s\",tier=\"%s\"", m->name,
+                 tier_name((enum tier)t));
+        histogram_render(&m->stats.queue_wait[t], o, "thaw_queue_wait_seconds", labels);
     }
-    help_type(o, "thaw_queue_wait_seconds", "histogram",
-              "Time requests waited for a replica slot, by model and tier.");
-    FOR_EACH_MODEL(srv, m)
-    {
-        for (int t = 0; t < TIER_COUNT; t++) {
-            char labels[300];
-            snprintf(labels, sizeof labels, "model=\"%s\",tier=\"%s\"", m->name,
-                     tier_name((enum tier)t));
-            histogram_render(&m->stats.queue_wait[t], o, "thaw_queue_wait_seconds", labels);
+}
+
+static void cold_start_seconds(const struct model_snap *m, struct buf *o)
+{
+    char labels[300];
+    snprintf(labels, sizeof labels, "model=\"%s\"", m->name);
+    histogram_render(&m->stats.cold_start, o, "thaw_cold_start_seconds", labels);
+}
+
+static void kubernetes(const struct metrics_stream *ms, struct buf *o)
+{
+    struct server *srv = ms->srv;
+    if (!srv->k8s_backend) {
+        return;
+    }
+    uint64_t api_errors, restarts, relists;
+    backend_k8s_metrics(srv->k8s_backend, &api_errors, &restarts, &relists);
+    help_type(o, "thaw_kubernetes_api_errors_total", "counter",
+              "Kubernetes API requests that failed (transport or HTTP >= 400).");
+    buf_printf(o, "thaw_kubernetes_api_errors_total %llu\n", (unsigned long long)api_errors);
+    help_type(o, "thaw_kubernetes_watch_restarts_total", "counter",
+              "Kubernetes watches that ended and were resumed.");
+    buf_printf(o, "thaw_kubernetes_watch_restarts_total %llu\n", (unsigned long long)restarts);
+    help_type(o, "thaw_kubernetes_lists_total", "counter",
+              "Kubernetes lists (the first, and relists after 410 Gone or errors).");
+    buf_printf(o, "thaw_kubernetes_lists_total %llu\n", (unsigned long long)relists);
+    unsigned fresh = 0, all = 0;
+    bool leading = backend_k8s_leading(srv->k8s_backend, &fresh, &all);
+    help_type(o, "thaw_leader", "gauge", "1 while this activator is the leader.");
+    buf_printf(o, "thaw_leader %d\n", leading ? 1 : 0);
+    help_type(o, "thaw_peers", "gauge",
+              "Other activators, by whether their counts are fresh or stale.");
+    buf_printf(o, "thaw_peers{state=\"fresh\"} %u\nthaw_peers{state=\"stale\"} %u\n", fresh,
+               all - fresh);
+    help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
+    buf_printf(o, "thaw_kubernetes_synced %d\n",
+               srv->k8s_backend->ops->synced(srv->k8s_backend) ? 1 : 0);
+}
+
+static void pool_decisions(const struct model_snap *m, struct buf *o)
+{
+    for (int a = 0; a < 6; a++) {
+        if (m->stats.pool_decisions[a]) {
+            buf_printf(o, "thaw_pool_decisions_total{model=\"%s\",action=\"%s\"} %llu\n", m->name,
+                       wp_action_name((enum wp_action)a),
+                       (unsigned long long)m->stats.pool_decisions[a]);
         }
     }
+}
 
-    help_type(o, "thaw_cold_start_seconds", "histogram",
-              "Time from waking a model (process start, or scale-up from zero) to its first "
-              "ready replica, by model.");
-    FOR_EACH_MODEL(srv, m)
-    {
-        char labels[300];
-        snprintf(labels, sizeof labels, "model=\"%s\"", m->name);
-        histogram_render(&m->stats.cold_start, o, "thaw_cold_start_seconds", labels);
-    }
-
-    if (srv->k8s_backend) {
-        uint64_t api_errors, restarts, relists;
-        backend_k8s_metrics(srv->k8s_backend, &api_errors, &restarts, &relists);
-        help_type(o, "thaw_kubernetes_api_errors_total", "counter",
-                  "Kubernetes API requests that failed (transport or HTTP >= 400).");
-        buf_printf(o, "thaw_kubernetes_api_errors_total %llu\n", (unsigned long long)api_errors);
-        help_type(o, "thaw_kubernetes_watch_restarts_total", "counter",
-                  "Kubernetes watches that ended and were resumed.");
-        buf_printf(o, "thaw_kubernetes_watch_restarts_total %llu\n",
-                   (unsigned long long)restarts);
-        help_type(o, "thaw_kubernetes_lists_total", "counter",
-                  "Kubernetes lists (the first, and relists after 410 Gone or errors).");
-        buf_printf(o, "thaw_kubernetes_lists_total %llu\n", (unsigned long long)relists);
-        unsigned fresh = 0, all = 0;
-        bool leading = backend_k8s_leading(srv->k8s_backend, &fresh, &all);
-        help_type(o, "thaw_leader", "gauge", "1 while this activator is the leader.");
-        buf_printf(o, "thaw_leader %d\n", leading ? 1 : 0);
-        help_type(o, "thaw_peers", "gauge",
-                  "Other activators, by whether their counts are fresh or stale.");
-        buf_printf(o, "thaw_peers{state=\"fresh\"} %u\nthaw_peers{state=\"stale\"} %u\n", fresh,
-                   all - fresh);
-        help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
-        buf_printf(o, "thaw_kubernetes_synced %d\n",
-                   srv->k8s_backend->ops->synced(srv->k8s_backend) ? 1 : 0);
-    }
-
-    help_type(o, "thaw_pool_decisions_total", "counter",
-              "Capacity decisions by model and action (keep_warm, to_zero, admit, deny, evict, "
-              "preempt).");
-    FOR_EACH_MODEL(srv, m)
-    {
-        for (int a = 0; a < 6; a++) {
-            if (m->stats.pool_decisions[a]) {
-                buf_printf(o, "thaw_pool_decisions_total{model=\"%s\",action=\"%s\"} %llu\n",
-                           m->name, wp_action_name((enum wp_action)a),
-                           (unsigned long long)m->stats.pool_decisions[a]);
-            }
-        }
-    }
+static void pool_slices(const struct metrics_stream *ms, struct buf *o)
+{
     help_type(o, "thaw_pool_slices", "gauge",
               "GPU slices held by replicas, by tier and whether only the warm pool keeps them.");
-    {
-        unsigned held[TIER_COUNT][2] = {{0}};
-        FOR_EACH_MODEL(srv, m)
-        {
-            held[m->set.priority][m->pool_warm ? 1 : 0] += m->pool_slices;
-        }
-        for (int t = 0; t < TIER_COUNT; t++) {
-            for (int w = 0; w < 2; w++) {
-                buf_printf(o, "thaw_pool_slices{tier=\"%s\",warm=\"%s\"} %u\n",
-                           tier_name((enum tier)t), w ? "true" : "false", held[t][w]);
-            }
+    unsigned held[TIER_COUNT][2] = {{0}};
+    for (size_t i = 0; i < ms->n_models; i++) {
+        const struct model_snap *m = &ms->models[i];
+        held[m->priority][m->pool_warm ? 1 : 0] += m->pool_slices;
+    }
+    for (int t = 0; t < TIER_COUNT; t++) {
+        for (int w = 0; w < 2; w++) {
+            buf_printf(o, "thaw_pool_slices{tier=\"%s\",warm=\"%s\"} %u\n", tier_name((enum tier)t),
+                       w ? "true" : "false", held[t][w]);
         }
     }
+}
 
+static void connections(const struct metrics_stream *ms, struct buf *o)
+{
+    const struct server *srv = ms->srv;
+    const struct server_metrics *sm = &srv->metrics;
     help_type(o, "thaw_connections", "gauge", "Open client connections on the proxy port.");
     buf_printf(o, "thaw_connections %zu\n", srv->n_conns);
     help_type(o, "thaw_connections_accepted_total", "counter", "Client connections accepted.");
@@ -270,6 +323,257 @@ void admin_render_metrics(struct server *srv, struct buf *o)
     help_type(o, "thaw_accept_paused_total", "counter",
               "Times the listeners paused accepting because file descriptors ran out.");
     buf_printf(o, "thaw_accept_paused_total %llu\n", (unsigned long long)sm->accept_paused);
+}
+
+static const struct family families[] = {
+    {.whole = requests_totals},
+    {"thaw_requests_total", "counter", "Finished requests by model and status code.", NULL,
+     requests_by_code},
+    {.whole = reasons},
+    {"thaw_queue_depth", "gauge", "Requests waiting for a replica slot, by model and tier.", NULL,
+     queue_depth},
+    {.whole = queue_depth_all},
+    {"thaw_upstream_inflight", "gauge", "Requests at a replica, by model.", NULL,
+     upstream_inflight},
+    {"thaw_replicas_ready", "gauge", "Replicas ready to take requests, by model.", NULL,
+     replicas_ready},
+    {"thaw_replicas_desired", "gauge",
+     "Replicas thaw wants for a model (its autoscaler and warm pool).", NULL, replicas_desired},
+    {"thaw_upstream_errors_total", "counter",
+     "Replica failures (bad or cut-off responses, timeouts), by model.", NULL, upstream_errors},
+    {"thaw_upstream_response_seconds", "histogram",
+     "Time from dispatch to a replica until its response head, by model.", NULL,
+     upstream_response_seconds},
+    {"thaw_queue_wait_seconds", "histogram",
+     "Time requests waited for a replica slot, by model and tier.", NULL, queue_wait_seconds},
+    {"thaw_cold_start_seconds", "histogram",
+     "Time from waking a model (process start, or scale-up from zero) to its first ready "
+     "replica, by model.",
+     NULL, cold_start_seconds},
+    {.whole = kubernetes},
+    {"thaw_pool_decisions_total", "counter",
+     "Capacity decisions by model and action (keep_warm, to_zero, admit, deny, evict, "
+     "preempt).",
+     NULL, pool_decisions},
+    {.whole = pool_slices},
+    {.whole = connections},
+};
+#define N_FAMILIES (sizeof families / sizeof families[0])
+
+/* Copies what /metrics shows of every model. -ENOMEM on failure. */
+static int snapshot_models(struct metrics_stream *ms)
+{
+    struct server *srv = ms->srv;
+    size_t n = 0, name_bytes = 0;
+    struct model *m;
+    FOR_EACH_MODEL(srv, m)
+    {
+        n++;
+        name_bytes += strlen(m->name) + 1;
+    }
+    ms->models = calloc(n ? n : 1, sizeof *ms->models);
+    ms->names = malloc(name_bytes ? name_bytes : 1);
+    if (!ms->models || !ms->names) {
+        return -ENOMEM;
+    }
+    char *at = ms->names;
+    FOR_EACH_MODEL(srv, m)
+    {
+        struct model_snap *s = &ms->models[ms->n_models++];
+        size_t len = strlen(m->name) + 1;
+        memcpy(at, m->name, len);
+        s->name = at;
+        at += len;
+        s->stats = m->stats;
+        for (int t = 0; t < TIER_COUNT; t++) {
+            s->queue_len[t] = m->queue.len[t];
+        }
+        s->n_endpoints = m->n_endpoints;
+        s->inflight = m->inflight;
+        s->replicas_desired = m->replicas_desired;
+        s->pool_slices = m->pool_slices;
+        s->priority = m->set.priority;
+        s->pool_warm = m->pool_warm;
+    }
+    return 0;
+}
+
+static void stream_free(struct metrics_stream *ms)
+{
+    if (ms->resume) {
+        event_free(ms->resume);
+    }
+    free(ms->models);
+    free(ms->names);
+    buf_dispose(&ms->piece);
+    free(ms);
+}
+
+/* Renders into o until it holds at least `want` bytes or everything is
+ * rendered. true when everything is. */
+static bool render_more(struct metrics_stream *ms, struct buf *o, size_t want)
+{
+    while (ms->family < N_FAMILIES && o->len < want) {
+        const struct family *f = &families[ms->family];
+        if (f->whole) {
+            f->whole(ms, o);
+            ms->family++;
+            continue;
+        }
+        if (ms->next_model == 0) {
+            help_type(o, f->name, f->type, f->help);
+        }
+        while (ms->next_model < ms->n_models && o->len < want) {
+            f->per_model(&ms->models[ms->next_model++], o);
+        }
+        if (ms->next_model == ms->n_models) {
+            ms->family++;
+            ms->next_model = 0;
+        }
+    }
+    return ms->family == N_FAMILIES;
+}
+
+static struct metrics_stream *stream_new(struct server *srv, struct conn *c)
+{
+    struct metrics_stream *ms = calloc(1, sizeof *ms);
+    if (!ms) {
+        return NULL;
+    }
+    ms->srv = srv;
+    ms->c = c;
+    buf_init(&ms->piece);
+    if (snapshot_models(ms)) {
+        stream_free(ms);
+        return NULL;
+    }
+    return ms;
+}
+
+void admin_render_metrics(struct server *srv, struct buf *out)
+{
+    struct metrics_stream *ms = stream_new(srv, NULL);
+    if (ms) {
+        render_more(ms, out, SIZE_MAX);
+        stream_free(ms);
+    }
+}
+
+static void on_resume(evutil_socket_t fd, short what, void *arg);
+
+/* Writes the next piece of the answer, then lets the loop go round (or, when
+ * the client is behind, waits for its output to drain). */
+static void stream_step(struct metrics_stream *ms)
+{
+    struct conn *c = ms->c;
+    struct buf *o = &ms->piece;
+    buf_reset(o);
+    if (ms->chunked) {
+        buf_append_str(o, "0000000000\r\n"); /* room for the chunk size, patched below */
+    }
+    size_t start = o->len;
+    bool done = render_more(ms, o, start + METRICS_CHUNK_BYTES);
+    size_t body = o->len - start;
+    if (ms->chunked) {
+        char size[16];
+        int n = snprintf(size, sizeof size, "%zx\r\n", body);
+        size_t skip = start - (size_t)n;
+        memcpy(o->data + skip, size, (size_t)n);
+        o->off = skip;
+        if (body == 0) {
+            o->len = start; /* a last empty piece: only the end marker below */
+            o->off = start;
+        } else {
+            buf_append_str(o, "\r\n");
+        }
+        if (done) {
+            buf_append_str(o, "0\r\n\r\n");
+        }
+    }
+    if (buf_unread(o) > 0 && conn_write(c, buf_read_ptr(o), buf_unread(o)) != 0) {
+        return; /* the connection is going away: admin_on_abort frees the stream */
+    }
+    if (done) {
+        struct request *r = c->req;
+        r->metrics_stream = NULL;
+        stream_free(ms);
+        c->on_drain = NULL;
+        conn_response_done(c);
+        return;
+    }
+    if (conn_out_pending(c) > CONN_OUT_HIGH_WATER) {
+        return; /* on_stream_drain resumes */
+    }
+    struct timeval zero = {0, 0};
+    event_add(ms->resume, &zero);
+}
+
+static void on_resume(evutil_socket_t fd, short what, void *arg)
+{
+    stream_step(arg);
+}
+
+static void on_stream_drain(struct conn *c)
+{
+    struct metrics_stream *ms = c->req ? c->req->metrics_stream : NULL;
+    if (ms && !event_pending(ms->resume, EV_TIMEOUT, NULL)) {
+        struct timeval zero = {0, 0};
+        event_add(ms->resume, &zero);
+    }
+}
+
+/* GET /metrics: the head now, the body in pieces (chunked for HTTP/1.1,
+ * else up to the close). */
+static void serve_metrics(struct conn *c, struct request *r)
+{
+    struct server *srv = c->srv;
+    static const char type[] = "text/plain; version=0.0.4; charset=utf-8";
+    bool http11 = r->head.http_major == 1 && r->head.http_minor >= 1;
+    bool head_only = r->head.method == HTTP_HEAD;
+    struct metrics_stream *ms = head_only ? NULL : stream_new(srv, c);
+    if (ms) {
+        ms->resume = evtimer_new(srv->base, on_resume, ms);
+        if (!ms->resume) {
+            stream_free(ms);
+            ms = NULL;
+        }
+    }
+    if (!ms && !head_only) {
+        static const char oom[] = "{\"error\":{\"type\":\"internal_error\",\"message\":"
+                                  "\"thaw ran out of resources\",\"code\":500}}\n";
+        conn_respond(c, 500, "application/json", oom, sizeof oom - 1, NULL);
+        return;
+    }
+    if (!http11 || !r->head.keep_alive || srv->draining) {
+        c->close_after = true;
+    }
+    char head[256];
+    int n = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\n%s%s\r\n", type,
+                     http11 ? "Transfer-Encoding: chunked\r\n" : "",
+                     c->close_after ? "Connection: close\r\n" : "");
+    r->state = REQ_ANSWERED;
+    r->response_started = true;
+    if (head_only) {
+        conn_write(c, head, (size_t)n);
+        conn_response_done(c);
+        return;
+    }
+    ms->chunked = http11;
+    r->metrics_stream = ms;
+    c->on_drain = on_stream_drain;
+    if (conn_write(c, head, (size_t)n) != 0) {
+        return;
+    }
+    stream_step(ms);
+}
+
+void admin_on_abort(struct conn *c, struct request *r)
+{
+    if (r->metrics_stream) {
+        stream_free(r->metrics_stream);
+        r->metrics_stream = NULL;
+        c->on_drain = NULL;
+    }
 }
 
 void admin_render_status(struct server *srv, struct buf *out)
@@ -360,8 +664,7 @@ void admin_on_request(struct conn *c, struct request *r)
             conn_respond(c, 503, "application/json", b, strlen(b), NULL);
         }
     } else if (http_name_eq(target, len, "/metrics")) {
-        admin_render_metrics(srv, &body);
-        conn_respond(c, 200, "text/plain; version=0.0.4; charset=utf-8", body.data, body.len, NULL);
+        serve_metrics(c, r);
     } else if (http_name_eq(target, len, "/demand") && srv->k8s_backend) {
         cJSON *d = cJSON_CreateObject();
         backend_k8s_demand(srv->k8s_backend, d);

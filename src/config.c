@@ -53,6 +53,7 @@ static const struct num_key limit_keys[] = {
     LIM(queue_aging_ms, 10000, 1, 3600000),
     LIM(drain_timeout_ms, 30000, 0, 3600000),
     LIM(body_total_timeout_ms, 300000, 1, 86400000),
+    LIM(max_buffered_body_bytes, 268435456, 1024, 68719476736ULL),
 };
 #undef LIM
 

@@ -163,6 +163,8 @@ static void release_request(struct conn *c, enum abort_reason reason)
     }
     if (c->kind == LISTENER_PROXY) {
         proxy_on_abort(c, r, reason);
+    } else {
+        admin_on_abort(c, r);
     }
     c->req = NULL;
     request_free(c->srv, r);
@@ -682,6 +684,10 @@ static void process_input(struct conn *c, const char *data, size_t len)
         } else {
             data += used;
             len -= used;
+        }
+        if (c->kind == LISTENER_PROXY && c->req && c->req->state == REQ_READING &&
+            !proxy_on_body(c, c->req)) {
+            return; /* answered while its body arrived */
         }
         switch (ev) {
         case HTTP_EV_NEED_MORE:

@@ -4,6 +4,7 @@
 #include "thaw/server.h"
 
 #include <getopt.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,8 +42,20 @@ static void usage(FILE *f)
             "SIGHUP: reload the --config file; a file that does not load changes nothing.\n");
 }
 
+/* Request bodies are buffered whole (up to limits.max_body_bytes). A fixed
+ * mmap threshold puts every large buffer in its own mapping, returned to
+ * the system when freed; glibc's default raises the threshold after the
+ * first large free, so later large bodies land on the heap and the process
+ * keeps their pages after they are gone. */
+static void return_large_buffers_to_the_system(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 1024 * 1024);
+}
+
 int main(int argc, char **argv)
 {
+    return_large_buffers_to_the_system();
     enum { OPT_CHECK = 1000, OPT_LISTEN, OPT_ADMIN, OPT_PORTFILE, OPT_LOGLEVEL, OPT_KUBECONFIG };
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},

@@ -43,6 +43,9 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_UPSTREAM_ERROR] = {"upstream_error", 502, false,
                                "the replica's response was invalid or cut off"},
     [REJECT_SHUTTING_DOWN] = {"shutting_down", 503, true, "thaw is shutting down"},
+    [REJECT_BODY_BUFFER_FULL] = {"body_buffer_full", 503, true,
+                                 "thaw holds as many request body bytes as it may "
+                                 "(limits.max_buffered_body_bytes)"},
     [REJECT_INTERNAL] = {"internal_error", 500, false, "thaw ran out of resources"},
     [REJECT_VERSION_NOT_SUPPORTED] = {"http_version_not_supported", 505, false,
                                       "thaw speaks HTTP/1.0 and HTTP/1.1 only"},

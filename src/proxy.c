@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cjson/cJSON.h>
 #include <event2/event.h>
 
 /* Requests released per loop turn (see proxy_dispatch). */
@@ -54,6 +53,10 @@ struct request *request_new(struct server *srv, struct conn *c)
     r->response_started = false;
     r->model_resolved = false;
     r->heartbeat = false;
+    r->body_seen = 0;
+    r->body_reserved = 0;
+    r->scan = NULL;
+    r->metrics_stream = NULL;
     r->tier = TIER_STANDARD;
     return r;
 }
@@ -66,6 +69,10 @@ void request_free(struct server *srv, struct request *r)
         model_unref(r->model);
         r->model = NULL;
     }
+    srv->buffered_body_bytes -= r->body_reserved;
+    r->body_reserved = 0;
+    free(r->scan);
+    r->scan = NULL;
     if (srv->n_free_requests < SERVER_REQUEST_CACHE) {
         http_head_reset(&r->head);
         buf_reset(&r->body);
@@ -236,6 +243,8 @@ static enum tier effective_tier(const struct server *srv, const struct request *
     }
 }
 
+static int reserve_body(struct server *srv, struct request *r, uint64_t bytes);
+
 int proxy_on_head(struct conn *c, struct request *r)
 {
     struct server *srv = c->srv;
@@ -254,10 +263,110 @@ int proxy_on_head(struct conn *c, struct request *r)
         model_ref(r->model);
         r->model_resolved = true;
         r->tier = effective_tier(srv, r);
-    } else if (st != ROUTE_NEED_BODY) {
+    } else if (st == ROUTE_NEED_BODY) {
+        r->scan = malloc(sizeof *r->scan);
+        if (!r->scan) {
+            return REJECT_INTERNAL;
+        }
+        jsonscan_init(r->scan);
+    } else {
         return REJECT_UNKNOWN_MODEL;
     }
+    /* A declared length is reserved whole at the head, so a body that
+     * cannot be held is refused before any of it is read. */
+    return r->head.has_length ? reserve_body(srv, r, r->head.content_length) : REJECT_COUNT;
+}
+
+/* Grows r's share of the body budget to `bytes`. REJECT_COUNT when it fits;
+ * REJECT_BODY_BUFFER_FULL when the bodies held now leave no room for it
+ * (worth retrying); REJECT_BODY_TOO_LARGE when it could never fit. */
+static int reserve_body(struct server *srv, struct request *r, uint64_t bytes)
+{
+    uint64_t limit = srv->cfg->limits.max_buffered_body_bytes;
+    if (bytes <= r->body_reserved) {
+        return REJECT_COUNT;
+    }
+    if (bytes > limit) {
+        return REJECT_BODY_TOO_LARGE;
+    }
+    uint64_t more = bytes - r->body_reserved;
+    if (srv->buffered_body_bytes + more > limit) {
+        LOGI("request body over the buffer budget", "held=%llu asked=%llu limit=%llu",
+             (unsigned long long)srv->buffered_body_bytes, (unsigned long long)more,
+             (unsigned long long)limit);
+        return REJECT_BODY_BUFFER_FULL;
+    }
+    srv->buffered_body_bytes += more;
+    r->body_reserved = bytes;
     return REJECT_COUNT;
+}
+
+/* Takes the model the body named (early, while the body still arrives). */
+static void route_by_body(struct server *srv, struct request *r)
+{
+    r->model = r->route.target;
+    model_ref(r->model);
+    r->model_resolved = true;
+    /* route.path_* still describe the target from the head: origin-form,
+     * without an absolute-form scheme and authority. */
+    r->tier = effective_tier(srv, r);
+}
+
+/* Feeds the body's new bytes to the scan (at_end: the body is complete).
+ * Returns false after rejecting the request. */
+static bool scan_body(struct conn *c, struct request *r, bool at_end)
+{
+    struct server *srv = c->srv;
+    struct jsonscan *scan = r->scan;
+    enum jsonscan_status js = scan->status;
+    if (js == JSONSCAN_MORE && r->body.len > r->body_seen) {
+        js = jsonscan_feed(scan, r->body.data + r->body_seen, r->body.len - r->body_seen);
+    }
+    if (js == JSONSCAN_MORE && at_end) {
+        js = jsonscan_finish(scan);
+    }
+    enum route_status st = router_resolve_scan(&srv->fleet.router, js, scan, &r->route);
+    if (st == ROUTE_NEED_BODY) {
+        return true;
+    }
+    char why[160];
+    if (st == ROUTE_BAD_JSON) {
+        jsonscan_error(scan, why, sizeof why);
+    }
+    free(r->scan);
+    r->scan = NULL;
+    switch (st) {
+    case ROUTE_FOUND:
+        route_by_body(srv, r);
+        return true;
+    case ROUTE_BAD_JSON:
+        conn_reject(c, REJECT_BAD_JSON, why);
+        return false;
+    case ROUTE_NO_MODEL_FIELD:
+        conn_reject(c, REJECT_NO_MODEL_FIELD, NULL);
+        return false;
+    default:
+        conn_reject(c, REJECT_UNKNOWN_MODEL, NULL);
+        return false;
+    }
+}
+
+bool proxy_on_body(struct conn *c, struct request *r)
+{
+    if (r->body.len <= r->body_seen) {
+        return true;
+    }
+    /* Chunked bodies (no declared length) are counted as they grow. */
+    int rc = reserve_body(c->srv, r, r->body.len);
+    if (rc != REJECT_COUNT) {
+        conn_reject(c, (enum reject_reason)rc, NULL);
+        return false;
+    }
+    if (r->scan && !scan_body(c, r, false)) {
+        return false;
+    }
+    r->body_seen = r->body.len;
+    return true;
 }
 
 static void start_at(struct server *srv, struct request *r, struct endpoint *ep)
@@ -276,10 +385,14 @@ static bool wants_stream(const struct request *r)
     if (r->body.len == 0 || r->body.len > 1024 * 1024) {
         return false;
     }
-    cJSON *root = cJSON_ParseWithLength(r->body.data, r->body.len);
-    bool yes = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "stream"));
-    cJSON_Delete(root);
-    return yes;
+    /* A scan, not a parse: no tree for a large body on the loop. */
+    struct jsonscan scan;
+    jsonscan_init_key(&scan, "stream");
+    enum jsonscan_status st = jsonscan_feed(&scan, r->body.data, r->body.len);
+    if (st == JSONSCAN_MORE) {
+        st = jsonscan_finish(&scan);
+    }
+    return st == JSONSCAN_NO_MODEL && scan.key_is_true;
 }
 
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
@@ -387,28 +500,11 @@ static void place(struct server *srv, struct request *r)
 void proxy_on_request(struct conn *c, struct request *r)
 {
     struct server *srv = c->srv;
-    if (!r->model) {
-        enum route_status st =
-            router_resolve_body(&srv->fleet.router, r->body.data, r->body.len, &r->route);
-        switch (st) {
-        case ROUTE_FOUND:
-            break;
-        case ROUTE_BAD_JSON:
-            conn_reject(c, REJECT_BAD_JSON, NULL);
-            return;
-        case ROUTE_NO_MODEL_FIELD:
-            conn_reject(c, REJECT_NO_MODEL_FIELD, NULL);
-            return;
-        default:
-            conn_reject(c, REJECT_UNKNOWN_MODEL, NULL);
-            return;
-        }
-        r->model = r->route.target;
-        model_ref(r->model);
-        r->model_resolved = true;
-        /* route.path_* still describe the target from the head: origin-form,
-         * without an absolute-form scheme and authority. */
-        r->tier = effective_tier(srv, r);
+    if (!proxy_on_body(c, r)) {
+        return;
+    }
+    if (r->scan && !scan_body(c, r, true)) {
+        return;
     }
     r->state = REQ_ROUTED;
     place(srv, r);
@@ -466,6 +562,22 @@ void proxy_dispatch(struct server *srv, struct model *m)
     if (took) {
         arm_queue_timer(srv, m);
     }
+}
+
+void proxy_model_removed(struct server *srv, struct model *m, const char *reason)
+{
+    /* Requests routed at their head, or early by their body, hold m while
+     * their body still arrives: answer them before m goes. */
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &srv->conns)
+    {
+        struct conn *c = container_of(pos, struct conn, node);
+        struct request *r = c->req;
+        if (c->kind == LISTENER_PROXY && r && r->state == REQ_READING && r->model == m) {
+            conn_reject(c, REJECT_NO_REPLICAS, reason);
+        }
+    }
+    proxy_flush_queue(srv, m, REJECT_NO_REPLICAS, reason);
 }
 
 void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason,

@@ -6,7 +6,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include <cjson/cJSON.h>
 
 void router_init(struct router *r)
 {
@@ -200,29 +199,45 @@ enum route_status router_resolve_head(const struct router *r, const struct http_
     return ROUTE_NOT_FOUND;
 }
 
+void *router_lookup_name(const struct router *r, const char *name, size_t len)
+{
+    return strmap_get(&r->by_name, name, len);
+}
+
+enum route_status router_resolve_scan(const struct router *r, enum jsonscan_status scanned,
+                                      const struct jsonscan *scan, struct route *out)
+{
+    switch (scanned) {
+    case JSONSCAN_MODEL: {
+        size_t len;
+        const char *name = jsonscan_model(scan, &len);
+        void *t = router_lookup_name(r, name, len);
+        if (!t) {
+            return ROUTE_NOT_FOUND;
+        }
+        out->target = t;
+        out->via = ROUTE_VIA_BODY;
+        return ROUTE_FOUND;
+    }
+    case JSONSCAN_MODEL_TOO_LONG:
+        return ROUTE_NOT_FOUND; /* longer than any name can be */
+    case JSONSCAN_NO_MODEL:
+        return ROUTE_NO_MODEL_FIELD;
+    case JSONSCAN_MORE:
+        return ROUTE_NEED_BODY;
+    default:
+        return ROUTE_BAD_JSON;
+    }
+}
+
 enum route_status router_resolve_body(const struct router *r, const char *body, size_t len,
                                       struct route *out)
 {
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!root) {
-        return ROUTE_BAD_JSON;
+    struct jsonscan scan;
+    jsonscan_init(&scan);
+    enum jsonscan_status st = jsonscan_feed(&scan, body, len);
+    if (st == JSONSCAN_MORE) {
+        st = jsonscan_finish(&scan);
     }
-    enum route_status st;
-    const cJSON *m = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "model") : NULL;
-    if (!cJSON_IsObject(root)) {
-        st = ROUTE_BAD_JSON;
-    } else if (!cJSON_IsString(m) || !m->valuestring) {
-        st = ROUTE_NO_MODEL_FIELD;
-    } else {
-        void *t = strmap_get(&r->by_name, m->valuestring, strlen(m->valuestring));
-        if (t) {
-            out->target = t;
-            out->via = ROUTE_VIA_BODY;
-            st = ROUTE_FOUND;
-        } else {
-            st = ROUTE_NOT_FOUND;
-        }
-    }
-    cJSON_Delete(root);
-    return st;
+    return router_resolve_scan(r, st, &scan, out);
 }

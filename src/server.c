@@ -65,7 +65,7 @@ static void on_endpoint_gone(void *ud, struct endpoint *ep)
 static void on_removing(void *ud, struct model *m, const char *reason)
 {
     LOGI("model removed", "model=%s reason=\"%s\"", m->name, reason);
-    proxy_flush_queue(ud, m, REJECT_NO_REPLICAS, reason);
+    proxy_model_removed(ud, m, reason);
     for (size_t i = 0; i < m->n_endpoints; i++) {
         upstream_close_idle(m->endpoints[i]);
     }

@@ -37,6 +37,7 @@ struct config_limits {
     uint64_t max_queue_total;
     uint64_t queue_aging_ms;
     uint64_t drain_timeout_ms;
+    uint64_t max_buffered_body_bytes;
     enum priority_header_policy priority_header;
     uint64_t body_total_timeout_ms; /* whole request body, from the end of the head */
     bool trust_forwarded_headers;   /* keep and extend the client's X-Forwarded-* / Forwarded */

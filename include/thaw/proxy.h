@@ -12,6 +12,7 @@
 
 #include "thaw/buf.h"
 #include "thaw/http.h"
+#include "thaw/jsonscan.h"
 #include "thaw/list.h"
 #include "thaw/metrics.h"
 #include "thaw/model.h"
@@ -19,6 +20,7 @@
 #include "thaw/router.h"
 
 struct conn;
+struct metrics_stream;
 struct server;
 struct upstream;
 
@@ -50,6 +52,13 @@ struct request {
     bool response_started; /* response bytes went to the client */
     bool model_resolved;
     bool heartbeat; /* thaw sent a 200 event-stream head and ": loading" comments */
+    size_t body_seen;       /* body bytes already accounted for and scanned */
+    uint64_t body_reserved; /* this request's share of server.buffered_body_bytes */
+    /* While a body-routed request's model is unknown: the scan of its body
+     * (about 450 bytes, freed once the route is decided). */
+    struct jsonscan *scan;
+    /* The admin port's streamed /metrics answer, while it is being written. */
+    struct metrics_stream *metrics_stream;
 };
 
 struct request *request_new(struct server *srv, struct conn *c);
@@ -60,6 +69,10 @@ void request_free(struct server *srv, struct request *r);
  * can be routed now. Returns REJECT_COUNT to go on reading the body, or a
  * reason to reject the request with. */
 int proxy_on_head(struct conn *c, struct request *r);
+/* conn -> proxy. More of the body arrived (r->body grew): account for it
+ * and route by its "model" as soon as that is known. false when the
+ * request was answered (rejected) meanwhile. */
+bool proxy_on_body(struct conn *c, struct request *r);
 /* The whole request has arrived. The proxy answers it sooner or later. */
 void proxy_on_request(struct conn *c, struct request *r);
 /* The connection is going away while r is unanswered. */
@@ -76,6 +89,9 @@ void proxy_upstream_failed(struct request *r, enum reject_reason reason, enum ab
 
 /* A model gained capacity: dispatch what waits. */
 void proxy_dispatch(struct server *srv, struct model *m);
+/* m is being removed: answers its queued requests and those still reading
+ * their body (503 no_replicas with reason). */
+void proxy_model_removed(struct server *srv, struct model *m, const char *reason);
 /* Answers every queued request of m with reason (model removed, shutdown). */
 void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason,
                        const char *detail);

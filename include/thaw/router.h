@@ -11,6 +11,7 @@
 
 #include "thaw/buf.h"
 #include "thaw/http.h"
+#include "thaw/jsonscan.h"
 #include "thaw/strmap.h"
 
 struct router {
@@ -56,8 +57,16 @@ int router_add(struct router *r, void *target, const struct route_names *names,
 void router_remove(struct router *r, void *target);
 enum route_status router_resolve_head(const struct router *r, const struct http_head *h,
                                       struct route *out);
+/* A whole body at once (see router_resolve_scan). */
 enum route_status router_resolve_body(const struct router *r, const char *body, size_t len,
                                       struct route *out);
+/* The route for what a body scan found: ROUTE_NEED_BODY while the scan
+ * wants more, ROUTE_FOUND, ROUTE_NOT_FOUND (no such name, or a name longer
+ * than any), ROUTE_NO_MODEL_FIELD or ROUTE_BAD_JSON. */
+enum route_status router_resolve_scan(const struct router *r, enum jsonscan_status scanned,
+                                      const struct jsonscan *scan, struct route *out);
+/* The model named (exactly) name or alias, or NULL. */
+void *router_lookup_name(const struct router *r, const char *name, size_t len);
 /* Is this request-target one whose JSON body names the model? */
 bool router_is_body_routed_path(const char *path, size_t len);
 

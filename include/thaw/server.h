@@ -66,6 +66,9 @@ struct server {
     size_t n_free_requests;
     struct server_metrics metrics;
     uint64_t inflight; /* proxy requests accepted and not yet finished */
+    /* Request body bytes held (reserved from Content-Length, or read so
+     * far), against limits.max_buffered_body_bytes. */
+    uint64_t buffered_body_bytes;
     char *scratch;
     struct http_limits req_limits, resp_limits, admin_limits;
     const struct timeval *tv_header, *tv_body, *tv_keepalive, *tv_send, *tv_linger;

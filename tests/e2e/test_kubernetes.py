@@ -516,6 +516,26 @@ def test_deleted_deployment_answers_held_requests(cluster, thaw_factory, tmp_pat
     assert complete(t).status == 404  # gone from routing too
 
 
+def test_deleted_deployment_answers_requests_still_sending_their_body(cluster, thaw_factory,
+                                                                      tmp_path):
+    # Routed by its body's "model" before the body is complete: the request
+    # holds the model while the rest arrives, and must be answered (not left
+    # pointing at a freed model) when the Deployment goes.
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=60000))
+    s = t.connect(timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: thaw.test\r\n"
+              b"Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n"
+              b'{"model":"llama","prompt":"' + b"x" * 1000)
+    wait_for(lambda: t.metric("thaw_buffered_body_bytes") == 1048576, what="body reserved")
+    sim.call("DELETE", "/apis/apps/v1/namespaces/models/deployments/llama")
+    r = httpc.Reader(s).response()
+    s.close()
+    assert r.status == 503
+    assert "models/llama was deleted" in r.json()["error"]["message"]
+    wait_for(lambda: t.metric("thaw_buffered_body_bytes") == 0, what="budget released")
+    t.assert_reconciled()
+
+
 def test_annotations_and_bad_values(cluster, thaw_factory, tmp_path):
     sim = cluster(load_ms=50)
     sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment(

@@ -1,0 +1,74 @@
+/* Finds the top-level "model" string of a JSON request body without parsing
+ * it into a tree. A small state machine is fed the body in whatever pieces
+ * it arrives in; it keeps no copy of the input, only its current state (a
+ * bounded nesting stack and a bounded model name), skips nested values
+ * without building anything, and stops as soon as the top-level "model"
+ * string is complete. Keys and values are compared after JSON unescaping
+ * ("mo\u0064el" is "model"). "model" keys inside nested objects or arrays
+ * do not count; of duplicate top-level keys the first decides.
+ *
+ * Everything before the answer is checked as strict JSON (RFC 8259); bytes
+ * after it are not looked at. Pure: no I/O, no allocation. */
+#ifndef THAW_JSONSCAN_H
+#define THAW_JSONSCAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Longest model name accepted (bytes after unescaping). */
+#define JSONSCAN_MODEL_MAX 256
+/* Deepest nesting accepted (the top-level object is depth 1). */
+#define JSONSCAN_DEPTH_MAX 1024
+
+enum jsonscan_status {
+    JSONSCAN_MORE = 0,   /* no answer yet: feed more, or call jsonscan_finish at the end */
+    JSONSCAN_MODEL,      /* the top-level "model" string is known: jsonscan_model() */
+    JSONSCAN_NO_MODEL,   /* a complete JSON object without a string "model" (finish only) */
+    JSONSCAN_MODEL_TOO_LONG, /* "model" is a string longer than JSONSCAN_MODEL_MAX */
+    JSONSCAN_INVALID,    /* not a JSON object: jsonscan_error() says where and why */
+};
+
+struct jsonscan {
+    uint64_t offset; /* bytes consumed so far */
+    uint8_t state;
+    uint8_t str_kind;     /* what the current string is: skipped, a top-level key, the model */
+    uint8_t lit_pos;      /* position inside true/false/null */
+    uint8_t hex_left;     /* \uXXXX digits still to come */
+    uint8_t key_pos;      /* how much of "model" the current top-level key matched */
+    bool key_mismatch;
+    bool key_is_model;    /* the value being read belongs to the first top-level "model" */
+    bool model_seen;      /* a top-level "model" key was seen (its value decides) */
+    bool model_not_string;
+    bool literal_for_key; /* the literal being matched is the key's value (true) */
+    bool key_is_true;     /* the key's value was the literal true */
+    const char *key;      /* the top-level key looked for: "model" unless told */
+    uint8_t key_len;
+    const char *literal;  /* the literal being matched */
+    uint32_t code;        /* the \u escape being read */
+    uint32_t high_surrogate;
+    uint32_t depth;
+    uint64_t kinds[JSONSCAN_DEPTH_MAX / 64]; /* bit set: object at that depth, else array */
+    enum jsonscan_status status;
+    const char *error;    /* static text, for JSONSCAN_INVALID */
+    uint64_t error_offset;
+    size_t model_len;
+    char model[JSONSCAN_MODEL_MAX + 1];
+};
+
+void jsonscan_init(struct jsonscan *s);
+/* The same for another top-level key (static, at most 255 bytes, ASCII).
+ * A string value is reported as JSONSCAN_MODEL; after JSONSCAN_NO_MODEL,
+ * key_is_true says whether the key's value was the literal true. */
+void jsonscan_init_key(struct jsonscan *s, const char *key);
+/* Feeds the next piece of the body. Returns JSONSCAN_MORE until an answer
+ * is known, then that answer (further calls change nothing). */
+enum jsonscan_status jsonscan_feed(struct jsonscan *s, const char *data, size_t len);
+/* The body ended. Returns the final answer: never JSONSCAN_MORE. */
+enum jsonscan_status jsonscan_finish(struct jsonscan *s);
+/* The model name (NUL-terminated; *len excludes the NUL) after JSONSCAN_MODEL. */
+const char *jsonscan_model(const struct jsonscan *s, size_t *len);
+/* Writes "<what> at byte <n>" for JSONSCAN_INVALID into out. */
+void jsonscan_error(const struct jsonscan *s, char *out, size_t outlen);
+
+#endif
