@@ -50,7 +50,7 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_VERSION_NOT_SUPPORTED] = {"http_version_not_supported", 505, false,
                                       "thaw speaks HTTP/1.0 and HTTP/1.1 only"},
     [REJECT_MODEL_REMOVED] = {"model_removed", 503, false,
-                              "the model was removed from the configuration"},
+                              "the model was removed (from the configuration, or its Deployment deleted)"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

@@ -574,10 +574,10 @@ void proxy_model_removed(struct server *srv, struct model *m, const char *reason
         struct conn *c = container_of(pos, struct conn, node);
         struct request *r = c->req;
         if (c->kind == LISTENER_PROXY && r && r->state == REQ_READING && r->model == m) {
-            conn_reject(c, REJECT_NO_REPLICAS, reason);
+            conn_reject(c, REJECT_MODEL_REMOVED, reason);
         }
     }
-    proxy_flush_queue(srv, m, REJECT_NO_REPLICAS, reason);
+    proxy_flush_queue(srv, m, REJECT_MODEL_REMOVED, reason);
 }
 
 void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason,
