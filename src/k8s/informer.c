@@ -117,22 +117,13 @@ static void remove_by_key(struct k8s_informer *inf, const char *key)
     cJSON_Delete(key_only);
 }
 
-static void on_list(void *ud, long status, const char *body, size_t len, const char *err)
+int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t len)
 {
-    struct k8s_informer *inf = ud;
-    inf->call = NULL;
-    if (status != 200) {
-        char why[200];
-        snprintf(why, sizeof why, "list: %s (HTTP %ld)", err ? err : "error", status);
-        retry_later(inf, why);
-        return;
-    }
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(root, "items");
     if (!cJSON_IsArray(items)) {
         cJSON_Delete(root);
-        retry_later(inf, "list: not a list object");
-        return;
+        return -1;
     }
     struct strmap seen;
     strmap_init(&seen);
@@ -168,12 +159,28 @@ static void on_list(void *ud, long status, const char *body, size_t len, const c
     if (first && inf->ops->synced) {
         inf->ops->synced(inf->ud);
     }
+    return 0;
+}
+
+static void on_list(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct k8s_informer *inf = ud;
+    inf->call = NULL;
+    if (status != 200) {
+        char why[200];
+        snprintf(why, sizeof why, "list: %s (HTTP %ld)", err ? err : "error", status);
+        retry_later(inf, why);
+        return;
+    }
+    if (k8s_informer_apply_list(inf, body, len)) {
+        retry_later(inf, "list: not a list object");
+        return;
+    }
     start_watch(inf);
 }
 
-static int on_line(void *ud, const char *line, size_t len)
+int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t len)
 {
-    struct k8s_informer *inf = ud;
     cJSON *ev = cJSON_ParseWithLength(line, len);
     const char *type = k8s_get_string(ev, "type");
     const cJSON *obj = cJSON_GetObjectItemCaseSensitive(ev, "object");
@@ -210,6 +217,11 @@ static int on_line(void *ud, const char *line, size_t len)
     }
     cJSON_Delete(ev);
     return stop;
+}
+
+static int on_line(void *ud, const char *line, size_t len)
+{
+    return k8s_informer_apply_event(ud, line, len);
 }
 
 static void on_watch_done(void *ud, long status, const char *body, size_t len, const char *err)
