@@ -1,7 +1,9 @@
 #include "thaw/jsonpos.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct walker {
     const char *p, *end;
@@ -31,14 +33,23 @@ static int record(struct jsonpos *jp, const cJSON *item, int line)
     return 0;
 }
 
+/* Whitespace as cJSON skips it: every byte up to and including the space
+ * (a NUL or another control byte too), so the walk stays in step with
+ * what cJSON parsed. */
+static bool is_ws(char c)
+{
+    return (unsigned char)c <= ' ';
+}
+
 static void skip_ws(struct walker *w)
 {
     while (w->p < w->end) {
         char c = *w->p;
+        if (!is_ws(c)) {
+            return;
+        }
         if (c == '\n') {
             w->line++;
-        } else if (c != ' ' && c != '\t' && c != '\r') {
-            return;
         }
         w->p++;
     }
@@ -116,12 +127,18 @@ static int walk_value(struct walker *w, const cJSON *item, int line_override)
     case '"':
         skip_string(w);
         return 0;
-    default:
-        while (w->p < w->end && *w->p != ',' && *w->p != '}' && *w->p != ']' && *w->p != ' ' &&
-               *w->p != '\n' && *w->p != '\t' && *w->p != '\r') {
+    default: {
+        const char *start = w->p;
+        while (w->p < w->end && *w->p != ',' && *w->p != '}' && *w->p != ']' && !is_ws(*w->p)) {
+            w->p++;
+        }
+        if (w->p == start) {
+            /* A stray bracket (the walk lost step): step over it so the
+             * walk always ends; only line numbers can suffer. */
             w->p++;
         }
         return 0;
+    }
     }
 }
 
@@ -131,6 +148,9 @@ int jsonpos_build(struct jsonpos *jp, const char *text, size_t len, const cJSON 
     jp->lines = NULL;
     jp->n = jp->cap = 0;
     struct walker w = {text, text + len, 1, jp};
+    if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) {
+        w.p += 3; /* a UTF-8 byte order mark, which cJSON skips too */
+    }
     return walk_value(&w, root, 0);
 }
 

@@ -145,6 +145,32 @@ static void test_syntax_error_line(void **state)
     expect_error("{\n\"listen\": \"127.0.0.1:1\",\n\"limits\": {,}\n}", "test.json:3: (syntax)");
 }
 
+static void expect_error_len(const char *text, size_t len, const char *want)
+{
+    struct config_error err;
+    struct config *cfg = config_parse(text, len, "test.json", &err);
+    if (cfg) {
+        config_free(cfg);
+        fail_msg("expected an error containing \"%s\"", want);
+    }
+    if (!strstr(err.msg, want)) {
+        fail_msg("error \"%s\" does not contain \"%s\"", err.msg, want);
+    }
+}
+
+/* cJSON skips every byte up to the space as whitespace (NUL and control
+ * bytes too) and a leading byte order mark; the line finder must do the
+ * same, and must end even when it loses step (found by fuzzing: a NUL
+ * made it spin forever on a closing bracket). */
+static void test_odd_whitespace_lines(void **state)
+{
+    static const char hang[] = "[\0{\"a\":1}]";
+    expect_error_len(hang, sizeof hang - 1, "(top level): must be a JSON object");
+    static const char ctl[] = "{\x01\n\"listen\": \"127.0.0.1:1\",\n\x0b\0\"bogus\": 1}";
+    expect_error_len(ctl, sizeof ctl - 1, "test.json:3: bogus: unknown key");
+    expect_error("\xEF\xBB\xBF{\n\"bogus\": 1}", "test.json:2: bogus: unknown key");
+}
+
 static void test_missing_file(void **state)
 {
     struct config_error err;
@@ -171,6 +197,7 @@ int main(void)
         cmocka_unit_test(test_errors_name_file_line_and_key),
         cmocka_unit_test(test_process_models),
         cmocka_unit_test(test_syntax_error_line),
+        cmocka_unit_test(test_odd_whitespace_lines),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_listen_override),
     };
