@@ -38,6 +38,17 @@ const char *k8s_get_string(const cJSON *obj, const char *dotted)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+uint64_t k8s_json_count(const cJSON *v)
+{
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
+        return 0;
+    }
+    if (v->valuedouble >= 18446744073709551616.0) { /* 2^64 */
+        return UINT64_MAX;
+    }
+    return (uint64_t)v->valuedouble;
+}
+
 void k8s_object_key(const cJSON *obj, char *out, size_t len)
 {
     const char *ns = k8s_get_string(obj, "metadata.namespace");

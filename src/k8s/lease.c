@@ -96,7 +96,7 @@ void k8s_lease_observe(struct k8s_lease *l, const cJSON *cur, uint64_t now, bool
         l->observed_ms = now;
     }
     const cJSON *tr = k8s_get(cur, "spec.leaseTransitions");
-    l->transitions = cJSON_IsNumber(tr) ? (uint64_t)tr->valuedouble : 0;
+    l->transitions = k8s_json_count(tr);
     *mine = holder && strcmp(holder, l->identity) == 0;
     *expired = !holder || !*holder || now - l->observed_ms >= l->duration_ms;
 }

@@ -4,7 +4,8 @@
  * informer knows are swept). Every object the informer hands on goes through
  * all of thaw's decoders (Deployment model spec, Pod, EndpointSlice, Node)
  * and the Lease reader and writer, whatever its kind, as a confused or
- * hostile API server could send anything anywhere. */
+ * hostile API server could send anything anywhere. Each line is also read
+ * as a peer activator's demand report. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "thaw/k8s/lease.h"
 #include "thaw/k8s/model_spec.h"
 #include "thaw/k8s/objects.h"
+#include "thaw/k8s/peers.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -90,6 +92,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (i == size || text[i] == '\n') {
             if (i > start) {
                 (void)k8s_informer_apply_event(&inf, text + start, i - start);
+                struct strmap demand;
+                char identity[254];
+                strmap_init(&demand);
+                (void)k8s_peer_demand_parse(text + start, i - start, &demand, identity,
+                                            sizeof identity);
+                strmap_dispose(&demand);
             }
             start = i + 1;
         }

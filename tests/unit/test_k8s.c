@@ -15,8 +15,10 @@
 #include "thaw/k8s/client.h"
 #include "thaw/k8s/execcred.h"
 #include "thaw/k8s/informer.h"
+#include "thaw/k8s/lease.h"
 #include "thaw/k8s/model_spec.h"
 #include "thaw/k8s/objects.h"
+#include "thaw/k8s/peers.h"
 
 static const char *DEPLOYMENT =
     "{\"apiVersion\":\"apps/v1\",\"kind\":\"Deployment\","
@@ -175,6 +177,67 @@ static void test_durations(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(k8s_parse_duration_ms(bad[i], &ms), -1);
     }
+}
+
+/* Numbers from the API server (or a peer) that no integer holds: found by
+ * fuzzing, where converting them was undefined behaviour. Counts saturate,
+ * negatives read as 0, durations past any sense are refused. */
+static void test_out_of_range_numbers(void **state)
+{
+    uint64_t ms;
+    assert_int_equal(k8s_parse_duration_ms("99999999999999999999999h", &ms), -1);
+    assert_int_equal(k8s_parse_duration_ms("18446744073709551615", &ms), -1);
+    assert_int_equal(k8s_parse_duration_ms("9223372036854775807s", &ms), -1);
+    assert_int_equal(k8s_parse_duration_ms("5000000000000h5000000000000h", &ms), -1);
+    assert_int_equal(k8s_parse_duration_ms("9000000000000000s", &ms), 0);
+    assert_true(ms == 9000000000000000000ull);
+
+    cJSON *dep = cJSON_Parse(
+        "{\"metadata\":{\"name\":\"d\"},\"spec\":{\"replicas\":1e300,\"template\":{\"spec\":"
+        "{\"containers\":[{\"resources\":{\"requests\":{\"nvidia.com/gpu\":1e112}}},"
+        "{\"resources\":{\"limits\":{\"nvidia.com/gpu\":-4}}},"
+        "{\"resources\":{\"limits\":{\"nvidia.com/gpu\":3}}}]}}},"
+        "\"status\":{\"readyReplicas\":-2}}");
+    struct k8s_model_spec d = defaults(), sp;
+    assert_int_equal(k8s_model_spec_parse(dep, &d, &sp), 0);
+    assert_int_equal(sp.replicas, INT64_MAX);
+    assert_int_equal(sp.ready_replicas, 0);
+    assert_true(sp.gpu_slices == UINT64_MAX);
+    cJSON_Delete(dep);
+
+    cJSON *node = cJSON_Parse("{\"metadata\":{\"name\":\"n\"},\"status\":{\"allocatable\":"
+                              "{\"nvidia.com/gpu\":1e30}}}");
+    struct k8s_node_info ni;
+    assert_int_equal(k8s_node_decode(node, &ni), 0);
+    assert_true(ni.gpu_allocatable == UINT64_MAX);
+    cJSON_Delete(node);
+
+    struct k8s_lease lease;
+    memset(&lease, 0, sizeof lease);
+    strcpy(lease.identity, "me");
+    lease.duration_ms = 15000;
+    cJSON *cur = cJSON_Parse("{\"spec\":{\"holderIdentity\":\"other\",\"renewTime\":\"t\","
+                             "\"leaseTransitions\":1e300}}");
+    bool mine, expired;
+    k8s_lease_observe(&lease, cur, 1000, &mine, &expired);
+    assert_true(lease.transitions == UINT64_MAX);
+    assert_false(mine);
+    assert_false(expired);
+    cJSON_Delete(cur);
+
+    static const char report[] =
+        "{\"identity\":\"thaw-1\",\"models\":{\"a/x\":[1e300,5],\"a/y\":[-5,2],\"a/z\":[3,4]}}";
+    struct strmap demand;
+    char identity[64];
+    strmap_init(&demand);
+    assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, identity,
+                                           sizeof identity), 0);
+    assert_string_equal(identity, "thaw-1");
+    assert_true((uintptr_t)strmap_get(&demand, "a/x", 3) == UINTPTR_MAX);
+    assert_true((uintptr_t)strmap_get(&demand, "a/y", 3) == 2 + 1);
+    assert_true((uintptr_t)strmap_get(&demand, "a/z", 3) == 7 + 1);
+    assert_int_equal(k8s_peer_demand_parse("[]", 2, &demand, identity, sizeof identity), -1);
+    strmap_dispose(&demand);
 }
 
 static void test_watch_event_objects(void **state)
@@ -491,6 +554,7 @@ int main(void)
         cmocka_unit_test(test_bad_values_keep_defaults_and_say_why),
         cmocka_unit_test(test_not_a_deployment),
         cmocka_unit_test(test_durations),
+        cmocka_unit_test(test_out_of_range_numbers),
         cmocka_unit_test(test_watch_event_objects),
         cmocka_unit_test(test_pod_decoding),
         cmocka_unit_test(test_endpointslice_decoding),
