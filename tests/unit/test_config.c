@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "thaw/config.h"
@@ -171,6 +172,25 @@ static void test_odd_whitespace_lines(void **state)
     expect_error("\xEF\xBB\xBF{\n\"bogus\": 1}", "test.json:2: bogus: unknown key");
 }
 
+/* Duplicate keys are found by sorting: an object with many keys used to
+ * take quadratic time (200 000 keys: minutes), which is a hang at start-up. */
+static void test_many_keys_and_first_duplicate(void **state)
+{
+    expect_error("{\"log\": {}, \"listen\": \"127.0.0.1:1\",\n\"listen\": \"127.0.0.1:2\",\n"
+                 "\"log\": {}}",
+                 "test.json:3: log: duplicate key");
+    size_t n = 200000, cap = n * 16 + 64, len = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    len += (size_t)snprintf(text + len, cap - len, "{\"limits\": {");
+    for (size_t i = 0; i < n; i++) {
+        len += (size_t)snprintf(text + len, cap - len, "\"k%zu\": 1,", i);
+    }
+    len += (size_t)snprintf(text + len, cap - len, "\n\"k%zu\": 2}}", n - 1);
+    expect_error_len(text, len, "test.json:2: limits.k199999: duplicate key");
+    free(text);
+}
+
 static void test_missing_file(void **state)
 {
     struct config_error err;
@@ -198,6 +218,7 @@ int main(void)
         cmocka_unit_test(test_process_models),
         cmocka_unit_test(test_syntax_error_line),
         cmocka_unit_test(test_odd_whitespace_lines),
+        cmocka_unit_test(test_many_keys_and_first_duplicate),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_listen_override),
     };
