@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <event2/event.h>
+
 #include "thaw/k8s/auth.h"
 #include "thaw/k8s/client.h"
 #include "thaw/k8s/execcred.h"
@@ -507,6 +509,88 @@ static void test_exec_credential(void **state)
 #undef CRED
 }
 
+struct seen_objects {
+    char upserted[8][64];
+    char removed[8][64];
+    size_t n_up, n_rm;
+};
+
+static void note_upsert(void *ud, const cJSON *obj)
+{
+    struct seen_objects *s = ud;
+    if (s->n_up < 8) {
+        k8s_object_key(obj, s->upserted[s->n_up++], 64);
+    }
+}
+
+static void note_remove(void *ud, const cJSON *obj)
+{
+    struct seen_objects *s = ud;
+    if (s->n_rm < 8) {
+        k8s_object_key(obj, s->removed[s->n_rm++], 64);
+    }
+}
+
+/* The informer's list and watch handling, fed text directly. */
+static void test_informer_without_network(void **state)
+{
+    static const struct k8s_informer_ops ops = {note_upsert, note_remove, NULL};
+    struct seen_objects seen = {0};
+    struct event_base *base = event_base_new();
+    struct k8s_informer inf;
+    k8s_informer_init(&inf, NULL, base, "pods", "/api/v1/pods", NULL, &ops, &seen);
+    const char *not_list = "{\"kind\":\"Status\",\"code\":500}";
+    assert_int_equal(k8s_informer_apply_list(&inf, not_list, strlen(not_list)), -1);
+    assert_false(inf.synced);
+    const char *list = "{\"metadata\":{\"resourceVersion\":\"10\"},\"items\":["
+                       "{\"metadata\":{\"name\":\"a\",\"namespace\":\"m\"}},"
+                       "{\"metadata\":{\"name\":\"b\",\"namespace\":\"m\"}}]}";
+    assert_int_equal(k8s_informer_apply_list(&inf, list, strlen(list)), 0);
+    assert_true(inf.synced);
+    assert_string_equal(inf.rv, "10");
+    assert_int_equal(seen.n_up, 2);
+    const char *added = "{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"name\":\"c\","
+                        "\"namespace\":\"m\",\"resourceVersion\":\"11\"}}}";
+    assert_int_equal(k8s_informer_apply_event(&inf, added, strlen(added)), 0);
+    assert_string_equal(inf.rv, "11");
+    assert_string_equal(seen.upserted[2], "m/c");
+    assert_int_equal(k8s_informer_apply_event(&inf, "not json", 8), 0);
+    /* A relist without b and c: both are reported gone, by key. */
+    const char *relist = "{\"metadata\":{\"resourceVersion\":\"20\"},\"items\":["
+                         "{\"metadata\":{\"name\":\"a\",\"namespace\":\"m\"}}]}";
+    assert_int_equal(k8s_informer_apply_list(&inf, relist, strlen(relist)), 0);
+    assert_int_equal(seen.n_rm, 2);
+    assert_true((strcmp(seen.removed[0], "m/b") == 0 && strcmp(seen.removed[1], "m/c") == 0) ||
+                (strcmp(seen.removed[0], "m/c") == 0 && strcmp(seen.removed[1], "m/b") == 0));
+    const char *gone = "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"code\":410}}";
+    assert_int_not_equal(k8s_informer_apply_event(&inf, gone, strlen(gone)), 0);
+    assert_true(inf.relist_needed);
+    k8s_informer_dispose(&inf);
+    event_base_free(base);
+}
+
+/* A kubeconfig from memory: relative paths are relative to the name given. */
+static void test_kubeconfig_text(void **state)
+{
+    const char *text = "current-context: c\n"
+                       "clusters: [{name: k, cluster: {server: 'https://k:6443/'}}]\n"
+                       "users: [{name: u, user: {tokenFile: t/token}}]\n"
+                       "contexts: [{name: c, context: {cluster: k, user: u, namespace: ns}}]\n";
+    struct k8s_auth a;
+    char err[256];
+    k8s_auth_init(&a);
+    assert_int_equal(k8s_auth_from_kubeconfig_text(&a, text, strlen(text), "/etc/kube/config",
+                                                   NULL, err, sizeof err), 0);
+    assert_string_equal(a.server, "https://k:6443");
+    assert_string_equal(a.token_file, "/etc/kube/t/token");
+    assert_string_equal(a.namespace_, "ns");
+    k8s_auth_dispose(&a);
+    assert_int_equal(k8s_auth_from_kubeconfig_text(&a, "a: [", 4, "mem", NULL, err, sizeof err),
+                     -1);
+    assert_non_null(strstr(err, "kubeconfig mem:"));
+    k8s_auth_dispose(&a);
+}
+
 static void test_in_cluster(void **state)
 {
     char dir[] = "/tmp/thaw-sa-XXXXXX";
@@ -562,6 +646,8 @@ int main(void)
         cmocka_unit_test(test_base64),
         cmocka_unit_test(test_kubeconfig),
         cmocka_unit_test(test_exec_credential),
+        cmocka_unit_test(test_informer_without_network),
+        cmocka_unit_test(test_kubeconfig_text),
         cmocka_unit_test(test_in_cluster),
         cmocka_unit_test(test_backoff_is_capped_and_jittered),
     };
