@@ -848,6 +848,19 @@ struct config *config_parse(const char *text, size_t len, const char *label,
                  jsonpos_line_of_offset(text, len, off), off);
         return NULL;
     }
+    /* Only whitespace may follow the value (a second object would
+     * otherwise be ignored without a word). */
+    size_t rest = (size_t)(end - text);
+    while (rest < len && (unsigned char)text[rest] <= ' ') {
+        rest++;
+    }
+    if (rest < len) {
+        snprintf(err->msg, sizeof err->msg,
+                 "%s:%d: (syntax): unexpected text after the JSON value at byte %zu", label,
+                 jsonpos_line_of_offset(text, len, rest), rest);
+        cJSON_Delete(root);
+        return NULL;
+    }
     struct config *cfg = config_new_default();
     if (!cfg || !(cfg->path = strdup(label)) || jsonpos_build(&p.pos, text, len, root)) {
         snprintf(err->msg, sizeof err->msg, "%s:0: (load): out of memory", label);

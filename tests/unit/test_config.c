@@ -144,6 +144,13 @@ static void test_process_models(void **state)
 static void test_syntax_error_line(void **state)
 {
     expect_error("{\n\"listen\": \"127.0.0.1:1\",\n\"limits\": {,}\n}", "test.json:3: (syntax)");
+    /* Text after the object used to be ignored: a second object was lost. */
+    expect_error("{\"listen\": \"127.0.0.1:1\"}\n\n{\"bogus\": 1}",
+                 "test.json:3: (syntax): unexpected text after the JSON value at byte 27");
+    struct config_error err;
+    struct config *cfg = parse("{\"listen\": \"127.0.0.1:1\"}\n \t\r\n", &err);
+    assert_non_null(cfg); /* trailing whitespace is fine */
+    config_free(cfg);
 }
 
 static void expect_error_len(const char *text, size_t len, const char *want)
