@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: unit and end-to-end tests, the same again under
-# ASan+UBSan, a short fuzzing run, and the benchmarks in smoke mode.
+# ASan+UBSan, short fuzzing runs of every parser of outside input, and the benchmarks in smoke mode.
 # Expects scripts/setup.sh to have installed and built (it calls this).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,12 +38,35 @@ meson test -C build-asan --suite unit --print-errorlogs || status=1
     THAW_SANITIZED=1 $PY -m pytest -q -p no:cacheprovider .) || status=1
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
-step "fuzzing the request parser and router (smoke: 20 s)"
+step "fuzzing every parser of outside input (smoke: request 20 s, the others 8 s each)"
 CC=clang build build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false
-corpus=$(mktemp -d)
-cp tests/fuzz/corpus/request/* "$corpus"/
-./build-fuzz/tests/fuzz_request -max_total_time=20 -max_len=4096 "$corpus" 2>&1 | tail -1 || status=1
-rm -rf "$corpus"
+# fuzz NAME SECONDS MAX_LEN: a run from the target's seed corpus (copied, so
+# the checked-in corpus stays small); a crash, hang, leak or UB fails it and
+# the failing input is kept under build-fuzz/artifacts/.
+fuzz() {
+    local name=$1 secs=$2 max_len=$3 corpus log
+    corpus=$(mktemp -d)
+    log=$(mktemp)
+    cp tests/fuzz/corpus/"$name"/* "$corpus"/
+    mkdir -p build-fuzz/artifacts
+    if ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        ./build-fuzz/tests/fuzz_"$name" -max_total_time="$secs" -max_len="$max_len" \
+        -timeout=10 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/artifacts/"$name"- \
+        "$corpus" >"$log" 2>&1; then
+        echo "fuzz_$name: $(grep '^Done' "$log")"
+    else
+        echo "fuzz_$name: FAILED"
+        grep -E 'ERROR|SUMMARY|runtime error|Test unit written' "$log" | head -20
+        status=1
+    fi
+    rm -rf "$corpus" "$log"
+}
+fuzz request 20 4096
+fuzz response 8 4096
+fuzz config 8 8192
+fuzz kubeconfig 8 4096
+fuzz k8s_objects 8 8192
+fuzz execcred 8 2048
 
 step "benchmarks (smoke mode: figures only, never pass/fail on time)"
 SMOKE=1 ./loadtest/bench_proxy.sh || status=1

@@ -172,16 +172,56 @@ static int read_num_key(struct parser *p, const struct num_key *keys, size_t n, 
     return 1;
 }
 
+struct member {
+    const cJSON *item;
+    size_t pos; /* in the file */
+};
+
+static int by_key_then_position(const void *a, const void *b)
+{
+    const struct member *x = a, *y = b;
+    int c = strcmp(x->item->string, y->item->string);
+    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* Names a key given twice in obj. Sorted, so that an object with many keys
+ * is not quadratic. */
 static int check_duplicates(struct parser *p, const cJSON *obj, const char *prefix)
 {
+    size_t n = 0;
     for (const cJSON *a = obj->child; a; a = a->next) {
-        for (const cJSON *b = a->next; b; b = b->next) {
-            if (strcmp(a->string, b->string) == 0) {
-                char path[256];
-                snprintf(path, sizeof path, "%s%s", prefix, b->string);
-                return fail(p, b, path, "duplicate key");
-            }
+        n++;
+    }
+    if (n < 2) {
+        return 0;
+    }
+    struct member *m = malloc(n * sizeof *m);
+    if (!m) {
+        return fail(p, NULL, "(load)", "out of memory");
+    }
+    size_t i = 0;
+    for (const cJSON *a = obj->child; a; a = a->next, i++) {
+        m[i].item = a;
+        m[i].pos = i;
+    }
+    qsort(m, n, sizeof *m, by_key_then_position);
+    /* Equal keys sit together in file order: of the repeated keys, the one
+     * that appears first is reported, at its second appearance. */
+    const cJSON *dup = NULL;
+    size_t first_pos = SIZE_MAX;
+    for (i = 1; i < n; i++) {
+        bool repeats = strcmp(m[i - 1].item->string, m[i].item->string) == 0;
+        bool starts_group = i == 1 || strcmp(m[i - 2].item->string, m[i - 1].item->string) != 0;
+        if (repeats && starts_group && m[i - 1].pos < first_pos) {
+            dup = m[i].item;
+            first_pos = m[i - 1].pos;
         }
+    }
+    free(m);
+    if (dup) {
+        char path[256];
+        snprintf(path, sizeof path, "%s%s", prefix, dup->string);
+        return fail(p, dup, path, "duplicate key");
     }
     return 0;
 }
@@ -930,8 +970,10 @@ struct config *config_parse(const char *text, size_t len, const char *label,
                  jsonpos_line_of_offset(text, len, off), off);
         return NULL;
     }
+    /* Only whitespace may follow the object (a second object would
+     * otherwise be ignored without a word). */
     size_t off = end ? (size_t)(end - text) : len;
-    while (off < len && isspace((unsigned char)text[off])) {
+    while (off < len && (unsigned char)text[off] <= ' ' && text[off] != '\0') {
         off++;
     }
     if (off < len) {
@@ -957,8 +999,9 @@ struct config *config_parse(const char *text, size_t len, const char *label,
             !path_on_line(&p.pos, root, line, false, path, sizeof path)) {
             snprintf(path, sizeof path, "(string)");
         }
-        snprintf(err->msg, sizeof err->msg, "%s:%d: %s: a string holds a NUL character (\\u0000)",
-                 label, line, path);
+        snprintf(err->msg, sizeof err->msg, "%s:%d: %s: %s", label, line, path,
+                 text[nul] == '\0' ? "a NUL byte in the file"
+                                    : "a string holds a NUL character (\\u0000)");
         rc = -EINVAL;
     }
     if (!rc) {

@@ -8,15 +8,19 @@
 #include <stddef.h>
 #include <cjson/cJSON.h>
 
+struct jsonpos_entry {
+    const cJSON *item;
+    int line;
+};
+
 struct jsonpos {
-    const cJSON **items;
-    int *lines;
+    struct jsonpos_entry *entries; /* sorted by item address once built */
     size_t n, cap;
 };
 
 /* text must be the exact buffer root was parsed from. 0 or -ENOMEM. */
 int jsonpos_build(struct jsonpos *jp, const char *text, size_t len, const cJSON *root);
-/* Line (1-based) of item, or 0 when unknown. */
+/* Line (1-based) of item, or 0 when unknown. O(log n). */
 int jsonpos_line(const struct jsonpos *jp, const cJSON *item);
 /* 1-based line of a byte offset in text. */
 int jsonpos_line_of_offset(const char *text, size_t len, size_t off);

@@ -228,24 +228,16 @@ static int decode_field(yaml_node_t *n, struct buf *out, const char *what, char 
     return 0;
 }
 
-int k8s_auth_from_kubeconfig(struct k8s_auth *a, const char *path, const char *context, char *err,
-                             size_t errlen)
+/* The kubeconfig on parser's input; path names it in errors and anchors
+ * its relative paths. */
+static int load_kubeconfig(struct k8s_auth *a, yaml_parser_t *parser, const char *path,
+                           const char *context, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err, errlen, "kubeconfig %s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    yaml_parser_t parser;
     yaml_document_t doc;
-    yaml_parser_initialize(&parser);
-    yaml_parser_set_input_file(&parser, f);
     int rc = -1;
-    if (!yaml_parser_load(&parser, &doc)) {
-        snprintf(err, errlen, "kubeconfig %s:%zu: %s", path, parser.problem_mark.line + 1,
-                 parser.problem ? parser.problem : "invalid YAML");
-        yaml_parser_delete(&parser);
-        fclose(f);
+    if (!yaml_parser_load(parser, &doc)) {
+        snprintf(err, errlen, "kubeconfig %s:%zu: %s", path, parser->problem_mark.line + 1,
+                 parser->problem ? parser->problem : "invalid YAML");
         return -1;
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
@@ -306,8 +298,34 @@ int k8s_auth_from_kubeconfig(struct k8s_auth *a, const char *path, const char *c
     rc = 0;
 out:
     yaml_document_delete(&doc);
+    return rc;
+}
+
+int k8s_auth_from_kubeconfig(struct k8s_auth *a, const char *path, const char *context, char *err,
+                             size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "kubeconfig %s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    yaml_parser_t parser;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_file(&parser, f);
+    int rc = load_kubeconfig(a, &parser, path, context, err, errlen);
     yaml_parser_delete(&parser);
     fclose(f);
+    return rc;
+}
+
+int k8s_auth_from_kubeconfig_text(struct k8s_auth *a, const char *text, size_t len,
+                                  const char *path, const char *context, char *err, size_t errlen)
+{
+    yaml_parser_t parser;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    int rc = load_kubeconfig(a, &parser, path, context, err, errlen);
+    yaml_parser_delete(&parser);
     return rc;
 }
 

@@ -38,6 +38,17 @@ const char *k8s_get_string(const cJSON *obj, const char *dotted)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+uint64_t k8s_json_count(const cJSON *v)
+{
+    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
+        return 0;
+    }
+    if (v->valuedouble >= 18446744073709551616.0) { /* 2^64 */
+        return UINT64_MAX;
+    }
+    return (uint64_t)v->valuedouble;
+}
+
 void k8s_object_key(const cJSON *obj, char *out, size_t len)
 {
     const char *ns = k8s_get_string(obj, "metadata.namespace");
@@ -117,22 +128,13 @@ static void remove_by_key(struct k8s_informer *inf, const char *key)
     cJSON_Delete(key_only);
 }
 
-static void on_list(void *ud, long status, const char *body, size_t len, const char *err)
+int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t len)
 {
-    struct k8s_informer *inf = ud;
-    inf->call = NULL;
-    if (status != 200) {
-        char why[200];
-        snprintf(why, sizeof why, "list: %s (HTTP %ld)", err ? err : "error", status);
-        retry_later(inf, why);
-        return;
-    }
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *items = cJSON_GetObjectItemCaseSensitive(root, "items");
     if (!cJSON_IsArray(items)) {
         cJSON_Delete(root);
-        retry_later(inf, "list: not a list object");
-        return;
+        return -1;
     }
     struct strmap seen;
     strmap_init(&seen);
@@ -168,12 +170,28 @@ static void on_list(void *ud, long status, const char *body, size_t len, const c
     if (first && inf->ops->synced) {
         inf->ops->synced(inf->ud);
     }
+    return 0;
+}
+
+static void on_list(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct k8s_informer *inf = ud;
+    inf->call = NULL;
+    if (status != 200) {
+        char why[200];
+        snprintf(why, sizeof why, "list: %s (HTTP %ld)", err ? err : "error", status);
+        retry_later(inf, why);
+        return;
+    }
+    if (k8s_informer_apply_list(inf, body, len)) {
+        retry_later(inf, "list: not a list object");
+        return;
+    }
     start_watch(inf);
 }
 
-static int on_line(void *ud, const char *line, size_t len)
+int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t len)
 {
-    struct k8s_informer *inf = ud;
     cJSON *ev = cJSON_ParseWithLength(line, len);
     const char *type = k8s_get_string(ev, "type");
     const cJSON *obj = cJSON_GetObjectItemCaseSensitive(ev, "object");
@@ -210,6 +228,11 @@ static int on_line(void *ud, const char *line, size_t len)
     }
     cJSON_Delete(ev);
     return stop;
+}
+
+static int on_line(void *ud, const char *line, size_t len)
+{
+    return k8s_informer_apply_event(ud, line, len);
 }
 
 static void on_watch_done(void *ud, long status, const char *body, size_t len, const char *err)

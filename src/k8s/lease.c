@@ -48,7 +48,7 @@ static void set_leading(struct k8s_lease *l, bool leading, const char *why)
     l->changed(l->ud, leading);
 }
 
-static char *lease_body(struct k8s_lease *l, const cJSON *cur, bool take_over)
+char *k8s_lease_body(struct k8s_lease *l, const cJSON *cur, bool take_over)
 {
     cJSON *o = cur ? cJSON_Duplicate(cur, 1) : cJSON_CreateObject();
     cJSON_DeleteItemFromObject(o, "status");
@@ -85,6 +85,22 @@ static char *lease_body(struct k8s_lease *l, const cJSON *cur, bool take_over)
     return s;
 }
 
+void k8s_lease_observe(struct k8s_lease *l, const cJSON *cur, uint64_t now, bool *mine,
+                       bool *expired)
+{
+    const char *holder = k8s_get_string(cur, "spec.holderIdentity");
+    const char *renew = k8s_get_string(cur, "spec.renewTime");
+    if (!holder || !renew || strcmp(holder, l->holder) || strcmp(renew, l->observed_renew)) {
+        snprintf(l->holder, sizeof l->holder, "%s", holder ? holder : "");
+        snprintf(l->observed_renew, sizeof l->observed_renew, "%s", renew ? renew : "");
+        l->observed_ms = now;
+    }
+    const cJSON *tr = k8s_get(cur, "spec.leaseTransitions");
+    l->transitions = k8s_json_count(tr);
+    *mine = holder && strcmp(holder, l->identity) == 0;
+    *expired = !holder || !*holder || now - l->observed_ms >= l->duration_ms;
+}
+
 static void on_written(void *ud, long status, const char *body, size_t len, const char *err)
 {
     struct k8s_lease *l = ud;
@@ -115,7 +131,7 @@ static void on_read(void *ud, long status, const char *body, size_t len, const c
     char path[700];
     snprintf(path, sizeof path, "/apis/coordination.k8s.io/v1/namespaces/%s/leases", l->namespace_);
     if (status == 404) {
-        char *b = lease_body(l, NULL, true);
+        char *b = k8s_lease_body(l, NULL, true);
         l->call = k8s_request(l->client, "POST", path, "application/json", b, strlen(b), 5000,
                               on_written, l);
         free(b);
@@ -129,22 +145,13 @@ static void on_read(void *ud, long status, const char *body, size_t len, const c
         return;
     }
     cJSON *cur = cJSON_ParseWithLength(body, len);
-    const char *holder = k8s_get_string(cur, "spec.holderIdentity");
-    const char *renew = k8s_get_string(cur, "spec.renewTime");
-    if (!holder || !renew || strcmp(holder, l->holder) || strcmp(renew, l->observed_renew)) {
-        snprintf(l->holder, sizeof l->holder, "%s", holder ? holder : "");
-        snprintf(l->observed_renew, sizeof l->observed_renew, "%s", renew ? renew : "");
-        l->observed_ms = now;
-    }
-    const cJSON *tr = k8s_get(cur, "spec.leaseTransitions");
-    l->transitions = cJSON_IsNumber(tr) ? (uint64_t)tr->valuedouble : 0;
-    bool mine = holder && strcmp(holder, l->identity) == 0;
-    bool expired = !holder || !*holder || now - l->observed_ms >= l->duration_ms;
+    bool mine, expired;
+    k8s_lease_observe(l, cur, now, &mine, &expired);
     if (!mine && l->leading) {
         set_leading(l, false, "another activator holds the lease");
     }
     if (mine || expired) {
-        char *b = lease_body(l, cur, !mine);
+        char *b = k8s_lease_body(l, cur, !mine);
         char one[1200];
         snprintf(one, sizeof one, "%s/%s", path, l->name);
         l->call = k8s_request(l->client, "PUT", one, "application/json", b, strlen(b), 5000,

@@ -15,6 +15,9 @@ int k8s_parse_duration_ms(const char *s, uint64_t *out)
     /* Plain number: seconds (as Knative's integer annotations). */
     unsigned long long plain = strtoull(s, &end, 10);
     if (*end == '\0' && isdigit((unsigned char)s[0])) {
+        if (plain > UINT64_MAX / 1000) {
+            return -1;
+        }
         *out = plain * 1000;
         return 0;
     }
@@ -45,7 +48,13 @@ int k8s_parse_duration_ms(const char *s, uint64_t *out)
         } else {
             return -1;
         }
-        total += (uint64_t)(v * (double)mult);
+        /* Past about 584 million years a duration is nonsense (and its
+         * conversion to an integer undefined). */
+        double part = v * (double)mult;
+        if (!(part < 1e19) || (uint64_t)part > UINT64_MAX - total) {
+            return -1;
+        }
+        total += (uint64_t)part;
     }
     *out = total;
     return 0;
@@ -118,6 +127,13 @@ static void copy_str(char *dst, size_t len, const char *src)
     snprintf(dst, len, "%s", src ? src : "");
 }
 
+/* A replica count; never negative, at most INT64_MAX. */
+static int64_t replica_count(const cJSON *v)
+{
+    uint64_t n = k8s_json_count(v);
+    return n > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)n;
+}
+
 /* nvidia.com/gpu of all containers (requests, else limits). */
 static uint64_t gpu_slices(const cJSON *pod_spec)
 {
@@ -133,11 +149,8 @@ static uint64_t gpu_slices(const cJSON *pod_spec)
         if (!g) {
             g = cJSON_GetObjectItemCaseSensitive(lim, "nvidia.com/gpu");
         }
-        if (cJSON_IsString(g)) {
-            total += strtoull(g->valuestring, NULL, 10);
-        } else if (cJSON_IsNumber(g)) {
-            total += (uint64_t)g->valuedouble;
-        }
+        uint64_t n = cJSON_IsString(g) ? strtoull(g->valuestring, NULL, 10) : k8s_json_count(g);
+        total = n > UINT64_MAX - total ? UINT64_MAX : total + n;
     }
     return total;
 }
@@ -162,9 +175,8 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
     copy_str(o->service, sizeof o->service, name);
     const cJSON *anns = k8s_get(dep, "metadata.annotations");
     const cJSON *replicas = k8s_get(dep, "spec.replicas");
-    o->replicas = cJSON_IsNumber(replicas) ? (int64_t)replicas->valuedouble : 0;
-    const cJSON *ready = k8s_get(dep, "status.readyReplicas");
-    o->ready_replicas = cJSON_IsNumber(ready) ? (int64_t)ready->valuedouble : 0;
+    o->replicas = replica_count(replicas);
+    o->ready_replicas = replica_count(k8s_get(dep, "status.readyReplicas"));
 
     const cJSON *pod_spec = k8s_get(dep, "spec.template.spec");
     o->gpu_slices = gpu_slices(pod_spec);

@@ -81,7 +81,7 @@ static uint64_t num(const cJSON *v)
     if (cJSON_IsString(v)) {
         return strtoull(v->valuestring, NULL, 10);
     }
-    return cJSON_IsNumber(v) && v->valuedouble > 0 ? (uint64_t)v->valuedouble : 0;
+    return k8s_json_count(v);
 }
 
 int k8s_node_decode(const cJSON *obj, struct k8s_node_info *o)

@@ -99,27 +99,39 @@ static void on_demand(void *ud, long status, const char *body, size_t len, const
         pe->failures++;
         return;
     }
+    if (k8s_peer_demand_parse(body, len, &pe->demand, pe->identity, sizeof pe->identity)) {
+        pe->failures++;
+        return;
+    }
+    pe->last_ok_ms = server_now_ms();
+}
+
+int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand, char *identity,
+                          size_t idlen)
+{
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
     if (!cJSON_IsObject(models)) {
-        pe->failures++;
         cJSON_Delete(root);
-        return;
+        return -1;
     }
-    strmap_dispose(&pe->demand);
-    strmap_init(&pe->demand);
+    strmap_dispose(demand);
+    strmap_init(demand);
     const cJSON *m;
     cJSON_ArrayForEach(m, models)
     {
-        const cJSON *in = cJSON_GetArrayItem(m, 0), *q = cJSON_GetArrayItem(m, 1);
-        uintptr_t d = (uintptr_t)((cJSON_IsNumber(in) ? in->valuedouble : 0) +
-                                  (cJSON_IsNumber(q) ? q->valuedouble : 0));
-        strmap_put(&pe->demand, m->string, strlen(m->string), (void *)(d + 1));
+        uint64_t in = k8s_json_count(cJSON_GetArrayItem(m, 0));
+        uint64_t q = k8s_json_count(cJSON_GetArrayItem(m, 1));
+        /* Stored plus one (a NULL value reads as absent): capped below the top. */
+        uint64_t cap = (uint64_t)UINTPTR_MAX - 1;
+        uint64_t d = in > cap ? cap : in;
+        d = q > cap - d ? cap : d + q;
+        strmap_put(demand, m->string, strlen(m->string), (void *)(uintptr_t)(d + 1));
     }
     const char *id = k8s_get_string(root, "identity");
-    snprintf(pe->identity, sizeof pe->identity, "%s", id ? id : "");
-    pe->last_ok_ms = server_now_ms();
+    snprintf(identity, idlen, "%s", id ? id : "");
     cJSON_Delete(root);
+    return 0;
 }
 
 static void poll_one(void *ud, const char *key, void *value)

@@ -6,6 +6,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "thaw/config.h"
@@ -155,6 +156,61 @@ static void test_process_models(void **state)
 static void test_syntax_error_line(void **state)
 {
     expect_error("{\n\"listen\": \"127.0.0.1:1\",\n\"limits\": {,}\n}", "test.json:3: (syntax)");
+    /* Text after the object used to be ignored: a second object was lost. */
+    expect_error("{\"listen\": \"127.0.0.1:1\"}\n\n{\"bogus\": 1}",
+                 "test.json:3: (syntax): unexpected content after the JSON object near byte 27");
+    struct config_error err;
+    struct config *cfg = parse("{\"listen\": \"127.0.0.1:1\"}\n \t\r\n", &err);
+    assert_non_null(cfg); /* trailing whitespace is fine */
+    config_free(cfg);
+}
+
+static void expect_error_len(const char *text, size_t len, const char *want)
+{
+    struct config_error err;
+    struct config *cfg = config_parse(text, len, "test.json", &err);
+    if (cfg) {
+        config_free(cfg);
+        fail_msg("expected an error containing \"%s\"", want);
+    }
+    if (!strstr(err.msg, want)) {
+        fail_msg("error \"%s\" does not contain \"%s\"", err.msg, want);
+    }
+}
+
+/* cJSON skips every byte up to the space as whitespace (NUL and control
+ * bytes too) and a leading byte order mark; the line finder must do the
+ * same, and must end even when it loses step (found by fuzzing: a NUL
+ * made it spin forever on a closing bracket). */
+static void test_odd_whitespace_lines(void **state)
+{
+    static const char hang[] = "[\0{\"a\":1}]";
+    expect_error_len(hang, sizeof hang - 1, "test.json:1: ");
+    expect_error_len(hang, sizeof hang - 1, "a NUL byte in the file");
+    static const char ctl[] = "{\x01\n\"listen\": \"127.0.0.1:1\",\n\x0b\0\"bogus\": 1}";
+    expect_error_len(ctl, sizeof ctl - 1, "test.json:3: ");
+    static const char ctl2[] = "{\x01\n\"listen\": \"127.0.0.1:1\",\n\x0b\x1f\"bogus\": 1}";
+    expect_error_len(ctl2, sizeof ctl2 - 1, "test.json:3: bogus: unknown key");
+    expect_error("\xEF\xBB\xBF{\n\"bogus\": 1}", "test.json:2: bogus: unknown key");
+}
+
+/* Duplicate keys are found by sorting: an object with many keys used to
+ * take quadratic time (200 000 keys: minutes), which is a hang at start-up. */
+static void test_many_keys_and_first_duplicate(void **state)
+{
+    expect_error("{\"log\": {}, \"listen\": \"127.0.0.1:1\",\n\"listen\": \"127.0.0.1:2\",\n"
+                 "\"log\": {}}",
+                 "test.json:3: log: duplicate key");
+    size_t n = 200000, cap = n * 16 + 64, len = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    len += (size_t)snprintf(text + len, cap - len, "{\"limits\": {");
+    for (size_t i = 0; i < n; i++) {
+        len += (size_t)snprintf(text + len, cap - len, "\"k%zu\": 1,", i);
+    }
+    len += (size_t)snprintf(text + len, cap - len, "\n\"k%zu\": 2}}", n - 1);
+    expect_error_len(text, len, "test.json:2: limits.k199999: duplicate key");
+    free(text);
 }
 
 static void test_missing_file(void **state)
@@ -223,6 +279,8 @@ int main(void)
         cmocka_unit_test(test_process_models),
         cmocka_unit_test(test_syntax_error_line),
         cmocka_unit_test(test_strictness),
+        cmocka_unit_test(test_odd_whitespace_lines),
+        cmocka_unit_test(test_many_keys_and_first_duplicate),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_listen_override),
     };

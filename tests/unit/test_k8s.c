@@ -11,12 +11,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <event2/event.h>
+
 #include "thaw/k8s/auth.h"
 #include "thaw/k8s/client.h"
 #include "thaw/k8s/execcred.h"
 #include "thaw/k8s/informer.h"
+#include "thaw/k8s/lease.h"
 #include "thaw/k8s/model_spec.h"
 #include "thaw/k8s/objects.h"
+#include "thaw/k8s/peers.h"
 
 static const char *DEPLOYMENT =
     "{\"apiVersion\":\"apps/v1\",\"kind\":\"Deployment\","
@@ -175,6 +179,67 @@ static void test_durations(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(k8s_parse_duration_ms(bad[i], &ms), -1);
     }
+}
+
+/* Numbers from the API server (or a peer) that no integer holds: found by
+ * fuzzing, where converting them was undefined behaviour. Counts saturate,
+ * negatives read as 0, durations past any sense are refused. */
+static void test_out_of_range_numbers(void **state)
+{
+    uint64_t ms;
+    assert_int_equal(k8s_parse_duration_ms("99999999999999999999999h", &ms), -1);
+    assert_int_equal(k8s_parse_duration_ms("18446744073709551615", &ms), -1);
+    assert_int_equal(k8s_parse_duration_ms("9223372036854775807s", &ms), -1);
+    assert_int_equal(k8s_parse_duration_ms("5000000000000h5000000000000h", &ms), -1);
+    assert_int_equal(k8s_parse_duration_ms("9000000000000000s", &ms), 0);
+    assert_true(ms == 9000000000000000000ull);
+
+    cJSON *dep = cJSON_Parse(
+        "{\"metadata\":{\"name\":\"d\"},\"spec\":{\"replicas\":1e300,\"template\":{\"spec\":"
+        "{\"containers\":[{\"resources\":{\"requests\":{\"nvidia.com/gpu\":1e112}}},"
+        "{\"resources\":{\"limits\":{\"nvidia.com/gpu\":-4}}},"
+        "{\"resources\":{\"limits\":{\"nvidia.com/gpu\":3}}}]}}},"
+        "\"status\":{\"readyReplicas\":-2}}");
+    struct k8s_model_spec d = defaults(), sp;
+    assert_int_equal(k8s_model_spec_parse(dep, &d, &sp), 0);
+    assert_int_equal(sp.replicas, INT64_MAX);
+    assert_int_equal(sp.ready_replicas, 0);
+    assert_true(sp.gpu_slices == UINT64_MAX);
+    cJSON_Delete(dep);
+
+    cJSON *node = cJSON_Parse("{\"metadata\":{\"name\":\"n\"},\"status\":{\"allocatable\":"
+                              "{\"nvidia.com/gpu\":1e30}}}");
+    struct k8s_node_info ni;
+    assert_int_equal(k8s_node_decode(node, &ni), 0);
+    assert_true(ni.gpu_allocatable == UINT64_MAX);
+    cJSON_Delete(node);
+
+    struct k8s_lease lease;
+    memset(&lease, 0, sizeof lease);
+    strcpy(lease.identity, "me");
+    lease.duration_ms = 15000;
+    cJSON *cur = cJSON_Parse("{\"spec\":{\"holderIdentity\":\"other\",\"renewTime\":\"t\","
+                             "\"leaseTransitions\":1e300}}");
+    bool mine, expired;
+    k8s_lease_observe(&lease, cur, 1000, &mine, &expired);
+    assert_true(lease.transitions == UINT64_MAX);
+    assert_false(mine);
+    assert_false(expired);
+    cJSON_Delete(cur);
+
+    static const char report[] =
+        "{\"identity\":\"thaw-1\",\"models\":{\"a/x\":[1e300,5],\"a/y\":[-5,2],\"a/z\":[3,4]}}";
+    struct strmap demand;
+    char identity[64];
+    strmap_init(&demand);
+    assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, identity,
+                                           sizeof identity), 0);
+    assert_string_equal(identity, "thaw-1");
+    assert_true((uintptr_t)strmap_get(&demand, "a/x", 3) == UINTPTR_MAX);
+    assert_true((uintptr_t)strmap_get(&demand, "a/y", 3) == 2 + 1);
+    assert_true((uintptr_t)strmap_get(&demand, "a/z", 3) == 7 + 1);
+    assert_int_equal(k8s_peer_demand_parse("[]", 2, &demand, identity, sizeof identity), -1);
+    strmap_dispose(&demand);
 }
 
 static void test_watch_event_objects(void **state)
@@ -444,6 +509,88 @@ static void test_exec_credential(void **state)
 #undef CRED
 }
 
+struct seen_objects {
+    char upserted[8][64];
+    char removed[8][64];
+    size_t n_up, n_rm;
+};
+
+static void note_upsert(void *ud, const cJSON *obj)
+{
+    struct seen_objects *s = ud;
+    if (s->n_up < 8) {
+        k8s_object_key(obj, s->upserted[s->n_up++], 64);
+    }
+}
+
+static void note_remove(void *ud, const cJSON *obj)
+{
+    struct seen_objects *s = ud;
+    if (s->n_rm < 8) {
+        k8s_object_key(obj, s->removed[s->n_rm++], 64);
+    }
+}
+
+/* The informer's list and watch handling, fed text directly. */
+static void test_informer_without_network(void **state)
+{
+    static const struct k8s_informer_ops ops = {note_upsert, note_remove, NULL};
+    struct seen_objects seen = {0};
+    struct event_base *base = event_base_new();
+    struct k8s_informer inf;
+    k8s_informer_init(&inf, NULL, base, "pods", "/api/v1/pods", NULL, &ops, &seen);
+    const char *not_list = "{\"kind\":\"Status\",\"code\":500}";
+    assert_int_equal(k8s_informer_apply_list(&inf, not_list, strlen(not_list)), -1);
+    assert_false(inf.synced);
+    const char *list = "{\"metadata\":{\"resourceVersion\":\"10\"},\"items\":["
+                       "{\"metadata\":{\"name\":\"a\",\"namespace\":\"m\"}},"
+                       "{\"metadata\":{\"name\":\"b\",\"namespace\":\"m\"}}]}";
+    assert_int_equal(k8s_informer_apply_list(&inf, list, strlen(list)), 0);
+    assert_true(inf.synced);
+    assert_string_equal(inf.rv, "10");
+    assert_int_equal(seen.n_up, 2);
+    const char *added = "{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"name\":\"c\","
+                        "\"namespace\":\"m\",\"resourceVersion\":\"11\"}}}";
+    assert_int_equal(k8s_informer_apply_event(&inf, added, strlen(added)), 0);
+    assert_string_equal(inf.rv, "11");
+    assert_string_equal(seen.upserted[2], "m/c");
+    assert_int_equal(k8s_informer_apply_event(&inf, "not json", 8), 0);
+    /* A relist without b and c: both are reported gone, by key. */
+    const char *relist = "{\"metadata\":{\"resourceVersion\":\"20\"},\"items\":["
+                         "{\"metadata\":{\"name\":\"a\",\"namespace\":\"m\"}}]}";
+    assert_int_equal(k8s_informer_apply_list(&inf, relist, strlen(relist)), 0);
+    assert_int_equal(seen.n_rm, 2);
+    assert_true((strcmp(seen.removed[0], "m/b") == 0 && strcmp(seen.removed[1], "m/c") == 0) ||
+                (strcmp(seen.removed[0], "m/c") == 0 && strcmp(seen.removed[1], "m/b") == 0));
+    const char *gone = "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"code\":410}}";
+    assert_int_not_equal(k8s_informer_apply_event(&inf, gone, strlen(gone)), 0);
+    assert_true(inf.relist_needed);
+    k8s_informer_dispose(&inf);
+    event_base_free(base);
+}
+
+/* A kubeconfig from memory: relative paths are relative to the name given. */
+static void test_kubeconfig_text(void **state)
+{
+    const char *text = "current-context: c\n"
+                       "clusters: [{name: k, cluster: {server: 'https://k:6443/'}}]\n"
+                       "users: [{name: u, user: {tokenFile: t/token}}]\n"
+                       "contexts: [{name: c, context: {cluster: k, user: u, namespace: ns}}]\n";
+    struct k8s_auth a;
+    char err[256];
+    k8s_auth_init(&a);
+    assert_int_equal(k8s_auth_from_kubeconfig_text(&a, text, strlen(text), "/etc/kube/config",
+                                                   NULL, err, sizeof err), 0);
+    assert_string_equal(a.server, "https://k:6443");
+    assert_string_equal(a.token_file, "/etc/kube/t/token");
+    assert_string_equal(a.namespace_, "ns");
+    k8s_auth_dispose(&a);
+    assert_int_equal(k8s_auth_from_kubeconfig_text(&a, "a: [", 4, "mem", NULL, err, sizeof err),
+                     -1);
+    assert_non_null(strstr(err, "kubeconfig mem:"));
+    k8s_auth_dispose(&a);
+}
+
 static void test_in_cluster(void **state)
 {
     char dir[] = "/tmp/thaw-sa-XXXXXX";
@@ -491,6 +638,7 @@ int main(void)
         cmocka_unit_test(test_bad_values_keep_defaults_and_say_why),
         cmocka_unit_test(test_not_a_deployment),
         cmocka_unit_test(test_durations),
+        cmocka_unit_test(test_out_of_range_numbers),
         cmocka_unit_test(test_watch_event_objects),
         cmocka_unit_test(test_pod_decoding),
         cmocka_unit_test(test_endpointslice_decoding),
@@ -498,6 +646,8 @@ int main(void)
         cmocka_unit_test(test_base64),
         cmocka_unit_test(test_kubeconfig),
         cmocka_unit_test(test_exec_credential),
+        cmocka_unit_test(test_informer_without_network),
+        cmocka_unit_test(test_kubeconfig_text),
         cmocka_unit_test(test_in_cluster),
         cmocka_unit_test(test_backoff_is_capped_and_jittered),
     };

@@ -40,6 +40,11 @@ void k8s_auth_dispose(struct k8s_auth *a);
 /* context NULL: the current-context. 0, or -1 with err set. */
 int k8s_auth_from_kubeconfig(struct k8s_auth *a, const char *path, const char *context, char *err,
                              size_t errlen);
+/* The same on kubeconfig text in memory; path names it in errors and is what
+ * relative file paths in it are relative to. */
+int k8s_auth_from_kubeconfig_text(struct k8s_auth *a, const char *text, size_t len,
+                                  const char *path, const char *context, char *err,
+                                  size_t errlen);
 /* sa_dir NULL: K8S_SA_DIR. 0, or -1 with err set. */
 int k8s_auth_in_cluster(struct k8s_auth *a, const char *sa_dir, char *err, size_t errlen);
 /* As kubectl users expect: flag_path (--kubeconfig), else $KUBECONFIG (the

@@ -50,10 +50,20 @@ void k8s_informer_init(struct k8s_informer *inf, struct k8s_client *client,
                        const char *label_selector, const struct k8s_informer_ops *ops, void *ud);
 void k8s_informer_start(struct k8s_informer *inf);
 void k8s_informer_dispose(struct k8s_informer *inf);
+/* What the list and watch responses do, without the network (also used by
+ * tests and fuzzing). apply_list: a list response body; 0, or -1 when it is
+ * not a list (nothing changed). apply_event: one watch event line; non-zero
+ * when the watch should end (an ERROR event). */
+int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t len);
+int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t len);
 /* "namespace/name" of an object into out. */
 void k8s_object_key(const cJSON *obj, char *out, size_t len);
 /* Dotted lookup ("metadata.name"); NULL when absent. */
 const cJSON *k8s_get(const cJSON *obj, const char *dotted);
 const char *k8s_get_string(const cJSON *obj, const char *dotted);
+/* A JSON number read as a count: 0 for non-numbers, negatives and NaN,
+ * UINT64_MAX for anything larger (converting an out-of-range double to an
+ * integer is undefined, and the API server's numbers are outside input). */
+uint64_t k8s_json_count(const cJSON *v);
 
 #endif

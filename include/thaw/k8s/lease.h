@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
@@ -39,6 +40,14 @@ void k8s_lease_init(struct k8s_lease *l, struct k8s_client *c, struct event_base
                     const char *name, const char *namespace_, const char *identity,
                     uint64_t duration_ms, uint64_t renew_interval_ms, uint64_t renew_deadline_ms,
                     k8s_lease_cb changed, void *ud);
+/* What a read of the Lease (cur: the API server's object, may be NULL or
+ * malformed) says: records its holder, renewTime and transitions in l, and
+ * whether it is held by this identity or has expired at now. */
+void k8s_lease_observe(struct k8s_lease *l, const cJSON *cur, uint64_t now, bool *mine,
+                       bool *expired);
+/* The Lease to write: cur (or a new one) held by this identity from now;
+ * take_over starts a new term. malloc'd JSON text. */
+char *k8s_lease_body(struct k8s_lease *l, const cJSON *cur, bool take_over);
 void k8s_lease_start(struct k8s_lease *l);
 void k8s_lease_dispose(struct k8s_lease *l);
 

@@ -38,6 +38,11 @@ void k8s_peers_set_polling(struct k8s_peers *p, bool on);
 uint64_t k8s_peers_demand(struct k8s_peers *p, const char *key);
 unsigned k8s_peers_count(struct k8s_peers *p, bool fresh_only);
 void k8s_peers_describe(struct k8s_peers *p, cJSON *out);
+/* A peer's demand report ({"identity": ..., "models": {key: [inflight,
+ * queued]}}) into demand (key -> (uintptr_t) demand + 1, replaced whole)
+ * and identity. 0, or -1 when it is not such a report (nothing changed). */
+int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand, char *identity,
+                          size_t idlen);
 void k8s_peers_dispose(struct k8s_peers *p);
 
 #endif
