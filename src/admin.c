@@ -1,4 +1,5 @@
 #include "thaw/admin.h"
+#include "thaw/clock.h"
 #include "thaw/backend.h"
 #include "thaw/conn.h"
 #include "thaw/proxy.h"
@@ -579,7 +580,7 @@ void admin_on_abort(struct conn *c, struct request *r)
 void admin_render_status(struct server *srv, struct buf *out)
 {
     cJSON *root = cJSON_CreateObject();
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     cJSON_AddStringToObject(root, "version", THAW_VERSION);
     cJSON_AddNumberToObject(root, "uptime_ms", (double)(now - srv->started_ms));
     status_reload(srv, root);

@@ -11,6 +11,7 @@
  * backoff while requests wait. After idle_timeout with nothing in flight or
  * queued, thaw scales the model down to its min-scale. */
 #include "thaw/backend.h"
+#include "thaw/clock.h"
 #include "thaw/k8s/client.h"
 #include "thaw/k8s/events.h"
 #include "thaw/k8s/informer.h"
@@ -32,7 +33,6 @@
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
-uint64_t server_now_ms(void);
 
 #define TICK_MS 500
 #define MAX_NAMESPACES 64
@@ -124,7 +124,7 @@ static void post_event(struct kmodel *km, const char *type, const char *reason,
     }
     struct k8s_event_ref obj = {km->spec.namespace_, "apps/v1", "Deployment",
                                 km->spec.deployment};
-    k8s_events_record(&kb->events, &obj, type, reason, message, server_now_ms());
+    k8s_events_record(&kb->events, &obj, type, reason, message, clock_now_ms());
 }
 
 /* ---- scaling ------------------------------------------------------------- */
@@ -184,7 +184,7 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
              km->spec.namespace_, km->spec.deployment, (long long)from, (long long)want);
         if (from == 0 && want > 0) {
             km->scale_ups++;
-            km->woken_ms = server_now_ms();
+            km->woken_ms = clock_now_ms();
             strmap_each(&km->pods, unretire_pod, NULL);
             post_event(km, "Normal", "ScaledFromZero", msg);
         } else if (want == 0) {
@@ -207,7 +207,7 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
     if (km->scale_failures == 1 || km->scale_failures % 10 == 0) {
         post_event(km, "Warning", "ScaleFailed", km->last_scale_error);
     }
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(ms);
     event_add(&km->scale_retry, &tv);
 }
 
@@ -243,7 +243,7 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
     if (status == 200) {
         int64_t to = (int64_t)km->kb->cfg->autoscaler.activation_scale;
         km->spec.replicas = to;
-        km->woken_ms = server_now_ms();
+        km->woken_ms = clock_now_ms();
         strmap_each(&km->pods, unretire_pod, NULL);
         km->scale_ups++;
         km->kb->conditional_scales++;
@@ -324,7 +324,7 @@ static void pod_ready(struct kpod *p, const char *via)
     struct kmodel *km = p->km;
     if (km->woken_ms && km->m->n_endpoints == 0) {
         /* The cold start as clients see it: scale-up landed -> first pod ready. */
-        uint64_t ms = server_now_ms() - km->woken_ms;
+        uint64_t ms = clock_now_ms() - km->woken_ms;
         km->m->cold_start_ms = ms;
         histogram_observe(&km->m->stats.cold_start, (double)ms / 1000.0);
         km->woken_ms = 0;
@@ -758,7 +758,7 @@ static void model_tick(void *ud, const char *key, void *value)
         km->waiting_since_ms = 0; /* scaled to zero and quiet: the common, cheap case */
         return;
     }
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     uint64_t peer = km->kb->have_peers && km->kb->leading ? k8s_peers_demand(&km->kb->peers, km->key)
                                                            : 0;
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + (double)peer);
@@ -829,7 +829,7 @@ static void plan_all(struct kube_backend *kb)
     if (wp->capacity_slices && (capacity == 0 || wp->capacity_slices < capacity)) {
         capacity = (unsigned)wp->capacity_slices;
     }
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     scaler_plan(c.sms, c.n, capacity, (unsigned)wp->budget_slices, now);
     /* A new leader starts from the cluster's replicas and the peers' counts,
      * not from zero: for one stable window it does not scale anything down. */
@@ -854,7 +854,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct kube_backend *kb = arg;
     strmap_each(&kb->models, model_tick, kb);
-    if (kb->leading && server_now_ms() >= kb->next_plan_ms) {
+    if (kb->leading && clock_now_ms() >= kb->next_plan_ms) {
         plan_all(kb);
     }
 }
@@ -863,7 +863,7 @@ static void on_leadership(void *ud, bool leading)
 {
     struct kube_backend *kb = ud;
     kb->leading = leading;
-    kb->leader_since_ms = server_now_ms();
+    kb->leader_since_ms = clock_now_ms();
     if (kb->have_peers) {
         k8s_peers_set_polling(&kb->peers, leading);
     }
@@ -881,7 +881,7 @@ static int kube_attach(struct backend *b, struct model *m, const struct config_m
 static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 {
     struct kmodel *km = m->backend_data;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
     if (km->spec.replicas == 0) {
         scale_from_zero(km);

@@ -10,6 +10,7 @@
  * die with thaw even if thaw is killed; on a normal exit thaw stops and
  * reaps them itself. */
 #include "thaw/backend.h"
+#include "thaw/clock.h"
 #include "thaw/log.h"
 #include "thaw/probe.h"
 #include "thaw/procplan.h"
@@ -39,7 +40,6 @@ extern char **environ;
 #define LOG_LINE_MAX 240
 #define TICK_MS 100
 
-uint64_t server_now_ms(void);
 
 /* R_DRAINING: taken out of routing (scaled down or preempted with requests in
  * flight, its model removed, or its definition changed by a reload); stopped
@@ -121,7 +121,7 @@ static struct process_backend *PB(struct backend *b)
 
 static void arm_ms(struct event *ev, uint64_t ms)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(ms);
     event_add(ev, &tv);
 }
 
@@ -365,7 +365,7 @@ static int replica_start(struct proc_model *pm)
     r->pid = pid;
     r->port = port;
     r->gpu = gpu;
-    r->started_ms = server_now_ms();
+    r->started_ms = clock_now_ms();
     snprintf(r->id, sizeof r->id, "%s-%u", pm->m->name, ++pm->seq);
     r->out_fd = pipefd[0];
     fcntl(r->out_fd, F_SETFL, O_NONBLOCK);
@@ -459,7 +459,7 @@ static void replica_free(struct replica *r)
 static void became_ready(struct replica *r)
 {
     struct proc_model *pm = r->pm;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     r->state = R_READY;
     pm->n_starting--;
     pm->n_ready++;
@@ -487,7 +487,7 @@ static void on_probe_ready(struct probe *p, void *ud)
 
 static void start_failed(struct proc_model *pm, struct replica *r, const char *why)
 {
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     pm->failures++;
     pm->start_failures++;
     uint64_t backoff = procplan_restart_backoff_ms(pm->failures);
@@ -541,7 +541,7 @@ static void replica_drain(struct replica *r, const char *why)
     }
     endpoint_ref(ep);
     r->drain_ep = ep;
-    r->drain_until_ms = server_now_ms() + pm->stop_drain_ms;
+    r->drain_until_ms = clock_now_ms() + pm->stop_drain_ms;
     pm->n_ready--;
     fleet_replica_gone(pm->m->fleet, pm->m, r->id, why);
     r->state = R_DRAINING;
@@ -554,7 +554,7 @@ static void replica_drain(struct replica *r, const char *why)
  * has passed, are stopped. */
 static void stop_drained(struct proc_model *pm)
 {
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     struct list_node *pos, *tmp;
     list_for_each_safe(pos, tmp, &pm->replicas)
     {
@@ -626,7 +626,7 @@ static unsigned capacity_slices(struct process_backend *pb)
  * the warm pool and admission across the GPUs, then start and stop. */
 static void plan_all(struct process_backend *pb)
 {
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     struct scaler_model *sms[1024];
     struct proc_model *pms[1024];
     size_t n = 0;
@@ -669,7 +669,7 @@ static void plan_all(struct process_backend *pb)
 
 static void reconcile_all(struct process_backend *pb)
 {
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     struct list_node *pos, *tmp;
     list_for_each_safe(pos, tmp, &pb->models)
     {
@@ -1004,7 +1004,7 @@ void backend_process_set_config(struct backend *b, const struct config *cfg)
 static int process_scale(struct backend *b, struct model *m, unsigned replicas)
 {
     struct proc_model *pm = m->backend_data;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     if (pm->n_ready == 0 && pm->n_starting == 0 && now < pm->backoff_until_ms) {
         return -EAGAIN;
     }
@@ -1020,7 +1020,7 @@ static int process_scale(struct backend *b, struct model *m, unsigned replicas)
 static uint64_t process_retry_after_ms(struct backend *b, struct model *m)
 {
     struct proc_model *pm = m->backend_data;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     if (pm->n_ready == 0 && pm->n_starting == 0 && now < pm->backoff_until_ms) {
         return pm->backoff_until_ms - now;
     }
@@ -1030,7 +1030,7 @@ static uint64_t process_retry_after_ms(struct backend *b, struct model *m)
 static void process_describe(struct backend *b, struct model *m, cJSON *out)
 {
     struct proc_model *pm = m->backend_data;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     const char *state = pm->n_ready             ? "ready"
                         : pm->waiting_for_capacity ? "waiting_for_capacity"
                         : pm->n_starting        ? "starting"
@@ -1125,7 +1125,7 @@ static void process_stop(struct backend *b)
             }
         }
     }
-    uint64_t deadline = server_now_ms() + grace;
+    uint64_t deadline = clock_now_ms() + grace;
     while (alive > 0) {
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -1140,7 +1140,7 @@ static void process_stop(struct backend *b)
         if (pid < 0 && errno == ECHILD) {
             break;
         }
-        if (server_now_ms() >= deadline) {
+        if (clock_now_ms() >= deadline) {
             list_for_each_safe(pos, tmp, &pb->models)
             {
                 struct proc_model *pm = container_of(pos, struct proc_model, node);

@@ -43,10 +43,10 @@ static int resolve(const char *hostport, char *out, size_t outlen)
     return 0;
 }
 
-static int static_attach(struct backend *b, struct model *m, const struct config_model *cm)
+/* Every configured endpoint becomes a ready replica (one already there is
+ * left as it is). */
+static int add_endpoints(struct backend *b, struct model *m, const struct config_model *cm)
 {
-    m->backend = b;
-    m->fixed_replicas = true;
     m->replicas_desired = (unsigned)cm->n_endpoints;
     for (size_t i = 0; i < cm->n_endpoints; i++) {
         char addr[300];
@@ -61,6 +61,13 @@ static int static_attach(struct backend *b, struct model *m, const struct config
         }
     }
     return 0;
+}
+
+static int static_attach(struct backend *b, struct model *m, const struct config_model *cm)
+{
+    m->backend = b;
+    m->fixed_replicas = true;
+    return add_endpoints(b, m, cm);
 }
 
 static bool listed(char **list, size_t n, const char *s)
@@ -82,20 +89,7 @@ static int static_update(struct backend *b, struct model *m, const struct config
             fleet_replica_gone(b->fleet, m, m->endpoints[i]->id, "removed from the configuration");
         }
     }
-    m->replicas_desired = (unsigned)cm->n_endpoints;
-    for (size_t i = 0; i < cm->n_endpoints; i++) {
-        char addr[300];
-        int rc = resolve(cm->endpoints[i], addr, sizeof addr);
-        if (rc) {
-            LOGE("cannot resolve endpoint", "model=%s endpoint=%s", m->name, cm->endpoints[i]);
-            return rc;
-        }
-        rc = fleet_replica_ready(b->fleet, m, cm->endpoints[i], addr);
-        if (rc) {
-            return rc;
-        }
-    }
-    return 0;
+    return add_endpoints(b, m, cm);
 }
 
 static int static_scale(struct backend *b, struct model *m, unsigned replicas)

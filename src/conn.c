@@ -1,4 +1,5 @@
 #include "thaw/conn.h"
+#include "thaw/clock.h"
 #include "thaw/admin.h"
 #include "thaw/log.h"
 #include "thaw/proxy.h"
@@ -75,7 +76,7 @@ static void arm_timer(struct conn *c, const struct timeval *tv)
 static void arm_body_timer(struct conn *c)
 {
     struct server *s = c->srv;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     uint64_t idle_ms = s->cfg->limits.body_timeout_ms;
     c->body_total_armed = c->body_deadline_ms && now + idle_ms >= c->body_deadline_ms;
     if (!c->body_total_armed) {
@@ -83,7 +84,7 @@ static void arm_body_timer(struct conn *c)
         return;
     }
     uint64_t left = c->body_deadline_ms > now ? c->body_deadline_ms - now : 0;
-    struct timeval tv = {(time_t)(left / 1000), (suseconds_t)((left % 1000) * 1000)};
+    struct timeval tv = clock_timeval(left);
     arm_timer(c, &tv);
 }
 
@@ -615,7 +616,7 @@ static bool on_head(struct conn *c)
         conn_write(c, cont, sizeof cont - 1);
     }
     if (expects_body(h)) {
-        c->body_deadline_ms = server_now_ms() + c->srv->cfg->limits.body_total_timeout_ms;
+        c->body_deadline_ms = clock_now_ms() + c->srv->cfg->limits.body_total_timeout_ms;
         set_timer(c, TIMER_BODY);
     }
     return true;

@@ -1,4 +1,5 @@
 #include "thaw/probe.h"
+#include "thaw/clock.h"
 #include "thaw/model.h"
 #include "thaw/procplan.h"
 
@@ -40,7 +41,7 @@ static void close_fd(struct probe *p)
 
 static void arm(struct probe *p, uint32_t ms)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(ms);
     event_add(&p->timer, &tv);
 }
 
@@ -93,7 +94,7 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
         p->sent = true;
         event_del(&p->io);
         event_assign(&p->io, p->base, fd, EV_READ | EV_PERSIST, on_io, p);
-        struct timeval tv = {PROBE_TIMEOUT_MS / 1000, (PROBE_TIMEOUT_MS % 1000) * 1000};
+        struct timeval tv = clock_timeval(PROBE_TIMEOUT_MS);
         event_add(&p->io, &tv);
         return;
     }
@@ -140,6 +141,6 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         return;
     }
     event_assign(&p->io, p->base, s, EV_WRITE, on_io, p);
-    struct timeval tv = {PROBE_TIMEOUT_MS / 1000, (PROBE_TIMEOUT_MS % 1000) * 1000};
+    struct timeval tv = clock_timeval(PROBE_TIMEOUT_MS);
     event_add(&p->io, &tv);
 }

@@ -1,4 +1,5 @@
 #include "thaw/proxy.h"
+#include "thaw/clock.h"
 #include "thaw/backend.h"
 #include "thaw/conn.h"
 #include "thaw/log.h"
@@ -43,7 +44,7 @@ struct request *request_new(struct server *srv, struct conn *c)
     r->conn = c;
     r->model = NULL;
     r->state = REQ_READING;
-    r->start_ms = server_now_ms();
+    r->start_ms = clock_now_ms();
     r->queued_ms = r->dispatch_ms = 0;
     r->up = NULL;
     r->last_ep = NULL;
@@ -114,7 +115,7 @@ static void access_log(struct server *srv, struct request *r, const char *outcom
          r->model && r->model_resolved ? r->model->name : "-", tier_name(r->tier),
          r->head.method_known ? llhttp_method_name((llhttp_method_t)r->head.method) : "-", path,
          status, outcome, reason,
-         (unsigned long long)(server_now_ms() - r->start_ms), r->conn->peer_ip);
+         (unsigned long long)(clock_now_ms() - r->start_ms), r->conn->peer_ip);
 }
 
 static void finish(struct server *srv, struct request *r)
@@ -193,9 +194,9 @@ static void arm_queue_timer(struct server *srv, struct model *m)
             return;
         }
     }
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     uint64_t wait = next > now ? next - now : 0;
-    struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)((wait % 1000) * 1000)};
+    struct timeval tv = clock_timeval(wait);
     event_add(m->queue_timer, &tv);
 }
 
@@ -203,7 +204,7 @@ static void on_queue_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct model *m = arg;
     struct server *srv = server_of(m);
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     struct queue_item *it;
     while ((it = queue_pop_expired(&m->queue, now))) {
         struct request *r = container_of(it, struct request, qi);
@@ -412,7 +413,7 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     }
     if (any) {
         uint64_t ms = m->set.loading_heartbeat_ms;
-        struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+        struct timeval tv = clock_timeval(ms);
         event_add(m->heartbeat_timer, &tv);
     }
 }
@@ -436,7 +437,7 @@ static void start_heartbeat(struct server *srv, struct request *r)
     conn_write(c, heartbeat_chunk, sizeof heartbeat_chunk - 1);
     if (!event_pending(m->heartbeat_timer, EV_TIMEOUT, NULL)) {
         uint64_t ms = m->set.loading_heartbeat_ms;
-        struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+        struct timeval tv = clock_timeval(ms);
         event_add(m->heartbeat_timer, &tv);
     }
 }
@@ -446,7 +447,7 @@ static void start_heartbeat(struct server *srv, struct request *r)
 static void place(struct server *srv, struct request *r)
 {
     struct model *m = r->model;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     if (m->removed) {
         /* Routed at its head, then a reload removed the model. */
         conn_reject(r->conn, REJECT_MODEL_REMOVED, NULL);
@@ -534,7 +535,7 @@ static void on_dispatch_more(evutil_socket_t fd, short what, void *arg)
  * first replies flow back while the rest are still being sent. */
 void proxy_dispatch(struct server *srv, struct model *m)
 {
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     unsigned took = 0;
     while (m->queue.count > 0) {
         struct endpoint *ep = model_pick_endpoint(m, now);
@@ -622,7 +623,7 @@ unsigned proxy_retry_after_s(const struct request *r)
  * first ejection ends (unless a new replica comes sooner). */
 static void retry_after_ejection(struct server *srv, struct model *m)
 {
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     uint64_t at = model_next_unejection(m, now);
     if (!at) {
         return;
@@ -632,7 +633,7 @@ static void retry_after_ejection(struct server *srv, struct model *m)
     }
     if (m->eject_timer) {
         uint64_t wait = at - now;
-        struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)((wait % 1000) * 1000 + 1000)};
+        struct timeval tv = clock_timeval(wait + 1);
         event_add(m->eject_timer, &tv);
     }
 }
@@ -665,7 +666,7 @@ void proxy_upstream_retry(struct request *r)
         conn_reject(r->conn, REJECT_UPSTREAM_CONNECT, NULL);
         return;
     }
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     struct endpoint *ep = model_pick_endpoint(m, now);
     if (ep) {
         start_at(srv, r, ep);

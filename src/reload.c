@@ -2,6 +2,7 @@
  * loaded one and apply the difference without dropping anything that did
  * not change. See reload.h. */
 #include "thaw/reload.h"
+#include "thaw/clock.h"
 #include "thaw/backend.h"
 #include "thaw/config.h"
 #include "thaw/log.h"
@@ -172,7 +173,7 @@ static void keep_restart_only(struct server *srv, struct config *next)
  * share one); past that the running value stays rather than none. */
 static void set_common_timeout(struct event_base *base, const struct timeval **field, uint64_t ms)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(ms);
     const struct timeval *c = event_base_init_common_timeout(base, &tv);
     if (c) {
         *field = c;

@@ -1,4 +1,5 @@
 #include "thaw/server.h"
+#include "thaw/clock.h"
 #include "thaw/backend.h"
 #include "thaw/conn.h"
 #include "thaw/k8s/auth.h"
@@ -33,16 +34,9 @@
 /* At most one "out of file descriptors" line per this many ms. */
 #define FD_LOG_INTERVAL_MS 1000
 
-uint64_t server_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static const struct timeval *common_timeout(struct event_base *base, uint64_t ms)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(ms);
     const struct timeval *c = event_base_init_common_timeout(base, &tv);
     return c;
 }
@@ -177,7 +171,7 @@ static const char *listener_name(const struct listener *l)
 
 static void log_out_of_fds(struct server *srv, const struct listener *l, int err)
 {
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     if (srv->fd_log_ms && now - srv->fd_log_ms < FD_LOG_INTERVAL_MS) {
         srv->fd_log_suppressed++;
         return;
@@ -319,7 +313,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
         event_base_loopexit(srv->base, NULL);
         return;
     }
-    if (server_now_ms() >= srv->drain_deadline_ms) {
+    if (clock_now_ms() >= srv->drain_deadline_ms) {
         LOGW("drain timeout: answering held requests and closing", "inflight=%llu",
              (unsigned long long)srv->inflight);
         struct list_node *pos, *tmp;
@@ -357,7 +351,7 @@ void server_begin_drain(struct server *srv)
             conn_drain(c);
         }
     }
-    srv->drain_deadline_ms = server_now_ms() + srv->cfg->limits.drain_timeout_ms;
+    srv->drain_deadline_ms = clock_now_ms() + srv->cfg->limits.drain_timeout_ms;
     srv->drain_timer = evtimer_new(srv->base, on_drain_tick, srv);
     struct timeval tv = {0, 0};
     event_add(srv->drain_timer, &tv);
@@ -389,7 +383,7 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     srv->cfg = cfg;
     srv->port_file = port_file;
     srv->kubeconfig_flag = kubeconfig_flag;
-    srv->started_ms = server_now_ms();
+    srv->started_ms = clock_now_ms();
     reload_status_init(&srv->reload);
     list_init(&srv->conns);
     list_init(&srv->lingering);

@@ -1,4 +1,5 @@
 #include "thaw/upstream.h"
+#include "thaw/clock.h"
 #include "thaw/conn.h"
 #include "thaw/log.h"
 #include "thaw/proxy.h"
@@ -27,7 +28,7 @@ static void on_body(void *ud, const char *data, size_t len);
 
 static void arm_ms(struct upstream *u, uint64_t ms)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(ms);
     event_add(&u->tev, &tv);
 }
 
@@ -242,7 +243,7 @@ static void connect_failed(struct upstream *u, int err)
 {
     struct server *srv = u->srv;
     struct endpoint *ep = u->ep;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     srv->metrics.upstream_connect_failures++;
     ep->connect_failures++;
     ep->ejected_until_ms = now + srv->cfg->upstream.eject_ms;
@@ -294,7 +295,7 @@ static bool is_stale_pooled(const struct upstream *u)
     /* A write that failed was never read. A close right after the request
      * went out is the replica's idle close racing it; a close after the
      * replica had time to work on it may mean it did: not sent again. */
-    return u->state == UP_SENDING || server_now_ms() - u->sent_ms <= STALE_RACE_MS;
+    return u->state == UP_SENDING || clock_now_ms() - u->sent_ms <= STALE_RACE_MS;
 }
 
 static void stale_pooled(struct upstream *u, int err)
@@ -424,7 +425,7 @@ static void send_request(struct upstream *u)
     }
     event_del(&u->wev);
     u->state = UP_WAITING;
-    u->sent_ms = server_now_ms();
+    u->sent_ms = clock_now_ms();
     arm_ms(u, r->model->set.first_byte_timeout_ms);
 }
 
@@ -443,7 +444,7 @@ static void begin(struct server *srv, struct request *r, struct endpoint *ep, bo
     ep->requests++;
     r->tries++;
     r->last_ep = ep;
-    r->dispatch_ms = server_now_ms();
+    r->dispatch_ms = clock_now_ms();
     if (r->up_head.len == 0) {
         build_upstream_head(r, ep);
     }
@@ -650,7 +651,7 @@ static int forward_head(struct upstream *u)
     r->state = REQ_ANSWERED;
     c->on_drain = on_client_drain;
     if (r->model) {
-        uint64_t now = server_now_ms();
+        uint64_t now = clock_now_ms();
         histogram_observe(&r->model->stats.upstream_ttfb, (double)(now - r->dispatch_ms) / 1000.0);
     }
     u->head_pending = true;

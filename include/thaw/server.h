@@ -87,8 +87,6 @@ struct server {
     uint64_t fd_log_suppressed;  /* such lines not written since */
 };
 
-/* Monotonic milliseconds. */
-uint64_t server_now_ms(void);
 
 /* Sets up listeners, models and backends from cfg (which the server takes
  * over). 0, or -1 with the reason logged. */

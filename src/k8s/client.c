@@ -1,4 +1,5 @@
 #include "thaw/k8s/client.h"
+#include "thaw/clock.h"
 #include "thaw/k8s/execcred.h"
 #include "thaw/list.h"
 #include "thaw/log.h"
@@ -21,7 +22,6 @@
 #define MAX_RESPONSE_BYTES (256u << 20)
 #define MAX_WATCH_LINE (16u << 20)
 
-uint64_t server_now_ms(void);
 
 struct k8s_client {
     struct event_base *base;
@@ -83,7 +83,7 @@ static void refresh_token(struct k8s_client *c, bool force)
     if (!c->auth.token_file) {
         return;
     }
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     if (!force && c->token && now - c->token_read_ms < TOKEN_REREAD_MS) {
         return;
     }
@@ -171,7 +171,7 @@ static int timer_cb(CURLM *m, long timeout_ms, void *userp)
         event_del(&c->timer);
         return 0;
     }
-    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    struct timeval tv = clock_timeval((uint64_t)timeout_ms);
     event_add(&c->timer, &tv);
     return 0;
 }

@@ -1,4 +1,5 @@
 #include "thaw/k8s/execcred.h"
+#include "thaw/clock.h"
 #include "thaw/log.h"
 
 #include <errno.h>
@@ -16,7 +17,6 @@
 #include <cjson/cJSON.h>
 
 extern char **environ;
-uint64_t server_now_ms(void);
 
 #define RUN_TIMEOUT_MS 30000
 #define MAX_OUTPUT (1u << 20)
@@ -30,7 +30,7 @@ static void on_refresh_due(evutil_socket_t fd, short what, void *arg);
 
 static void arm(struct event *ev, uint64_t ms)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(ms);
     event_add(ev, &tv);
 }
 
@@ -132,7 +132,7 @@ static void set_token(struct k8s_execcred *x, char *token, int64_t valid_for_s)
         free(x->token);
     }
     x->token = token;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     x->expires_ms = valid_for_s < 0 ? 0 : now + (uint64_t)valid_for_s * 1000;
     event_del(&x->refresh_due);
     if (token && x->expires_ms) {
@@ -240,10 +240,10 @@ int k8s_execcred_init(struct k8s_execcred *x, struct event_base *base,
         return -1;
     }
     /* Start-up: wait for it, as kubectl does, before the loop turns. */
-    uint64_t deadline = server_now_ms() + RUN_TIMEOUT_MS;
+    uint64_t deadline = clock_now_ms() + RUN_TIMEOUT_MS;
     bool timed_out = false;
     for (;;) {
-        uint64_t now = server_now_ms();
+        uint64_t now = clock_now_ms();
         if (now >= deadline) {
             timed_out = true;
             break;
@@ -344,7 +344,7 @@ static void finish_background(struct k8s_execcred *x, bool timed_out)
     } else {
         LOGI("exec credential plugin gave a new token", "command=%s expires_in_s=%lld",
              x->auth->exec_argv[0],
-             x->expires_ms ? (long long)((x->expires_ms - server_now_ms()) / 1000) : -1LL);
+             x->expires_ms ? (long long)((x->expires_ms - clock_now_ms()) / 1000) : -1LL);
     }
     if (w != 0) {
         x->pid = 0; /* reaped here, or by someone else (ECHILD) */

@@ -1,4 +1,5 @@
 #include "thaw/k8s/informer.h"
+#include "thaw/clock.h"
 #include "thaw/log.h"
 
 #include <stdio.h>
@@ -74,7 +75,7 @@ static void retry_later(struct k8s_informer *inf, const char *why)
     uint64_t ms = k8s_backoff_ms(inf->failures, (double)rand() / ((double)RAND_MAX + 1));
     LOGW("kubernetes informer retrying", "resource=%s error=\"%s\" retry_in_ms=%llu", inf->name,
          why, (unsigned long long)ms);
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(ms);
     event_add(&inf->retry, &tv);
 }
 

@@ -1,4 +1,5 @@
 #include "thaw/k8s/lease.h"
+#include "thaw/clock.h"
 #include "thaw/k8s/informer.h"
 #include "thaw/log.h"
 
@@ -10,7 +11,6 @@
 
 #include <cjson/cJSON.h>
 
-uint64_t server_now_ms(void);
 
 static void step(struct k8s_lease *l);
 
@@ -28,7 +28,7 @@ static void micro_time(char *out, size_t len)
 
 static void arm(struct k8s_lease *l, uint64_t ms)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(ms);
     event_add(&l->timer, &tv);
 }
 
@@ -105,7 +105,7 @@ static void on_written(void *ud, long status, const char *body, size_t len, cons
 {
     struct k8s_lease *l = ud;
     l->call = NULL;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     if (status == 200 || status == 201) {
         l->last_renew_ms = now;
         snprintf(l->holder, sizeof l->holder, "%s", l->identity);
@@ -127,7 +127,7 @@ static void on_read(void *ud, long status, const char *body, size_t len, const c
 {
     struct k8s_lease *l = ud;
     l->call = NULL;
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     char path[700];
     snprintf(path, sizeof path, "/apis/coordination.k8s.io/v1/namespaces/%s/leases", l->namespace_);
     if (status == 404) {
@@ -168,7 +168,7 @@ static void step(struct k8s_lease *l)
     if (l->call) {
         return;
     }
-    uint64_t now = server_now_ms();
+    uint64_t now = clock_now_ms();
     if (l->leading && now - l->last_renew_ms >= l->renew_deadline_ms) {
         set_leading(l, false, "renew deadline passed");
     }

@@ -1,4 +1,5 @@
 #include "thaw/k8s/peers.h"
+#include "thaw/clock.h"
 #include "thaw/k8s/objects.h"
 #include "thaw/log.h"
 
@@ -6,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t server_now_ms(void);
 
 struct k8s_peer {
     struct k8s_peers *set;
@@ -103,7 +103,7 @@ static void on_demand(void *ud, long status, const char *body, size_t len, const
         pe->failures++;
         return;
     }
-    pe->last_ok_ms = server_now_ms();
+    pe->last_ok_ms = clock_now_ms();
 }
 
 int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand, char *identity,
@@ -154,13 +154,13 @@ static void on_poll(evutil_socket_t fd, short what, void *arg)
     if (p->polling) {
         strmap_each(&p->peers, poll_one, p);
     }
-    struct timeval tv = {(time_t)(p->poll_ms / 1000), (suseconds_t)((p->poll_ms % 1000) * 1000)};
+    struct timeval tv = clock_timeval(p->poll_ms);
     event_add(&p->timer, &tv);
 }
 
 static bool fresh(const struct k8s_peers *p, const struct k8s_peer *pe)
 {
-    return !pe->self && pe->last_ok_ms && server_now_ms() - pe->last_ok_ms < p->timeout_ms;
+    return !pe->self && pe->last_ok_ms && clock_now_ms() - pe->last_ok_ms < p->timeout_ms;
 }
 
 struct sum {
@@ -218,7 +218,7 @@ static void describe_peer(void *ud, const char *k, void *value)
         cJSON_AddStringToObject(j, "identity", pe->identity);
         cJSON_AddBoolToObject(j, "fresh", fresh(p, pe));
         cJSON_AddNumberToObject(j, "last_answer_ms_ago",
-                                pe->last_ok_ms ? (double)(server_now_ms() - pe->last_ok_ms) : -1);
+                                pe->last_ok_ms ? (double)(clock_now_ms() - pe->last_ok_ms) : -1);
         cJSON_AddNumberToObject(j, "polls", (double)pe->polls);
         cJSON_AddNumberToObject(j, "failures", (double)pe->failures);
     }
