@@ -18,10 +18,6 @@
 #define THAW_VERSION "dev"
 #endif
 
-static void help_type(struct buf *o, const char *name, const char *type, const char *help)
-{
-    buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
 
 #define FOR_EACH_MODEL(srv, m)                                                                     \
     for (struct list_node *n_ = (srv)->fleet.models.next;                                          \
@@ -71,16 +67,16 @@ struct family {
 
 static void render_reload_metrics(const struct reload_status *st, struct buf *o)
 {
-    help_type(o, "thaw_config_reloads_total", "counter",
+    metrics_help_type(o, "thaw_config_reloads_total", "counter",
               "Configuration reloads (SIGHUP), by result.");
     buf_printf(o, "thaw_config_reloads_total{result=\"success\"} %llu\n",
                (unsigned long long)st->succeeded);
     buf_printf(o, "thaw_config_reloads_total{result=\"failure\"} %llu\n",
                (unsigned long long)st->failed);
-    help_type(o, "thaw_config_last_reload_successful", "gauge",
+    metrics_help_type(o, "thaw_config_last_reload_successful", "gauge",
               "1 when the last reload (or the start-up load) succeeded.");
     buf_printf(o, "thaw_config_last_reload_successful %d\n", st->last_ok ? 1 : 0);
-    help_type(o, "thaw_config_last_reload_success_timestamp_seconds", "gauge",
+    metrics_help_type(o, "thaw_config_last_reload_success_timestamp_seconds", "gauge",
               "Unix time of the last successful load of the configuration.");
     buf_printf(o, "thaw_config_last_reload_success_timestamp_seconds %.3f\n",
                st->last_success_unix);
@@ -110,26 +106,26 @@ static void requests_totals(const struct metrics_stream *ms, struct buf *o)
 {
     const struct server *srv = ms->srv;
     const struct server_metrics *sm = &srv->metrics;
-    help_type(o, "thaw_build_info", "gauge", "thaw version.");
+    metrics_help_type(o, "thaw_build_info", "gauge", "thaw version.");
     buf_printf(o, "thaw_build_info{version=\"%s\"} 1\n", THAW_VERSION);
     render_reload_metrics(&srv->reload, o);
 
-    help_type(o, "thaw_requests_accepted_total", "counter",
+    metrics_help_type(o, "thaw_requests_accepted_total", "counter",
               "Requests thaw started reading on the proxy port.");
     buf_printf(o, "thaw_requests_accepted_total %llu\n",
                (unsigned long long)sm->requests_accepted);
-    help_type(o, "thaw_requests_proxied_total", "counter",
+    metrics_help_type(o, "thaw_requests_proxied_total", "counter",
               "Requests answered with a replica's response.");
     buf_printf(o, "thaw_requests_proxied_total %llu\n", (unsigned long long)sm->requests_proxied);
-    help_type(o, "thaw_requests_rejected_total", "counter",
+    metrics_help_type(o, "thaw_requests_rejected_total", "counter",
               "Requests answered with an error response from thaw.");
     buf_printf(o, "thaw_requests_rejected_total %llu\n", (unsigned long long)sm->requests_rejected);
-    help_type(o, "thaw_requests_aborted_total", "counter",
+    metrics_help_type(o, "thaw_requests_aborted_total", "counter",
               "Requests ended without a complete response (client gone, replica broke off).");
     buf_printf(o, "thaw_requests_aborted_total %llu\n", (unsigned long long)sm->requests_aborted);
-    help_type(o, "thaw_requests_inflight", "gauge", "Requests accepted and not yet finished.");
+    metrics_help_type(o, "thaw_requests_inflight", "gauge", "Requests accepted and not yet finished.");
     buf_printf(o, "thaw_requests_inflight %llu\n", (unsigned long long)srv->inflight);
-    help_type(o, "thaw_buffered_body_bytes", "gauge",
+    metrics_help_type(o, "thaw_buffered_body_bytes", "gauge",
               "Request body bytes held (reserved by Content-Length or read), against "
               "limits.max_buffered_body_bytes.");
     buf_printf(o, "thaw_buffered_body_bytes %llu\n",
@@ -148,20 +144,20 @@ static void requests_by_code(const struct model_snap *m, struct buf *o)
 static void reasons(const struct metrics_stream *ms, struct buf *o)
 {
     const struct server_metrics *sm = &ms->srv->metrics;
-    help_type(o, "thaw_unrouted_responses_total", "counter",
+    metrics_help_type(o, "thaw_unrouted_responses_total", "counter",
               "Error responses to requests that matched no model, by status code.");
     for (int i = 0; i < CODE_SLOTS && sm->unrouted_codes.code[i]; i++) {
         buf_printf(o, "thaw_unrouted_responses_total{code=\"%u\"} %llu\n",
                    sm->unrouted_codes.code[i], (unsigned long long)sm->unrouted_codes.n[i]);
     }
 
-    help_type(o, "thaw_rejections_total", "counter", "Error responses from thaw, by reason.");
+    metrics_help_type(o, "thaw_rejections_total", "counter", "Error responses from thaw, by reason.");
     for (int r = 0; r < REJECT_COUNT; r++) {
         buf_printf(o, "thaw_rejections_total{reason=\"%s\"} %llu\n",
                    reject_info((enum reject_reason)r)->name,
                    (unsigned long long)sm->rejections[r]);
     }
-    help_type(o, "thaw_aborts_total", "counter", "Requests ended without a complete response, by reason.");
+    metrics_help_type(o, "thaw_aborts_total", "counter", "Requests ended without a complete response, by reason.");
     for (int a = 0; a < ABORT_COUNT; a++) {
         buf_printf(o, "thaw_aborts_total{reason=\"%s\"} %llu\n",
                    abort_reason_name((enum abort_reason)a), (unsigned long long)sm->aborts[a]);
@@ -178,7 +174,7 @@ static void queue_depth(const struct model_snap *m, struct buf *o)
 
 static void queue_depth_all(const struct metrics_stream *ms, struct buf *o)
 {
-    help_type(o, "thaw_queue_depth_all", "gauge", "Requests waiting, all models.");
+    metrics_help_type(o, "thaw_queue_depth_all", "gauge", "Requests waiting, all models.");
     buf_printf(o, "thaw_queue_depth_all %zu\n", ms->srv->qglobal.total);
 }
 
@@ -227,34 +223,16 @@ static void cold_start_seconds(const struct model_snap *m, struct buf *o)
     histogram_render(&m->stats.cold_start, o, "thaw_cold_start_seconds", labels);
 }
 
-static void kubernetes(const struct metrics_stream *ms, struct buf *o)
+/* Each backend's own families (the Kubernetes client's, leadership). */
+static void backend_families(const struct metrics_stream *ms, struct buf *o)
 {
-    struct server *srv = ms->srv;
-    if (!srv->k8s_backend) {
-        return;
+    struct backend *bs[SERVER_MAX_BACKENDS];
+    size_t n = server_backends(ms->srv, bs);
+    for (size_t i = 0; i < n; i++) {
+        if (bs[i]->ops->render_metrics) {
+            bs[i]->ops->render_metrics(bs[i], o);
+        }
     }
-    uint64_t api_errors, restarts, relists;
-    backend_k8s_metrics(srv->k8s_backend, &api_errors, &restarts, &relists);
-    help_type(o, "thaw_kubernetes_api_errors_total", "counter",
-              "Kubernetes API requests that failed (transport or HTTP >= 400).");
-    buf_printf(o, "thaw_kubernetes_api_errors_total %llu\n", (unsigned long long)api_errors);
-    help_type(o, "thaw_kubernetes_watch_restarts_total", "counter",
-              "Kubernetes watches that ended and were resumed.");
-    buf_printf(o, "thaw_kubernetes_watch_restarts_total %llu\n", (unsigned long long)restarts);
-    help_type(o, "thaw_kubernetes_lists_total", "counter",
-              "Kubernetes lists (the first, and relists after 410 Gone or errors).");
-    buf_printf(o, "thaw_kubernetes_lists_total %llu\n", (unsigned long long)relists);
-    unsigned fresh = 0, all = 0;
-    bool leading = backend_k8s_leading(srv->k8s_backend, &fresh, &all);
-    help_type(o, "thaw_leader", "gauge", "1 while this activator is the leader.");
-    buf_printf(o, "thaw_leader %d\n", leading ? 1 : 0);
-    help_type(o, "thaw_peers", "gauge",
-              "Other activators, by whether their counts are fresh or stale.");
-    buf_printf(o, "thaw_peers{state=\"fresh\"} %u\nthaw_peers{state=\"stale\"} %u\n", fresh,
-               all - fresh);
-    help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
-    buf_printf(o, "thaw_kubernetes_synced %d\n",
-               srv->k8s_backend->ops->synced(srv->k8s_backend) ? 1 : 0);
 }
 
 static void pool_decisions(const struct model_snap *m, struct buf *o)
@@ -270,7 +248,7 @@ static void pool_decisions(const struct model_snap *m, struct buf *o)
 
 static void pool_slices(const struct metrics_stream *ms, struct buf *o)
 {
-    help_type(o, "thaw_pool_slices", "gauge",
+    metrics_help_type(o, "thaw_pool_slices", "gauge",
               "GPU slices held by replicas, by tier and whether only the warm pool keeps them.");
     unsigned held[TIER_COUNT][2] = {{0}};
     for (size_t i = 0; i < ms->n_models; i++) {
@@ -289,39 +267,39 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
 {
     const struct server *srv = ms->srv;
     const struct server_metrics *sm = &srv->metrics;
-    help_type(o, "thaw_connections", "gauge", "Open client connections on the proxy port.");
+    metrics_help_type(o, "thaw_connections", "gauge", "Open client connections on the proxy port.");
     buf_printf(o, "thaw_connections %zu\n", srv->n_conns);
-    help_type(o, "thaw_connections_accepted_total", "counter", "Client connections accepted.");
+    metrics_help_type(o, "thaw_connections_accepted_total", "counter", "Client connections accepted.");
     buf_printf(o, "thaw_connections_accepted_total %llu\n",
                (unsigned long long)sm->connections_accepted);
-    help_type(o, "thaw_connections_rejected_total", "counter",
+    metrics_help_type(o, "thaw_connections_rejected_total", "counter",
               "Client connections refused at the connection limit.");
     buf_printf(o, "thaw_connections_rejected_total %llu\n",
                (unsigned long long)sm->connections_rejected);
-    help_type(o, "thaw_upstream_connects_total", "counter", "New connections opened to replicas.");
+    metrics_help_type(o, "thaw_upstream_connects_total", "counter", "New connections opened to replicas.");
     buf_printf(o, "thaw_upstream_connects_total %llu\n", (unsigned long long)sm->upstream_connects);
-    help_type(o, "thaw_upstream_connect_failures_total", "counter",
+    metrics_help_type(o, "thaw_upstream_connect_failures_total", "counter",
               "Connections to replicas that failed before any byte was sent.");
     buf_printf(o, "thaw_upstream_connect_failures_total %llu\n",
                (unsigned long long)sm->upstream_connect_failures);
-    help_type(o, "thaw_upstream_reused_total", "counter",
+    metrics_help_type(o, "thaw_upstream_reused_total", "counter",
               "Requests sent over a pooled keep-alive connection.");
     buf_printf(o, "thaw_upstream_reused_total %llu\n", (unsigned long long)sm->upstream_reused);
-    help_type(o, "thaw_upstream_stale_retries_total", "counter",
+    metrics_help_type(o, "thaw_upstream_stale_retries_total", "counter",
               "Requests sent again on a new connection after a pooled one failed before any "
               "response byte.");
     buf_printf(o, "thaw_upstream_stale_retries_total %llu\n",
                (unsigned long long)sm->upstream_stale_retries);
-    help_type(o, "thaw_upstream_stale_closed_total", "counter",
+    metrics_help_type(o, "thaw_upstream_stale_closed_total", "counter",
               "Pooled connections found closed by the replica when taken for a request.");
     buf_printf(o, "thaw_upstream_stale_closed_total %llu\n",
                (unsigned long long)sm->upstream_stale_closed);
-    help_type(o, "thaw_admin_connections", "gauge", "Open connections on the admin port.");
+    metrics_help_type(o, "thaw_admin_connections", "gauge", "Open connections on the admin port.");
     buf_printf(o, "thaw_admin_connections %zu\n", srv->n_admin_conns);
-    help_type(o, "thaw_lingering_connections", "gauge",
+    metrics_help_type(o, "thaw_lingering_connections", "gauge",
               "Connections in their lingering close (answered, input being discarded).");
     buf_printf(o, "thaw_lingering_connections %zu\n", srv->n_lingering);
-    help_type(o, "thaw_accept_paused_total", "counter",
+    metrics_help_type(o, "thaw_accept_paused_total", "counter",
               "Times the listeners paused accepting because file descriptors ran out.");
     buf_printf(o, "thaw_accept_paused_total %llu\n", (unsigned long long)sm->accept_paused);
 }
@@ -351,7 +329,7 @@ static const struct family families[] = {
      "Time from waking a model (process start, or scale-up from zero) to its first ready "
      "replica, by model.",
      NULL, cold_start_seconds},
-    {.whole = kubernetes},
+    {.whole = backend_families},
     {"thaw_pool_decisions_total", "counter",
      "Capacity decisions by model and action (keep_warm, to_zero, admit, deny, evict, "
      "preempt).",
@@ -422,7 +400,7 @@ static bool render_more(struct metrics_stream *ms, struct buf *o, size_t want)
             continue;
         }
         if (ms->next_model == 0) {
-            help_type(o, f->name, f->type, f->help);
+            metrics_help_type(o, f->name, f->type, f->help);
         }
         while (ms->next_model < ms->n_models && o->len < want) {
             f->per_model(&ms->models[ms->next_model++], o);
@@ -589,9 +567,10 @@ void admin_render_status(struct server *srv, struct buf *out)
     cJSON_AddNumberToObject(root, "inflight", (double)srv->inflight);
     cJSON_AddNumberToObject(root, "queued", (double)srv->qglobal.total);
     cJSON_AddNumberToObject(root, "connections", (double)srv->n_conns);
-    struct backend *backends[] = {srv->process_backend, srv->k8s_backend};
-    for (size_t i = 0; i < 2; i++) {
-        if (backends[i] && backends[i]->ops->describe_capacity) {
+    struct backend *backends[SERVER_MAX_BACKENDS];
+    size_t n_backends = server_backends(srv, backends);
+    for (size_t i = 0; i < n_backends; i++) {
+        if (backends[i]->ops->describe_capacity) {
             backends[i]->ops->describe_capacity(backends[i], root);
         }
     }
@@ -639,6 +618,19 @@ void admin_render_status(struct server *srv, struct buf *out)
     cJSON_Delete(root);
 }
 
+/* The backend that answers GET /demand (one with peers), or NULL. */
+static struct backend *demand_backend(struct server *srv)
+{
+    struct backend *bs[SERVER_MAX_BACKENDS];
+    size_t n = server_backends(srv, bs);
+    for (size_t i = 0; i < n; i++) {
+        if (bs[i]->ops->demand) {
+            return bs[i];
+        }
+    }
+    return NULL;
+}
+
 void admin_on_request(struct conn *c, struct request *r)
 {
     struct server *srv = c->srv;
@@ -666,9 +658,10 @@ void admin_on_request(struct conn *c, struct request *r)
         }
     } else if (http_name_eq(target, len, "/metrics")) {
         serve_metrics(c, r);
-    } else if (http_name_eq(target, len, "/demand") && srv->k8s_backend) {
+    } else if (http_name_eq(target, len, "/demand") && demand_backend(srv)) {
+        struct backend *be = demand_backend(srv);
         cJSON *d = cJSON_CreateObject();
-        backend_k8s_demand(srv->k8s_backend, d);
+        be->ops->demand(be, d);
         char *js = cJSON_PrintUnformatted(d);
         cJSON_Delete(d);
         conn_respond(c, 200, "application/json", js ? js : "{}", js ? strlen(js) : 2, NULL);

@@ -1039,7 +1039,6 @@ static void kube_describe_capacity(struct backend *b, cJSON *out)
 }
 
 /* GET /demand: this activator's own counts per model, for the leader. */
-void backend_k8s_demand(struct backend *b, cJSON *out);
 
 static void add_demand_cb(void *ud, const char *key, void *value)
 {
@@ -1052,7 +1051,7 @@ static void add_demand_cb(void *ud, const char *key, void *value)
     }
 }
 
-void backend_k8s_demand(struct backend *b, cJSON *out)
+static void kube_demand(struct backend *b, cJSON *out)
 {
     struct kube_backend *kb = KB(b);
     cJSON_AddStringToObject(out, "identity", kb->identity);
@@ -1061,32 +1060,40 @@ void backend_k8s_demand(struct backend *b, cJSON *out)
     strmap_each(&kb->models, add_demand_cb, models);
 }
 
-bool backend_k8s_leading(struct backend *b, unsigned *fresh_peers, unsigned *all_peers);
-
-bool backend_k8s_leading(struct backend *b, unsigned *fresh_peers, unsigned *all_peers)
+/* API client and informer counters, leadership and peers, sync. */
+static void kube_render_metrics(struct backend *b, struct buf *o)
 {
     struct kube_backend *kb = KB(b);
-    *fresh_peers = kb->have_peers ? k8s_peers_count(&kb->peers, true) : 0;
-    *all_peers = kb->have_peers ? k8s_peers_count(&kb->peers, false) : 0;
-    return kb->leading;
-}
-
-void backend_k8s_metrics(struct backend *b, uint64_t *api_errors, uint64_t *watch_restarts,
-                         uint64_t *relists)
-{
-    struct kube_backend *kb = KB(b);
-    *api_errors = k8s_client_stats(kb->client)->errors;
-    *watch_restarts = *relists = 0;
+    uint64_t api_errors = k8s_client_stats(kb->client)->errors, restarts = 0, relists = 0;
     for (size_t i = 0; i < kb->n_ns; i++) {
         const struct k8s_informer *all[] = {&kb->ns[i].deployments, &kb->ns[i].slices,
                                             &kb->ns[i].pods};
         for (size_t j = 0; j < 3; j++) {
-            *watch_restarts += all[j]->watch_restarts;
-            *relists += all[j]->relists;
+            restarts += all[j]->watch_restarts;
+            relists += all[j]->relists;
         }
     }
-    *watch_restarts += kb->nodes.watch_restarts;
-    *relists += kb->nodes.relists;
+    restarts += kb->nodes.watch_restarts;
+    relists += kb->nodes.relists;
+    metrics_help_type(o, "thaw_kubernetes_api_errors_total", "counter",
+                      "Kubernetes API requests that failed (transport or HTTP >= 400).");
+    buf_printf(o, "thaw_kubernetes_api_errors_total %llu\n", (unsigned long long)api_errors);
+    metrics_help_type(o, "thaw_kubernetes_watch_restarts_total", "counter",
+                      "Kubernetes watches that ended and were resumed.");
+    buf_printf(o, "thaw_kubernetes_watch_restarts_total %llu\n", (unsigned long long)restarts);
+    metrics_help_type(o, "thaw_kubernetes_lists_total", "counter",
+                      "Kubernetes lists (the first, and relists after 410 Gone or errors).");
+    buf_printf(o, "thaw_kubernetes_lists_total %llu\n", (unsigned long long)relists);
+    unsigned fresh = kb->have_peers ? k8s_peers_count(&kb->peers, true) : 0;
+    unsigned all = kb->have_peers ? k8s_peers_count(&kb->peers, false) : 0;
+    metrics_help_type(o, "thaw_leader", "gauge", "1 while this activator is the leader.");
+    buf_printf(o, "thaw_leader %d\n", kb->leading ? 1 : 0);
+    metrics_help_type(o, "thaw_peers", "gauge",
+                      "Other activators, by whether their counts are fresh or stale.");
+    buf_printf(o, "thaw_peers{state=\"fresh\"} %u\nthaw_peers{state=\"stale\"} %u\n", fresh,
+               all - fresh);
+    metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
+    buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
 }
 
 static void kube_stop(struct backend *b)
@@ -1125,7 +1132,7 @@ static void kube_free(struct backend *b)
     free(kb);
 }
 
-void backend_k8s_set_config(struct backend *b, const struct config *cfg)
+static void kube_set_config(struct backend *b, const struct config *cfg)
 {
     KB(b)->cfg = cfg;
 }
@@ -1138,6 +1145,9 @@ static const struct backend_ops kube_ops = {
     .describe = kube_describe,
     .describe_capacity = kube_describe_capacity,
     .synced = kube_synced,
+    .set_config = kube_set_config,
+    .render_metrics = kube_render_metrics,
+    .demand = kube_demand,
     .stop = kube_stop,
     .free = kube_free,
 };

@@ -990,7 +990,7 @@ static void process_retire(struct backend *b, struct model *m)
     }
 }
 
-void backend_process_set_config(struct backend *b, const struct config *cfg)
+static void process_set_config(struct backend *b, const struct config *cfg)
 {
     PB(b)->cfg = cfg;
 }
@@ -1203,6 +1203,7 @@ static const struct backend_ops process_ops = {
     .describe_capacity = process_describe_capacity,
     .update = process_update,
     .retire = process_retire,
+    .set_config = process_set_config,
     .stop = process_stop,
     .free = process_free,
 };

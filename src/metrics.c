@@ -120,3 +120,8 @@ void code_counts_add(struct code_counts *c, int code)
     }
     c->other++;
 }
+
+void metrics_help_type(struct buf *o, const char *name, const char *type, const char *help)
+{
+    buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}

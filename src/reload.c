@@ -387,11 +387,12 @@ void reload_apply(struct server *srv, struct config *next)
     keep_running_kinds(srv->cfg, next);
     struct config *old = srv->cfg;
     srv->cfg = next;
-    if (srv->process_backend) {
-        backend_process_set_config(srv->process_backend, next);
-    }
-    if (srv->k8s_backend) {
-        backend_k8s_set_config(srv->k8s_backend, next);
+    struct backend *backends[SERVER_MAX_BACKENDS];
+    size_t n_backends = server_backends(srv, backends);
+    for (size_t i = 0; i < n_backends; i++) {
+        if (backends[i]->ops->set_config) {
+            backends[i]->ops->set_config(backends[i], next);
+        }
     }
     config_free(old);
     LOGI("configuration reloaded",

@@ -560,3 +560,16 @@ void server_dispose(struct server *srv)
     free(srv->scratch);
     config_free(srv->cfg);
 }
+
+size_t server_backends(const struct server *srv, struct backend **out)
+{
+    struct backend *all[SERVER_MAX_BACKENDS] = {srv->static_backend, srv->process_backend,
+                                               srv->k8s_backend};
+    size_t n = 0;
+    for (size_t i = 0; i < SERVER_MAX_BACKENDS; i++) {
+        if (all[i]) {
+            out[n++] = all[i];
+        }
+    }
+    return n;
+}

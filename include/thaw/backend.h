@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "thaw/buf.h"
 #include "thaw/config.h"
 #include "thaw/model.h"
 
@@ -41,6 +42,15 @@ struct backend_ops {
     /* A reload removed m: stop its replicas once their in-flight requests are
      * done. Called just before fleet_remove_model. NULL: nothing to stop. */
     void (*retire)(struct backend *b, struct model *m);
+    /* After a reload: read cfg from now on (settings that need a restart
+     * keep the values the backend started with). NULL: it keeps none. */
+    void (*set_config)(struct backend *b, const struct config *cfg);
+    /* Its own metric families in Prometheus text (API client, leadership).
+     * NULL: none. */
+    void (*render_metrics)(struct backend *b, struct buf *out);
+    /* This activator's per-model demand for its peers (GET /demand on the
+     * admin port). NULL: the backend has no peers; the path is a 404. */
+    void (*demand)(struct backend *b, cJSON *out);
     /* Stops everything the backend started; called once, at exit. */
     void (*stop)(struct backend *b);
     void (*free)(struct backend *b);
@@ -64,25 +74,11 @@ struct event_base;
 struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
                                     const struct config *cfg);
 
-/* After a reload: the process backend reads cfg from now on (the caller
- * keeps the GPUs and autoscaler settings it was created with). */
-void backend_process_set_config(struct backend *b, const struct config *cfg);
-
 struct k8s_auth;
 /* The Kubernetes backend (see backend_k8s.c); takes over auth. NULL with err
  * set on failure. */
 struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
                                 const struct config *cfg, struct k8s_auth *auth, char *err,
                                 size_t errlen);
-/* After a reload: the Kubernetes backend reads cfg from now on (its
- * "kubernetes" settings are the ones it started with). */
-void backend_k8s_set_config(struct backend *b, const struct config *cfg);
-/* This activator's per-model counts (GET /demand on the admin port). */
-void backend_k8s_demand(struct backend *b, cJSON *out);
-/* Is this activator the leader; how many peers (fresh, all)? */
-bool backend_k8s_leading(struct backend *b, unsigned *fresh_peers, unsigned *all_peers);
-/* Kubernetes API client and informer counters, for metrics. */
-void backend_k8s_metrics(struct backend *b, uint64_t *api_errors, uint64_t *watch_restarts,
-                         uint64_t *relists);
 
 #endif

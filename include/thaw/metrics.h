@@ -105,4 +105,7 @@ struct server_metrics {
     uint64_t accept_paused; /* listeners paused for want of file descriptors */
 };
 
+/* A metric family's # HELP and # TYPE lines. */
+void metrics_help_type(struct buf *o, const char *name, const char *type, const char *help);
+
 #endif

@@ -102,4 +102,9 @@ void server_begin_drain(struct server *srv);
 /* Called when a proxy request finishes; ends a drain when none are left. */
 void server_request_finished(struct server *srv);
 
+#define SERVER_MAX_BACKENDS 3
+/* The backends in use (static, process, kubernetes: those that exist), for
+ * code that reaches them only through backend_ops. Returns how many. */
+size_t server_backends(const struct server *srv, struct backend **out);
+
 #endif
