@@ -451,7 +451,7 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
     const struct reject_info *ri = reject_info(reason);
     struct request *r = c->req;
     if (r && c->kind == LISTENER_PROXY) {
-        proxy_count_rejected(c->srv, r, reason);
+        request_count_rejected(c->srv, r, reason);
     }
     /* A request whose body was not read leaves the stream out of sync. */
     if (!r || r->state == REQ_READING || reason == REJECT_TOO_MANY_CONNECTIONS) {

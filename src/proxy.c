@@ -18,160 +18,6 @@
 #define PROXY_DISPATCH_BATCH 32
 /* Connection attempts per request before it is answered 502. */
 #define PROXY_MAX_TRIES 16
-/* Cached request objects keep buffers up to these sizes. */
-#define CACHE_KEEP_HEAD_BYTES (8 * 1024)
-#define CACHE_KEEP_BODY_BYTES (64 * 1024)
-
-struct request *request_new(struct server *srv, struct conn *c)
-{
-    struct request *r;
-    struct list_node *n = list_first(&srv->free_requests);
-    if (n) {
-        list_remove(n);
-        srv->n_free_requests--;
-        r = container_of(n, struct request, cache_node);
-    } else {
-        r = calloc(1, sizeof *r);
-        if (!r) {
-            return NULL;
-        }
-        http_head_init(&r->head);
-        buf_init(&r->body);
-        buf_init(&r->up_head);
-    }
-    list_node_init(&r->qi.node);
-    list_node_init(&r->cache_node);
-    r->conn = c;
-    r->model = NULL;
-    r->state = REQ_READING;
-    r->start_ms = clock_now_ms();
-    r->queued_ms = r->dispatch_ms = 0;
-    r->up = NULL;
-    r->last_ep = NULL;
-    r->tries = 0;
-    r->counted = false;
-    r->stale_retried = false;
-    r->response_started = false;
-    r->model_resolved = false;
-    r->heartbeat = false;
-    r->body_seen = 0;
-    r->body_reserved = 0;
-    r->scan = NULL;
-    r->metrics_stream = NULL;
-    r->tier = TIER_STANDARD;
-    return r;
-}
-
-void request_free(struct server *srv, struct request *r)
-{
-    assert(!list_linked(&r->qi.node));
-    assert(r->up == NULL);
-    if (r->model) {
-        model_unref(r->model);
-        r->model = NULL;
-    }
-    srv->buffered_body_bytes -= r->body_reserved;
-    r->body_reserved = 0;
-    free(r->scan);
-    r->scan = NULL;
-    if (srv->n_free_requests < SERVER_REQUEST_CACHE) {
-        http_head_reset(&r->head);
-        buf_reset(&r->body);
-        buf_reset(&r->up_head);
-        if (r->head.bytes.cap > CACHE_KEEP_HEAD_BYTES) {
-            buf_dispose(&r->head.bytes);
-        }
-        if (r->body.cap > CACHE_KEEP_BODY_BYTES) {
-            buf_dispose(&r->body);
-        }
-        if (r->up_head.cap > CACHE_KEEP_HEAD_BYTES) {
-            buf_dispose(&r->up_head);
-        }
-        list_push_front(&srv->free_requests, &r->cache_node);
-        srv->n_free_requests++;
-        return;
-    }
-    http_head_dispose(&r->head);
-    buf_dispose(&r->body);
-    buf_dispose(&r->up_head);
-    free(r);
-}
-
-/* The access log line: the path without its query (queries can carry keys)
- * nor an absolute-form authority (it can carry userinfo). */
-static void access_log(struct server *srv, struct request *r, const char *outcome, int status,
-                       const char *reason)
-{
-    if (!srv->cfg->access_log || !log_enabled(LOG_INFO)) {
-        return;
-    }
-    const char *t;
-    size_t len;
-    http_target_log_path(&r->head, &t, &len);
-    char path[200];
-    log_quote(path, sizeof path, t, len, 120);
-    LOGI("request", "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "
-         "ms=%llu client=%s",
-         r->model && r->model_resolved ? r->model->name : "-", tier_name(r->tier),
-         r->head.method_known ? llhttp_method_name((llhttp_method_t)r->head.method) : "-", path,
-         status, outcome, reason,
-         (unsigned long long)(clock_now_ms() - r->start_ms), r->conn->peer_ip);
-}
-
-static void finish(struct server *srv, struct request *r)
-{
-    assert(!r->counted);
-    r->counted = true;
-    server_request_finished(srv);
-}
-
-void proxy_count_proxied(struct server *srv, struct request *r, int status)
-{
-    if (r->counted) {
-        return;
-    }
-    srv->metrics.requests_proxied++;
-    if (r->model) {
-        r->model->stats.proxied++;
-        code_counts_add(&r->model->stats.codes, status);
-    }
-    access_log(srv, r, "proxied", status, "-");
-    finish(srv, r);
-}
-
-void proxy_count_rejected(struct server *srv, struct request *r, enum reject_reason reason)
-{
-    if (r->counted) {
-        return;
-    }
-    srv->metrics.requests_rejected++;
-    srv->metrics.rejections[reason]++;
-    int status = reject_info(reason)->status;
-    if (r->model && r->model_resolved) {
-        r->model->stats.rejected++;
-        r->model->stats.rejections[reason]++;
-        code_counts_add(&r->model->stats.codes, status);
-    } else {
-        code_counts_add(&srv->metrics.unrouted_codes, status);
-    }
-    access_log(srv, r, "rejected", status, reject_info(reason)->name);
-    finish(srv, r);
-}
-
-void proxy_count_aborted(struct server *srv, struct request *r, enum abort_reason reason)
-{
-    if (r->counted) {
-        return;
-    }
-    srv->metrics.requests_aborted++;
-    srv->metrics.aborts[reason]++;
-    if (r->model && r->model_resolved) {
-        r->model->stats.aborted++;
-    }
-    access_log(srv, r, "aborted", 0, abort_reason_name(reason));
-    finish(srv, r);
-}
-
 static struct server *server_of(struct model *m)
 {
     return m->fleet->cb_ud;
@@ -521,7 +367,7 @@ void proxy_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
     } else if (r->up) {
         upstream_cancel(r->up);
     }
-    proxy_count_aborted(srv, r, reason);
+    request_count_aborted(srv, r, reason);
 }
 
 static void on_dispatch_more(evutil_socket_t fd, short what, void *arg)
@@ -697,6 +543,6 @@ void proxy_upstream_failed(struct request *r, enum reject_reason reason, enum ab
         conn_reject(c, reason, NULL);
         return;
     }
-    proxy_count_aborted(c->srv, r, abort);
+    request_count_aborted(c->srv, r, abort);
     conn_close(c, abort);
 }

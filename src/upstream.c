@@ -351,7 +351,7 @@ static void client_gone(struct upstream *u)
     struct model *m = release(u, false);
     if (r) {
         LOGD("client went away mid-response", "model=%s", r->model ? r->model->name : "-");
-        proxy_count_aborted(srv, r, ABORT_CLIENT_CLOSED);
+        request_count_aborted(srv, r, ABORT_CLIENT_CLOSED);
         conn_close(r->conn, ABORT_CLIENT_CLOSED);
     }
     if (m) {
@@ -372,7 +372,7 @@ static void complete(struct upstream *u, bool reusable)
     }
     u->served++;
     struct model *m = release(u, reusable);
-    proxy_count_proxied(srv, r, status);
+    request_count_proxied(srv, r, status);
     proxy_upstream_done(r);
     if (m) {
         proxy_dispatch(srv, m);

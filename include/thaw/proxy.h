@@ -1,9 +1,6 @@
 /* The request path between a client connection and a replica: route,
- * classify (tier), queue or dispatch, and account for every outcome.
- *
- * Every request that thaw starts reading ends in exactly one of
- * proxy_count_proxied, proxy_count_rejected or proxy_count_aborted, so the
- * counters reconcile: accepted = proxied + rejected + aborted. */
+ * classify (tier), queue or dispatch, retry. Outcomes are counted by
+ * request.c. */
 #ifndef THAW_PROXY_H
 #define THAW_PROXY_H
 
@@ -17,53 +14,13 @@
 #include "thaw/metrics.h"
 #include "thaw/model.h"
 #include "thaw/queue.h"
+#include "thaw/request.h"
 #include "thaw/router.h"
 
 struct conn;
 struct metrics_stream;
 struct server;
 struct upstream;
-
-enum request_state {
-    REQ_READING,
-    REQ_ROUTED,   /* complete, being placed */
-    REQ_QUEUED,
-    REQ_UPSTREAM, /* at a replica */
-    REQ_ANSWERED, /* an answer is being (or has been) written */
-};
-
-struct request {
-    struct queue_item qi; /* while queued */
-    struct list_node cache_node;
-    struct conn *conn;
-    struct http_head head;
-    struct buf body;
-    struct buf up_head; /* the head sent upstream */
-    struct model *model;
-    struct route route;
-    enum tier tier;
-    enum request_state state;
-    uint64_t start_ms, queued_ms, dispatch_ms;
-    struct upstream *up;
-    struct endpoint *last_ep;
-    uint16_t tries;
-    bool counted;          /* its outcome has been counted */
-    bool stale_retried;    /* sent again once after a pooled connection failed */
-    bool response_started; /* response bytes went to the client */
-    bool model_resolved;
-    bool heartbeat; /* thaw sent a 200 event-stream head and ": loading" comments */
-    size_t body_seen;       /* body bytes already accounted for and scanned */
-    uint64_t body_reserved; /* this request's share of server.buffered_body_bytes */
-    /* While a body-routed request's model is unknown: the scan of its body
-     * (about 450 bytes, freed once the route is decided). */
-    struct jsonscan *scan;
-    /* The admin port's streamed /metrics answer, while it is being written. */
-    struct metrics_stream *metrics_stream;
-};
-
-struct request *request_new(struct server *srv, struct conn *c);
-/* Frees r (or caches it). r must not be queued or at an upstream. */
-void request_free(struct server *srv, struct request *r);
 
 /* conn -> proxy. The head of a proxy-port request is complete: route what
  * can be routed now. Returns REJECT_COUNT to go on reading the body, or a
@@ -98,10 +55,5 @@ void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason r
 /* Seconds a client told to retry should wait: the model's measured cold start
  * (or restart backoff) when it has no ready replica, else 1. */
 unsigned proxy_retry_after_s(const struct request *r);
-
-/* Outcome accounting (proxy-port requests only; admin ones are not counted). */
-void proxy_count_proxied(struct server *srv, struct request *r, int status);
-void proxy_count_rejected(struct server *srv, struct request *r, enum reject_reason reason);
-void proxy_count_aborted(struct server *srv, struct request *r, enum abort_reason reason);
 
 #endif

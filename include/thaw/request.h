@@ -1,0 +1,74 @@
+/* The request object: one HTTP request on the proxy port from its first
+ * byte to its answer, its cache of reusable objects, and the one place its
+ * outcome is counted. Every request that thaw starts reading ends in exactly
+ * one of request_count_proxied, _rejected or _aborted (later calls are no-ops),
+ * so the counters reconcile: accepted = proxied + rejected + aborted. Each
+ * writes the access log line. */
+#ifndef THAW_REQUEST_H
+#define THAW_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "thaw/buf.h"
+#include "thaw/http.h"
+#include "thaw/jsonscan.h"
+#include "thaw/list.h"
+#include "thaw/metrics.h"
+#include "thaw/model.h"
+#include "thaw/queue.h"
+#include "thaw/router.h"
+
+struct conn;
+struct metrics_stream;
+struct server;
+struct upstream;
+
+enum request_state {
+    REQ_READING,
+    REQ_ROUTED,   /* complete, being placed */
+    REQ_QUEUED,
+    REQ_UPSTREAM, /* at a replica */
+    REQ_ANSWERED, /* an answer is being (or has been) written */
+};
+
+struct request {
+    struct queue_item qi; /* while queued */
+    struct list_node cache_node;
+    struct conn *conn;
+    struct http_head head;
+    struct buf body;
+    struct buf up_head; /* the head sent upstream */
+    struct model *model;
+    struct route route;
+    enum tier tier;
+    enum request_state state;
+    uint64_t start_ms, queued_ms, dispatch_ms;
+    struct upstream *up;
+    struct endpoint *last_ep;
+    uint16_t tries;
+    bool counted;          /* its outcome has been counted */
+    bool stale_retried;    /* sent again once after a pooled connection failed */
+    bool response_started; /* response bytes went to the client */
+    bool model_resolved;
+    bool heartbeat; /* thaw sent a 200 event-stream head and ": loading" comments */
+    size_t body_seen;       /* body bytes already accounted for and scanned */
+    uint64_t body_reserved; /* this request's share of server.buffered_body_bytes */
+    /* While a body-routed request's model is unknown: the scan of its body
+     * (about 450 bytes, freed once the route is decided). */
+    struct jsonscan *scan;
+    /* The admin port's streamed /metrics answer, while it is being written. */
+    struct metrics_stream *metrics_stream;
+};
+
+struct request *request_new(struct server *srv, struct conn *c);
+/* Frees r (or caches it). r must not be queued or at an upstream. */
+void request_free(struct server *srv, struct request *r);
+
+/* Outcome accounting (proxy-port requests only; admin ones are not counted). */
+void request_count_proxied(struct server *srv, struct request *r, int status);
+void request_count_rejected(struct server *srv, struct request *r, enum reject_reason reason);
+void request_count_aborted(struct server *srv, struct request *r, enum abort_reason reason);
+
+#endif
