@@ -546,7 +546,7 @@ static void serve_metrics(struct conn *c, struct request *r)
     stream_step(ms);
 }
 
-void admin_on_abort(struct conn *c, struct request *r)
+static void admin_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
 {
     if (r->metrics_stream) {
         stream_free(r->metrics_stream);
@@ -631,7 +631,7 @@ static struct backend *demand_backend(struct server *srv)
     return NULL;
 }
 
-void admin_on_request(struct conn *c, struct request *r)
+static void admin_on_request(struct conn *c, struct request *r)
 {
     struct server *srv = c->srv;
     const char *target = http_target(&r->head);
@@ -676,3 +676,8 @@ void admin_on_request(struct conn *c, struct request *r)
     }
     buf_dispose(&body);
 }
+
+const struct conn_handler admin_conn_handler = {
+    .on_request = admin_on_request,
+    .on_abort = admin_on_abort,
+};

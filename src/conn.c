@@ -1,8 +1,7 @@
 #include "thaw/conn.h"
 #include "thaw/clock.h"
-#include "thaw/admin.h"
 #include "thaw/log.h"
-#include "thaw/proxy.h"
+#include "thaw/request.h"
 
 #include <arpa/inet.h>
 #include <assert.h>
@@ -114,7 +113,7 @@ static void set_timer(struct conn *c, enum timer_kind k)
 }
 
 struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
-                      const struct sockaddr *peer)
+                      const struct conn_handler *handler, const struct sockaddr *peer)
 {
     struct conn_ext *x = calloc(1, sizeof *x);
     if (!x) {
@@ -124,6 +123,7 @@ struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
     struct conn *c = &x->c;
     c->srv = srv;
     c->kind = kind;
+    c->handler = handler;
     c->fd = fd;
     c->state = CONN_IDLE;
     c->first_request = true;
@@ -162,11 +162,7 @@ static void release_request(struct conn *c, enum abort_reason reason)
     if (!r) {
         return;
     }
-    if (c->kind == LISTENER_PROXY) {
-        proxy_on_abort(c, r, reason);
-    } else {
-        admin_on_abort(c, r);
-    }
+    c->handler->on_abort(c, r, reason);
     c->req = NULL;
     request_free(c->srv, r);
 }
@@ -450,8 +446,8 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
 {
     const struct reject_info *ri = reject_info(reason);
     struct request *r = c->req;
-    if (r && c->kind == LISTENER_PROXY) {
-        request_count_rejected(c->srv, r, reason);
+    if (r && c->handler->on_reject) {
+        c->handler->on_reject(c, r, reason);
     }
     /* A request whose body was not read leaves the stream out of sync. */
     if (!r || r->state == REQ_READING || reason == REJECT_TOO_MANY_CONNECTIONS) {
@@ -461,26 +457,14 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
     buf_init(&body);
     conn_error_body(&body, reason, detail,
                     r && r->model && r->model_resolved ? r->model->name : NULL);
-    if (r && r->heartbeat) {
-        /* The 200 event-stream head went out with the loading heartbeats:
-         * the error travels as a last SSE event, then the stream ends. */
-        struct buf ev;
-        buf_init(&ev);
-        size_t n = body.len && body.data[body.len - 1] == '\n' ? body.len - 1 : body.len;
-        buf_printf(&ev, "%zx\r\ndata: ", n + 8);
-        buf_append(&ev, body.data, n);
-        buf_append_str(&ev, "\n\n\r\n0\r\n\r\n");
-        conn_write(c, ev.data, ev.len);
-        buf_dispose(&ev);
+    if (r && c->handler->reject_in_stream && c->handler->reject_in_stream(c, r, &body)) {
         buf_dispose(&body);
-        r->state = REQ_ANSWERED;
-        conn_response_done(c);
         return;
     }
     char extra[64] = "";
     if (ri->retry_after) {
         snprintf(extra, sizeof extra, "Retry-After: %u\r\n",
-                 r && c->kind == LISTENER_PROXY ? proxy_retry_after_s(r) : 1);
+                 r && c->handler->retry_after_s ? c->handler->retry_after_s(r) : 1);
     }
     conn_respond(c, ri->status, "application/json", body.data, body.len, extra);
     buf_dispose(&body);
@@ -540,9 +524,8 @@ static void start_request(struct conn *c)
         set_timer(c, TIMER_HEADER);
     }
     c->first_request = false;
-    if (c->kind == LISTENER_PROXY) {
-        c->srv->metrics.requests_accepted++;
-        c->srv->inflight++;
+    if (c->handler->on_start) {
+        c->handler->on_start(c, r);
     }
 }
 
@@ -604,8 +587,8 @@ static bool on_head(struct conn *c)
         conn_reject(c, REJECT_BAD_REQUEST, "HTTP/1.1 request without Host");
         return false;
     }
-    if (c->kind == LISTENER_PROXY) {
-        int rc = proxy_on_head(c, r);
+    if (c->handler->on_head) {
+        int rc = c->handler->on_head(c, r);
         if (rc != REJECT_COUNT) {
             conn_reject(c, (enum reject_reason)rc, NULL);
             return false;
@@ -627,11 +610,7 @@ static void on_complete(struct conn *c)
     struct request *r = c->req;
     c->state = CONN_HANDLING;
     set_timer(c, TIMER_NONE);
-    if (c->kind == LISTENER_PROXY) {
-        proxy_on_request(c, r);
-    } else {
-        admin_on_request(c, r);
-    }
+    c->handler->on_request(c, r);
 }
 
 /* Parses what is buffered in c->in, then data[0..len) (not yet buffered).
@@ -686,8 +665,8 @@ static void process_input(struct conn *c, const char *data, size_t len)
             data += used;
             len -= used;
         }
-        if (c->kind == LISTENER_PROXY && c->req && c->req->state == REQ_READING &&
-            !proxy_on_body(c, c->req)) {
+        if (c->handler->on_body && c->req && c->req->state == REQ_READING &&
+            !c->handler->on_body(c, c->req)) {
             return; /* answered while its body arrived */
         }
         switch (ev) {

@@ -582,7 +582,7 @@ void http_target_log_path(const struct http_head *h, const char **path, size_t *
         n -= (size_t)(auth + alen - t);
         t = auth + alen;
     }
-    const char *q = memchr(t, '?', n);
+    const char *q = n ? memchr(t, '?', n) : NULL; /* no target parsed: t may be NULL */
     *path = t;
     *len = q ? (size_t)(q - t) : n;
 }

@@ -546,3 +546,46 @@ void proxy_upstream_failed(struct request *r, enum reject_reason reason, enum ab
     request_count_aborted(c->srv, r, abort);
     conn_close(c, abort);
 }
+
+/* A request begins on the proxy port: it counts from here. */
+static void proxy_on_start(struct conn *c, struct request *r)
+{
+    c->srv->metrics.requests_accepted++;
+    c->srv->inflight++;
+}
+
+static void proxy_on_reject(struct conn *c, struct request *r, enum reject_reason reason)
+{
+    request_count_rejected(c->srv, r, reason);
+}
+
+/* The 200 event-stream head went out with the loading heartbeats: the error
+ * travels as a last SSE event, then the stream ends. */
+static bool proxy_reject_in_stream(struct conn *c, struct request *r, const struct buf *body)
+{
+    if (!r->heartbeat) {
+        return false;
+    }
+    struct buf ev;
+    buf_init(&ev);
+    size_t n = body->len && body->data[body->len - 1] == '\n' ? body->len - 1 : body->len;
+    buf_printf(&ev, "%zx\r\ndata: ", n + 8);
+    buf_append(&ev, body->data, n);
+    buf_append_str(&ev, "\n\n\r\n0\r\n\r\n");
+    conn_write(c, ev.data, ev.len);
+    buf_dispose(&ev);
+    r->state = REQ_ANSWERED;
+    conn_response_done(c);
+    return true;
+}
+
+const struct conn_handler proxy_conn_handler = {
+    .on_start = proxy_on_start,
+    .on_head = proxy_on_head,
+    .on_body = proxy_on_body,
+    .on_request = proxy_on_request,
+    .on_abort = proxy_on_abort,
+    .on_reject = proxy_on_reject,
+    .reject_in_stream = proxy_reject_in_stream,
+    .retry_after_s = proxy_retry_after_s,
+};

@@ -1,5 +1,6 @@
 #include "thaw/server.h"
 #include "thaw/clock.h"
+#include "thaw/admin.h"
 #include "thaw/backend.h"
 #include "thaw/conn.h"
 #include "thaw/k8s/auth.h"
@@ -155,7 +156,7 @@ static void reject_connection(struct server *srv, int fd, const struct sockaddr 
         close(fd); /* under a flood, not even a polite answer */
         return;
     }
-    struct conn *c = conn_new(srv, fd, LISTENER_ADMIN, peer);
+    struct conn *c = conn_new(srv, fd, LISTENER_ADMIN, &admin_conn_handler, peer);
     if (!c) {
         return;
     }
@@ -227,7 +228,7 @@ static void accept_admin(struct server *srv, int cfd, const struct sockaddr *pee
         close(cfd); /* the admin port is for a few scrapers and probes */
         return;
     }
-    struct conn *c = conn_new(srv, cfd, LISTENER_ADMIN, peer);
+    struct conn *c = conn_new(srv, cfd, LISTENER_ADMIN, &admin_conn_handler, peer);
     if (c) {
         c->admin_counted = true;
         srv->n_admin_conns++;
@@ -255,7 +256,7 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
                 reject_connection(srv, cfd, (struct sockaddr *)&peer);
                 continue;
             }
-            if (conn_new(srv, cfd, LISTENER_PROXY, (struct sockaddr *)&peer)) {
+            if (conn_new(srv, cfd, LISTENER_PROXY, &proxy_conn_handler, (struct sockaddr *)&peer)) {
                 srv->n_conns++;
             }
         } else {

@@ -4,15 +4,16 @@
 #define THAW_ADMIN_H
 
 #include "thaw/buf.h"
+#include "thaw/conn.h"
 
 struct conn;
 struct request;
 struct server;
 
-void admin_on_request(struct conn *c, struct request *r);
-/* The connection is going away with r unfinished (a /metrics answer still
- * being written): frees what r's answer holds. */
-void admin_on_abort(struct conn *c, struct request *r);
+/* What the admin port's connections call (see conn.h): answers each
+ * request; a /metrics answer still being written when the connection goes
+ * is freed. */
+extern const struct conn_handler admin_conn_handler;
 /* Renders the whole Prometheus exposition into out at once. (GET /metrics
  * writes the same text in pieces, from a snapshot of the models.) */
 void admin_render_metrics(struct server *srv, struct buf *out);

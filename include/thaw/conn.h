@@ -26,6 +26,31 @@
 #include "thaw/server.h"
 
 struct request;
+struct conn;
+
+/* What a listener does with the requests its connections carry: conn calls
+ * up only through these (set per listener), never a module by name. */
+struct conn_handler {
+    /* A request begins (its first byte arrived). NULL: nothing. */
+    void (*on_start)(struct conn *c, struct request *r);
+    /* The head is complete. REJECT_COUNT to go on, or a reason to reject
+     * the request with. NULL: go on. */
+    int (*on_head)(struct conn *c, struct request *r);
+    /* More body arrived. false when the request was answered meanwhile.
+     * NULL: nothing to do until it is complete. */
+    bool (*on_body)(struct conn *c, struct request *r);
+    /* The whole request is in: answer it, now or later. */
+    void (*on_request)(struct conn *c, struct request *r);
+    /* The connection goes away with r unanswered. */
+    void (*on_abort)(struct conn *c, struct request *r, enum abort_reason reason);
+    /* conn_reject answers r with reason: count it. NULL: not counted. */
+    void (*on_reject)(struct conn *c, struct request *r, enum reject_reason reason);
+    /* Writes the error `body` inside a response already under way (a 200
+     * event stream, say) and returns true; false: answer it normally. */
+    bool (*reject_in_stream)(struct conn *c, struct request *r, const struct buf *body);
+    /* Retry-After seconds for r's rejections. NULL: 1. */
+    unsigned (*retry_after_s)(const struct request *r);
+};
 
 enum conn_state {
     CONN_IDLE,     /* between requests */
@@ -37,7 +62,8 @@ enum conn_state {
 struct conn {
     struct list_node node;
     struct server *srv;
-    enum listener_kind kind;
+    enum listener_kind kind; /* which limits and which connection count */
+    const struct conn_handler *handler;
     int fd;
     enum conn_state state;
     struct event rev, wev, tev;
@@ -63,7 +89,7 @@ struct conn {
 
 /* Takes an accepted socket. Returns NULL (socket closed) on failure. */
 struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
-                      const struct sockaddr *peer);
+                      const struct conn_handler *handler, const struct sockaddr *peer);
 /* Closes at once; the current request (if any) is aborted with reason. */
 void conn_close(struct conn *c, enum abort_reason reason);
 /* Queues bytes for the client. 0, or -ENOMEM / -EPIPE (connection dead). */

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "thaw/buf.h"
+#include "thaw/conn.h"
 #include "thaw/http.h"
 #include "thaw/jsonscan.h"
 #include "thaw/list.h"
@@ -55,5 +56,8 @@ void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason r
 /* Seconds a client told to retry should wait: the model's measured cold start
  * (or restart backoff) when it has no ready replica, else 1. */
 unsigned proxy_retry_after_s(const struct request *r);
+
+/* What the proxy port's connections call (see conn.h). */
+extern const struct conn_handler proxy_conn_handler;
 
 #endif
