@@ -324,3 +324,19 @@ uint32_t model_capacity(const struct model *m)
 {
     return (uint32_t)m->n_endpoints * m->set.max_concurrency;
 }
+
+void endpoint_take_slot(struct endpoint *ep)
+{
+    ep->inflight++;
+    ep->model->inflight++;
+    ep->requests++;
+}
+
+struct model *endpoint_give_slot(struct endpoint *ep)
+{
+    ep->inflight--;
+    if (ep->model) {
+        ep->model->inflight--;
+    }
+    return ep->model;
+}

@@ -484,7 +484,7 @@ static void retry_after_ejection(struct server *srv, struct model *m)
     }
 }
 
-void proxy_upstream_retry(struct request *r)
+static void upstream_retry(struct request *r)
 {
     struct model *m = r->model;
     struct server *srv = r->conn->srv;
@@ -526,13 +526,20 @@ void proxy_upstream_retry(struct request *r)
     retry_after_ejection(srv, m);
 }
 
-void proxy_upstream_done(struct request *r)
+static void upstream_done(struct request *r, int status)
 {
     struct conn *c = r->conn;
+    request_count_proxied(c->srv, r, status);
     conn_response_done(c);
 }
 
-void proxy_upstream_failed(struct request *r, enum reject_reason reason, enum abort_reason abort)
+static void upstream_client_gone(struct request *r)
+{
+    request_count_aborted(r->conn->srv, r, ABORT_CLIENT_CLOSED);
+    conn_close(r->conn, ABORT_CLIENT_CLOSED);
+}
+
+static void upstream_failed(struct request *r, enum reject_reason reason, enum abort_reason abort)
 {
     struct conn *c = r->conn;
     if (r->model) {
@@ -588,4 +595,12 @@ const struct conn_handler proxy_conn_handler = {
     .on_reject = proxy_on_reject,
     .reject_in_stream = proxy_reject_in_stream,
     .retry_after_s = proxy_retry_after_s,
+};
+
+const struct upstream_handler proxy_upstream_handler = {
+    .retry = upstream_retry,
+    .done = upstream_done,
+    .failed = upstream_failed,
+    .client_gone = upstream_client_gone,
+    .capacity = proxy_dispatch,
 };

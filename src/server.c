@@ -417,6 +417,7 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     srv->qglobal.max_total = lim->max_queue_total;
     fleet_init(&srv->fleet, &srv->qglobal, lim->queue_aging_ms);
     srv->fleet.on_capacity = on_capacity;
+    srv->up_handler = &proxy_upstream_handler;
     srv->fleet.on_removing = on_removing;
     srv->fleet.on_unavailable = on_unavailable;
     srv->fleet.on_endpoint_gone = on_endpoint_gone;

@@ -2,7 +2,7 @@
 #include "thaw/clock.h"
 #include "thaw/conn.h"
 #include "thaw/log.h"
-#include "thaw/proxy.h"
+#include "thaw/request.h"
 #include "thaw/server.h"
 
 #include <assert.h>
@@ -121,10 +121,7 @@ static struct model *release(struct upstream *u, bool reusable)
     if (r) {
         r->up = NULL;
         u->req = NULL;
-        ep->inflight--;
-        if (m) {
-            m->inflight--;
-        }
+        m = endpoint_give_slot(ep);
         if (r->conn->on_drain) {
             r->conn->on_drain = NULL;
         }
@@ -252,10 +249,10 @@ static void connect_failed(struct upstream *u, int err)
     struct request *r = u->req;
     struct model *m = release(u, false);
     if (r) {
-        proxy_upstream_retry(r);
+        srv->up_handler->retry(r);
     }
     if (m) {
-        proxy_dispatch(srv, m);
+        srv->up_handler->capacity(srv, m);
     }
 }
 
@@ -314,7 +311,7 @@ static void stale_pooled(struct upstream *u, int err)
         r->tries--; /* the same attempt, not a new one */
         begin(srv, r, ep, false);
     } else {
-        proxy_upstream_retry(r); /* the replica is gone meanwhile */
+        srv->up_handler->retry(r); /* the replica is gone meanwhile */
     }
     endpoint_unref(ep);
 }
@@ -335,10 +332,10 @@ static void fail(struct upstream *u, enum reject_reason reason, enum abort_reaso
     }
     struct model *m = release(u, false);
     if (r) {
-        proxy_upstream_failed(r, reason, abort);
+        srv->up_handler->failed(r, reason, abort);
     }
     if (m) {
-        proxy_dispatch(srv, m);
+        srv->up_handler->capacity(srv, m);
     }
 }
 
@@ -351,11 +348,10 @@ static void client_gone(struct upstream *u)
     struct model *m = release(u, false);
     if (r) {
         LOGD("client went away mid-response", "model=%s", r->model ? r->model->name : "-");
-        request_count_aborted(srv, r, ABORT_CLIENT_CLOSED);
-        conn_close(r->conn, ABORT_CLIENT_CLOSED);
+        srv->up_handler->client_gone(r);
     }
     if (m) {
-        proxy_dispatch(srv, m);
+        srv->up_handler->capacity(srv, m);
     }
 }
 
@@ -372,10 +368,9 @@ static void complete(struct upstream *u, bool reusable)
     }
     u->served++;
     struct model *m = release(u, reusable);
-    request_count_proxied(srv, r, status);
-    proxy_upstream_done(r);
+    srv->up_handler->done(r, status);
     if (m) {
-        proxy_dispatch(srv, m);
+        srv->up_handler->capacity(srv, m);
     }
 }
 
@@ -439,9 +434,7 @@ void upstream_start(struct server *srv, struct request *r, struct endpoint *ep)
 static void begin(struct server *srv, struct request *r, struct endpoint *ep, bool may_reuse)
 {
     struct model *m = ep->model;
-    ep->inflight++;
-    m->inflight++;
-    ep->requests++;
+    endpoint_take_slot(ep);
     r->tries++;
     r->last_ep = ep;
     r->dispatch_ms = clock_now_ms();
@@ -457,8 +450,7 @@ static void begin(struct server *srv, struct request *r, struct endpoint *ep, bo
     } else {
         u = calloc(1, sizeof *u);
         if (!u) {
-            ep->inflight--;
-            m->inflight--;
+            endpoint_give_slot(ep);
             r->state = REQ_ROUTED;
             conn_reject(r->conn, REJECT_INTERNAL, NULL);
             return;
@@ -486,7 +478,7 @@ static void begin(struct server *srv, struct request *r, struct endpoint *ep, bo
                 r->state = REQ_ROUTED;
                 conn_reject(r->conn, REJECT_TOO_MANY_CONNECTIONS, NULL);
                 if (m->queue.count) {
-                    proxy_dispatch(srv, m);
+                    srv->up_handler->capacity(srv, m);
                 }
                 return;
             }
@@ -529,7 +521,7 @@ void upstream_cancel(struct upstream *u)
     struct server *srv = u->srv;
     struct model *m = release(u, false);
     if (m) {
-        proxy_dispatch(srv, m);
+        srv->up_handler->capacity(srv, m);
     }
 }
 

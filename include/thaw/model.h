@@ -150,4 +150,10 @@ void endpoint_unref(struct endpoint *ep);
 /* Parses numeric "ip:port" / "[ip6]:port" into a sockaddr. 0 or -EINVAL. */
 int netaddr_parse(const char *text, struct sockaddr_storage *ss, socklen_t *len);
 
+/* A request takes one of ep's slots: counted on ep and on its model. */
+void endpoint_take_slot(struct endpoint *ep);
+/* Gives the slot back. Returns the model it counted against, whose waiting
+ * requests may now go (NULL once the endpoint has left its model). */
+struct model *endpoint_give_slot(struct endpoint *ep);
+
 #endif

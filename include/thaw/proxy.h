@@ -17,6 +17,7 @@
 #include "thaw/queue.h"
 #include "thaw/request.h"
 #include "thaw/router.h"
+#include "thaw/upstream.h"
 
 struct conn;
 struct metrics_stream;
@@ -36,14 +37,10 @@ void proxy_on_request(struct conn *c, struct request *r);
 /* The connection is going away while r is unanswered. */
 void proxy_on_abort(struct conn *c, struct request *r, enum abort_reason reason);
 
-/* upstream -> proxy. Each is called once the upstream has let go of r. */
-/* Connecting failed before any byte was sent: try elsewhere or answer 502. */
-void proxy_upstream_retry(struct request *r);
-/* The response ended; r may be answered-done. */
-void proxy_upstream_done(struct request *r);
-/* The upstream failed; before the response started this answers `reason`,
- * after it the client connection is aborted. */
-void proxy_upstream_failed(struct request *r, enum reject_reason reason, enum abort_reason abort);
+/* What upstream connections report to (see upstream.h): retry elsewhere or
+ * answer 502, count and finish, answer or abort on failure, dispatch when a
+ * slot frees. */
+extern const struct upstream_handler proxy_upstream_handler;
 
 /* A model gained capacity: dispatch what waits. */
 void proxy_dispatch(struct server *srv, struct model *m);

@@ -48,8 +48,11 @@ struct listener {
 /* Idle request objects kept for reuse. */
 #define SERVER_REQUEST_CACHE 256
 
+struct upstream_handler;
+
 struct server {
     struct event_base *base;
+    const struct upstream_handler *up_handler; /* the proxy's, for upstream.c */
     struct config *cfg;
     struct fleet fleet;
     struct queue_global qglobal;

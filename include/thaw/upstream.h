@@ -23,6 +23,24 @@
 struct request;
 struct server;
 
+/* What an upstream connection reports, and to whom: the request path above
+ * it gives these (server.up_handler); upstream names no module above it.
+ * Each is called after the upstream has let go of the request (its slot is
+ * back), so the callee may answer or close the client freely. */
+struct upstream_handler {
+    /* Connecting failed before any byte was sent: try elsewhere. */
+    void (*retry)(struct request *r);
+    /* The response ended with this status; count it and finish r. */
+    void (*done)(struct request *r, int status);
+    /* The replica failed: before the response started, answer `reason`;
+     * after, abort the client with `abort`. */
+    void (*failed)(struct request *r, enum reject_reason reason, enum abort_reason abort);
+    /* Writing to the client failed mid-response: the client left. */
+    void (*client_gone)(struct request *r);
+    /* A slot of m came free: waiting requests may go. */
+    void (*capacity)(struct server *srv, struct model *m);
+};
+
 enum upstream_state {
     UP_CONNECTING,
     UP_SENDING,
