@@ -20,6 +20,9 @@ build() {
     ninja -C "$dir" >/dev/null
 }
 
+step "layers: no module includes one of a higher layer"
+$PY scripts/check_layers.py "$ROOT" || status=1
+
 step "unit tests"
 meson test -C build --suite unit --print-errorlogs || status=1
 
