@@ -184,11 +184,8 @@ void conn_close(struct conn *c, enum abort_reason reason)
     buf_dispose(&c->out);
     list_remove(&c->node);
     struct server *s = c->srv;
-    if (c->kind == LISTENER_PROXY) {
-        s->n_conns--;
-    }
-    if (c->admin_counted) {
-        s->n_admin_conns--;
+    if (c->count) {
+        (*c->count)--;
     }
     if (c->lingering) {
         s->n_lingering--;

@@ -62,13 +62,20 @@ static void on_queue_timer(evutil_socket_t fd, short what, void *arg)
     arm_queue_timer(srv, m);
 }
 
-static int parse_priority(struct request *r, enum tier *out)
+/* Reads the thaw-priority header once, at the head, into r->asked_tier.
+ * -1 when it is not a tier. */
+static int parse_priority(struct request *r)
 {
+    r->has_asked_tier = false;
     const struct http_header *h = http_head_find(&r->head, "thaw-priority");
     if (!h) {
-        return 1;
+        return 0;
     }
-    return tier_parse(http_hvalue(&r->head, h), h->value_len, out) ? -1 : 0;
+    if (tier_parse(http_hvalue(&r->head, h), h->value_len, &r->asked_tier)) {
+        return -1;
+    }
+    r->has_asked_tier = true;
+    return 0;
 }
 
 /* The tier a request runs at: the thaw-priority header as the operator
@@ -76,8 +83,8 @@ static int parse_priority(struct request *r, enum tier *out)
 static enum tier effective_tier(const struct server *srv, const struct request *r)
 {
     enum tier model_tier = r->model->set.priority;
-    enum tier asked;
-    if (parse_priority((struct request *)r, &asked) != 0) {
+    enum tier asked = r->asked_tier;
+    if (!r->has_asked_tier) {
         return model_tier;
     }
     switch (srv->cfg->limits.priority_header) {
@@ -98,13 +105,10 @@ int proxy_on_head(struct conn *c, struct request *r)
     if (r->head.method == HTTP_CONNECT) {
         return REJECT_METHOD_NOT_ALLOWED;
     }
-    enum tier t;
-    int prc = parse_priority(r, &t);
-    if (prc < 0) {
+    if (parse_priority(r) < 0) {
         return REJECT_BAD_PRIORITY;
     }
     enum route_status st = router_resolve_head(&srv->fleet.router, &r->head, &r->route);
-    (void)t;
     if (st == ROUTE_FOUND) {
         r->model = r->route.target;
         model_ref(r->model);

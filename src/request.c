@@ -49,6 +49,7 @@ struct request *request_new(struct server *srv, struct conn *c)
     r->scan = NULL;
     r->metrics_stream = NULL;
     r->tier = TIER_STANDARD;
+    r->has_asked_tier = false;
     return r;
 }
 

@@ -156,12 +156,12 @@ static void reject_connection(struct server *srv, int fd, const struct sockaddr 
         close(fd); /* under a flood, not even a polite answer */
         return;
     }
-    struct conn *c = conn_new(srv, fd, LISTENER_ADMIN, &admin_conn_handler, peer);
+    struct conn *c = conn_new(srv, fd, LISTENER_PROXY, &proxy_conn_handler, peer);
     if (!c) {
         return;
     }
-    /* Created as an admin-kind connection so it is not counted against the
-     * proxy limit; it only ever carries this one answer. */
+    /* Not counted against the limit it is refused by: it only ever carries
+     * this one answer. */
     conn_reject(c, REJECT_TOO_MANY_CONNECTIONS, NULL);
 }
 
@@ -230,7 +230,7 @@ static void accept_admin(struct server *srv, int cfd, const struct sockaddr *pee
     }
     struct conn *c = conn_new(srv, cfd, LISTENER_ADMIN, &admin_conn_handler, peer);
     if (c) {
-        c->admin_counted = true;
+        c->count = &srv->n_admin_conns;
         srv->n_admin_conns++;
     }
 }
@@ -256,7 +256,10 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
                 reject_connection(srv, cfd, (struct sockaddr *)&peer);
                 continue;
             }
-            if (conn_new(srv, cfd, LISTENER_PROXY, &proxy_conn_handler, (struct sockaddr *)&peer)) {
+            struct conn *c =
+                conn_new(srv, cfd, LISTENER_PROXY, &proxy_conn_handler, (struct sockaddr *)&peer);
+            if (c) {
+                c->count = &srv->n_conns;
                 srv->n_conns++;
             }
         } else {

@@ -80,7 +80,7 @@ struct conn {
     bool broken;        /* a write failed: closed from the write callback */
     bool first_request; /* nothing received yet on this connection */
     bool lingering;     /* counted in server.n_lingering */
-    bool admin_counted; /* counted in server.n_admin_conns */
+    size_t *count; /* the connection count it is in (per port), decremented at close */
     bool body_total_armed;     /* the body timer is the total one, not the idle one */
     uint64_t body_deadline_ms; /* limits.body_total_timeout_ms from the head; 0: none */
     /* Called whenever `out` has drained below the high-water mark. */

@@ -43,6 +43,8 @@ struct request {
     struct model *model;
     struct route route;
     enum tier tier;
+    enum tier asked_tier; /* the thaw-priority header's, when has_asked_tier */
+    bool has_asked_tier;
     enum request_state state;
     uint64_t start_ms, queued_ms, dispatch_ms;
     struct upstream *up;
