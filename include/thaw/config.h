@@ -10,12 +10,8 @@
 #include <stdint.h>
 
 #include "thaw/log.h"
+#include "thaw/tier.h"
 
-/* Request tiers, in service order. */
-enum tier { TIER_CRITICAL = 0, TIER_STANDARD = 1, TIER_BATCH = 2, TIER_COUNT = 3 };
-
-const char *tier_name(enum tier t);
-int tier_parse(const char *s, size_t n, enum tier *out);
 
 /* What the thaw-priority request header may do. */
 enum priority_header_policy {
