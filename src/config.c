@@ -13,102 +13,6 @@
 
 #include <cjson/cJSON.h>
 
-static const char *const tier_names[TIER_COUNT] = {"critical", "standard", "batch"};
-
-const char *tier_name(enum tier t)
-{
-    return (unsigned)t < TIER_COUNT ? tier_names[t] : "unknown";
-}
-
-int tier_parse(const char *s, size_t n, enum tier *out)
-{
-    for (int i = 0; i < TIER_COUNT; i++) {
-        if (strlen(tier_names[i]) == n && strncasecmp(s, tier_names[i], n) == 0) {
-            *out = (enum tier)i;
-            return 0;
-        }
-    }
-    return -EINVAL;
-}
-
-/* A numeric key: where it lives, its default and its accepted range. */
-struct num_key {
-    const char *key;
-    size_t offset;
-    uint64_t def, min, max;
-};
-
-#define LIM(k, d, lo, hi) {#k, offsetof(struct config_limits, k), d, lo, hi}
-static const struct num_key limit_keys[] = {
-    LIM(max_connections, 10000, 1, 1000000),
-    LIM(max_header_bytes, 65536, 1024, 1048576),
-    LIM(max_headers, 100, 1, 1000),
-    LIM(max_body_bytes, 16777216, 0, 1073741824),
-    LIM(header_timeout_ms, 10000, 1, 3600000),
-    LIM(body_timeout_ms, 60000, 1, 3600000),
-    LIM(keepalive_timeout_ms, 60000, 0, 3600000),
-    LIM(send_timeout_ms, 60000, 1, 3600000),
-    LIM(max_queue_per_model, 1000, 0, 1000000),
-    LIM(max_queue_total, 10000, 0, 10000000),
-    LIM(queue_aging_ms, 10000, 1, 3600000),
-    LIM(drain_timeout_ms, 30000, 0, 3600000),
-    LIM(body_total_timeout_ms, 300000, 1, 86400000),
-    LIM(max_buffered_body_bytes, 268435456, 1024, 68719476736ULL),
-};
-#undef LIM
-
-#define UPS(k, d, lo, hi) {#k, offsetof(struct config_upstream, k), d, lo, hi}
-static const struct num_key upstream_keys[] = {
-    UPS(keepalive_per_endpoint, 64, 0, 100000),
-    UPS(keepalive_timeout_ms, 4000, 1, 3600000),
-    UPS(eject_ms, 2000, 0, 600000),
-    UPS(max_response_header_bytes, 65536, 1024, 1048576),
-};
-#undef UPS
-
-#define AS(k, d, lo, hi) {#k, offsetof(struct config_autoscaler, k), d, lo, hi}
-static const struct num_key autoscaler_keys[] = {
-    AS(tick_ms, 2000, 100, 600000),
-    AS(stable_window_ms, 60000, 6000, 3600000),
-    AS(panic_window_pct, 10, 1, 100),
-    AS(panic_threshold_pct, 200, 110, 1000),
-    AS(max_scale_up_rate, 1000, 1, 100000),
-    AS(max_scale_down_rate, 2, 1, 1000),
-    AS(scale_down_delay_ms, 0, 0, 3600000),
-    AS(activation_scale, 1, 1, 1000),
-    AS(target_utilization_pct, 70, 1, 100),
-};
-#undef AS
-
-#define WP(k, d, lo, hi) {#k, offsetof(struct config_warm_pool, k), d, lo, hi}
-static const struct num_key warm_pool_keys[] = {
-    WP(budget_slices, 0, 0, 100000),
-    WP(capacity_slices, 0, 0, 100000),
-};
-#undef WP
-
-/* max_queue's default is limits.max_queue_per_model; UINT64_MAX marks "unset". */
-#define MOD(k, d, lo, hi) {#k, offsetof(struct config_model, k), d, lo, hi}
-static const struct num_key model_keys[] = {
-    MOD(max_concurrency, 8, 1, 100000),
-    MOD(max_queue, UINT64_MAX, 0, 1000000),
-    MOD(queue_timeout_ms, 300000, 1, 86400000),
-    MOD(connect_timeout_ms, 5000, 1, 600000),
-    MOD(first_byte_timeout_ms, 300000, 1, 86400000),
-    MOD(upstream_idle_timeout_ms, 300000, 1, 86400000),
-    MOD(min_replicas, 0, 0, 1000),
-    MOD(max_replicas, 1, 1, 1000),
-    MOD(idle_timeout_ms, 300000, 0, 86400000),
-    MOD(startup_timeout_ms, 600000, 1, 86400000),
-    MOD(stop_grace_ms, 10000, 0, 600000),
-    MOD(stop_drain_ms, 30000, 0, 3600000),
-    MOD(gpu_slices, 0, 0, 64),
-    MOD(loading_heartbeat_ms, 0, 0, 600000),
-    MOD(target, 0, 0, 100000),
-    MOD(stable_window_ms, 0, 0, 3600000),
-};
-#undef MOD
-
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 struct parser {
@@ -117,6 +21,7 @@ struct parser {
     size_t len;
     struct jsonpos pos;
     struct config_error *err;
+    struct config *cfg; /* the one being read */
 };
 
 __attribute__((format(printf, 4, 5))) static int fail(struct parser *p, const cJSON *at,
@@ -130,13 +35,6 @@ __attribute__((format(printf, 4, 5))) static int fail(struct parser *p, const cJ
     va_end(ap);
     snprintf(p->err->msg, sizeof p->err->msg, "%s:%d: %s: %s", p->label, line, key, what);
     return -EINVAL;
-}
-
-static void set_defaults(const struct num_key *keys, size_t n, void *base)
-{
-    for (size_t i = 0; i < n; i++) {
-        *(uint64_t *)((char *)base + keys[i].offset) = keys[i].def;
-    }
 }
 
 static int read_uint(struct parser *p, const cJSON *item, const char *path, uint64_t min,
@@ -155,21 +53,6 @@ static int read_uint(struct parser *p, const cJSON *item, const char *path, uint
     }
     *out = (uint64_t)v;
     return 0;
-}
-
-/* Reads a numeric key from a table; 1 when key is not in the table. */
-static int read_num_key(struct parser *p, const struct num_key *keys, size_t n, void *base,
-                        const cJSON *item, const char *prefix)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(keys[i].key, item->string) == 0) {
-            char path[256];
-            snprintf(path, sizeof path, "%s%s", prefix, item->string);
-            return read_uint(p, item, path, keys[i].min, keys[i].max,
-                             (uint64_t *)((char *)base + keys[i].offset));
-        }
-    }
-    return 1;
 }
 
 struct member {
@@ -357,26 +240,24 @@ static int check_listen(const char *s)
     return check_hostport(s);
 }
 
-/* Reads a model name or namespace, saying which rule it breaks. */
-static int read_name(struct parser *p, const cJSON *item, const char *path, char **out)
+/* A model name or namespace, just read: says which rule it breaks. */
+static int check_name_value(struct parser *p, const cJSON *item, const char *path, void *field)
 {
-    int rc = read_string(p, item, path, out);
-    if (rc) {
-        return rc;
-    }
-    size_t n = strlen(*out);
+    const char *s = *(char **)field;
+    size_t n = strlen(s);
     if (n > NAME_MAX_CHARS) {
         return fail(p, item, path, "is too long (%zu characters; at most %d)", n, NAME_MAX_CHARS);
     }
-    if (check_name(*out)) {
+    if (check_name(s)) {
         return fail(p, item, path, "may hold only letters, digits, '-', '.' and '_'");
     }
     return 0;
 }
 
 /* "env": {"NAME": "value", ...} -> "NAME=value" strings. */
-static int read_env(struct parser *p, const cJSON *obj, const char *path, struct config_model *m)
+static int parse_env(struct parser *p, const cJSON *obj, const char *path, void *base)
 {
+    struct config_model *m = base;
     if (!cJSON_IsObject(obj)) {
         return fail(p, obj, path, "must be an object of strings");
     }
@@ -409,129 +290,296 @@ static int read_env(struct parser *p, const cJSON *obj, const char *path, struct
     return 0;
 }
 
-static int parse_gpus(struct parser *p, const cJSON *arr, struct config *cfg)
+/* Key tables, in the manner of nginx's ngx_command_t: every key of a
+ * section, with its type, where it lives, its default, its range and an
+ * optional check. Parsing, error text and defaults all come from here. */
+enum key_type {
+    KEY_NUM,     /* uint64_t in [min, max] */
+    KEY_BOOL,    /* bool */
+    KEY_STRING,  /* char *, not empty; def_str is its default */
+    KEY_ENUM,    /* an enum stored as int: one of names[], or what lookup accepts */
+    KEY_STRINGS, /* char ** with its count at count_offset */
+    KEY_OBJECT,  /* a nested section, at offset */
+    KEY_CUSTOM,  /* parse() reads it */
+};
+
+struct section;
+
+struct conf_key {
+    const char *name;
+    enum key_type type;
+    size_t offset;
+    uint64_t def;      /* KEY_NUM, KEY_BOOL, KEY_ENUM */
+    uint64_t min, max; /* KEY_NUM */
+    const char *def_str;
+    const char *const *names; /* KEY_ENUM: value i is names[i] */
+    int n_names;
+    int (*lookup)(const char *s, int *value); /* KEY_ENUM, instead of names */
+    const char *enum_msg;                     /* KEY_ENUM: the error for anything else */
+    size_t count_offset;                      /* KEY_STRINGS */
+    int (*elem_check)(const char *s);         /* KEY_STRINGS: nonzero rejects an element */
+    /* After a good read: further rules on the value at field. */
+    int (*check)(struct parser *p, const cJSON *item, const char *path, void *field);
+    /* KEY_CUSTOM: reads item into the section at base. */
+    int (*parse)(struct parser *p, const cJSON *item, const char *path, void *base);
+    const struct section *sub; /* KEY_OBJECT */
+    bool early;                /* read before the section's other keys */
+};
+
+struct section {
+    const struct conf_key *keys;
+    size_t n_keys;
+    /* Rules across keys, once every key was read; prefix ends in '.'. */
+    int (*finish)(struct parser *p, const cJSON *obj, const char *prefix, void *base);
+};
+
+#define SECTION(keys, finish) {keys, N_ELEMS(keys), finish}
+#define K_NUM(T, k, d, lo, hi)                                                                     \
+    {.name = #k, .type = KEY_NUM, .offset = offsetof(T, k), .def = d, .min = lo, .max = hi}
+#define K_BOOL(T, k, d) {.name = #k, .type = KEY_BOOL, .offset = offsetof(T, k), .def = d}
+#define K_STRING(T, k, d, chk)                                                                     \
+    {.name = #k, .type = KEY_STRING, .offset = offsetof(T, k), .def_str = d, .check = chk}
+#define K_STRINGS(T, k, chk)                                                                       \
+    {.name = #k, .type = KEY_STRINGS, .offset = offsetof(T, k), .count_offset = offsetof(T, n_##k), \
+     .elem_check = chk}
+#define K_OBJECT(T, k, sec) {.name = #k, .type = KEY_OBJECT, .offset = offsetof(T, k), .sub = sec}
+
+static int parse_section(struct parser *p, const struct section *sec, const cJSON *obj,
+                         const char *prefix, void *base);
+
+/* Sets every key of sec (and of its nested sections) to its default;
+ * strings too when with_strings. 0 or -ENOMEM. */
+static int set_defaults(const struct section *sec, void *base, bool with_strings)
 {
-    if (!cJSON_IsArray(arr)) {
-        return fail(p, arr, "gpus", "must be an array of {\"id\", \"slices\", \"sharing\"}");
-    }
-    size_t n = (size_t)cJSON_GetArraySize(arr);
-    cfg->gpus = calloc(n ? n : 1, sizeof *cfg->gpus);
-    if (!cfg->gpus) {
-        return fail(p, arr, "gpus", "out of memory");
-    }
-    size_t i = 0;
-    for (const cJSON *g = arr->child; g; g = g->next, i++) {
-        char prefix[64];
-        snprintf(prefix, sizeof prefix, "gpus[%zu].", i);
-        if (!cJSON_IsObject(g)) {
-            return fail(p, g, prefix, "must be an object");
-        }
-        struct config_gpu *cg = &cfg->gpus[i];
-        cg->slices = 1;
-        bool have_id = false;
-        for (const cJSON *it = g->child; it; it = it->next) {
-            char path[128];
-            snprintf(path, sizeof path, "%s%s", prefix, it->string);
-            int rc = 0;
-            if (strcmp(it->string, "id") == 0) {
-                rc = read_uint(p, it, path, 0, 1023, &cg->id);
-                have_id = true;
-            } else if (strcmp(it->string, "slices") == 0) {
-                rc = read_uint(p, it, path, 1, 64, &cg->slices);
-            } else if (strcmp(it->string, "sharing") == 0) {
-                if (cJSON_IsString(it) && strcmp(it->valuestring, "time-slicing") == 0) {
-                    cg->sharing = GPU_TIME_SLICING;
-                } else if (cJSON_IsString(it) && strcmp(it->valuestring, "mps") == 0) {
-                    cg->sharing = GPU_MPS;
-                } else {
-                    rc = fail(p, it, path, "must be \"time-slicing\" or \"mps\"");
-                }
-            } else {
-                rc = fail(p, it, path, "unknown key");
+    for (size_t i = 0; i < sec->n_keys; i++) {
+        const struct conf_key *k = &sec->keys[i];
+        void *field = (char *)base + k->offset;
+        switch (k->type) {
+        case KEY_NUM:
+            *(uint64_t *)field = k->def;
+            break;
+        case KEY_BOOL:
+            *(bool *)field = k->def != 0;
+            break;
+        case KEY_ENUM:
+            *(int *)field = (int)k->def;
+            break;
+        case KEY_STRING:
+            if (with_strings && k->def_str && config_set_string(field, k->def_str)) {
+                return -ENOMEM;
             }
-            if (rc) {
-                return rc;
+            break;
+        case KEY_OBJECT:
+            if (set_defaults(k->sub, field, with_strings)) {
+                return -ENOMEM;
             }
+            break;
+        case KEY_STRINGS:
+        case KEY_CUSTOM:
+            break;
         }
-        if (!have_id) {
-            return fail(p, g, prefix, "\"id\" is required");
-        }
-        for (size_t j = 0; j < i; j++) {
-            if (cfg->gpus[j].id == cg->id) {
-                return fail(p, g, prefix, "GPU id %llu is declared twice",
-                            (unsigned long long)cg->id);
-            }
-        }
-        cfg->n_gpus = i + 1;
     }
     return 0;
 }
 
-static int parse_kubernetes(struct parser *p, const cJSON *obj, struct config *cfg)
+static int read_enum(struct parser *p, const struct conf_key *k, const cJSON *item,
+                     const char *path, int *out)
 {
-    struct config_kubernetes *k = &cfg->kubernetes;
-    if (!cJSON_IsObject(obj)) {
-        return fail(p, obj, "kubernetes", "must be an object");
-    }
-    int rc = check_duplicates(p, obj, "kubernetes.");
-    if (rc) {
-        return rc;
-    }
-    k->enabled = true;
-    k->lease_duration_ms = 15000;
-    k->renew_interval_ms = 2000;
-    k->renew_deadline_ms = 10000;
-    k->peers_port = 9090;
-    k->peers_poll_ms = 1000;
-    k->peers_timeout_ms = 5000;
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        char path[128];
-        snprintf(path, sizeof path, "kubernetes.%s", it->string);
-        if (strcmp(it->string, "namespaces") == 0) {
-            rc = read_string_array(p, it, path, &k->namespaces, &k->n_namespaces, check_name);
-        } else if (strcmp(it->string, "label_selector") == 0) {
-            rc = read_string(p, it, path, &k->label_selector);
-        } else if (strcmp(it->string, "kubeconfig") == 0) {
-            rc = read_string(p, it, path, &k->kubeconfig);
-        } else if (strcmp(it->string, "context") == 0) {
-            rc = read_string(p, it, path, &k->context);
-        } else if (strcmp(it->string, "probe_pods") == 0) {
-            rc = read_bool(p, it, path, &k->probe_pods);
-        } else if (strcmp(it->string, "events") == 0) {
-            rc = read_bool(p, it, path, &k->events);
-        } else if (strcmp(it->string, "default_port") == 0) {
-            rc = read_uint(p, it, path, 1, 65535, &k->default_port);
-        } else if (strcmp(it->string, "leader_election") == 0) {
-            rc = read_bool(p, it, path, &k->leader_election);
-        } else if (strcmp(it->string, "lease_name") == 0) {
-            rc = read_string(p, it, path, &k->lease_name);
-        } else if (strcmp(it->string, "lease_namespace") == 0) {
-            rc = read_string(p, it, path, &k->lease_namespace);
-        } else if (strcmp(it->string, "identity") == 0) {
-            rc = read_string(p, it, path, &k->identity);
-        } else if (strcmp(it->string, "lease_duration_ms") == 0) {
-            rc = read_uint(p, it, path, 1000, 600000, &k->lease_duration_ms);
-        } else if (strcmp(it->string, "renew_interval_ms") == 0) {
-            rc = read_uint(p, it, path, 100, 60000, &k->renew_interval_ms);
-        } else if (strcmp(it->string, "renew_deadline_ms") == 0) {
-            rc = read_uint(p, it, path, 500, 600000, &k->renew_deadline_ms);
-        } else if (strcmp(it->string, "peers_service") == 0) {
-            rc = read_string(p, it, path, &k->peers_service);
-        } else if (strcmp(it->string, "peers_namespace") == 0) {
-            rc = read_string(p, it, path, &k->peers_namespace);
-        } else if (strcmp(it->string, "peers_port") == 0) {
-            rc = read_uint(p, it, path, 1, 65535, &k->peers_port);
-        } else if (strcmp(it->string, "peers_poll_ms") == 0) {
-            rc = read_uint(p, it, path, 100, 60000, &k->peers_poll_ms);
-        } else if (strcmp(it->string, "peers_timeout_ms") == 0) {
-            rc = read_uint(p, it, path, 200, 600000, &k->peers_timeout_ms);
+    if (cJSON_IsString(item)) {
+        if (k->lookup) {
+            if (k->lookup(item->valuestring, out) == 0) {
+                return 0;
+            }
         } else {
-            rc = fail(p, it, path, "unknown key");
-        }
-        if (rc) {
-            return rc;
+            for (int i = 0; i < k->n_names; i++) {
+                if (strcmp(item->valuestring, k->names[i]) == 0) {
+                    *out = i;
+                    return 0;
+                }
+            }
         }
     }
+    return fail(p, item, path, "%s", k->enum_msg);
+}
+
+/* A nested section: name is its path, without the trailing '.'. */
+static int parse_object(struct parser *p, const struct section *sec, const cJSON *obj,
+                        const char *name, void *base)
+{
+    if (!cJSON_IsObject(obj)) {
+        return fail(p, obj, name, "must be an object");
+    }
+    char prefix[260]; /* a path (256) and the dot */
+    snprintf(prefix, sizeof prefix, "%s.", name);
+    return parse_section(p, sec, obj, prefix, base);
+}
+
+static int read_key(struct parser *p, const struct conf_key *k, const cJSON *item,
+                    const char *path, void *base)
+{
+    void *field = (char *)base + k->offset;
+    int rc = 0;
+    switch (k->type) {
+    case KEY_NUM:
+        rc = read_uint(p, item, path, k->min, k->max, field);
+        break;
+    case KEY_BOOL:
+        rc = read_bool(p, item, path, field);
+        break;
+    case KEY_STRING:
+        rc = read_string(p, item, path, field);
+        break;
+    case KEY_ENUM:
+        rc = read_enum(p, k, item, path, field);
+        break;
+    case KEY_STRINGS:
+        rc = read_string_array(p, item, path, field, (size_t *)((char *)base + k->count_offset),
+                               k->elem_check);
+        break;
+    case KEY_OBJECT:
+        rc = parse_object(p, k->sub, item, path, field);
+        break;
+    case KEY_CUSTOM:
+        rc = k->parse(p, item, path, base);
+        break;
+    }
+    if (!rc && k->check) {
+        rc = k->check(p, item, path, field);
+    }
+    return rc;
+}
+
+static const struct conf_key *find_key(const struct section *sec, const char *name)
+{
+    for (size_t i = 0; i < sec->n_keys; i++) {
+        if (strcmp(sec->keys[i].name, name) == 0) {
+            return &sec->keys[i];
+        }
+    }
+    return NULL;
+}
+
+/* Reads the members of obj (already known to be an object) into base:
+ * duplicate keys first, then the early keys, then the others in file
+ * order (an unknown one is an error where it stands), then finish. */
+static int parse_section(struct parser *p, const struct section *sec, const cJSON *obj,
+                         const char *prefix, void *base)
+{
+    int rc = check_duplicates(p, obj, prefix);
+    for (int early = 1; !rc && early >= 0; early--) {
+        for (const cJSON *it = obj->child; it && !rc; it = it->next) {
+            const struct conf_key *k = find_key(sec, it->string);
+            if (k ? k->early != (early == 1) : early == 1) {
+                continue;
+            }
+            char path[256];
+            snprintf(path, sizeof path, "%s%s", prefix, it->string);
+            rc = k ? read_key(p, k, it, path, base) : fail(p, it, path, "unknown key");
+        }
+    }
+    if (!rc && sec->finish) {
+        rc = sec->finish(p, obj, prefix, base);
+    }
+    return rc;
+}
+
+/* Enum lookups that another module owns. */
+static int lookup_tier(const char *s, int *value)
+{
+    enum tier t;
+    if (tier_parse(s, strlen(s), &t)) {
+        return -1;
+    }
+    *value = (int)t;
+    return 0;
+}
+
+static int lookup_log_level(const char *s, int *value)
+{
+    enum log_level l;
+    if (log_level_parse(s, &l)) {
+        return -1;
+    }
+    *value = (int)l;
+    return 0;
+}
+
+/* KEY_ENUM stores through an int. */
+_Static_assert(sizeof(enum tier) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum log_level) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum priority_header_policy) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum gpu_sharing) == sizeof(int), "enum size");
+
+/* ---- limits, upstream, autoscaler, warm_pool, log ---- */
+
+static const char *const priority_header_names[] = {"any", "lower_only", "ignore"};
+
+static const struct conf_key limit_keys[] = {
+    K_NUM(struct config_limits, max_connections, 10000, 1, 1000000),
+    K_NUM(struct config_limits, max_header_bytes, 65536, 1024, 1048576),
+    K_NUM(struct config_limits, max_headers, 100, 1, 1000),
+    K_NUM(struct config_limits, max_body_bytes, 16777216, 0, 1073741824),
+    K_NUM(struct config_limits, header_timeout_ms, 10000, 1, 3600000),
+    K_NUM(struct config_limits, body_timeout_ms, 60000, 1, 3600000),
+    K_NUM(struct config_limits, keepalive_timeout_ms, 60000, 0, 3600000),
+    K_NUM(struct config_limits, send_timeout_ms, 60000, 1, 3600000),
+    K_NUM(struct config_limits, max_queue_per_model, 1000, 0, 1000000),
+    K_NUM(struct config_limits, max_queue_total, 10000, 0, 10000000),
+    K_NUM(struct config_limits, queue_aging_ms, 10000, 1, 3600000),
+    K_NUM(struct config_limits, drain_timeout_ms, 30000, 0, 3600000),
+    K_NUM(struct config_limits, body_total_timeout_ms, 300000, 1, 86400000),
+    K_NUM(struct config_limits, max_buffered_body_bytes, 268435456, 1024, 68719476736ULL),
+    {.name = "priority_header", .type = KEY_ENUM,
+     .offset = offsetof(struct config_limits, priority_header), .def = PRIORITY_HEADER_ANY,
+     .names = priority_header_names, .n_names = (int)N_ELEMS(priority_header_names),
+     .enum_msg = "must be \"any\", \"lower_only\" or \"ignore\""},
+    K_BOOL(struct config_limits, trust_forwarded_headers, false),
+};
+static const struct section limits_section = SECTION(limit_keys, NULL);
+
+static const struct conf_key upstream_keys[] = {
+    K_NUM(struct config_upstream, keepalive_per_endpoint, 64, 0, 100000),
+    K_NUM(struct config_upstream, keepalive_timeout_ms, 4000, 1, 3600000),
+    K_NUM(struct config_upstream, eject_ms, 2000, 0, 600000),
+    K_NUM(struct config_upstream, max_response_header_bytes, 65536, 1024, 1048576),
+};
+static const struct section upstream_section = SECTION(upstream_keys, NULL);
+
+static const struct conf_key autoscaler_keys[] = {
+    K_NUM(struct config_autoscaler, tick_ms, 2000, 100, 600000),
+    K_NUM(struct config_autoscaler, stable_window_ms, 60000, 6000, 3600000),
+    K_NUM(struct config_autoscaler, panic_window_pct, 10, 1, 100),
+    K_NUM(struct config_autoscaler, panic_threshold_pct, 200, 110, 1000),
+    K_NUM(struct config_autoscaler, max_scale_up_rate, 1000, 1, 100000),
+    K_NUM(struct config_autoscaler, max_scale_down_rate, 2, 1, 1000),
+    K_NUM(struct config_autoscaler, scale_down_delay_ms, 0, 0, 3600000),
+    K_NUM(struct config_autoscaler, activation_scale, 1, 1, 1000),
+    K_NUM(struct config_autoscaler, target_utilization_pct, 70, 1, 100),
+};
+static const struct section autoscaler_section = SECTION(autoscaler_keys, NULL);
+
+static const struct conf_key warm_pool_keys[] = {
+    K_NUM(struct config_warm_pool, budget_slices, 0, 0, 100000),
+    K_NUM(struct config_warm_pool, capacity_slices, 0, 0, 100000),
+};
+static const struct section warm_pool_section = SECTION(warm_pool_keys, NULL);
+
+/* "log" keys live in struct config itself. */
+static const struct conf_key log_keys[] = {
+    {.name = "level", .type = KEY_ENUM, .offset = offsetof(struct config, log_level),
+     .def = LOG_INFO, .lookup = lookup_log_level,
+     .enum_msg = "must be one of \"debug\", \"info\", \"warn\", \"error\""},
+    K_BOOL(struct config, access_log, false),
+};
+static const struct section log_section = SECTION(log_keys, NULL);
+
+/* ---- kubernetes ---- */
+
+/* Present means enabled; the lease timings must nest. */
+static int kubernetes_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
+{
+    struct config_kubernetes *k = base;
+    k->enabled = true;
     if (k->renew_deadline_ms >= k->lease_duration_ms ||
         k->renew_interval_ms >= k->renew_deadline_ms) {
         return fail(p, obj, "kubernetes",
@@ -540,72 +588,41 @@ static int parse_kubernetes(struct parser *p, const cJSON *obj, struct config *c
     return 0;
 }
 
-void config_model_defaults(struct config_model *m, const struct config_limits *lim)
+/* lease_namespace and identity default at run time (credentials, pod name). */
+static const struct conf_key kubernetes_keys[] = {
+    K_STRINGS(struct config_kubernetes, namespaces, check_name),
+    K_STRING(struct config_kubernetes, label_selector, "thaw.dev/model", NULL),
+    K_STRING(struct config_kubernetes, kubeconfig, NULL, NULL),
+    K_STRING(struct config_kubernetes, context, NULL, NULL),
+    K_BOOL(struct config_kubernetes, probe_pods, true),
+    K_BOOL(struct config_kubernetes, events, true),
+    K_NUM(struct config_kubernetes, default_port, 8000, 1, 65535),
+    K_BOOL(struct config_kubernetes, leader_election, false),
+    K_STRING(struct config_kubernetes, lease_name, "thaw-leader", NULL),
+    K_STRING(struct config_kubernetes, lease_namespace, NULL, NULL),
+    K_STRING(struct config_kubernetes, identity, NULL, NULL),
+    K_NUM(struct config_kubernetes, lease_duration_ms, 15000, 1000, 600000),
+    K_NUM(struct config_kubernetes, renew_interval_ms, 2000, 100, 60000),
+    K_NUM(struct config_kubernetes, renew_deadline_ms, 10000, 500, 600000),
+    K_STRING(struct config_kubernetes, peers_service, NULL, NULL),
+    K_STRING(struct config_kubernetes, peers_namespace, NULL, NULL),
+    K_NUM(struct config_kubernetes, peers_port, 9090, 1, 65535),
+    K_NUM(struct config_kubernetes, peers_poll_ms, 1000, 100, 60000),
+    K_NUM(struct config_kubernetes, peers_timeout_ms, 5000, 200, 600000),
+};
+static const struct section kubernetes_section = SECTION(kubernetes_keys, kubernetes_finish);
+
+/* ---- models ---- */
+
+static int check_health_path(struct parser *p, const cJSON *item, const char *path, void *field)
 {
-    memset(m, 0, sizeof *m);
-    set_defaults(model_keys, N_ELEMS(model_keys), m);
-    m->priority = TIER_STANDARD;
-    m->max_queue = lim->max_queue_per_model;
+    const char *s = *(char **)field;
+    return s[0] == '/' ? 0 : fail(p, item, path, "must start with '/'");
 }
 
-static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct config_model *m,
-                       const struct config_limits *lim)
+static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
 {
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "models[%zu].", idx);
-    memset(m, 0, sizeof *m);
-    set_defaults(model_keys, N_ELEMS(model_keys), m);
-    m->priority = TIER_STANDARD;
-    m->line = jsonpos_line(&p->pos, obj);
-    if (!cJSON_IsObject(obj)) {
-        return fail(p, obj, prefix, "must be an object");
-    }
-    int rc = check_duplicates(p, obj, prefix);
-    if (rc) {
-        return rc;
-    }
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        char path[256];
-        snprintf(path, sizeof path, "%s%s", prefix, it->string);
-        rc = read_num_key(p, model_keys, N_ELEMS(model_keys), m, it, prefix);
-        if (rc <= 0) {
-            if (rc) {
-                return rc;
-            }
-            continue;
-        }
-        rc = 0;
-        if (strcmp(it->string, "name") == 0) {
-            rc = read_name(p, it, path, &m->name);
-        } else if (strcmp(it->string, "namespace") == 0) {
-            rc = read_name(p, it, path, &m->namespace_);
-        } else if (strcmp(it->string, "hosts") == 0) {
-            rc = read_string_array(p, it, path, &m->hosts, &m->n_hosts, check_host);
-        } else if (strcmp(it->string, "aliases") == 0) {
-            rc = read_string_array(p, it, path, &m->aliases, &m->n_aliases, NULL);
-        } else if (strcmp(it->string, "endpoints") == 0) {
-            rc = read_string_array(p, it, path, &m->endpoints, &m->n_endpoints, check_hostport);
-        } else if (strcmp(it->string, "command") == 0) {
-            rc = read_string_array(p, it, path, &m->command, &m->n_command, NULL);
-        } else if (strcmp(it->string, "env") == 0) {
-            rc = read_env(p, it, path, m);
-        } else if (strcmp(it->string, "health_path") == 0) {
-            rc = read_string(p, it, path, &m->health_path);
-            if (!rc && m->health_path[0] != '/') {
-                rc = fail(p, it, path, "must start with '/'");
-            }
-        } else if (strcmp(it->string, "priority") == 0) {
-            if (!cJSON_IsString(it) ||
-                tier_parse(it->valuestring, strlen(it->valuestring), &m->priority)) {
-                rc = fail(p, it, path, "must be one of \"critical\", \"standard\", \"batch\"");
-            }
-        } else {
-            rc = fail(p, it, path, "unknown key");
-        }
-        if (rc) {
-            return rc;
-        }
-    }
+    struct config_model *m = base;
     if (!m->name) {
         return fail(p, obj, prefix, "\"name\" is required");
     }
@@ -621,223 +638,175 @@ static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct co
                     "min_replicas (%llu) is above max_replicas (%llu)",
                     (unsigned long long)m->min_replicas, (unsigned long long)m->max_replicas);
     }
-    if (!m->health_path && !(m->health_path = strdup("/health"))) {
-        return fail(p, obj, prefix, "out of memory");
-    }
-    if (!m->namespace_ && !(m->namespace_ = strdup("default"))) {
-        return fail(p, obj, prefix, "out of memory");
-    }
     if (m->max_queue == UINT64_MAX) {
-        m->max_queue = lim->max_queue_per_model;
+        m->max_queue = p->cfg->limits.max_queue_per_model;
     }
     return 0;
 }
 
-static int parse_table_object(struct parser *p, const cJSON *obj, const char *name,
-                              const struct num_key *keys, size_t n, void *base)
+/* max_queue's default is limits.max_queue_per_model; UINT64_MAX marks "unset". */
+static const struct conf_key model_keys[] = {
+    K_STRING(struct config_model, name, NULL, check_name_value),
+    {.name = "namespace", .type = KEY_STRING, .offset = offsetof(struct config_model, namespace_),
+     .def_str = "default", .check = check_name_value},
+    K_STRINGS(struct config_model, hosts, check_host),
+    K_STRINGS(struct config_model, aliases, NULL),
+    K_STRINGS(struct config_model, endpoints, check_hostport),
+    K_STRINGS(struct config_model, command, NULL),
+    {.name = "env", .type = KEY_CUSTOM, .parse = parse_env},
+    K_STRING(struct config_model, health_path, "/health", check_health_path),
+    {.name = "priority", .type = KEY_ENUM, .offset = offsetof(struct config_model, priority),
+     .def = TIER_STANDARD, .lookup = lookup_tier,
+     .enum_msg = "must be one of \"critical\", \"standard\", \"batch\""},
+    K_NUM(struct config_model, max_concurrency, 8, 1, 100000),
+    K_NUM(struct config_model, max_queue, UINT64_MAX, 0, 1000000),
+    K_NUM(struct config_model, queue_timeout_ms, 300000, 1, 86400000),
+    K_NUM(struct config_model, connect_timeout_ms, 5000, 1, 600000),
+    K_NUM(struct config_model, first_byte_timeout_ms, 300000, 1, 86400000),
+    K_NUM(struct config_model, upstream_idle_timeout_ms, 300000, 1, 86400000),
+    K_NUM(struct config_model, min_replicas, 0, 0, 1000),
+    K_NUM(struct config_model, max_replicas, 1, 1, 1000),
+    K_NUM(struct config_model, idle_timeout_ms, 300000, 0, 86400000),
+    K_NUM(struct config_model, startup_timeout_ms, 600000, 1, 86400000),
+    K_NUM(struct config_model, stop_grace_ms, 10000, 0, 600000),
+    K_NUM(struct config_model, stop_drain_ms, 30000, 0, 3600000),
+    K_NUM(struct config_model, gpu_slices, 0, 0, 64),
+    K_NUM(struct config_model, loading_heartbeat_ms, 0, 0, 600000),
+    K_NUM(struct config_model, target, 0, 0, 100000),
+    K_NUM(struct config_model, stable_window_ms, 0, 0, 3600000),
+};
+static const struct section model_section = SECTION(model_keys, model_finish);
+
+void config_model_defaults(struct config_model *m, const struct config_limits *lim)
+{
+    memset(m, 0, sizeof *m);
+    /* No strings: callers point name and namespace at their own. */
+    set_defaults(&model_section, m, false);
+    m->max_queue = lim->max_queue_per_model;
+}
+
+static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct config_model *m)
 {
     char prefix[64];
-    snprintf(prefix, sizeof prefix, "%s.", name);
+    snprintf(prefix, sizeof prefix, "models[%zu].", idx);
+    memset(m, 0, sizeof *m);
+    m->line = jsonpos_line(&p->pos, obj);
+    if (set_defaults(&model_section, m, true)) {
+        return fail(p, obj, prefix, "out of memory");
+    }
     if (!cJSON_IsObject(obj)) {
-        return fail(p, obj, name, "must be an object");
+        return fail(p, obj, prefix, "must be an object");
     }
-    int rc = check_duplicates(p, obj, prefix);
-    if (rc) {
-        return rc;
+    return parse_section(p, &model_section, obj, prefix, m);
+}
+
+/* ---- gpus ---- */
+
+static const char *const gpu_sharing_names[] = {"time-slicing", "mps"};
+
+static int gpu_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
+{
+    const struct config_gpu *cg = base;
+    if (!cJSON_GetObjectItemCaseSensitive(obj, "id")) {
+        return fail(p, obj, prefix, "\"id\" is required");
     }
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        rc = read_num_key(p, keys, n, base, it, prefix);
-        if (rc == 1) {
-            char path[256];
-            snprintf(path, sizeof path, "%s%s", prefix, it->string);
-            return fail(p, it, path, "unknown key");
-        }
-        if (rc) {
-            return rc;
+    for (const struct config_gpu *g = p->cfg->gpus; g < cg; g++) {
+        if (g->id == cg->id) {
+            return fail(p, obj, prefix, "GPU id %llu is declared twice",
+                        (unsigned long long)cg->id);
         }
     }
     return 0;
 }
 
-/* limits: the numeric table, plus priority_header and trust_forwarded_headers. */
-static int parse_limits(struct parser *p, const cJSON *obj, struct config *cfg)
+static const struct conf_key gpu_keys[] = {
+    K_NUM(struct config_gpu, id, 0, 0, 1023),
+    K_NUM(struct config_gpu, slices, 1, 1, 64),
+    {.name = "sharing", .type = KEY_ENUM, .offset = offsetof(struct config_gpu, sharing),
+     .def = GPU_TIME_SLICING, .names = gpu_sharing_names,
+     .n_names = (int)N_ELEMS(gpu_sharing_names), .enum_msg = "must be \"time-slicing\" or \"mps\""},
+};
+static const struct section gpu_section = SECTION(gpu_keys, gpu_finish);
+
+static int parse_gpus(struct parser *p, const cJSON *arr, const char *path, void *base)
 {
-    if (!cJSON_IsObject(obj)) {
-        return fail(p, obj, "limits", "must be an object");
+    struct config *cfg = base;
+    if (!cJSON_IsArray(arr)) {
+        return fail(p, arr, path, "must be an array of {\"id\", \"slices\", \"sharing\"}");
     }
-    int rc = check_duplicates(p, obj, "limits.");
-    if (rc) {
-        return rc;
+    size_t n = (size_t)cJSON_GetArraySize(arr);
+    cfg->gpus = calloc(n ? n : 1, sizeof *cfg->gpus);
+    if (!cfg->gpus) {
+        return fail(p, arr, path, "out of memory");
     }
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        if (strcmp(it->string, "priority_header") == 0) {
-            static const char *const names[] = {"any", "lower_only", "ignore"};
-            bool ok = false;
-            for (int i = 0; i < 3 && cJSON_IsString(it); i++) {
-                if (strcmp(it->valuestring, names[i]) == 0) {
-                    cfg->limits.priority_header = (enum priority_header_policy)i;
-                    ok = true;
-                }
-            }
-            if (!ok) {
-                return fail(p, it, "limits.priority_header",
-                            "must be \"any\", \"lower_only\" or \"ignore\"");
-            }
-            continue;
+    size_t i = 0;
+    for (const cJSON *g = arr->child; g; g = g->next, i++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "gpus[%zu].", i);
+        if (!cJSON_IsObject(g)) {
+            return fail(p, g, prefix, "must be an object");
         }
-        if (strcmp(it->string, "trust_forwarded_headers") == 0) {
-            rc = read_bool(p, it, "limits.trust_forwarded_headers",
-                           &cfg->limits.trust_forwarded_headers);
-            if (rc) {
-                return rc;
-            }
-            continue;
-        }
-        rc = read_num_key(p, limit_keys, N_ELEMS(limit_keys), &cfg->limits, it, "limits.");
-        if (rc == 1) {
-            char path[256];
-            snprintf(path, sizeof path, "limits.%s", it->string);
-            return fail(p, it, path, "unknown key");
-        }
+        struct config_gpu *cg = &cfg->gpus[i];
+        set_defaults(&gpu_section, cg, false);
+        int rc = parse_section(p, &gpu_section, g, prefix, cg);
         if (rc) {
             return rc;
+        }
+        cfg->n_gpus = i + 1;
+    }
+    return 0;
+}
+
+/* ---- the top level ---- */
+
+static int check_listen_value(struct parser *p, const cJSON *item, const char *path, void *field)
+{
+    const char *s = *(char **)field;
+    if (check_listen(s)) {
+        return fail(p, item, path, "must be \"ADDRESS:PORT\" or \"[IPV6]:PORT\" (got \"%.100s\")",
+                    s);
+    }
+    return 0;
+}
+
+/* Only the shape here: models are read in root_finish, once limits and
+ * every other top-level key are. */
+static int check_models_array(struct parser *p, const cJSON *item, const char *path, void *base)
+{
+    return cJSON_IsArray(item) ? 0 : fail(p, item, path, "must be an array of objects");
+}
+
+static int parse_models(struct parser *p, const cJSON *models, struct config *cfg)
+{
+    size_t n = (size_t)cJSON_GetArraySize(models);
+    cfg->models = calloc(n ? n : 1, sizeof *cfg->models);
+    if (!cfg->models) {
+        return fail(p, models, "models", "out of memory");
+    }
+    size_t i = 0;
+    for (const cJSON *m = models->child; m; m = m->next, i++) {
+        cfg->n_models = i + 1;
+        int rc = parse_model(p, m, i, &cfg->models[i]);
+        if (rc) {
+            return rc;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(cfg->models[j].name, cfg->models[i].name) == 0 &&
+                strcmp(cfg->models[j].namespace_, cfg->models[i].namespace_) == 0) {
+                char path[64];
+                snprintf(path, sizeof path, "models[%zu].name", i);
+                return fail(p, cJSON_GetObjectItemCaseSensitive(m, "name"), path,
+                            "model \"%s\" is already defined at line %d", cfg->models[i].name,
+                            cfg->models[j].line);
+            }
         }
     }
     return 0;
 }
 
-static int parse_log(struct parser *p, const cJSON *obj, struct config *cfg)
+/* A model's gpu_slices needs a command and a GPU with that many slices. */
+static int check_gpu_slices(struct parser *p, const struct config *cfg)
 {
-    if (!cJSON_IsObject(obj)) {
-        return fail(p, obj, "log", "must be an object");
-    }
-    int rc = check_duplicates(p, obj, "log.");
-    if (rc) {
-        return rc;
-    }
-    for (const cJSON *it = obj->child; it; it = it->next) {
-        if (strcmp(it->string, "level") == 0) {
-            if (!cJSON_IsString(it) || log_level_parse(it->valuestring, &cfg->log_level)) {
-                return fail(p, it, "log.level",
-                            "must be one of \"debug\", \"info\", \"warn\", \"error\"");
-            }
-        } else if (strcmp(it->string, "access_log") == 0) {
-            rc = read_bool(p, it, "log.access_log", &cfg->access_log);
-            if (rc) {
-                return rc;
-            }
-        } else {
-            char path[128];
-            snprintf(path, sizeof path, "log.%s", it->string);
-            return fail(p, it, path, "unknown key");
-        }
-    }
-    return 0;
-}
-
-struct config *config_new_default(void)
-{
-    struct config *cfg = calloc(1, sizeof *cfg);
-    if (!cfg) {
-        return NULL;
-    }
-    set_defaults(limit_keys, N_ELEMS(limit_keys), &cfg->limits);
-    set_defaults(upstream_keys, N_ELEMS(upstream_keys), &cfg->upstream);
-    set_defaults(autoscaler_keys, N_ELEMS(autoscaler_keys), &cfg->autoscaler);
-    set_defaults(warm_pool_keys, N_ELEMS(warm_pool_keys), &cfg->warm_pool);
-    cfg->log_level = LOG_INFO;
-    cfg->kubernetes.probe_pods = true;
-    cfg->kubernetes.events = true;
-    cfg->kubernetes.default_port = 8000;
-    cfg->listen = strdup("0.0.0.0:8080");
-    cfg->admin_listen = strdup("0.0.0.0:9090");
-    if (!cfg->listen || !cfg->admin_listen) {
-        config_free(cfg);
-        return NULL;
-    }
-    return cfg;
-}
-
-static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
-{
-    if (!cJSON_IsObject(root)) {
-        return fail(p, root, "(top level)", "must be a JSON object");
-    }
-    int rc = check_duplicates(p, root, "");
-    if (rc) {
-        return rc;
-    }
-    /* limits first: model defaults depend on it. */
-    const cJSON *limits = cJSON_GetObjectItemCaseSensitive(root, "limits");
-    if (limits) {
-        rc = parse_limits(p, limits, cfg);
-        if (rc) {
-            return rc;
-        }
-    }
-    const cJSON *models = NULL;
-    for (const cJSON *it = root->child; it; it = it->next) {
-        if (strcmp(it->string, "listen") == 0 || strcmp(it->string, "admin_listen") == 0) {
-            char **field = it->string[0] == 'l' ? &cfg->listen : &cfg->admin_listen;
-            rc = read_string(p, it, it->string, field);
-            if (!rc && check_listen(*field)) {
-                rc = fail(p, it, it->string,
-                          "must be \"ADDRESS:PORT\" or \"[IPV6]:PORT\" (got \"%.100s\")", *field);
-            }
-        } else if (strcmp(it->string, "limits") == 0) {
-            continue;
-        } else if (strcmp(it->string, "upstream") == 0) {
-            rc = parse_table_object(p, it, "upstream", upstream_keys, N_ELEMS(upstream_keys),
-                                    &cfg->upstream);
-        } else if (strcmp(it->string, "log") == 0) {
-            rc = parse_log(p, it, cfg);
-        } else if (strcmp(it->string, "gpus") == 0) {
-            rc = parse_gpus(p, it, cfg);
-        } else if (strcmp(it->string, "kubernetes") == 0) {
-            rc = parse_kubernetes(p, it, cfg);
-        } else if (strcmp(it->string, "autoscaler") == 0) {
-            rc = parse_table_object(p, it, "autoscaler", autoscaler_keys, N_ELEMS(autoscaler_keys),
-                                    &cfg->autoscaler);
-        } else if (strcmp(it->string, "warm_pool") == 0) {
-            rc = parse_table_object(p, it, "warm_pool", warm_pool_keys, N_ELEMS(warm_pool_keys),
-                                    &cfg->warm_pool);
-        } else if (strcmp(it->string, "models") == 0) {
-            models = it;
-            if (!cJSON_IsArray(it)) {
-                rc = fail(p, it, "models", "must be an array of objects");
-            }
-        } else {
-            rc = fail(p, it, it->string, "unknown key");
-        }
-        if (rc) {
-            return rc;
-        }
-    }
-    if (models) {
-        size_t n = (size_t)cJSON_GetArraySize(models);
-        cfg->models = calloc(n ? n : 1, sizeof *cfg->models);
-        if (!cfg->models) {
-            return fail(p, models, "models", "out of memory");
-        }
-        size_t i = 0;
-        for (const cJSON *m = models->child; m; m = m->next, i++) {
-            cfg->n_models = i + 1;
-            rc = parse_model(p, m, i, &cfg->models[i], &cfg->limits);
-            if (rc) {
-                return rc;
-            }
-            for (size_t j = 0; j < i; j++) {
-                if (strcmp(cfg->models[j].name, cfg->models[i].name) == 0 &&
-                    strcmp(cfg->models[j].namespace_, cfg->models[i].namespace_) == 0) {
-                    char path[64];
-                    snprintf(path, sizeof path, "models[%zu].name", i);
-                    return fail(p, cJSON_GetObjectItemCaseSensitive(m, "name"), path,
-                                "model \"%s\" is already defined at line %d", cfg->models[i].name,
-                                cfg->models[j].line);
-                }
-            }
-        }
-    }
     for (size_t i = 0; i < cfg->n_models; i++) {
         const struct config_model *m = &cfg->models[i];
         if (m->gpu_slices == 0) {
@@ -859,6 +828,48 @@ static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
         }
     }
     return 0;
+}
+
+static int root_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
+{
+    struct config *cfg = base;
+    const cJSON *models = cJSON_GetObjectItemCaseSensitive(obj, "models");
+    int rc = models ? parse_models(p, models, cfg) : 0;
+    return rc ? rc : check_gpu_slices(p, cfg);
+}
+
+/* limits is early: model defaults depend on it. */
+static const struct conf_key root_keys[] = {
+    K_STRING(struct config, listen, "0.0.0.0:8080", check_listen_value),
+    K_STRING(struct config, admin_listen, "0.0.0.0:9090", check_listen_value),
+    {.name = "limits", .type = KEY_OBJECT, .offset = offsetof(struct config, limits),
+     .sub = &limits_section, .early = true},
+    K_OBJECT(struct config, upstream, &upstream_section),
+    {.name = "log", .type = KEY_OBJECT, .offset = 0, .sub = &log_section},
+    {.name = "gpus", .type = KEY_CUSTOM, .parse = parse_gpus},
+    K_OBJECT(struct config, kubernetes, &kubernetes_section),
+    K_OBJECT(struct config, autoscaler, &autoscaler_section),
+    K_OBJECT(struct config, warm_pool, &warm_pool_section),
+    {.name = "models", .type = KEY_CUSTOM, .parse = check_models_array},
+};
+static const struct section root_section = SECTION(root_keys, root_finish);
+
+struct config *config_new_default(void)
+{
+    struct config *cfg = calloc(1, sizeof *cfg);
+    if (cfg && set_defaults(&root_section, cfg, true)) {
+        config_free(cfg);
+        return NULL;
+    }
+    return cfg;
+}
+
+static int parse_root(struct parser *p, const cJSON *root, struct config *cfg)
+{
+    if (!cJSON_IsObject(root)) {
+        return fail(p, root, "(top level)", "must be a JSON object");
+    }
+    return parse_section(p, &root_section, root, "", cfg);
 }
 
 /* The host part of "host:port" / "[v6]:port" (validated by check_hostport). */
@@ -990,6 +1001,7 @@ struct config *config_parse(const char *text, size_t len, const char *label,
         config_free(cfg);
         return NULL;
     }
+    p.cfg = cfg;
     int rc = 0;
     size_t nul = find_nul(text, len);
     if (nul < len) {

@@ -1,5 +1,6 @@
-/* Configuration: a JSON file parsed with cJSON into plain structs.
- * Every limit has a default, a unit in its key and a range; unknown keys,
+/* Configuration: a JSON file parsed with cJSON into plain structs, driven
+ * by one key table per section in config.c (type, offset, default, range,
+ * check). Every limit has a default, a unit in its key and a range; unknown keys,
  * duplicate keys, wrong types and out-of-range values are errors that name
  * the file, line and key. The struct config owns all its strings. */
 #ifndef THAW_CONFIG_H
@@ -10,12 +11,8 @@
 #include <stdint.h>
 
 #include "thaw/log.h"
+#include "thaw/tier.h"
 
-/* Request tiers, in service order. */
-enum tier { TIER_CRITICAL = 0, TIER_STANDARD = 1, TIER_BATCH = 2, TIER_COUNT = 3 };
-
-const char *tier_name(enum tier t);
-int tier_parse(const char *s, size_t n, enum tier *out);
 
 /* What the thaw-priority request header may do. */
 enum priority_header_policy {
@@ -165,7 +162,8 @@ struct config *config_load(const char *path, struct config_error *err);
 /* Same on an in-memory text; label names it in errors. */
 struct config *config_parse(const char *text, size_t len, const char *label,
                             struct config_error *err);
-/* Fills a model with every default (for models discovered at run time). */
+/* Fills a model with every default but its strings, which stay NULL (for
+ * models discovered at run time: the caller points them at its own). */
 void config_model_defaults(struct config_model *m, const struct config_limits *lim);
 /* A configuration with every default and no models. */
 struct config *config_new_default(void);

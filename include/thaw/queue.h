@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "thaw/config.h"
+#include "thaw/tier.h"
 #include "thaw/list.h"
 
 struct queue_item {

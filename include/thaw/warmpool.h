@@ -21,7 +21,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "thaw/config.h"
+#include "thaw/tier.h"
 
 struct wp_model {
     const char *name;

@@ -66,6 +66,13 @@ def test_missing_config_file():
     assert r.returncode == 1 and "cannot open" in r.stderr
 
 
+def test_check_config_rejects_a_key_given_twice_in_a_gpu():
+    path = write('{"gpus": [\n {"id": 0,\n  "id": 1}]}')
+    r = run("--check-config", path)
+    assert r.returncode == 1
+    assert f"{path}:3: gpus[0].id: duplicate key" in r.stderr, r.stderr
+
+
 def test_listen_overrides_and_bad_override(upstream):
     path = write(json.dumps({"listen": "127.0.0.1:1", "admin_listen": "127.0.0.1:2",
                              "models": [{"name": "m", "endpoints": [upstream.address]}]}))

@@ -213,6 +213,30 @@ static void test_many_keys_and_first_duplicate(void **state)
     free(text);
 }
 
+/* A GPU object is an object like the others: a key given twice is an
+ * error (it was taken silently, the last one winning). */
+static void test_gpu_duplicate_key(void **state)
+{
+    expect_error("{\"gpus\": [\n {\"id\": 0,\n  \"id\": 1}]}",
+                 "test.json:3: gpus[0].id: duplicate key");
+}
+
+/* Kubernetes defaults come from the key table whether or not the section
+ * is present; present turns it on. */
+static void test_kubernetes_defaults(void **state)
+{
+    struct config *cfg = config_new_default();
+    assert_non_null(cfg);
+    assert_false(cfg->kubernetes.enabled);
+    assert_string_equal(cfg->kubernetes.label_selector, "thaw.dev/model");
+    assert_string_equal(cfg->kubernetes.lease_name, "thaw-leader");
+    assert_null(cfg->kubernetes.lease_namespace);
+    assert_int_equal(cfg->kubernetes.default_port, 8000);
+    assert_int_equal(cfg->kubernetes.lease_duration_ms, 15000);
+    assert_int_equal(cfg->kubernetes.peers_port, 9090);
+    config_free(cfg);
+}
+
 static void test_missing_file(void **state)
 {
     struct config_error err;
@@ -281,6 +305,8 @@ int main(void)
         cmocka_unit_test(test_strictness),
         cmocka_unit_test(test_odd_whitespace_lines),
         cmocka_unit_test(test_many_keys_and_first_duplicate),
+        cmocka_unit_test(test_gpu_duplicate_key),
+        cmocka_unit_test(test_kubernetes_defaults),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_listen_override),
     };

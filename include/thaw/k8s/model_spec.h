@@ -13,7 +13,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "thaw/config.h"
+#include "thaw/tier.h"
 
 struct k8s_model_spec {
     char name[254];       /* model name: thaw.dev/model label value, else the Deployment's */
