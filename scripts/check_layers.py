@@ -17,7 +17,7 @@ import re
 import sys
 
 LAYERS = [
-    ("base", {"clock", "buf", "strmap", "list", "log", "jsonpos", "jsonscan", "metrics"}),
+    ("base", {"clock", "buf", "strmap", "list", "log", "jsonpos", "jsonscan", "metrics", "tier"}),
     ("config", {"config"}),
     ("http", {"http", "conn", "upstream", "probe"}),
     ("k8s", {"k8s/auth", "k8s/client", "k8s/events", "k8s/execcred", "k8s/informer",
