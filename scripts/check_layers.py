@@ -17,7 +17,7 @@ import re
 import sys
 
 LAYERS = [
-    ("base", {"clock", "buf", "strmap", "list", "log", "jsonpos", "jsonscan", "metrics", "tier"}),
+    ("base", {"clock", "buf", "strmap", "list", "log", "jsonpos", "jsonscan", "metrics", "tier", "netaddr"}),
     ("config", {"config"}),
     ("http", {"http", "conn", "upstream", "probe"}),
     ("k8s", {"k8s/auth", "k8s/client", "k8s/events", "k8s/execcred", "k8s/informer",
@@ -42,8 +42,6 @@ KNOWN = {
     ("upstream", "server"): "the context split",
     ("upstream", "request"): "upstream carries an opaque request for its handler",
     ("upstream", "model"): "endpoints (address, slots, pool) as an http-layer type",
-    ("probe", "model"): "probe takes an address, not an endpoint",
-    ("probe", "procplan"): "the probe's back-off schedule moves to base",
     ("model", "backend"): "models hold a backend handle through a core-level seam",
     ("request", "server"): "the context split: the request cache and counters in core",
     ("proxy", "server"): "the context split",

@@ -2,6 +2,7 @@
  * ready; scaling is not possible. Passive health (ejection after connect
  * failures) is handled by the request path, as for every backend. */
 #include "thaw/backend.h"
+#include "thaw/netaddr.h"
 
 #include <errno.h>
 #include <netdb.h>

@@ -1,7 +1,6 @@
 #include "thaw/probe.h"
 #include "thaw/clock.h"
-#include "thaw/model.h"
-#include "thaw/procplan.h"
+#include "thaw/netaddr.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -49,7 +48,7 @@ static void again(struct probe *p)
 {
     close_fd(p);
     if (p->running) {
-        arm(p, procplan_probe_delay_ms(p->attempt++));
+        arm(p, probe_delay_ms(p->attempt++));
     }
 }
 
@@ -143,4 +142,13 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     event_assign(&p->io, p->base, s, EV_WRITE, on_io, p);
     struct timeval tv = clock_timeval(PROBE_TIMEOUT_MS);
     event_add(&p->io, &tv);
+}
+
+uint32_t probe_delay_ms(unsigned attempt)
+{
+    uint32_t d = 2;
+    for (unsigned i = 0; i < attempt && d < 20; i++) {
+        d *= 2;
+    }
+    return d > 20 ? 20 : d;
 }

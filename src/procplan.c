@@ -17,15 +17,6 @@ int procplan_gpu_pick(const struct gpu_slot *gpus, size_t n, unsigned need)
     return best;
 }
 
-uint32_t procplan_probe_delay_ms(unsigned attempt)
-{
-    uint32_t d = 2;
-    for (unsigned i = 0; i < attempt && d < 20; i++) {
-        d *= 2;
-    }
-    return d > 20 ? 20 : d;
-}
-
 uint64_t procplan_restart_backoff_ms(unsigned failures)
 {
     if (failures == 0) {

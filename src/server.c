@@ -1,4 +1,5 @@
 #include "thaw/server.h"
+#include "thaw/netaddr.h"
 #include "thaw/clock.h"
 #include "thaw/admin.h"
 #include "thaw/backend.h"

@@ -147,9 +147,6 @@ uint32_t model_capacity(const struct model *m);
 void endpoint_ref(struct endpoint *ep);
 void endpoint_unref(struct endpoint *ep);
 
-/* Parses numeric "ip:port" / "[ip6]:port" into a sockaddr. 0 or -EINVAL. */
-int netaddr_parse(const char *text, struct sockaddr_storage *ss, socklen_t *len);
-
 /* A request takes one of ep's slots: counted on ep and on its model. */
 void endpoint_take_slot(struct endpoint *ep);
 /* Gives the slot back. Returns the model it counted against, whose waiting

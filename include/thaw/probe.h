@@ -1,5 +1,5 @@
 /* Readiness probing: GET a health path on a replica until it answers 2xx,
- * on the event loop, fast at first and backing off (procplan_probe_delay_ms),
+ * on the event loop, fast at first and backing off (probe_delay_ms),
  * so a replica is noticed within milliseconds of being able to serve.
  * Embedded in its owner (probe_init/probe_stop); the owner outlives it. */
 #ifndef THAW_PROBE_H
@@ -41,5 +41,10 @@ int probe_init(struct probe *p, struct event_base *base, const char *addr, const
 /* Starts probing now (again, after probe_stop). */
 void probe_start(struct probe *p);
 void probe_stop(struct probe *p);
+
+/* Readiness probe delay after `attempt` failed probes: starts at 2 ms and
+ * doubles to a 20 ms cap, so a server that just came up is seen within
+ * 20 ms while a 5-minute load costs ~50 probes a second on loopback. */
+uint32_t probe_delay_ms(unsigned attempt);
 
 #endif

@@ -19,11 +19,6 @@ struct gpu_slot {
  * fits it (packing leaves whole GPUs for big replicas). -1 when none fits. */
 int procplan_gpu_pick(const struct gpu_slot *gpus, size_t n, unsigned need);
 
-/* Readiness probe delay after `attempt` failed probes: starts at 2 ms and
- * doubles to a 20 ms cap, so a server that just came up is seen within
- * 20 ms while a 5-minute load costs ~50 probes a second on loopback. */
-uint32_t procplan_probe_delay_ms(unsigned attempt);
-
 /* Delay before the next start after `failures` consecutive failed starts:
  * 0 for none, then 1 s, 2 s, 4 s ... capped at 60 s. */
 uint64_t procplan_restart_backoff_ms(unsigned failures);

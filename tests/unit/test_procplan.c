@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "thaw/procplan.h"
+#include "thaw/probe.h"
 
 static void test_gpu_pick_packs_and_refuses(void **state)
 {
@@ -25,17 +26,17 @@ static void test_gpu_pick_packs_and_refuses(void **state)
 
 static void test_probe_delay_is_fast_then_capped(void **state)
 {
-    assert_int_equal(procplan_probe_delay_ms(0), 2);
-    assert_int_equal(procplan_probe_delay_ms(1), 4);
-    assert_int_equal(procplan_probe_delay_ms(2), 8);
-    assert_int_equal(procplan_probe_delay_ms(3), 16);
-    assert_int_equal(procplan_probe_delay_ms(4), 20);
-    assert_int_equal(procplan_probe_delay_ms(1000), 20);
+    assert_int_equal(probe_delay_ms(0), 2);
+    assert_int_equal(probe_delay_ms(1), 4);
+    assert_int_equal(probe_delay_ms(2), 8);
+    assert_int_equal(probe_delay_ms(3), 16);
+    assert_int_equal(probe_delay_ms(4), 20);
+    assert_int_equal(probe_delay_ms(1000), 20);
     /* A 5-minute load: probes stay near 50 per second. */
     uint64_t t = 0;
     unsigned probes = 0;
     while (t < 300000) {
-        t += procplan_probe_delay_ms(probes++);
+        t += probe_delay_ms(probes++);
     }
     assert_in_range(probes, 14000, 15100);
 }
