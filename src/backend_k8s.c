@@ -21,6 +21,7 @@
 #include "thaw/k8s/objects.h"
 #include "thaw/log.h"
 #include "thaw/probe.h"
+#include "thaw/scale_driver.h"
 #include "thaw/scaler.h"
 
 #include <errno.h>
@@ -94,7 +95,7 @@ struct kube_backend {
     struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
     struct strmap nodes_gpu; /* node name -> struct k8s_node_info */
     struct event tick;
-    uint64_t next_plan_ms;
+    struct scale_driver driver;
     /* several activators */
     bool elect;
     bool leading;
@@ -785,11 +786,19 @@ static void model_tick(void *ud, const char *key, void *value)
     }
 }
 
+/* ---- scaling driver hooks: the autoscaler and the warm pool over every
+ * model, against the GPU slices the Nodes offer (or the configured cap);
+ * each change is one scale PATCH. */
+
 struct collect {
     struct scaler_model **sms;
-    struct kmodel **kms;
     size_t n, cap;
 };
+
+static size_t count_models(void *ud)
+{
+    return ((struct kube_backend *)ud)->models.count;
+}
 
 static void collect_model(void *ud, const char *key, void *value)
 {
@@ -801,8 +810,14 @@ static void collect_model(void *ud, const char *key, void *value)
     km->sc.current = (unsigned)(km->scale_want >= 0 ? km->scale_want : km->spec.replicas);
     km->sc.ready = (unsigned)km->m->n_endpoints;
     km->sc.hold_starts = false;
-    c->sms[c->n] = &km->sc;
-    c->kms[c->n++] = km;
+    c->sms[c->n++] = &km->sc;
+}
+
+static size_t collect_models(void *ud, uint64_t now_ms, struct scaler_model **sms, size_t max)
+{
+    struct collect c = {sms, 0, max};
+    strmap_each(&((struct kube_backend *)ud)->models, collect_model, &c);
+    return c.n;
 }
 
 static void sum_gpus(void *ud, const char *key, void *value)
@@ -810,32 +825,21 @@ static void sum_gpus(void *ud, const char *key, void *value)
     *(unsigned *)ud += (unsigned)((const struct k8s_node_info *)value)->gpu_allocatable;
 }
 
-/* The autoscaler and the warm pool over every model, against the GPU slices
- * the Nodes offer (or the configured cap); each change is one scale PATCH. */
-static void plan_all(struct kube_backend *kb)
+static unsigned gpu_slices(void *ud)
 {
-    size_t cap = kb->models.count;
-    struct collect c = {calloc(cap ? cap : 1, sizeof *c.sms), calloc(cap ? cap : 1, sizeof *c.kms),
-                        0, cap};
-    if (!c.sms || !c.kms) {
-        free(c.sms);
-        free(c.kms);
-        return;
-    }
-    strmap_each(&kb->models, collect_model, &c);
     unsigned capacity = 0;
-    strmap_each(&kb->nodes_gpu, sum_gpus, &capacity);
-    const struct config_warm_pool *wp = &kb->cfg->warm_pool;
-    if (wp->capacity_slices && (capacity == 0 || wp->capacity_slices < capacity)) {
-        capacity = (unsigned)wp->capacity_slices;
-    }
-    uint64_t now = clock_now_ms();
-    scaler_plan(c.sms, c.n, capacity, (unsigned)wp->budget_slices, now);
+    strmap_each(&((struct kube_backend *)ud)->nodes_gpu, sum_gpus, &capacity);
+    return capacity;
+}
+
+static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms)
+{
+    struct kube_backend *kb = ud;
     /* A new leader starts from the cluster's replicas and the peers' counts,
      * not from zero: for one stable window it does not scale anything down. */
-    bool hold_down = now - kb->leader_since_ms < kb->cfg->autoscaler.stable_window_ms;
-    for (size_t i = 0; i < c.n; i++) {
-        struct kmodel *km = c.kms[i];
+    bool hold_down = now_ms - kb->leader_since_ms < kb->cfg->autoscaler.stable_window_ms;
+    for (size_t i = 0; i < n; i++) {
+        struct kmodel *km = container_of(sms[i], struct kmodel, sc);
         if (hold_down && km->sc.target < km->sc.current) {
             km->sc.target = km->sc.current;
         }
@@ -845,17 +849,21 @@ static void plan_all(struct kube_backend *kb)
             want_replicas(km, km->sc.target);
         }
     }
-    free(c.sms);
-    free(c.kms);
-    kb->next_plan_ms = now + kb->cfg->autoscaler.tick_ms;
 }
+
+static const struct scale_driver_ops kube_scale_ops = {
+    .count = count_models,
+    .collect = collect_models,
+    .gpu_slices = gpu_slices,
+    .apply = apply_targets,
+};
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct kube_backend *kb = arg;
     strmap_each(&kb->models, model_tick, kb);
-    if (kb->leading && clock_now_ms() >= kb->next_plan_ms) {
-        plan_all(kb);
+    if (kb->leading && scale_driver_due(&kb->driver, clock_now_ms())) {
+        scale_driver_plan(&kb->driver, kb->cfg);
     }
 }
 
@@ -1171,6 +1179,7 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
     kb->base.fleet = fleet;
     kb->evbase = base;
     kb->cfg = cfg;
+    scale_driver_init(&kb->driver, &kube_scale_ops, kb);
     strmap_init(&kb->models);
     strmap_init(&kb->by_label);
     strmap_init(&kb->by_svc);
