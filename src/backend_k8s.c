@@ -1,4 +1,4 @@
-/* Kubernetes backend: models are Deployments labelled thaw.dev/model.
+/* Kubernetes backend: models are Deployments labelled K8S_MODEL_LABEL (objects.h).
  *
  * Four informers feed it: Deployments (the models and their settings),
  * EndpointSlices (replica readiness as the cluster sees it), Pods (IPs to
@@ -13,7 +13,6 @@
  * in backend_k8s_int.h; this file holds the backend ops and the wiring. */
 #include "backend_k8s_int.h"
 #include "thaw/clock.h"
-#include "thaw/k8s/model_spec.h"
 #include "thaw/log.h"
 
 #include <errno.h>
@@ -133,7 +132,7 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
     /* An hour: the API server's default Event TTL. 4096: client-go's cache size. */
     k8s_events_init(&kb->events, kb->client, "thaw", 60 * 60 * 1000, 4096);
     const struct config_kubernetes *k = &cfg->kubernetes;
-    const char *sel = k->label_selector ? k->label_selector : "thaw.dev/model";
+    const char *sel = k->label_selector ? k->label_selector : K8S_MODEL_LABEL;
     kb->n_ns = k->n_namespaces ? k->n_namespaces : 1;
     if (kb->n_ns > MAX_NAMESPACES) {
         kb->n_ns = MAX_NAMESPACES;
@@ -154,7 +153,7 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
                           &kube_deployment_ops, kb);
         k8s_informer_init(&kb->ns[i].slices, kb->client, base, "endpointslices", sp,
                           "kubernetes.io/service-name", &kube_slice_ops, kb);
-        k8s_informer_init(&kb->ns[i].pods, kb->client, base, "pods", pp, "thaw.dev/model",
+        k8s_informer_init(&kb->ns[i].pods, kb->client, base, "pods", pp, K8S_MODEL_LABEL,
                           &kube_pod_ops, kb);
     }
     k8s_informer_init(&kb->nodes, kb->client, base, "nodes", "/api/v1/nodes", NULL, &kube_node_ops,
