@@ -14,6 +14,7 @@
 #include "thaw/log.h"
 #include "thaw/probe.h"
 #include "thaw/procplan.h"
+#include "thaw/scale_driver.h"
 #include "thaw/scaler.h"
 
 #include <arpa/inet.h>
@@ -110,7 +111,7 @@ struct process_backend {
     struct event *sigchld;
     struct event *tick;
     const struct config *cfg;
-    uint64_t next_plan_ms;
+    struct scale_driver driver;
     bool stopping;
 };
 
@@ -609,51 +610,66 @@ static void apply_target(struct proc_model *pm, unsigned target, const char *why
     }
 }
 
-static unsigned capacity_slices(struct process_backend *pb)
+/* ---- scaling driver hooks ---- */
+
+static size_t count_models(void *ud)
 {
-    const struct config_warm_pool *wp = &pb->cfg->warm_pool;
-    unsigned total = 0;
-    for (size_t i = 0; i < pb->n_gpus; i++) {
-        total += pb->gpus[i].slices;
+    struct process_backend *pb = ud;
+    size_t n = 0;
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pb->models)
+    {
+        n++;
     }
-    if (wp->capacity_slices && (total == 0 || wp->capacity_slices < total)) {
-        total = (unsigned)wp->capacity_slices;
-    }
-    return total;
+    return n;
 }
 
-/* One planning step over every model: the autoscaler's wish per model, then
- * the warm pool and admission across the GPUs, then start and stop. */
-static void plan_all(struct process_backend *pb)
+static size_t collect_models(void *ud, uint64_t now_ms, struct scaler_model **sms, size_t max)
 {
-    uint64_t now = clock_now_ms();
-    struct scaler_model *sms[1024];
-    struct proc_model *pms[1024];
+    struct process_backend *pb = ud;
     size_t n = 0;
     struct list_node *pos, *tmp;
     list_for_each_safe(pos, tmp, &pb->models)
     {
         struct proc_model *pm = container_of(pos, struct proc_model, node);
-        if (n == 1024) {
+        if (n == max) {
             break;
         }
         pm->sc.current = pm->n_ready + pm->n_starting;
         pm->sc.ready = pm->n_ready;
-        pm->sc.hold_starts = now < pm->backoff_until_ms;
-        sms[n] = &pm->sc;
-        pms[n++] = pm;
+        pm->sc.hold_starts = now_ms < pm->backoff_until_ms;
+        sms[n++] = &pm->sc;
     }
-    scaler_plan(sms, n, capacity_slices(pb), (unsigned)pb->cfg->warm_pool.budget_slices, now);
+    return n;
+}
+
+static unsigned gpu_slices(void *ud)
+{
+    struct process_backend *pb = ud;
+    unsigned total = 0;
+    for (size_t i = 0; i < pb->n_gpus; i++) {
+        total += pb->gpus[i].slices;
+    }
+    return total;
+}
+
+static struct proc_model *proc_model_of(struct scaler_model *sm)
+{
+    return container_of(sm, struct proc_model, sc);
+}
+
+/* Stops first, so the slices they free are there for the starts. */
+static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms)
+{
     for (size_t i = 0; i < n; i++) {
-        struct proc_model *pm = pms[i];
+        struct proc_model *pm = proc_model_of(sms[i]);
         bool denied = pm->sc.target < pm->sc.last.desired && !pm->sc.hold_starts;
         pm->waiting_for_capacity = denied && (pm->m->queue.count > 0 || pm->poked);
         pm->poked = false;
     }
-    /* Stops first, so the slices they free are there for the starts. */
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < n; i++) {
-            struct proc_model *pm = pms[i];
+            struct proc_model *pm = proc_model_of(sms[i]);
             unsigned have = pm->n_ready + pm->n_starting;
             unsigned target = pm->sc.target;
             if ((pass == 0 && target < have) || (pass == 1 && target > have)) {
@@ -664,7 +680,19 @@ static void plan_all(struct process_backend *pb)
             }
         }
     }
-    pb->next_plan_ms = now + pb->cfg->autoscaler.tick_ms;
+}
+
+static const struct scale_driver_ops process_scale_ops = {
+    .count = count_models,
+    .collect = collect_models,
+    .gpu_slices = gpu_slices,
+    .apply = apply_targets,
+};
+
+/* One planning step over every model (scale_driver.h), then start and stop. */
+static void plan_all(struct process_backend *pb)
+{
+    scale_driver_plan(&pb->driver, pb->cfg);
 }
 
 static void reconcile_all(struct process_backend *pb)
@@ -689,7 +717,7 @@ static void reconcile_all(struct process_backend *pb)
             }
         }
     }
-    if (now >= pb->next_plan_ms) {
+    if (scale_driver_due(&pb->driver, now)) {
         plan_all(pb);
     }
 }
@@ -1219,6 +1247,7 @@ struct backend *backend_process_new(struct fleet *fleet, struct event_base *base
     pb->base.fleet = fleet;
     pb->evbase = base;
     pb->cfg = cfg;
+    scale_driver_init(&pb->driver, &process_scale_ops, pb);
     list_init(&pb->models);
     list_init(&pb->retired);
     pb->n_gpus = cfg->n_gpus;

@@ -1,5 +1,6 @@
 #include "thaw/k8s/model_spec.h"
 #include "thaw/k8s/informer.h"
+#include "thaw/k8s/objects.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -169,7 +170,7 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
     copy_str(o->resource_version, sizeof o->resource_version,
              k8s_get_string(dep, "metadata.resourceVersion"));
     const cJSON *labels = k8s_get(dep, "metadata.labels");
-    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(labels, "thaw.dev/model");
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(labels, K8S_MODEL_LABEL);
     copy_str(o->name, sizeof o->name,
              cJSON_IsString(ml) && ml->valuestring[0] ? ml->valuestring : name);
     copy_str(o->service, sizeof o->service, name);

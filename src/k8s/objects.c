@@ -20,7 +20,7 @@ int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
     copy(o->name, sizeof o->name, name);
     copy(o->namespace_, sizeof o->namespace_, k8s_get_string(obj, "metadata.namespace"));
     const cJSON *ml =
-        cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "metadata.labels"), "thaw.dev/model");
+        cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "metadata.labels"), K8S_MODEL_LABEL);
     copy(o->model, sizeof o->model, cJSON_IsString(ml) ? ml->valuestring : NULL);
     copy(o->ip, sizeof o->ip, k8s_get_string(obj, "status.podIP"));
     copy(o->phase, sizeof o->phase, k8s_get_string(obj, "status.phase"));

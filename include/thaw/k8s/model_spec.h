@@ -16,7 +16,7 @@
 #include "thaw/tier.h"
 
 struct k8s_model_spec {
-    char name[254];       /* model name: thaw.dev/model label value, else the Deployment's */
+    char name[254];       /* model name: K8S_MODEL_LABEL value (objects.h), else the Deployment's */
     char deployment[254]; /* the Deployment's name */
     char namespace_[254];
     char service[254];

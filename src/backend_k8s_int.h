@@ -1,0 +1,138 @@
+/* Private to the Kubernetes backend (backend_k8s*.c): its state and what
+ * its parts call of one another.
+ *   backend_k8s.c          backend ops and wiring (informers, start, free)
+ *   backend_k8s_replicas.c Deployments, Pods, EndpointSlices, Nodes -> models and replicas
+ *   backend_k8s_scale.c    the tick: samples, startup timeout, scaling driver hooks,
+ *                          scale PATCHes (conditional from zero), Events
+ *   backend_k8s_ha.c       identity, leader lease, peers, the /demand answer
+ *   backend_k8s_status.c   describe, capacity, metrics */
+#ifndef THAW_BACKEND_K8S_INT_H
+#define THAW_BACKEND_K8S_INT_H
+
+#include "thaw/backend.h"
+#include "thaw/k8s/client.h"
+#include "thaw/k8s/events.h"
+#include "thaw/k8s/informer.h"
+#include "thaw/k8s/lease.h"
+#include "thaw/k8s/model_spec.h"
+#include "thaw/k8s/objects.h"
+#include "thaw/k8s/peers.h"
+#include "thaw/probe.h"
+#include "thaw/scale_driver.h"
+#include "thaw/scaler.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <event2/event_struct.h>
+
+#define TICK_MS 500
+#define MAX_NAMESPACES 64
+
+struct kube_backend;
+struct kmodel;
+
+struct kpod {
+    struct kmodel *km;
+    char name[254];
+    char ip[64];
+    bool reported;      /* told the fleet it is ready */
+    bool slice_ready;   /* its EndpointSlice endpoint is ready */
+    bool probe_ok;
+    bool probing;
+    bool terminating;
+    bool retired; /* thaw scaled to zero: not routed until scaled up again */
+    bool unschedulable;
+    char phase[16];
+    struct probe probe;
+};
+
+struct kmodel {
+    struct kube_backend *kb;
+    struct model *m;
+    struct k8s_model_spec spec;
+    char key[600]; /* "ns/deployment" */
+    struct strmap pods; /* pod name -> kpod */
+    /* scaling */
+    bool scale_inflight;
+    int64_t scale_want; /* -1: nothing wanted */
+    unsigned scale_failures;
+    struct event scale_retry;
+    struct k8s_call *scale_call;
+    uint64_t idle_since_ms;
+    uint64_t waiting_since_ms; /* requests wait and no pod is ready */
+    uint64_t scale_ups, scale_downs;
+    char last_scale_error[200];
+    struct scaler_model sc;
+    uint64_t woken_ms; /* when a scale from zero landed; 0: not waking */
+};
+
+struct informer_set {
+    struct k8s_informer deployments, slices, pods;
+};
+
+struct kube_backend {
+    struct backend base;
+    struct event_base *evbase;
+    struct k8s_client *client;
+    const struct config *cfg;
+    struct informer_set ns[MAX_NAMESPACES];
+    size_t n_ns;
+    struct k8s_informer nodes;
+    unsigned synced_count, informer_count;
+    size_t deployments_synced;
+    struct strmap models;   /* "ns/deployment" -> kmodel */
+    struct strmap by_label; /* "ns/model name" -> kmodel (pods) */
+    struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
+    struct strmap nodes_gpu; /* node name -> struct k8s_node_info */
+    struct event tick;
+    struct scale_driver driver;
+    /* several activators */
+    bool elect;
+    bool leading;
+    uint64_t leader_since_ms;
+    struct k8s_lease lease;
+    bool have_peers;
+    struct k8s_peers peers;
+    char identity[254];
+    uint64_t conditional_scales, conditional_conflicts;
+    struct k8s_events events;
+    uint64_t scale_errors;
+};
+
+static inline struct kube_backend *KB(struct backend *b)
+{
+    return container_of(b, struct kube_backend, base);
+}
+
+/* backend_k8s.c */
+bool kube_synced(struct backend *b);
+
+/* backend_k8s_replicas.c */
+extern const struct k8s_informer_ops kube_deployment_ops, kube_pod_ops, kube_slice_ops,
+    kube_node_ops;
+void kube_pod_ready(struct kpod *p, const char *via);
+void kube_pod_gone(struct kpod *p, const char *why);
+void kube_kmodel_free(struct kmodel *km);
+
+/* backend_k8s_scale.c */
+void kube_scale_retry(evutil_socket_t fd, short what, void *arg);
+/* 0 -> activation scale, only if still 0 (any activator may). */
+void kube_scale_from_zero(struct kmodel *km);
+/* The model tick and the scaling driver, started last. */
+void kube_scaling_start(struct kube_backend *kb);
+
+/* backend_k8s_ha.c */
+/* Identity, then the leader lease and peers when configured. */
+void kube_ha_start(struct kube_backend *kb);
+void kube_ha_dispose(struct kube_backend *kb);
+void kube_ha_describe(struct kube_backend *kb, cJSON *k);
+void kube_demand(struct backend *b, cJSON *out);
+
+/* backend_k8s_status.c */
+void kube_describe(struct backend *b, struct model *m, cJSON *out);
+void kube_describe_capacity(struct backend *b, cJSON *out);
+void kube_render_metrics(struct backend *b, struct buf *o);
+
+#endif

@@ -1,0 +1,444 @@
+/* Kubernetes backend, replicas: Deployments labelled with K8S_MODEL_KEY are
+ * models (their annotations the settings); a replica is a pod, reported
+ * ready the first time either its EndpointSlice endpoint is ready or thaw's
+ * own probe of podIP:port answers, and gone when it terminates, is deleted,
+ * or its endpoint stops being ready. Nodes give the GPU capacity. */
+#include "backend_k8s_int.h"
+#include "thaw/clock.h"
+#include "thaw/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- replicas -------------------------------------------------------------- */
+
+static void pod_addr(struct kpod *p, char *out, size_t len)
+{
+    snprintf(out, len, strchr(p->ip, ':') ? "[%s]:%d" : "%s:%d", p->ip, p->km->spec.port);
+}
+
+void kube_pod_ready(struct kpod *p, const char *via)
+{
+    if (p->reported || p->terminating || p->retired || !p->ip[0]) {
+        return;
+    }
+    char addr[96];
+    pod_addr(p, addr, sizeof addr);
+    p->reported = true;
+    LOGI("pod ready", "model=%s pod=%s addr=%s via=%s", p->km->m->name, p->name, addr, via);
+    struct kmodel *km = p->km;
+    if (km->woken_ms && km->m->n_endpoints == 0) {
+        /* The cold start as clients see it: scale-up landed -> first pod ready. */
+        uint64_t ms = clock_now_ms() - km->woken_ms;
+        km->m->cold_start_ms = ms;
+        histogram_observe(&km->m->stats.cold_start, (double)ms / 1000.0);
+        km->woken_ms = 0;
+    }
+    fleet_replica_ready(p->km->m->fleet, p->km->m, p->name, addr);
+}
+
+void kube_pod_gone(struct kpod *p, const char *why)
+{
+    if (p->probing) {
+        probe_stop(&p->probe);
+        p->probing = false;
+    }
+    if (p->reported) {
+        p->reported = false;
+        fleet_replica_gone(p->km->m->fleet, p->km->m, p->name, why);
+    }
+}
+
+static void on_pod_probe(struct probe *pr, void *ud)
+{
+    struct kpod *p = ud;
+    p->probing = false;
+    p->probe_ok = true;
+    kube_pod_ready(p, "probe");
+}
+
+static struct kpod *pod_get(struct kmodel *km, const char *name, bool create)
+{
+    struct kpod *p = strmap_get(&km->pods, name, strlen(name));
+    if (p || !create) {
+        return p;
+    }
+    p = calloc(1, sizeof *p);
+    if (!p) {
+        return NULL;
+    }
+    p->km = km;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    strmap_put(&km->pods, name, strlen(name), p);
+    return p;
+}
+
+static void pod_free(struct kmodel *km, struct kpod *p, const char *why)
+{
+    kube_pod_gone(p, why);
+    strmap_del(&km->pods, p->name, strlen(p->name));
+    free(p);
+}
+
+/* ---- models ---------------------------------------------------------------- */
+
+static void split_list(char *s, char **out, size_t *n, size_t max)
+{
+    *n = 0;
+    for (char *tok = strtok(s, ", "); tok && *n < max; tok = strtok(NULL, ", ")) {
+        out[(*n)++] = tok;
+    }
+}
+
+/* A config_model view of a spec (strings point into spec and bufs). */
+static void to_config_model(const struct k8s_model_spec *sp, const struct config_limits *lim,
+                            struct config_model *cm, char *hosts_buf, char *aliases_buf,
+                            char **hosts, char **aliases)
+{
+    config_model_defaults(cm, lim);
+    cm->name = (char *)sp->name;
+    cm->namespace_ = (char *)sp->namespace_;
+    strcpy(hosts_buf, sp->hosts);
+    strcpy(aliases_buf, sp->aliases);
+    split_list(hosts_buf, hosts, &cm->n_hosts, 32);
+    split_list(aliases_buf, aliases, &cm->n_aliases, 32);
+    cm->hosts = hosts;
+    cm->aliases = aliases;
+    cm->max_concurrency = sp->max_concurrency;
+    cm->priority = sp->priority;
+}
+
+static void index_model(struct kube_backend *kb, struct kmodel *km, bool add)
+{
+    char k[600];
+    snprintf(k, sizeof k, "%s/%s", km->spec.namespace_, km->spec.name);
+    if (add) {
+        strmap_put(&kb->by_label, k, strlen(k), km);
+    } else if (strmap_get(&kb->by_label, k, strlen(k)) == km) {
+        strmap_del(&kb->by_label, k, strlen(k));
+    }
+    snprintf(k, sizeof k, "%s/%s", km->spec.namespace_, km->spec.service);
+    if (add) {
+        strmap_put(&kb->by_svc, k, strlen(k), km);
+    } else if (strmap_get(&kb->by_svc, k, strlen(k)) == km) {
+        strmap_del(&kb->by_svc, k, strlen(k));
+    }
+}
+
+static void free_pod_cb(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    if (p->probing) {
+        probe_stop(&p->probe);
+    }
+    free(p);
+}
+
+void kube_kmodel_free(struct kmodel *km)
+{
+    event_del(&km->scale_retry);
+    k8s_call_cancel(km->scale_call);
+    strmap_each(&km->pods, free_pod_cb, NULL);
+    strmap_dispose(&km->pods);
+    free(km);
+}
+
+static void deployment_upsert(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    struct k8s_model_spec defaults = {0};
+    struct config_model dm;
+    config_model_defaults(&dm, &kb->cfg->limits);
+    defaults.max_concurrency = dm.max_concurrency;
+    defaults.priority = dm.priority;
+    defaults.min_scale = 0;
+    defaults.max_scale = 1000;
+    defaults.idle_timeout_ms = dm.idle_timeout_ms;
+    defaults.startup_timeout_ms = dm.startup_timeout_ms;
+    defaults.target = 0;
+    defaults.port = (int)kb->cfg->kubernetes.default_port;
+    snprintf(defaults.health_path, sizeof defaults.health_path, "/health");
+    struct k8s_model_spec sp;
+    if (k8s_model_spec_parse(obj, &defaults, &sp)) {
+        return;
+    }
+    char key[600];
+    snprintf(key, sizeof key, "%s/%s", sp.namespace_, sp.deployment);
+    struct kmodel *km = strmap_get(&kb->models, key, strlen(key));
+    char hosts_buf[1024], aliases_buf[1024];
+    char *hosts[32], *aliases[32];
+    struct config_model cm;
+    to_config_model(&sp, &kb->cfg->limits, &cm, hosts_buf, aliases_buf, hosts, aliases);
+    if (sp.errors[0] && (!km || strcmp(km->spec.errors, sp.errors) != 0)) {
+        LOGW("bad annotations on a model Deployment (defaults used)",
+             "deployment=%s errors=\"%s\"", key, sp.errors);
+    }
+    if (!km) {
+        km = calloc(1, sizeof *km);
+        if (!km) {
+            return;
+        }
+        km->kb = kb;
+        km->spec = sp;
+        km->scale_want = -1;
+        snprintf(km->key, sizeof km->key, "%s", key);
+        strmap_init(&km->pods);
+        event_assign(&km->scale_retry, kb->evbase, -1, 0, kube_scale_retry, km);
+        size_t conflicts = 0;
+        km->m = fleet_add_model(kb->base.fleet, &cm, &conflicts);
+        if (!km->m) {
+            kube_kmodel_free(km);
+            return;
+        }
+        if (conflicts) {
+            LOGW("model names already taken by another model are ignored",
+                 "model=%s deployment=%s conflicts=%zu", sp.name, key, conflicts);
+        }
+        km->m->backend = &kb->base;
+        km->m->backend_data = km;
+        scaler_model_init(&km->sc, km->m, kb->cfg, sp.target, sp.window_ms,
+                          (unsigned)sp.min_scale, (unsigned)sp.max_scale, sp.idle_timeout_ms,
+                          (unsigned)sp.gpu_slices);
+        strmap_put(&kb->models, key, strlen(key), km);
+        index_model(kb, km, true);
+        LOGI("model discovered", "model=%s deployment=%s replicas=%lld gpu_slices=%llu",
+             sp.name, key, (long long)sp.replicas, (unsigned long long)sp.gpu_slices);
+        return;
+    }
+    index_model(kb, km, false);
+    bool names_changed = strcmp(km->spec.hosts, sp.hosts) || strcmp(km->spec.aliases, sp.aliases);
+    /* Keep thaw's own view of replicas while a PATCH is on its way. */
+    if (km->scale_inflight) {
+        sp.replicas = km->spec.replicas;
+    }
+    km->spec = sp;
+    index_model(kb, km, true);
+    model_apply_settings(km->m, &cm);
+    /* New annotations take effect; the autoscaler keeps its samples. */
+    km->sc.asc.min_scale = km->sc.min_replicas = (unsigned)sp.min_scale;
+    km->sc.asc.max_scale = (unsigned)sp.max_scale;
+    km->sc.asc.scale_to_zero_grace_ms = sp.idle_timeout_ms;
+    km->sc.slices = (unsigned)sp.gpu_slices;
+    if (sp.target) {
+        km->sc.asc.target = (double)sp.target;
+    }
+    if (names_changed) {
+        fleet_reroute_model(kb->base.fleet, km->m, &cm, NULL);
+    }
+}
+
+static void deployment_remove(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    char key[600];
+    k8s_object_key(obj, key, sizeof key);
+    struct kmodel *km = strmap_get(&kb->models, key, strlen(key));
+    if (!km) {
+        return;
+    }
+    strmap_del(&kb->models, key, strlen(key));
+    index_model(kb, km, false);
+    char why[700];
+    snprintf(why, sizeof why, "the model's Deployment %s was deleted", key);
+    struct model *m = km->m;
+    /* Pods go first (their endpoints leave the model), then the model,
+     * whose held requests are answered 503 naming the reason. */
+    strmap_each(&km->pods, free_pod_cb, NULL);
+    strmap_dispose(&km->pods);
+    strmap_init(&km->pods);
+    fleet_remove_model(kb->base.fleet, m, why);
+    kube_kmodel_free(km);
+}
+
+/* ---- pods ------------------------------------------------------------------ */
+
+static struct kmodel *model_of_pod(struct kube_backend *kb, const struct k8s_pod_info *pi)
+{
+    if (!pi->model[0]) {
+        return NULL;
+    }
+    char k[600];
+    snprintf(k, sizeof k, "%s/%s", pi->namespace_, pi->model);
+    return strmap_get(&kb->by_label, k, strlen(k));
+}
+
+static void pod_upsert(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    struct k8s_pod_info pi;
+    if (k8s_pod_decode(obj, &pi)) {
+        return;
+    }
+    struct kmodel *km = model_of_pod(kb, &pi);
+    struct kpod *p = km ? pod_get(km, pi.name, true) : NULL;
+    if (!p) {
+        return;
+    }
+    snprintf(p->phase, sizeof p->phase, "%s", pi.phase);
+    p->unschedulable = pi.unschedulable;
+    if (pi.terminating) {
+        p->terminating = true;
+        kube_pod_gone(p, "pod terminating");
+        return;
+    }
+    if (pi.ip[0] && strcmp(pi.ip, p->ip) != 0) {
+        if (p->probing) {
+            probe_stop(&p->probe);
+            p->probing = false;
+        }
+        snprintf(p->ip, sizeof p->ip, "%s", pi.ip);
+    }
+    /* Probe as soon as the pod has an IP, not when the kubelet says so. */
+    if (kb->cfg->kubernetes.probe_pods && p->ip[0] && !p->reported && !p->probing &&
+        pi.running) {
+        char addr[96];
+        pod_addr(p, addr, sizeof addr);
+        if (probe_init(&p->probe, kb->evbase, addr, km->spec.health_path, on_pod_probe, p) == 0) {
+            p->probing = true;
+            probe_start(&p->probe);
+        }
+    }
+}
+
+static void pod_remove(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    const char *name = k8s_get_string(obj, "metadata.name");
+    const char *ns = k8s_get_string(obj, "metadata.namespace");
+    if (!name || !ns) {
+        return;
+    }
+    /* After a relist the removed object may carry only its name and namespace
+     * (see informer.c): look in every model of ns. */
+    struct k8s_pod_info pi;
+    struct kmodel *km = k8s_pod_decode(obj, &pi) == 0 ? model_of_pod(kb, &pi) : NULL;
+    if (km) {
+        struct kpod *p = pod_get(km, name, false);
+        if (p) {
+            pod_free(km, p, "pod deleted");
+        }
+        return;
+    }
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &kb->base.fleet->models)
+    {
+        struct model *m = container_of(pos, struct model, node);
+        if (m->backend != &kb->base) {
+            continue;
+        }
+        struct kmodel *k = m->backend_data;
+        struct kpod *p = pod_get(k, name, false);
+        if (p && strcmp(k->spec.namespace_, ns) == 0) {
+            pod_free(k, p, "pod deleted");
+        }
+    }
+}
+
+/* ---- endpointslices ---------------------------------------------------------- */
+
+static void slice_endpoint(void *ud, const struct k8s_slice_endpoint *e)
+{
+    struct kmodel *km = ud;
+    struct kpod *p = pod_get(km, e->pod, true);
+    if (!p) {
+        return;
+    }
+    if (!p->ip[0]) {
+        snprintf(p->ip, sizeof p->ip, "%s", e->address);
+    }
+    if (e->terminating) {
+        p->terminating = true;
+        kube_pod_gone(p, "endpoint terminating");
+    } else if (e->ready) {
+        p->slice_ready = true;
+        kube_pod_ready(p, "endpointslice");
+    } else if (p->slice_ready) {
+        /* Was ready, is not any more: the kubelet saw it fail. */
+        p->slice_ready = false;
+        kube_pod_gone(p, "endpoint not ready");
+    }
+}
+
+static void slice_upsert(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    const char *ns = k8s_get_string(obj, "metadata.namespace");
+    const char *svc = k8s_slice_service(obj);
+    if (!ns || !svc) {
+        return;
+    }
+    char k[600];
+    snprintf(k, sizeof k, "%s/%s", ns, svc);
+    struct kmodel *km = strmap_get(&kb->by_svc, k, strlen(k));
+    if (km) {
+        k8s_slice_each(obj, slice_endpoint, km);
+    }
+}
+
+static void slice_remove(void *ud, const cJSON *obj)
+{
+    /* Pods of a removed slice are handled through the Pods informer. */
+}
+
+/* ---- nodes ----------------------------------------------------------------- */
+
+static void node_upsert(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    struct k8s_node_info ni;
+    if (k8s_node_decode(obj, &ni)) {
+        return;
+    }
+    struct k8s_node_info *cur = strmap_get(&kb->nodes_gpu, ni.name, strlen(ni.name));
+    if (!cur) {
+        cur = malloc(sizeof *cur);
+        if (!cur) {
+            return;
+        }
+        strmap_put(&kb->nodes_gpu, ni.name, strlen(ni.name), cur);
+    }
+    *cur = ni;
+}
+
+static void node_remove(void *ud, const cJSON *obj)
+{
+    struct kube_backend *kb = ud;
+    const char *name = k8s_get_string(obj, "metadata.name");
+    if (name) {
+        free(strmap_del(&kb->nodes_gpu, name, strlen(name)));
+    }
+}
+
+/* ---- sync ------------------------------------------------------------------- */
+
+static void on_synced(void *ud)
+{
+    struct kube_backend *kb = ud;
+    kb->synced_count++;
+    if (kb->synced_count == kb->informer_count) {
+        LOGI("kubernetes informers synced", "models=%zu", kb->models.count);
+    }
+}
+
+/* Pods and slices start once every Deployment list is in, so they find the
+ * models they belong to. */
+static void on_deployments_synced(void *ud)
+{
+    struct kube_backend *kb = ud;
+    on_synced(kb);
+    if (++kb->deployments_synced < kb->n_ns) {
+        return;
+    }
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        k8s_informer_start(&kb->ns[i].pods);
+        k8s_informer_start(&kb->ns[i].slices);
+    }
+    k8s_informer_start(&kb->nodes);
+}
+
+const struct k8s_informer_ops kube_deployment_ops = {deployment_upsert, deployment_remove,
+                                                     on_deployments_synced};
+const struct k8s_informer_ops kube_pod_ops = {pod_upsert, pod_remove, on_synced};
+const struct k8s_informer_ops kube_slice_ops = {slice_upsert, slice_remove, on_synced};
+const struct k8s_informer_ops kube_node_ops = {node_upsert, node_remove, on_synced};

@@ -1,0 +1,346 @@
+/* Kubernetes backend, scaling: every tick a concurrency sample per model
+ * (plus the peers' counts while leading), a retried scale from zero and the
+ * startup timeout; every autoscaler.tick_ms, while leading, one step of the
+ * shared scaling driver (scale_driver.h) whose targets become scale PATCHes
+ * on the Deployment's scale subresource: one at a time per model, retried
+ * with backoff; from zero conditionally on the resourceVersion. */
+#include "backend_k8s_int.h"
+#include "thaw/clock.h"
+#include "thaw/log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- events -------------------------------------------------------------- */
+
+static void post_event(struct kmodel *km, const char *type, const char *reason,
+                       const char *message)
+{
+    struct kube_backend *kb = km->kb;
+    if (!kb->cfg->kubernetes.events) {
+        return;
+    }
+    struct k8s_event_ref obj = {km->spec.namespace_, "apps/v1", "Deployment",
+                                km->spec.deployment};
+    k8s_events_record(&kb->events, &obj, type, reason, message, clock_now_ms());
+}
+
+/* ---- scaling ------------------------------------------------------------- */
+
+static void send_scale(struct kmodel *km);
+
+void kube_scale_retry(evutil_socket_t fd, short what, void *arg)
+{
+    send_scale(arg);
+}
+
+/* Scaled to zero: route nothing more to the pods, even before the watch
+ * reports them terminating. Not final: if the model is scaled up again
+ * before they go, the cluster may keep them (see unretire_pod). */
+static void retire_pod(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    p->retired = true;
+    kube_pod_gone(p, "scaled to zero");
+}
+
+static void unretire_pod(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    if (p->retired) {
+        p->retired = false;
+        if (!p->terminating && (p->probe_ok || p->slice_ready)) {
+            kube_pod_ready(p, "kept by the cluster");
+        }
+    }
+}
+
+static void on_scaled(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct kmodel *km = ud;
+    km->scale_call = NULL;
+    km->scale_inflight = false;
+    int64_t want = km->scale_want;
+    if (status == 200) {
+        int64_t from = km->spec.replicas;
+        km->spec.replicas = want;
+        km->scale_failures = 0;
+        km->last_scale_error[0] = '\0';
+        if (km->scale_want == want) {
+            km->scale_want = -1;
+        } else if (km->scale_want >= 0) {
+            send_scale(km); /* the wish changed while this PATCH was out */
+        }
+        char msg[400];
+        snprintf(msg, sizeof msg, "thaw scaled %s from %lld to %lld replicas", km->spec.deployment,
+                 (long long)from, (long long)want);
+        LOGI("scaled deployment", "model=%s deployment=%s/%s from=%lld to=%lld", km->m->name,
+             km->spec.namespace_, km->spec.deployment, (long long)from, (long long)want);
+        if (from == 0 && want > 0) {
+            km->scale_ups++;
+            km->woken_ms = clock_now_ms();
+            strmap_each(&km->pods, unretire_pod, NULL);
+            post_event(km, "Normal", "ScaledFromZero", msg);
+        } else if (want == 0) {
+            km->scale_downs++;
+            post_event(km, "Normal", "ScaledToZero", msg);
+            /* Every pod goes now: send them nothing more, even before the
+             * watch reports them terminating. */
+            strmap_each(&km->pods, retire_pod, NULL);
+        }
+        return;
+    }
+    km->kb->scale_errors++;
+    km->scale_failures++;
+    snprintf(km->last_scale_error, sizeof km->last_scale_error, "HTTP %ld%s%s", status,
+             err ? ": " : "", err ? err : "");
+    uint64_t ms = k8s_backoff_ms(km->scale_failures, (double)rand() / ((double)RAND_MAX + 1));
+    LOGW("scaling deployment failed", "model=%s deployment=%s/%s status=%ld error=\"%s\" "
+         "retry_in_ms=%llu", km->m->name, km->spec.namespace_, km->spec.deployment, status,
+         err ? err : "", (unsigned long long)ms);
+    if (km->scale_failures == 1 || km->scale_failures % 10 == 0) {
+        post_event(km, "Warning", "ScaleFailed", km->last_scale_error);
+    }
+    struct timeval tv = clock_timeval(ms);
+    event_add(&km->scale_retry, &tv);
+}
+
+static void send_scale(struct kmodel *km)
+{
+    if (km->scale_inflight || km->scale_want < 0) {
+        return;
+    }
+    if (km->scale_want == km->spec.replicas) {
+        km->scale_want = -1;
+        return;
+    }
+    /* Scaling up is only worth it while requests wait or are in flight. */
+    char body[64];
+    snprintf(body, sizeof body, "{\"spec\":{\"replicas\":%lld}}", (long long)km->scale_want);
+    char path[700];
+    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s/scale",
+             km->spec.namespace_, km->spec.deployment);
+    km->scale_inflight = true;
+    km->scale_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
+                                 body, strlen(body), 15000, on_scaled, km);
+    if (!km->scale_call) {
+        km->scale_inflight = false;
+    }
+}
+
+static void on_scaled_from_zero(void *ud, long status, const char *body, size_t len,
+                                const char *err)
+{
+    struct kmodel *km = ud;
+    km->scale_call = NULL;
+    km->scale_inflight = false;
+    if (status == 200) {
+        int64_t to = (int64_t)km->kb->cfg->autoscaler.activation_scale;
+        km->spec.replicas = to;
+        km->woken_ms = clock_now_ms();
+        strmap_each(&km->pods, unretire_pod, NULL);
+        km->scale_ups++;
+        km->kb->conditional_scales++;
+        char msg[700];
+        snprintf(msg, sizeof msg, "%s scaled %s from 0 to %lld replicas", km->kb->identity,
+                 km->spec.deployment, (long long)to);
+        LOGI("scaled deployment from zero", "model=%s deployment=%s/%s to=%lld", km->m->name,
+             km->spec.namespace_, km->spec.deployment, (long long)to);
+        post_event(km, "Normal", "ScaledFromZero", msg);
+    } else if (status == 409) {
+        /* Another activator got there first: the informer will say so. */
+        km->kb->conditional_conflicts++;
+        LOGD("scale from zero: someone else was first", "model=%s", km->m->name);
+    } else {
+        km->kb->scale_errors++;
+        snprintf(km->last_scale_error, sizeof km->last_scale_error, "HTTP %ld%s%s", status,
+                 err ? ": " : "", err ? err : "");
+        LOGW("scale from zero failed", "model=%s status=%ld error=\"%s\"", km->m->name, status,
+             err ? err : "");
+    }
+}
+
+/* 0 -> activation scale, only if still 0: the PATCH carries the
+ * resourceVersion thaw saw, so of activators poking at once one wins and
+ * the others get 409. Any activator may do this; the rest is the leader's. */
+void kube_scale_from_zero(struct kmodel *km)
+{
+    if (km->spec.replicas != 0 || km->scale_inflight || !km->spec.resource_version[0]) {
+        return;
+    }
+    char body[200];
+    snprintf(body, sizeof body,
+             "{\"metadata\":{\"resourceVersion\":\"%s\"},\"spec\":{\"replicas\":%llu}}",
+             km->spec.resource_version,
+             (unsigned long long)km->kb->cfg->autoscaler.activation_scale);
+    char path[700];
+    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s/scale",
+             km->spec.namespace_, km->spec.deployment);
+    km->scale_inflight = true;
+    km->scale_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
+                                 body, strlen(body), 15000, on_scaled_from_zero, km);
+    if (!km->scale_call) {
+        km->scale_inflight = false;
+    }
+}
+
+static void kube_want_replicas(struct kmodel *km, int64_t n)
+{
+    if (n > (int64_t)km->spec.max_scale) {
+        n = (int64_t)km->spec.max_scale;
+    }
+    if (n == km->spec.replicas && !km->scale_inflight) {
+        km->scale_want = -1;
+        return;
+    }
+    km->scale_want = n;
+    if (!event_pending(&km->scale_retry, EV_TIMEOUT, NULL)) {
+        send_scale(km);
+    }
+}
+
+/* ---- the tick and the scaling driver ------------------------------------- */
+
+static void any_unschedulable(void *ud, const char *key, void *value)
+{
+    const struct kpod *p = value;
+    if (p->unschedulable && !p->terminating) {
+        *(bool *)ud = true;
+    }
+}
+
+static bool model_has_unschedulable(struct kmodel *km)
+{
+    bool any = false;
+    strmap_each(&km->pods, any_unschedulable, &any);
+    return any;
+}
+
+/* Per model, every tick: a concurrency sample, a retried scale-up, and the
+ * startup timeout for pods that never get ready. */
+static void model_tick(void *ud, const char *key, void *value)
+{
+    struct kmodel *km = value;
+    struct model *m = km->m;
+    bool busy = m->inflight > 0 || m->queue.count > 0;
+    if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0 &&
+        !(km->kb->have_peers && km->kb->leading)) {
+        km->waiting_since_ms = 0; /* scaled to zero and quiet: the common, cheap case */
+        return;
+    }
+    uint64_t now = clock_now_ms();
+    uint64_t peer = km->kb->have_peers && km->kb->leading ? k8s_peers_demand(&km->kb->peers, km->key)
+                                                           : 0;
+    as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + (double)peer);
+    if (busy && m->n_endpoints == 0 && km->spec.replicas == 0) {
+        kube_scale_from_zero(km); /* retried until the Deployment says otherwise */
+    }
+    if (!busy || m->n_endpoints > 0 || m->queue.count == 0) {
+        km->waiting_since_ms = 0;
+        return;
+    }
+    if (!km->waiting_since_ms) {
+        km->waiting_since_ms = now;
+    } else if (now - km->waiting_since_ms >= km->spec.startup_timeout_ms &&
+               !model_has_unschedulable(km)) {
+        /* Pods that run but never answer (crash loops, bad images): do not
+         * hold clients forever. Pods waiting for a GPU are not failures. */
+        char why[160];
+        snprintf(why, sizeof why, "no pod became ready within startup-timeout (%llu ms)",
+                 (unsigned long long)km->spec.startup_timeout_ms);
+        LOGW("model did not become ready", "model=%s deployment=%s", m->name, km->key);
+        post_event(km, "Warning", "StartupTimeout", why);
+        km->waiting_since_ms = now;
+        fleet_model_unavailable(m->fleet, m, why, 0);
+    }
+}
+
+/* ---- scaling driver hooks: the autoscaler and the warm pool over every
+ * model, against the GPU slices the Nodes offer (or the configured cap);
+ * each change is one scale PATCH. */
+
+struct collect {
+    struct scaler_model **sms;
+    size_t n, cap;
+};
+
+static size_t count_models(void *ud)
+{
+    return ((struct kube_backend *)ud)->models.count;
+}
+
+static void collect_model(void *ud, const char *key, void *value)
+{
+    struct collect *c = ud;
+    struct kmodel *km = value;
+    if (c->n == c->cap) {
+        return;
+    }
+    km->sc.current = (unsigned)(km->scale_want >= 0 ? km->scale_want : km->spec.replicas);
+    km->sc.ready = (unsigned)km->m->n_endpoints;
+    km->sc.hold_starts = false;
+    c->sms[c->n++] = &km->sc;
+}
+
+static size_t collect_models(void *ud, uint64_t now_ms, struct scaler_model **sms, size_t max)
+{
+    struct collect c = {sms, 0, max};
+    strmap_each(&((struct kube_backend *)ud)->models, collect_model, &c);
+    return c.n;
+}
+
+static void sum_gpus(void *ud, const char *key, void *value)
+{
+    *(unsigned *)ud += (unsigned)((const struct k8s_node_info *)value)->gpu_allocatable;
+}
+
+static unsigned gpu_slices(void *ud)
+{
+    unsigned capacity = 0;
+    strmap_each(&((struct kube_backend *)ud)->nodes_gpu, sum_gpus, &capacity);
+    return capacity;
+}
+
+static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms)
+{
+    struct kube_backend *kb = ud;
+    /* A new leader starts from the cluster's replicas and the peers' counts,
+     * not from zero: for one stable window it does not scale anything down. */
+    bool hold_down = now_ms - kb->leader_since_ms < kb->cfg->autoscaler.stable_window_ms;
+    for (size_t i = 0; i < n; i++) {
+        struct kmodel *km = container_of(sms[i], struct kmodel, sc);
+        if (hold_down && km->sc.target < km->sc.current) {
+            km->sc.target = km->sc.current;
+        }
+        if (km->sc.current == 0 && km->sc.target > 0) {
+            kube_scale_from_zero(km); /* conditional, as every activator does it */
+        } else if ((int64_t)km->sc.target != km->sc.current) {
+            kube_want_replicas(km, km->sc.target);
+        }
+    }
+}
+
+static const struct scale_driver_ops kube_scale_ops = {
+    .count = count_models,
+    .collect = collect_models,
+    .gpu_slices = gpu_slices,
+    .apply = apply_targets,
+};
+
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct kube_backend *kb = arg;
+    strmap_each(&kb->models, model_tick, kb);
+    if (kb->leading && scale_driver_due(&kb->driver, clock_now_ms())) {
+        scale_driver_plan(&kb->driver, kb->cfg);
+    }
+}
+
+void kube_scaling_start(struct kube_backend *kb)
+{
+    scale_driver_init(&kb->driver, &kube_scale_ops, kb);
+    event_assign(&kb->tick, kb->evbase, -1, EV_PERSIST, on_tick, kb);
+    struct timeval tv = {0, TICK_MS * 1000};
+    event_add(&kb->tick, &tv);
+}

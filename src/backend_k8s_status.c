@@ -1,0 +1,165 @@
+/* Kubernetes backend, status: a model's describe (spec, scaling, demand,
+ * pods, state), the capacity view (API client, Events, informers, nodes,
+ * leadership) and the backend's metrics. */
+#include "backend_k8s_int.h"
+#include "thaw/metrics.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct describe_ctx {
+    cJSON *arr;
+    unsigned unschedulable;
+};
+
+static void describe_pod(void *ud, const char *key, void *value)
+{
+    struct describe_ctx *d = ud;
+    struct kpod *p = value;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", p->name);
+    cJSON_AddStringToObject(j, "ip", p->ip);
+    cJSON_AddStringToObject(j, "phase", p->phase);
+    cJSON_AddBoolToObject(j, "ready", p->reported);
+    cJSON_AddBoolToObject(j, "probe_ok", p->probe_ok);
+    cJSON_AddBoolToObject(j, "endpoint_ready", p->slice_ready);
+    cJSON_AddBoolToObject(j, "terminating", p->terminating);
+    if (p->unschedulable) {
+        cJSON_AddBoolToObject(j, "unschedulable", true);
+        d->unschedulable++;
+    }
+    cJSON_AddItemToArray(d->arr, j);
+}
+
+void kube_describe(struct backend *b, struct model *m, cJSON *out)
+{
+    struct kmodel *km = m->backend_data;
+    cJSON_AddStringToObject(out, "backend", "kubernetes");
+    cJSON_AddStringToObject(out, "deployment", km->key);
+    cJSON_AddStringToObject(out, "service", km->spec.service);
+    cJSON_AddNumberToObject(out, "port", km->spec.port);
+    cJSON_AddNumberToObject(out, "replicas_desired", (double)km->spec.replicas);
+    cJSON_AddNumberToObject(out, "replicas_ready_in_cluster", (double)km->spec.ready_replicas);
+    cJSON_AddNumberToObject(out, "gpu_slices", (double)km->spec.gpu_slices);
+    cJSON_AddNumberToObject(out, "min_scale", (double)km->spec.min_scale);
+    cJSON_AddNumberToObject(out, "max_scale", (double)km->spec.max_scale);
+    cJSON_AddNumberToObject(out, "idle_timeout_ms", (double)km->spec.idle_timeout_ms);
+    cJSON_AddNumberToObject(out, "scale_ups", (double)km->scale_ups);
+    cJSON_AddNumberToObject(out, "scale_downs", (double)km->scale_downs);
+    if (km->spec.errors[0]) {
+        cJSON_AddStringToObject(out, "annotation_errors", km->spec.errors);
+    }
+    if (km->last_scale_error[0]) {
+        cJSON_AddStringToObject(out, "last_scale_error", km->last_scale_error);
+    }
+    scaler_describe(&km->sc, out);
+    cJSON *dm = cJSON_AddObjectToObject(out, "demand");
+    cJSON_AddNumberToObject(dm, "local", (double)m->inflight + (double)m->queue.count);
+    if (km->kb->have_peers) {
+        cJSON_AddNumberToObject(dm, "peers", (double)k8s_peers_demand(&km->kb->peers, km->key));
+    }
+    struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), 0};
+    strmap_each(&km->pods, describe_pod, &d);
+    const char *state = m->n_endpoints       ? "ready"
+                        : d.unschedulable    ? "waiting_for_capacity"
+                        : km->spec.replicas  ? "starting"
+                        : km->scale_inflight ? "scaling_up"
+                                             : "scaled_to_zero";
+    cJSON_AddStringToObject(out, "state", state);
+}
+
+static void add_informer(cJSON *arr, const struct k8s_informer *inf, const char *ns)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "resource", inf->name);
+    cJSON_AddStringToObject(j, "namespace", ns ? ns : "");
+    cJSON_AddBoolToObject(j, "synced", inf->synced);
+    cJSON_AddStringToObject(j, "resource_version", inf->rv);
+    cJSON_AddNumberToObject(j, "lists", (double)inf->relists);
+    cJSON_AddNumberToObject(j, "watch_restarts", (double)inf->watch_restarts);
+    cJSON_AddNumberToObject(j, "errors", (double)inf->errors);
+    cJSON_AddNumberToObject(j, "events", (double)inf->events);
+    if (inf->last_error[0]) {
+        cJSON_AddStringToObject(j, "last_error", inf->last_error);
+    }
+    cJSON_AddItemToArray(arr, j);
+}
+
+static void add_node(void *ud, const char *key, void *value)
+{
+    const struct k8s_node_info *ni = value;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", key);
+    cJSON_AddNumberToObject(j, "gpu_slices", (double)ni->gpu_allocatable);
+    cJSON_AddNumberToObject(j, "gpus", (double)ni->gpu_count);
+    cJSON_AddNumberToObject(j, "replicas_per_gpu", (double)ni->gpu_replicas);
+    if (ni->gpu_product[0]) {
+        cJSON_AddStringToObject(j, "product", ni->gpu_product);
+    }
+    cJSON_AddItemToArray(ud, j);
+}
+
+void kube_describe_capacity(struct backend *b, cJSON *out)
+{
+    struct kube_backend *kb = KB(b);
+    cJSON *k = cJSON_AddObjectToObject(out, "kubernetes");
+    cJSON_AddStringToObject(k, "server", k8s_client_auth(kb->client)->server);
+    cJSON_AddBoolToObject(k, "synced", kube_synced(b));
+    const struct k8s_client_stats *st = k8s_client_stats(kb->client);
+    cJSON_AddNumberToObject(k, "api_requests", (double)st->requests);
+    cJSON_AddNumberToObject(k, "api_errors", (double)st->errors);
+    cJSON *evs = cJSON_AddObjectToObject(k, "events");
+    cJSON_AddNumberToObject(evs, "created", (double)kb->events.stats.created);
+    cJSON_AddNumberToObject(evs, "aggregated", (double)kb->events.stats.aggregated);
+    cJSON_AddNumberToObject(evs, "unaggregated", (double)kb->events.stats.unaggregated);
+    cJSON_AddNumberToObject(evs, "errors", (double)kb->events.stats.errors);
+    cJSON *infs = cJSON_AddArrayToObject(k, "informers");
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        const char *ns = kb->cfg->kubernetes.n_namespaces ? kb->cfg->kubernetes.namespaces[i]
+                                                          : NULL;
+        add_informer(infs, &kb->ns[i].deployments, ns);
+        add_informer(infs, &kb->ns[i].slices, ns);
+        add_informer(infs, &kb->ns[i].pods, ns);
+    }
+    add_informer(infs, &kb->nodes, NULL);
+    cJSON *nodes = cJSON_AddArrayToObject(k, "nodes");
+    strmap_each(&kb->nodes_gpu, add_node, nodes);
+    kube_ha_describe(kb, k);
+}
+
+/* API client and informer counters, leadership and peers, sync. */
+void kube_render_metrics(struct backend *b, struct buf *o)
+{
+    struct kube_backend *kb = KB(b);
+    uint64_t api_errors = k8s_client_stats(kb->client)->errors, restarts = 0, relists = 0;
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        const struct k8s_informer *all[] = {&kb->ns[i].deployments, &kb->ns[i].slices,
+                                            &kb->ns[i].pods};
+        for (size_t j = 0; j < 3; j++) {
+            restarts += all[j]->watch_restarts;
+            relists += all[j]->relists;
+        }
+    }
+    restarts += kb->nodes.watch_restarts;
+    relists += kb->nodes.relists;
+    metrics_help_type(o, "thaw_kubernetes_api_errors_total", "counter",
+                      "Kubernetes API requests that failed (transport or HTTP >= 400).");
+    buf_printf(o, "thaw_kubernetes_api_errors_total %llu\n", (unsigned long long)api_errors);
+    metrics_help_type(o, "thaw_kubernetes_watch_restarts_total", "counter",
+                      "Kubernetes watches that ended and were resumed.");
+    buf_printf(o, "thaw_kubernetes_watch_restarts_total %llu\n", (unsigned long long)restarts);
+    metrics_help_type(o, "thaw_kubernetes_lists_total", "counter",
+                      "Kubernetes lists (the first, and relists after 410 Gone or errors).");
+    buf_printf(o, "thaw_kubernetes_lists_total %llu\n", (unsigned long long)relists);
+    unsigned fresh = kb->have_peers ? k8s_peers_count(&kb->peers, true) : 0;
+    unsigned all = kb->have_peers ? k8s_peers_count(&kb->peers, false) : 0;
+    metrics_help_type(o, "thaw_leader", "gauge", "1 while this activator is the leader.");
+    buf_printf(o, "thaw_leader %d\n", kb->leading ? 1 : 0);
+    metrics_help_type(o, "thaw_peers", "gauge",
+                      "Other activators, by whether their counts are fresh or stale.");
+    buf_printf(o, "thaw_peers{state=\"fresh\"} %u\nthaw_peers{state=\"stale\"} %u\n", fresh,
+               all - fresh);
+    metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
+    buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
+}
