@@ -30,6 +30,21 @@ static void post_event(struct kmodel *km, const char *type, const char *reason,
 
 static void send_scale(struct kmodel *km);
 
+/* Sends a merge PATCH of the Deployment's scale subresource; at most one is
+ * in flight per model. */
+static void patch_scale(struct kmodel *km, const char *body, k8s_done_cb done)
+{
+    char path[700];
+    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s/scale",
+             km->spec.namespace_, km->spec.deployment);
+    km->scale_inflight = true;
+    km->scale_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
+                                 body, strlen(body), 15000, done, km);
+    if (!km->scale_call) {
+        km->scale_inflight = false;
+    }
+}
+
 void kube_scale_retry(evutil_socket_t fd, short what, void *arg)
 {
     send_scale(arg);
@@ -118,15 +133,7 @@ static void send_scale(struct kmodel *km)
     /* Scaling up is only worth it while requests wait or are in flight. */
     char body[64];
     snprintf(body, sizeof body, "{\"spec\":{\"replicas\":%lld}}", (long long)km->scale_want);
-    char path[700];
-    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s/scale",
-             km->spec.namespace_, km->spec.deployment);
-    km->scale_inflight = true;
-    km->scale_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
-                                 body, strlen(body), 15000, on_scaled, km);
-    if (!km->scale_call) {
-        km->scale_inflight = false;
-    }
+    patch_scale(km, body, on_scaled);
 }
 
 static void on_scaled_from_zero(void *ud, long status, const char *body, size_t len,
@@ -174,15 +181,7 @@ void kube_scale_from_zero(struct kmodel *km)
              "{\"metadata\":{\"resourceVersion\":\"%s\"},\"spec\":{\"replicas\":%llu}}",
              km->spec.resource_version,
              (unsigned long long)km->kb->cfg->autoscaler.activation_scale);
-    char path[700];
-    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s/scale",
-             km->spec.namespace_, km->spec.deployment);
-    km->scale_inflight = true;
-    km->scale_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
-                                 body, strlen(body), 15000, on_scaled_from_zero, km);
-    if (!km->scale_call) {
-        km->scale_inflight = false;
-    }
+    patch_scale(km, body, on_scaled_from_zero);
 }
 
 static void kube_want_replicas(struct kmodel *km, int64_t n)
