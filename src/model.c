@@ -1,6 +1,5 @@
 #include "thaw/model.h"
 #include "thaw/netaddr.h"
-#include "thaw/backend.h"
 #include "thaw/log.h"
 
 #include <arpa/inet.h>
