@@ -34,7 +34,7 @@ struct jsonscan {
     uint8_t state;
     uint8_t str_kind;     /* what the current string is: skipped, a top-level key, the model */
     uint8_t lit_pos;      /* position inside true/false/null */
-    uint8_t hex_left;     /* \uXXXX digits still to come */
+    uint8_t hex_left;     /* hex digits of a \u escape still to come (of four) */
     uint8_t key_pos;      /* how much of "model" the current top-level key matched */
     bool key_mismatch;
     bool key_is_model;    /* the value being read belongs to the first top-level "model" */

@@ -223,8 +223,8 @@ def test_absolute_form_authority_replaces_host(thaw):
 
 # --- forwarding headers -----------------------------------------------------
 
-FORGED = (b"X-Forwarded-For: 10.9.8.7\r\nX-Forwarded-Proto: https\r\n"
-          b"X-Forwarded-Host: evil.example\r\nForwarded: for=10.9.8.7;proto=https\r\n")
+FORGED = (b"X-Forwarded-For: 127.9.8.7\r\nX-Forwarded-Proto: https\r\n"
+          b"X-Forwarded-Host: evil.example\r\nForwarded: for=127.9.8.7;proto=https\r\n")
 
 
 def test_client_forwarding_headers_are_replaced_by_default(thaw):
@@ -239,11 +239,11 @@ def test_trusted_forwarding_headers_are_appended(thaw_factory, upstream):
     t = thaw_factory({"limits": {"trust_forwarded_headers": True},
                       "models": [model(upstream)]})
     r = exchange(t, b"GET /echo HTTP/1.1\r\nHost: model-a\r\n" + FORGED +
-                 b"X-Forwarded-For: 10.1.1.1\r\n\r\n")
+                 b"X-Forwarded-For: 127.1.1.1\r\n\r\n")
     seen = echoed_headers(r)
-    assert [v for k, v in seen if k == "x-forwarded-for"] == ["10.9.8.7, 10.1.1.1, 127.0.0.1"]
+    assert [v for k, v in seen if k == "x-forwarded-for"] == ["127.9.8.7, 127.1.1.1, 127.0.0.1"]
     assert [v for k, v in seen if k == "x-forwarded-proto"] == ["https"]
-    assert [v for k, v in seen if k == "forwarded"] == ["for=10.9.8.7;proto=https"]
+    assert [v for k, v in seen if k == "forwarded"] == ["for=127.9.8.7;proto=https"]
     assert [v for k, v in seen if k == "x-forwarded-host"] == ["evil.example"]
 
 
