@@ -43,7 +43,6 @@ KNOWN = {
     ("upstream", "server"): "the context split",
     ("upstream", "request"): "upstream carries an opaque request for its handler",
     ("upstream", "model"): "endpoints (address, slots, pool) as an http-layer type",
-    ("request", "server"): "the context split: the request cache and counters in core",
     ("proxy", "server"): "the context split",
     ("admin", "server"): "the context split",
 }

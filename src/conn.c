@@ -164,7 +164,7 @@ static void release_request(struct conn *c, enum abort_reason reason)
     }
     c->handler->on_abort(c, r, reason);
     c->req = NULL;
-    request_free(c->srv, r);
+    request_free(&c->srv->requests, r);
 }
 
 void conn_close(struct conn *c, enum abort_reason reason)
@@ -355,7 +355,7 @@ void conn_response_done(struct conn *c)
     struct request *r = c->req;
     c->req = NULL;
     if (r) {
-        request_free(c->srv, r);
+        request_free(&c->srv->requests, r);
     }
     c->requests_served++;
     c->on_drain = NULL;
@@ -507,7 +507,7 @@ static enum reject_reason http_error_reason(enum http_error e)
 
 static void start_request(struct conn *c)
 {
-    struct request *r = request_new(c->srv, c);
+    struct request *r = request_new(&c->srv->requests, c);
     if (!r) {
         /* Out of memory: nothing sensible can be answered. */
         conn_close(c, ABORT_CLIENT_CLOSED);

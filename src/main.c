@@ -1,6 +1,7 @@
 /* thaw: command line and wiring; the work is in the modules. */
 #include "thaw/config.h"
 #include "thaw/log.h"
+#include "thaw/reload.h"
 #include "thaw/server.h"
 
 #include <getopt.h>
@@ -127,6 +128,9 @@ int main(int argc, char **argv)
     curl_global_init(CURL_GLOBAL_DEFAULT);
     struct server srv;
     int rc = server_init(&srv, cfg, port_file, kubeconfig);
+    if (rc == 0) {
+        rc = reload_install(&srv);
+    }
     srv.reload.listen_overridden = listen != NULL;
     srv.reload.admin_listen_overridden = admin != NULL;
     srv.reload.log_level_overridden = log_level != NULL;

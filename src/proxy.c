@@ -371,7 +371,7 @@ void proxy_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
     } else if (r->up) {
         upstream_cancel(r->up);
     }
-    request_count_aborted(srv, r, reason);
+    request_count_aborted(&srv->requests, r, reason);
 }
 
 static void on_dispatch_more(evutil_socket_t fd, short what, void *arg)
@@ -533,13 +533,13 @@ static void upstream_retry(struct request *r)
 static void upstream_done(struct request *r, int status)
 {
     struct conn *c = r->conn;
-    request_count_proxied(c->srv, r, status);
+    request_count_proxied(&c->srv->requests, r, status);
     conn_response_done(c);
 }
 
 static void upstream_client_gone(struct request *r)
 {
-    request_count_aborted(r->conn->srv, r, ABORT_CLIENT_CLOSED);
+    request_count_aborted(&r->conn->srv->requests, r, ABORT_CLIENT_CLOSED);
     conn_close(r->conn, ABORT_CLIENT_CLOSED);
 }
 
@@ -554,7 +554,7 @@ static void upstream_failed(struct request *r, enum reject_reason reason, enum a
         conn_reject(c, reason, NULL);
         return;
     }
-    request_count_aborted(c->srv, r, abort);
+    request_count_aborted(&c->srv->requests, r, abort);
     conn_close(c, abort);
 }
 
@@ -567,7 +567,7 @@ static void proxy_on_start(struct conn *c, struct request *r)
 
 static void proxy_on_reject(struct conn *c, struct request *r, enum reject_reason reason)
 {
-    request_count_rejected(c->srv, r, reason);
+    request_count_rejected(&c->srv->requests, r, reason);
 }
 
 /* The 200 event-stream head went out with the loading heartbeats: the error

@@ -9,6 +9,7 @@
 #include "thaw/proxy.h"
 #include "thaw/server.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,11 +22,25 @@ static double unix_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-void reload_status_init(struct reload_status *st)
+static void reload_status_init(struct reload_status *st)
 {
     memset(st, 0, sizeof *st);
     st->last_ok = true;
     st->last_success_unix = unix_now();
+}
+
+/* SIGHUP: reload the configuration file (on the loop, never in a raw
+ * signal handler). */
+static void on_sighup(evutil_socket_t sig, short what, void *arg)
+{
+    reload_from_file(arg);
+}
+
+int reload_install(struct server *srv)
+{
+    reload_status_init(&srv->reload);
+    srv->sig_hup = evsignal_new(srv->base, SIGHUP, on_sighup, srv);
+    return srv->sig_hup ? event_add(srv->sig_hup, NULL) : -1;
 }
 
 /* ---- comparing ----------------------------------------------------------- */
@@ -387,6 +402,7 @@ void reload_apply(struct server *srv, struct config *next)
     keep_running_kinds(srv->cfg, next);
     struct config *old = srv->cfg;
     srv->cfg = next;
+    srv->requests.access_log = next->access_log;
     struct backend *backends[SERVER_MAX_BACKENDS];
     size_t n_backends = server_backends(srv, backends);
     for (size_t i = 0; i < n_backends; i++) {

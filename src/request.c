@@ -2,7 +2,6 @@
 #include "thaw/clock.h"
 #include "thaw/conn.h"
 #include "thaw/log.h"
-#include "thaw/server.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -12,13 +11,13 @@
 #define CACHE_KEEP_HEAD_BYTES (8 * 1024)
 #define CACHE_KEEP_BODY_BYTES (64 * 1024)
 
-struct request *request_new(struct server *srv, struct conn *c)
+struct request *request_new(struct request_pool *pool, struct conn *c)
 {
     struct request *r;
-    struct list_node *n = list_first(&srv->free_requests);
+    struct list_node *n = list_first(&pool->free);
     if (n) {
         list_remove(n);
-        srv->n_free_requests--;
+        pool->n_free--;
         r = container_of(n, struct request, cache_node);
     } else {
         r = calloc(1, sizeof *r);
@@ -53,7 +52,7 @@ struct request *request_new(struct server *srv, struct conn *c)
     return r;
 }
 
-void request_free(struct server *srv, struct request *r)
+void request_free(struct request_pool *pool, struct request *r)
 {
     assert(!list_linked(&r->qi.node));
     assert(r->up == NULL);
@@ -61,11 +60,11 @@ void request_free(struct server *srv, struct request *r)
         model_unref(r->model);
         r->model = NULL;
     }
-    srv->buffered_body_bytes -= r->body_reserved;
+    *pool->buffered_body_bytes -= r->body_reserved;
     r->body_reserved = 0;
     free(r->scan);
     r->scan = NULL;
-    if (srv->n_free_requests < SERVER_REQUEST_CACHE) {
+    if (pool->n_free < REQUEST_CACHE_MAX) {
         http_head_reset(&r->head);
         buf_reset(&r->body);
         buf_reset(&r->up_head);
@@ -78,8 +77,8 @@ void request_free(struct server *srv, struct request *r)
         if (r->up_head.cap > CACHE_KEEP_HEAD_BYTES) {
             buf_dispose(&r->up_head);
         }
-        list_push_front(&srv->free_requests, &r->cache_node);
-        srv->n_free_requests++;
+        list_push_front(&pool->free, &r->cache_node);
+        pool->n_free++;
         return;
     }
     http_head_dispose(&r->head);
@@ -90,10 +89,10 @@ void request_free(struct server *srv, struct request *r)
 
 /* The access log line: the path without its query (queries can carry keys)
  * nor an absolute-form authority (it can carry userinfo). */
-static void access_log(struct server *srv, struct request *r, const char *outcome, int status,
+static void access_log(const struct request_pool *pool, struct request *r, const char *outcome, int status,
                        const char *reason)
 {
-    if (!srv->cfg->access_log || !log_enabled(LOG_INFO)) {
+    if (!pool->access_log || !log_enabled(LOG_INFO)) {
         return;
     }
     const char *t;
@@ -109,57 +108,81 @@ static void access_log(struct server *srv, struct request *r, const char *outcom
          (unsigned long long)(clock_now_ms() - r->start_ms), r->conn->peer_ip);
 }
 
-static void finish(struct server *srv, struct request *r)
+static void finish(struct request_pool *pool, struct request *r)
 {
     assert(!r->counted);
     r->counted = true;
-    server_request_finished(srv);
+    (*pool->inflight)--;
 }
 
-void request_count_proxied(struct server *srv, struct request *r, int status)
+void request_count_proxied(struct request_pool *pool, struct request *r, int status)
 {
     if (r->counted) {
         return;
     }
-    srv->metrics.requests_proxied++;
+    pool->metrics->requests_proxied++;
     if (r->model) {
         r->model->stats.proxied++;
         code_counts_add(&r->model->stats.codes, status);
     }
-    access_log(srv, r, "proxied", status, "-");
-    finish(srv, r);
+    access_log(pool, r, "proxied", status, "-");
+    finish(pool, r);
 }
 
-void request_count_rejected(struct server *srv, struct request *r, enum reject_reason reason)
+void request_count_rejected(struct request_pool *pool, struct request *r, enum reject_reason reason)
 {
     if (r->counted) {
         return;
     }
-    srv->metrics.requests_rejected++;
-    srv->metrics.rejections[reason]++;
+    pool->metrics->requests_rejected++;
+    pool->metrics->rejections[reason]++;
     int status = reject_info(reason)->status;
     if (r->model && r->model_resolved) {
         r->model->stats.rejected++;
         r->model->stats.rejections[reason]++;
         code_counts_add(&r->model->stats.codes, status);
     } else {
-        code_counts_add(&srv->metrics.unrouted_codes, status);
+        code_counts_add(&pool->metrics->unrouted_codes, status);
     }
-    access_log(srv, r, "rejected", status, reject_info(reason)->name);
-    finish(srv, r);
+    access_log(pool, r, "rejected", status, reject_info(reason)->name);
+    finish(pool, r);
 }
 
-void request_count_aborted(struct server *srv, struct request *r, enum abort_reason reason)
+void request_count_aborted(struct request_pool *pool, struct request *r, enum abort_reason reason)
 {
     if (r->counted) {
         return;
     }
-    srv->metrics.requests_aborted++;
-    srv->metrics.aborts[reason]++;
+    pool->metrics->requests_aborted++;
+    pool->metrics->aborts[reason]++;
     if (r->model && r->model_resolved) {
         r->model->stats.aborted++;
     }
-    access_log(srv, r, "aborted", 0, abort_reason_name(reason));
-    finish(srv, r);
+    access_log(pool, r, "aborted", 0, abort_reason_name(reason));
+    finish(pool, r);
 }
 
+
+void request_pool_init(struct request_pool *pool, struct server_metrics *metrics,
+                       uint64_t *inflight, uint64_t *buffered_body_bytes)
+{
+    list_init(&pool->free);
+    pool->n_free = 0;
+    pool->metrics = metrics;
+    pool->inflight = inflight;
+    pool->buffered_body_bytes = buffered_body_bytes;
+    pool->access_log = false;
+}
+
+void request_pool_dispose(struct request_pool *pool)
+{
+    while (!list_empty(&pool->free)) {
+        struct request *r = container_of(list_first(&pool->free), struct request, cache_node);
+        list_remove(&r->cache_node);
+        http_head_dispose(&r->head);
+        buf_dispose(&r->body);
+        buf_dispose(&r->up_head);
+        free(r);
+    }
+    pool->n_free = 0;
+}

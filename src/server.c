@@ -282,13 +282,6 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     server_begin_drain(srv);
 }
 
-/* SIGHUP: reload the configuration file (on the loop, never in a raw
- * signal handler). */
-static void on_sighup(evutil_socket_t sig, short what, void *arg)
-{
-    reload_from_file(arg);
-}
-
 static bool output_pending(struct server *srv)
 {
     struct list_node *pos, *tmp;
@@ -362,11 +355,6 @@ void server_begin_drain(struct server *srv)
     event_add(srv->drain_timer, &tv);
 }
 
-void server_request_finished(struct server *srv)
-{
-    srv->inflight--;
-}
-
 bool server_is_ready(struct server *srv)
 {
     if (!srv->ready || srv->draining) {
@@ -389,10 +377,10 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     srv->port_file = port_file;
     srv->kubeconfig_flag = kubeconfig_flag;
     srv->started_ms = clock_now_ms();
-    reload_status_init(&srv->reload);
     list_init(&srv->conns);
     list_init(&srv->lingering);
-    list_init(&srv->free_requests);
+    request_pool_init(&srv->requests, &srv->metrics, &srv->inflight, &srv->buffered_body_bytes);
+    srv->requests.access_log = cfg->access_log;
     signal(SIGPIPE, SIG_IGN);
 
     struct rlimit rl;
@@ -483,8 +471,6 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     srv->sig_int = evsignal_new(srv->base, SIGINT, on_signal, srv);
     event_add(srv->sig_term, NULL);
     event_add(srv->sig_int, NULL);
-    srv->sig_hup = evsignal_new(srv->base, SIGHUP, on_sighup, srv);
-    event_add(srv->sig_hup, NULL);
     if (port_file && write_port_file(srv)) {
         return -1;
     }
@@ -534,15 +520,7 @@ void server_dispose(struct server *srv)
             backends[i]->ops->free(backends[i]);
         }
     }
-    while (!list_empty(&srv->free_requests)) {
-        struct request *r = container_of(list_first(&srv->free_requests), struct request,
-                                         cache_node);
-        list_remove(&r->cache_node);
-        http_head_dispose(&r->head);
-        buf_dispose(&r->body);
-        buf_dispose(&r->up_head);
-        free(r);
-    }
+    request_pool_dispose(&srv->requests);
     listener_close(&srv->proxy_l);
     listener_close(&srv->admin_l);
     if (srv->sig_term) {

@@ -27,7 +27,9 @@ struct reload_status {
     bool listen_overridden, admin_listen_overridden, log_level_overridden;
 };
 
-void reload_status_init(struct reload_status *st);
+/* Starts the reload status (the start-up load counts as the first success)
+ * and handles SIGHUP from now on. Call after server_init. 0 or -1. */
+int reload_install(struct server *srv);
 /* Loads srv->cfg->path again and applies it; logs and counts the outcome. */
 void reload_from_file(struct server *srv);
 /* Applies next (validated) to the running server and takes it over. */

@@ -64,13 +64,34 @@ struct request {
     struct metrics_stream *metrics_stream;
 };
 
-struct request *request_new(struct server *srv, struct conn *c);
+/* Free request objects kept for reuse, at most this many. */
+#define REQUEST_CACHE_MAX 256
+
+/* What requests share, and all request.c reaches: the cache of free request
+ * objects and the counters outcomes go to (the server's, by pointer). */
+struct request_pool {
+    struct list_node free;
+    size_t n_free;
+    struct server_metrics *metrics;
+    uint64_t *inflight;            /* proxy requests accepted and not finished */
+    uint64_t *buffered_body_bytes; /* bodies held in memory, all requests */
+    bool access_log;               /* write the access log line (config) */
+};
+
+void request_pool_init(struct request_pool *pool, struct server_metrics *metrics,
+                       uint64_t *inflight, uint64_t *buffered_body_bytes);
+/* Frees the cached request objects. */
+void request_pool_dispose(struct request_pool *pool);
+
+struct request *request_new(struct request_pool *pool, struct conn *c);
 /* Frees r (or caches it). r must not be queued or at an upstream. */
-void request_free(struct server *srv, struct request *r);
+void request_free(struct request_pool *pool, struct request *r);
 
 /* Outcome accounting (proxy-port requests only; admin ones are not counted). */
-void request_count_proxied(struct server *srv, struct request *r, int status);
-void request_count_rejected(struct server *srv, struct request *r, enum reject_reason reason);
-void request_count_aborted(struct server *srv, struct request *r, enum abort_reason reason);
+void request_count_proxied(struct request_pool *pool, struct request *r, int status);
+void request_count_rejected(struct request_pool *pool, struct request *r,
+                            enum reject_reason reason);
+void request_count_aborted(struct request_pool *pool, struct request *r,
+                           enum abort_reason reason);
 
 #endif

@@ -17,6 +17,7 @@
 #include "thaw/model.h"
 #include "thaw/queue.h"
 #include "thaw/reload.h"
+#include "thaw/request.h"
 
 struct backend;
 
@@ -46,7 +47,6 @@ struct listener {
 /* Connections in their lingering close at most; past it they close at once. */
 #define SERVER_MAX_LINGERING 1024
 /* Idle request objects kept for reuse. */
-#define SERVER_REQUEST_CACHE 256
 
 struct upstream_handler;
 
@@ -65,8 +65,7 @@ struct server {
     size_t n_conns;             /* proxy-port connections counted against the limit */
     struct list_node lingering; /* rejected connections being closed politely */
     size_t n_lingering;
-    struct list_node free_requests;
-    size_t n_free_requests;
+    struct request_pool requests; /* request objects and what they count into */
     struct server_metrics metrics;
     uint64_t inflight; /* proxy requests accepted and not yet finished */
     /* Request body bytes held (reserved from Content-Length, or read so
@@ -103,7 +102,6 @@ void server_dispose(struct server *srv);
 /* Starts a graceful drain (as SIGTERM does). */
 void server_begin_drain(struct server *srv);
 /* Called when a proxy request finishes; ends a drain when none are left. */
-void server_request_finished(struct server *srv);
 
 #define SERVER_MAX_BACKENDS 3
 /* The backends in use (static, process, kubernetes: those that exist), for
