@@ -429,15 +429,6 @@ static struct metrics_stream *stream_new(struct server *srv, struct conn *c)
     return ms;
 }
 
-void admin_render_metrics(struct server *srv, struct buf *out)
-{
-    struct metrics_stream *ms = stream_new(srv, NULL);
-    if (ms) {
-        render_more(ms, out, SIZE_MAX);
-        stream_free(ms);
-    }
-}
-
 static void on_resume(evutil_socket_t fd, short what, void *arg);
 
 /* Writes the next piece of the answer, then lets the loop go round (or, when
@@ -555,7 +546,7 @@ static void admin_on_abort(struct conn *c, struct request *r, enum abort_reason 
     }
 }
 
-void admin_render_status(struct server *srv, struct buf *out)
+static void render_status(struct server *srv, struct buf *out)
 {
     cJSON *root = cJSON_CreateObject();
     uint64_t now = clock_now_ms();
@@ -667,7 +658,7 @@ static void admin_on_request(struct conn *c, struct request *r)
         conn_respond(c, 200, "application/json", js ? js : "{}", js ? strlen(js) : 2, NULL);
         free(js);
     } else if (http_name_eq(target, len, "/status")) {
-        admin_render_status(srv, &body);
+        render_status(srv, &body);
         conn_respond(c, 200, "application/json", body.data, body.len, NULL);
     } else {
         buf_append_str(&body, "{\"error\":{\"type\":\"not_found\",\"message\":\"admin paths: "

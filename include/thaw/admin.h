@@ -14,10 +14,5 @@ struct server;
  * request; a /metrics answer still being written when the connection goes
  * is freed. */
 extern const struct conn_handler admin_conn_handler;
-/* Renders the whole Prometheus exposition into out at once. (GET /metrics
- * writes the same text in pieces, from a snapshot of the models.) */
-void admin_render_metrics(struct server *srv, struct buf *out);
-/* Renders /status into out. */
-void admin_render_status(struct server *srv, struct buf *out);
 
 #endif
