@@ -1,4 +1,4 @@
-/* libFuzzer target: the response parser, driven as src/upstream.c drives it
+/* libFuzzer target: the response parser, driven as src/http/upstream.c drives it
  * on a replica's connection. The first input byte picks the read size and
  * whether the request was a HEAD; the rest is what the replica sent: interim
  * 1xx responses are skipped, each final head goes through the hop-by-hop

@@ -2,7 +2,7 @@
  * lease (only the leader plans and scales down; any activator scales from
  * zero, conditionally), the peers whose counts the leader adds to its own,
  * and the /demand answer the peers read. */
-#include "backend_k8s_int.h"
+#include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
 

@@ -11,7 +11,7 @@
  * backoff while requests wait. After idle_timeout with nothing in flight or
  * queued, thaw scales the model down to its min-scale. The parts are listed
  * in backend_k8s_int.h; this file holds the backend ops and the wiring. */
-#include "backend_k8s_int.h"
+#include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
 

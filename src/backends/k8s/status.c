@@ -1,7 +1,7 @@
 /* Kubernetes backend, status: a model's describe (spec, scaling, demand,
  * pods, state), the capacity view (API client, Events, informers, nodes,
  * leadership) and the backend's metrics. */
-#include "backend_k8s_int.h"
+#include "internal.h"
 #include "thaw/metrics.h"
 
 #include <stdio.h>

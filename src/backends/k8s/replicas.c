@@ -3,7 +3,7 @@
  * ready the first time either its EndpointSlice endpoint is ready or thaw's
  * own probe of podIP:port answers, and gone when it terminates, is deleted,
  * or its endpoint stops being ready. Nodes give the GPU capacity. */
-#include "backend_k8s_int.h"
+#include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
 

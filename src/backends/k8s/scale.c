@@ -4,7 +4,7 @@
  * shared scaling driver (scale_driver.h) whose targets become scale PATCHes
  * on the Deployment's scale subresource: one at a time per model, retried
  * with backoff; from zero conditionally on the resourceVersion. */
-#include "backend_k8s_int.h"
+#include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
 
