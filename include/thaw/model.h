@@ -20,25 +20,12 @@
 #include "thaw/metrics.h"
 #include "thaw/queue.h"
 #include "thaw/router.h"
+#include "thaw/upstream.h"
 
 struct backend;
 struct event;
 struct fleet;
 
-struct endpoint {
-    struct model *model; /* NULL once gone */
-    char *id;            /* backend's name for the replica */
-    char addr_text[64];  /* "ip:port", for logs and status */
-    struct sockaddr_storage addr;
-    socklen_t addrlen;
-    uint32_t inflight;
-    uint32_t refs; /* in-flight requests + pooled connections + the model's link */
-    uint64_t ejected_until_ms;
-    uint64_t requests;
-    uint64_t connect_failures;
-    struct list_node idle; /* pooled upstream connections */
-    uint32_t n_idle;
-};
 
 struct model_settings {
     uint32_t max_concurrency;
@@ -143,9 +130,6 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);
 uint64_t model_next_unejection(const struct model *m, uint64_t now_ms);
 /* Sum of max_concurrency over endpoints. */
 uint32_t model_capacity(const struct model *m);
-
-void endpoint_ref(struct endpoint *ep);
-void endpoint_unref(struct endpoint *ep);
 
 /* A request takes one of ep's slots: counted on ep and on its model. */
 void endpoint_take_slot(struct endpoint *ep);

@@ -96,19 +96,6 @@ struct model *fleet_find(const struct fleet *f, const char *namespace_, const ch
     return NULL;
 }
 
-void endpoint_ref(struct endpoint *ep)
-{
-    ep->refs++;
-}
-
-void endpoint_unref(struct endpoint *ep)
-{
-    if (--ep->refs == 0) {
-        free(ep->id);
-        free(ep);
-    }
-}
-
 static void detach_endpoint(struct model *m, size_t i)
 {
     struct endpoint *ep = m->endpoints[i];
@@ -117,6 +104,7 @@ static void detach_endpoint(struct model *m, size_t i)
      * count as the model's: release() cannot reach the model once unlinked. */
     m->inflight -= ep->inflight;
     ep->model = NULL;
+    ep->model_name = NULL;
     if (m->fleet->on_endpoint_gone) {
         m->fleet->on_endpoint_gone(m->fleet->cb_ud, ep);
     }
@@ -130,29 +118,17 @@ int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const 
             return 0; /* already known */
         }
     }
-    struct endpoint *ep = calloc(1, sizeof *ep);
+    struct endpoint *ep = endpoint_new(id, addr);
     if (!ep) {
-        return -ENOMEM;
+        return -errno;
     }
-    if (netaddr_parse(addr, &ep->addr, &ep->addrlen)) {
-        free(ep);
-        return -EINVAL;
-    }
-    ep->id = strdup(id);
-    if (!ep->id) {
-        free(ep);
-        return -ENOMEM;
-    }
-    snprintf(ep->addr_text, sizeof ep->addr_text, "%s", addr);
-    list_init(&ep->idle);
     ep->model = m;
-    ep->refs = 1;
+    ep->model_name = m->name;
     if (m->n_endpoints == m->cap_endpoints) {
         size_t ncap = m->cap_endpoints ? m->cap_endpoints * 2 : 4;
         struct endpoint **ne = realloc(m->endpoints, ncap * sizeof *ne);
         if (!ne) {
-            free(ep->id);
-            free(ep);
+            endpoint_unref(ep);
             return -ENOMEM;
         }
         m->endpoints = ne;
