@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void fleet_init(struct fleet *f, struct queue_global *qg, uint64_t queue_aging_ms)
 {
@@ -113,14 +114,27 @@ static void detach_endpoint(struct model *m, size_t i)
 
 int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr)
 {
+    return fleet_replica_ready_conn(f, m, id, addr, -1);
+}
+
+int fleet_replica_ready_conn(struct fleet *f, struct model *m, const char *id, const char *addr,
+                             int conn_fd)
+{
     for (size_t i = 0; i < m->n_endpoints; i++) {
         if (strcmp(m->endpoints[i]->id, id) == 0) {
+            if (conn_fd >= 0) {
+                close(conn_fd);
+            }
             return 0; /* already known */
         }
     }
     struct endpoint *ep = endpoint_new(id, addr);
     if (!ep) {
-        return -errno;
+        int err = errno;
+        if (conn_fd >= 0) {
+            close(conn_fd);
+        }
+        return -err;
     }
     ep->model = m;
     ep->model_name = m->name;
@@ -129,6 +143,9 @@ int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const 
         struct endpoint **ne = realloc(m->endpoints, ncap * sizeof *ne);
         if (!ne) {
             endpoint_unref(ep);
+            if (conn_fd >= 0) {
+                close(conn_fd);
+            }
             return -ENOMEM;
         }
         m->endpoints = ne;
@@ -136,6 +153,11 @@ int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const 
     }
     m->endpoints[m->n_endpoints++] = ep;
     LOGI("replica ready", "model=%s replica=%s addr=%s", m->name, id, addr);
+    if (conn_fd >= 0 && f->on_endpoint_conn) {
+        f->on_endpoint_conn(f->cb_ud, ep, conn_fd);
+    } else if (conn_fd >= 0) {
+        close(conn_fd);
+    }
     if (f->on_capacity) {
         f->on_capacity(f->cb_ud, m);
     }
@@ -216,6 +238,9 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
         }
         if (ep->inflight >= m->set.max_concurrency) {
             continue;
+        }
+        if (ep->n_idle == 0 && ep->unconfirmed >= UPSTREAM_MAX_UNCONFIRMED) {
+            continue; /* it has not accepted the connections it has yet */
         }
         if (ejected) {
             if (!best_ejected || ep->ejected_until_ms < best_ejected->ejected_until_ms) {

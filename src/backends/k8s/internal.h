@@ -113,6 +113,8 @@ bool kube_synced(struct backend *b);
 extern const struct k8s_informer_ops kube_deployment_ops, kube_pod_ops, kube_slice_ops,
     kube_node_ops;
 void kube_pod_ready(struct kpod *p, const char *via);
+/* The same, with the probe's open connection to the pod (-1: none). */
+void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);
 void kube_pod_gone(struct kpod *p, const char *why);
 void kube_kmodel_free(struct kmodel *km);
 
