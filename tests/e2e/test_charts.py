@@ -108,7 +108,7 @@ def rules_of(objs):
 
 @needs_helm
 def test_rbac_is_exactly_what_the_docs_list():
-    docs = {("apps", "deployments", ("get", "list", "watch")),
+    docs = {("apps", "deployments", ("get", "list", "patch", "watch")),
             ("apps", "deployments/scale", ("patch",)),
             ("", "pods", ("get", "list", "watch")),
             ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
