@@ -161,6 +161,7 @@ void kube_kmodel_free(struct kmodel *km)
 {
     event_del(&km->scale_retry);
     k8s_call_cancel(km->scale_call);
+    k8s_call_cancel(km->idle_call);
     strmap_each(&km->pods, free_pod_cb, NULL);
     strmap_dispose(&km->pods);
     free(km);
@@ -224,6 +225,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
                           (unsigned)sp.gpu_slices);
         strmap_put(&kb->models, key, strlen(key), km);
         index_model(kb, km, true);
+        kube_idle_observe(km, obj, true);
         LOGI("model discovered", "model=%s deployment=%s replicas=%lld gpu_slices=%llu",
              sp.name, key, (long long)sp.replicas, (unsigned long long)sp.gpu_slices);
         return;
@@ -248,6 +250,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     if (names_changed) {
         fleet_reroute_model(kb->base.fleet, km->m, &cm, NULL);
     }
+    kube_idle_observe(km, obj, false);
 }
 
 static void deployment_remove(void *ud, const cJSON *obj)
