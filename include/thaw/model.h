@@ -32,6 +32,10 @@ struct endpoint {
     struct sockaddr_storage addr;
     socklen_t addrlen;
     uint32_t inflight;
+    /* Slots this activator may use here: its part of the model's
+     * max_concurrency when several activators share the replica (the others
+     * hold the rest). UINT32_MAX: all of them. */
+    uint32_t share;
     uint32_t refs; /* in-flight requests + pooled connections + the model's link */
     uint64_t ejected_until_ms;
     uint64_t requests;
@@ -132,6 +136,9 @@ struct model *fleet_find(const struct fleet *f, const char *namespace_, const ch
 
 /* Backend up-calls. addr is numeric "ip:port". 0 or a negative errno. */
 int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr);
+/* The same with this activator's share of the replica's slots (endpoint.share). */
+int fleet_replica_ready_shared(struct fleet *f, struct model *m, const char *id, const char *addr,
+                               uint32_t share);
 void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const char *reason);
 void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reason,
                              uint64_t retry_after_ms);
@@ -141,7 +148,8 @@ void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reaso
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);
 /* When the first ejected endpoint comes back; 0 when none is ejected. */
 uint64_t model_next_unejection(const struct model *m, uint64_t now_ms);
-/* Sum of max_concurrency over endpoints. */
+/* Sum over endpoints of the slots this activator may use (max_concurrency,
+ * or its share when that is smaller). */
 uint32_t model_capacity(const struct model *m);
 
 void endpoint_ref(struct endpoint *ep);

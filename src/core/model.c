@@ -125,6 +125,12 @@ static void detach_endpoint(struct model *m, size_t i)
 
 int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr)
 {
+    return fleet_replica_ready_shared(f, m, id, addr, UINT32_MAX);
+}
+
+int fleet_replica_ready_shared(struct fleet *f, struct model *m, const char *id, const char *addr,
+                               uint32_t share)
+{
     for (size_t i = 0; i < m->n_endpoints; i++) {
         if (strcmp(m->endpoints[i]->id, id) == 0) {
             return 0; /* already known */
@@ -146,6 +152,7 @@ int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const 
     snprintf(ep->addr_text, sizeof ep->addr_text, "%s", addr);
     list_init(&ep->idle);
     ep->model = m;
+    ep->share = share;
     ep->refs = 1;
     if (m->n_endpoints == m->cap_endpoints) {
         size_t ncap = m->cap_endpoints ? m->cap_endpoints * 2 : 4;
@@ -228,6 +235,11 @@ void fleet_dispose(struct fleet *f)
     router_dispose(&f->router);
 }
 
+static uint32_t endpoint_slots(const struct model *m, const struct endpoint *ep)
+{
+    return ep->share < m->set.max_concurrency ? ep->share : m->set.max_concurrency;
+}
+
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
 {
     struct endpoint *best = NULL, *best_ejected = NULL;
@@ -238,7 +250,7 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
         if (!ejected) {
             all_ejected = false;
         }
-        if (ep->inflight >= m->set.max_concurrency) {
+        if (ep->inflight >= endpoint_slots(m, ep)) {
             continue;
         }
         if (ejected) {
@@ -275,7 +287,11 @@ uint64_t model_next_unejection(const struct model *m, uint64_t now_ms)
 
 uint32_t model_capacity(const struct model *m)
 {
-    return (uint32_t)m->n_endpoints * m->set.max_concurrency;
+    uint32_t sum = 0;
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        sum += endpoint_slots(m, m->endpoints[i]);
+    }
+    return sum;
 }
 
 void endpoint_take_slot(struct endpoint *ep)

@@ -1,8 +1,11 @@
-/* Kubernetes backend, replicas: Deployments labelled with K8S_MODEL_KEY are
- * models (their annotations the settings); a replica is a pod, reported
- * ready the first time either its EndpointSlice endpoint is ready or thaw's
- * own probe of podIP:port answers, and gone when it terminates, is deleted,
- * or its endpoint stops being ready. Nodes give the GPU capacity. */
+/* Kubernetes backend, replicas: Deployments labelled with K8S_MODEL_LABEL are
+ * models (their annotations the settings); a replica is a pod the
+ * Deployment's spec.selector selects (or its Service's EndpointSlice lists),
+ * reported ready the first time either its EndpointSlice endpoint is ready or
+ * thaw's own probe of podIP:port answers, and gone when it terminates, is
+ * deleted, stops matching the selector, or its endpoint stops being ready.
+ * With several activators each holds a share of every ready pod's slots.
+ * Nodes give the GPU capacity. */
 #include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
@@ -35,7 +38,10 @@ void kube_pod_ready(struct kpod *p, const char *via)
         histogram_observe(&km->m->stats.cold_start, (double)ms / 1000.0);
         km->woken_ms = 0;
     }
-    fleet_replica_ready(p->km->m->fleet, p->km->m, p->name, addr);
+    /* No slot until the shares are dealt with this pod counted in: another
+     * activator may already hold all of it. */
+    fleet_replica_ready_shared(km->m->fleet, km->m, p->name, addr, 0);
+    kube_shares_update(km);
 }
 
 void kube_pod_gone(struct kpod *p, const char *why)
@@ -47,7 +53,59 @@ void kube_pod_gone(struct kpod *p, const char *why)
     if (p->reported) {
         p->reported = false;
         fleet_replica_gone(p->km->m->fleet, p->km->m, p->name, why);
+        kube_shares_update(p->km);
     }
+}
+
+/* ---- this activator's share of the slots ------------------------------------ */
+
+static int by_id(const void *a, const void *b)
+{
+    return strcmp((*(struct endpoint *const *)a)->id, (*(struct endpoint *const *)b)->id);
+}
+
+void kube_shares_update(struct kmodel *km)
+{
+    struct model *m = km->m;
+    struct kube_backend *kb = km->kb;
+    unsigned rank = 0, n = 1;
+    /* Before the activators are known, or while this one is not among
+     * them, it takes nothing: the others may be using every slot. */
+    bool placed = !kb->have_peers || k8s_peers_place(&kb->peers, &rank, &n);
+    size_t count = m->n_endpoints;
+    struct endpoint **order = count ? malloc(count * sizeof *order) : NULL;
+    if (!order) {
+        return;
+    }
+    /* Pods by name: every activator deals them in the same order. */
+    memcpy(order, m->endpoints, count * sizeof *order);
+    qsort(order, count, sizeof *order, by_id);
+    bool grew = false;
+    for (size_t i = 0; i < count; i++) {
+        uint32_t share = !placed  ? 0
+                         : n <= 1 ? UINT32_MAX
+                                  : k8s_activator_share(m->set.max_concurrency, n, rank, i);
+        grew = grew || share > order[i]->share;
+        order[i]->share = share;
+    }
+    free(order);
+    if (grew && m->fleet->on_capacity) {
+        m->fleet->on_capacity(m->fleet->cb_ud, m);
+    }
+}
+
+static void shares_update_cb(void *ud, const char *key, void *value)
+{
+    kube_shares_update(value);
+}
+
+void kube_peers_changed(void *kb)
+{
+    struct kube_backend *b = kb;
+    unsigned rank = 0, n = 1;
+    bool placed = k8s_peers_place(&b->peers, &rank, &n);
+    LOGI("activators changed", "activators=%u rank=%u placed=%d", n, rank, placed);
+    strmap_each(&b->models, shares_update_cb, NULL);
 }
 
 static void on_pod_probe(struct probe *pr, void *ud)
@@ -112,12 +170,6 @@ static void to_config_model(const struct k8s_model_spec *sp, const struct config
 static void index_model(struct kube_backend *kb, struct kmodel *km, bool add)
 {
     char k[600];
-    snprintf(k, sizeof k, "%s/%s", km->spec.namespace_, km->spec.name);
-    if (add) {
-        strmap_put(&kb->by_label, k, strlen(k), km);
-    } else if (strmap_get(&kb->by_label, k, strlen(k)) == km) {
-        strmap_del(&kb->by_label, k, strlen(k));
-    }
     snprintf(k, sizeof k, "%s/%s", km->spec.namespace_, km->spec.service);
     if (add) {
         strmap_put(&kb->by_svc, k, strlen(k), km);
@@ -141,7 +193,16 @@ void kube_kmodel_free(struct kmodel *km)
     k8s_call_cancel(km->scale_call);
     strmap_each(&km->pods, free_pod_cb, NULL);
     strmap_dispose(&km->pods);
+    cJSON_Delete(km->selector);
     free(km);
+}
+
+/* Keeps the Deployment's spec.selector (immutable in apps/v1, but read anew). */
+static void set_selector(struct kmodel *km, const cJSON *deployment)
+{
+    cJSON *sel = cJSON_Duplicate(k8s_get(deployment, "spec.selector"), true);
+    cJSON_Delete(km->selector);
+    km->selector = sel;
 }
 
 static void deployment_upsert(void *ud, const cJSON *obj)
@@ -197,6 +258,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         }
         km->m->backend = &kb->base;
         km->m->backend_data = km;
+        set_selector(km, obj);
         scaler_model_init(&km->sc, km->m, kb->cfg, sp.target, sp.window_ms,
                           (unsigned)sp.min_scale, (unsigned)sp.max_scale, sp.idle_timeout_ms,
                           (unsigned)sp.gpu_slices);
@@ -213,8 +275,10 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         sp.replicas = km->spec.replicas;
     }
     km->spec = sp;
+    set_selector(km, obj);
     index_model(kb, km, true);
     model_apply_settings(km->m, &cm);
+    kube_shares_update(km); /* max_concurrency may have changed */
     /* New annotations take effect; the autoscaler keeps its samples. */
     km->sc.asc.min_scale = km->sc.min_replicas = (unsigned)sp.min_scale;
     km->sc.asc.max_scale = (unsigned)sp.max_scale;
@@ -253,14 +317,64 @@ static void deployment_remove(void *ud, const cJSON *obj)
 
 /* ---- pods ------------------------------------------------------------------ */
 
-static struct kmodel *model_of_pod(struct kube_backend *kb, const struct k8s_pod_info *pi)
+struct pod_match {
+    const struct k8s_pod_info *pi;
+    const cJSON *labels;
+    struct kmodel *found;
+};
+
+/* Whether the pod's controller (its ReplicaSet, "<deployment>-<hash>")
+ * belongs to km's Deployment. */
+static bool owned_by(const struct kmodel *km, const struct k8s_pod_info *pi)
 {
-    if (!pi->model[0]) {
-        return NULL;
+    size_t n = strlen(km->spec.deployment);
+    return strncmp(pi->owner, km->spec.deployment, n) == 0 && pi->owner[n] == '-';
+}
+
+static void match_model(void *ud, const char *key, void *value)
+{
+    struct pod_match *pm = ud;
+    struct kmodel *km = value;
+    if (strcmp(km->spec.namespace_, pm->pi->namespace_) != 0 ||
+        !k8s_selector_matches(km->selector, pm->labels)) {
+        return;
     }
-    char k[600];
-    snprintf(k, sizeof k, "%s/%s", pi->namespace_, pi->model);
-    return strmap_get(&kb->by_label, k, strlen(k));
+    /* Overlapping selectors (the API warns against them): the Deployment
+     * that owns the pod, else the first by key, so the choice is stable. */
+    struct kmodel *cur = pm->found;
+    bool better = !cur || (owned_by(km, pm->pi) && !owned_by(cur, pm->pi)) ||
+                  (owned_by(km, pm->pi) == owned_by(cur, pm->pi) && strcmp(km->key, cur->key) < 0);
+    if (better) {
+        pm->found = km;
+    }
+}
+
+/* The model whose Deployment's selector selects the pod, as the Deployment
+ * controller and kubectl count its pods; NULL when none does. */
+static struct kmodel *model_of_pod(struct kube_backend *kb, const cJSON *obj,
+                                   const struct k8s_pod_info *pi)
+{
+    struct pod_match pm = {pi, k8s_get(obj, "metadata.labels"), NULL};
+    strmap_each(&kb->models, match_model, &pm);
+    return pm.found;
+}
+
+struct unselect {
+    const struct k8s_pod_info *pi;
+    const struct kmodel *keep;
+};
+
+static void drop_if_unselected(void *ud, const char *key, void *value)
+{
+    struct unselect *u = ud;
+    struct kmodel *km = value;
+    if (km == u->keep || strcmp(km->spec.namespace_, u->pi->namespace_) != 0) {
+        return;
+    }
+    struct kpod *p = pod_get(km, u->pi->name, false);
+    if (p && p->selected) {
+        pod_free(km, p, "pod no longer matches the Deployment's selector");
+    }
 }
 
 static void pod_upsert(void *ud, const cJSON *obj)
@@ -270,11 +384,15 @@ static void pod_upsert(void *ud, const cJSON *obj)
     if (k8s_pod_decode(obj, &pi)) {
         return;
     }
-    struct kmodel *km = model_of_pod(kb, &pi);
+    struct kmodel *km = model_of_pod(kb, obj, &pi);
+    /* Relabelled out of a Deployment (its ReplicaSet lets go of it too). */
+    struct unselect u = {&pi, km};
+    strmap_each(&kb->models, drop_if_unselected, &u);
     struct kpod *p = km ? pod_get(km, pi.name, true) : NULL;
     if (!p) {
         return;
     }
+    p->selected = true;
     snprintf(p->phase, sizeof p->phase, "%s", pi.phase);
     p->unschedulable = pi.unschedulable;
     if (pi.terminating) {
@@ -312,7 +430,7 @@ static void pod_remove(void *ud, const cJSON *obj)
     /* After a relist the removed object may carry only its name and namespace
      * (see informer.c): look in every model of ns. */
     struct k8s_pod_info pi;
-    struct kmodel *km = k8s_pod_decode(obj, &pi) == 0 ? model_of_pod(kb, &pi) : NULL;
+    struct kmodel *km = k8s_pod_decode(obj, &pi) == 0 ? model_of_pod(kb, obj, &pi) : NULL;
     if (km) {
         struct kpod *p = pod_get(km, name, false);
         if (p) {
