@@ -323,12 +323,18 @@ struct pod_match {
     struct kmodel *found;
 };
 
-/* Whether the pod's controller (its ReplicaSet, "<deployment>-<hash>")
- * belongs to km's Deployment. */
-static bool owned_by(const struct kmodel *km, const struct k8s_pod_info *pi)
+/* Whether the pod's controller, its ReplicaSet, is km's Deployment's: the
+ * Deployment controller names it "<deployment>-<pod-template-hash>" and
+ * labels the pods with that hash. */
+static bool owned_by(const struct kmodel *km, const struct pod_match *pm)
 {
+    const cJSON *hash = cJSON_GetObjectItemCaseSensitive(pm->labels, "pod-template-hash");
+    const char *owner = pm->pi->owner;
     size_t n = strlen(km->spec.deployment);
-    return strncmp(pi->owner, km->spec.deployment, n) == 0 && pi->owner[n] == '-';
+    if (strncmp(owner, km->spec.deployment, n) != 0 || owner[n] != '-') {
+        return false;
+    }
+    return !cJSON_IsString(hash) || strcmp(owner + n + 1, hash->valuestring) == 0;
 }
 
 static void match_model(void *ud, const char *key, void *value)
@@ -342,8 +348,9 @@ static void match_model(void *ud, const char *key, void *value)
     /* Overlapping selectors (the API warns against them): the Deployment
      * that owns the pod, else the first by key, so the choice is stable. */
     struct kmodel *cur = pm->found;
-    bool better = !cur || (owned_by(km, pm->pi) && !owned_by(cur, pm->pi)) ||
-                  (owned_by(km, pm->pi) == owned_by(cur, pm->pi) && strcmp(km->key, cur->key) < 0);
+    bool mine = owned_by(km, pm);
+    bool theirs = cur && owned_by(cur, pm);
+    bool better = !cur || (mine && !theirs) || (mine == theirs && strcmp(km->key, cur->key) < 0);
     if (better) {
         pm->found = km;
     }
