@@ -22,6 +22,7 @@ int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
     const cJSON *ml =
         cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "metadata.labels"), K8S_MODEL_LABEL);
     copy(o->model, sizeof o->model, cJSON_IsString(ml) ? ml->valuestring : NULL);
+    copy(o->created, sizeof o->created, k8s_get_string(obj, "metadata.creationTimestamp"));
     const cJSON *ref;
     cJSON_ArrayForEach(ref, k8s_get(obj, "metadata.ownerReferences"))
     {

@@ -304,3 +304,46 @@ def test_shares_move_when_an_activator_leaves(fleet):
     th.join(30)
     assert [r.status for r in res] == [200]
     assert model(other)["slots"] == {"activators": 1, "rank": 0, "placed": True, "here": 1}
+
+
+def test_a_scale_up_under_load_keeps_the_serving_pods_shares(fleet):
+    """Two activators, a limit of 1, two pods busy: a third pod added by a
+    scale-up comes last in the deal, so the pods already serving keep their
+    activator and none of them ever gets a second request."""
+    f = fleet(2, load_ms=100)
+    d = deployment("llama", replicas=2, gpus=0, load_ms=100,
+                   annotations={"thaw.dev/max-concurrency": "1", "thaw.dev/min-scale": "2",
+                                "thaw.dev/max-scale": "2"})
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "40"
+    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+
+    def ready(t, n):
+        m = next((x for x in t.status()["models"] if x["name"] == "llama"), None)
+        return m and sum(p["ready"] for p in m["pods"]) == n
+    for t in f.thaws:
+        wait_for(lambda t=t: ready(t, 2), timeout=30, what="two pods ready")
+    time.sleep(1.1)  # creationTimestamp has whole seconds: the new pod is younger
+    stop = threading.Event()
+    res = []
+
+    def load(t):
+        while not stop.is_set():
+            res.append(complete(t, timeout=30).status)
+    ths = [threading.Thread(target=load, args=(t,)) for t in f.thaws for _ in range(3)]
+    for th in ths:
+        th.start()
+    time.sleep(0.5)
+    _, d = f.sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")
+    d["metadata"]["annotations"].update({"thaw.dev/min-scale": "3", "thaw.dev/max-scale": "3"})
+    f.sim.call("PUT", "/apis/apps/v1/namespaces/models/deployments/llama", d)
+    try:
+        for t in f.thaws:
+            wait_for(lambda t=t: ready(t, 3), timeout=30, what="the third pod ready")
+        time.sleep(1)
+    finally:
+        stop.set()
+        for th in ths:
+            th.join(30)
+    peaks = {name: s["peak_active"] for name, s in pod_stats(f.sim).items()}
+    assert len(peaks) == 3 and max(peaks.values()) <= 1, peaks
+    assert res and set(res) == {200}

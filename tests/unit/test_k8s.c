@@ -394,16 +394,19 @@ static void test_selector_empty_or_malformed_selects_nothing(void **state)
 static void test_pod_owner(void **state)
 {
     cJSON *pod = cJSON_Parse(
-        "{\"metadata\":{\"name\":\"llama-7d9f-x2\",\"ownerReferences\":["
+        "{\"metadata\":{\"name\":\"llama-7d9f-x2\","
+        "\"creationTimestamp\":\"2026-12-03T06:30:00Z\",\"ownerReferences\":["
         "{\"kind\":\"Node\",\"name\":\"n1\"},"
         "{\"kind\":\"ReplicaSet\",\"name\":\"llama-7d9f\",\"controller\":true}]}}");
     struct k8s_pod_info pi;
     assert_int_equal(k8s_pod_decode(pod, &pi), 0);
     assert_string_equal(pi.owner, "llama-7d9f");
+    assert_string_equal(pi.created, "2026-12-03T06:30:00Z");
     cJSON_Delete(pod);
     pod = cJSON_Parse("{\"metadata\":{\"name\":\"bare\"}}");
     assert_int_equal(k8s_pod_decode(pod, &pi), 0);
     assert_string_equal(pi.owner, "");
+    assert_string_equal(pi.created, "");
     cJSON_Delete(pod);
 }
 

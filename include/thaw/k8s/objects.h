@@ -20,6 +20,7 @@ struct k8s_pod_info {
     char namespace_[254];
     char model[254]; /* K8S_MODEL_LABEL label; "" when absent */
     char owner[254]; /* the controlling ownerReference's name (a ReplicaSet); "" when none */
+    char created[32]; /* metadata.creationTimestamp (RFC 3339, sorts as text); "" when absent */
     char ip[64];     /* status.podIP; "" before it has one */
     char phase[16];
     bool running;       /* phase Running */

@@ -46,6 +46,7 @@ struct kpod {
     bool selected; /* the Deployment's selector picked it (not only its Service) */
     bool unschedulable;
     char phase[16];
+    char created[32]; /* creationTimestamp: the order slots are dealt in */
     struct probe probe;
 };
 

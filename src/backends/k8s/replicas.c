@@ -59,9 +59,16 @@ void kube_pod_gone(struct kpod *p, const char *why)
 
 /* ---- this activator's share of the slots ------------------------------------ */
 
-static int by_id(const void *a, const void *b)
+struct dealt {
+    struct endpoint *ep;
+    const char *created;
+};
+
+static int by_creation(const void *a, const void *b)
 {
-    return strcmp((*(struct endpoint *const *)a)->id, (*(struct endpoint *const *)b)->id);
+    const struct dealt *x = a, *y = b;
+    int c = strcmp(x->created, y->created);
+    return c ? c : strcmp(x->ep->id, y->ep->id);
 }
 
 void kube_shares_update(struct kmodel *km)
@@ -73,20 +80,29 @@ void kube_shares_update(struct kmodel *km)
      * them, it takes nothing: the others may be using every slot. */
     bool placed = !kb->have_peers || k8s_peers_place(&kb->peers, &rank, &n);
     size_t count = m->n_endpoints;
-    struct endpoint **order = count ? malloc(count * sizeof *order) : NULL;
+    struct dealt *order = count ? malloc(count * sizeof *order) : NULL;
     if (!order) {
         return;
     }
-    /* Pods by name: every activator deals them in the same order. */
-    memcpy(order, m->endpoints, count * sizeof *order);
-    qsort(order, count, sizeof *order, by_id);
+    /* Every activator deals the pods in the same order: oldest first, then
+     * by name. A scale-up's new pods come last and a scale-down takes the
+     * newest, so the pods already serving keep their shares (a share that
+     * moves off a pod with requests on it puts it over its limit until they
+     * finish). */
+    for (size_t i = 0; i < count; i++) {
+        const char *id = m->endpoints[i]->id;
+        const struct kpod *p = strmap_get(&km->pods, id, strlen(id));
+        order[i] = (struct dealt){m->endpoints[i], p ? p->created : ""};
+    }
+    qsort(order, count, sizeof *order, by_creation);
     bool grew = false;
     for (size_t i = 0; i < count; i++) {
+        struct endpoint *ep = order[i].ep;
         uint32_t share = !placed  ? 0
                          : n <= 1 ? UINT32_MAX
                                   : k8s_activator_share(m->set.max_concurrency, n, rank, i);
-        grew = grew || share > order[i]->share;
-        order[i]->share = share;
+        grew = grew || share > ep->share;
+        ep->share = share;
     }
     free(order);
     if (grew && m->fleet->on_capacity) {
@@ -401,6 +417,12 @@ static void pod_upsert(void *ud, const cJSON *obj)
     }
     p->selected = true;
     snprintf(p->phase, sizeof p->phase, "%s", pi.phase);
+    if (strcmp(p->created, pi.created) != 0) {
+        snprintf(p->created, sizeof p->created, "%s", pi.created);
+        if (p->reported) { /* ready by its EndpointSlice before this event */
+            kube_shares_update(km);
+        }
+    }
     p->unschedulable = pi.unschedulable;
     if (pi.terminating) {
         p->terminating = true;
