@@ -304,6 +304,9 @@ def test_shares_move_when_an_activator_leaves(fleet):
     th.join(30)
     assert [r.status for r in res] == [200]
     assert model(other)["slots"] == {"activators": 1, "rank": 0, "placed": True, "here": 1}
+    # The one that left the Service takes nothing more: the other holds it all.
+    wait_for(lambda: not model(holder)["slots"]["placed"], what="holder unplaced")
+    assert model(holder)["slots"]["here"] == 0
 
 
 def test_a_scale_up_under_load_keeps_the_serving_pods_shares(fleet):

@@ -119,8 +119,14 @@ void kube_peers_changed(void *kb)
 {
     struct kube_backend *b = kb;
     unsigned rank = 0, n = 1;
-    bool placed = k8s_peers_place(&b->peers, &rank, &n);
-    LOGI("activators changed", "activators=%u rank=%u placed=%d", n, rank, placed);
+    if (k8s_peers_place(&b->peers, &rank, &n)) {
+        LOGI("activators changed: the models' slots are split anew", "activators=%u rank=%u", n,
+             rank);
+    } else if (b->peers.slices.synced) {
+        LOGW("this activator is not among its Service's endpoints: it holds its requests and "
+             "takes no share of the pods' slots until it is",
+             "activators=%u self=%s", n, b->peers.self_ip);
+    }
     strmap_each(&b->models, shares_update_cb, NULL);
 }
 
