@@ -341,9 +341,8 @@ static void test_selector_match_expressions(void **state)
     const char *exists = "{\"matchExpressions\":[{\"key\":\"gpu\",\"operator\":\"Exists\"}]}";
     assert_true(selects(exists, "{\"gpu\":\"\"}"));
     assert_false(selects(exists, "{\"cpu\":\"x\"}"));
-    const char *absent =
-        "{\"matchExpressions\":[{\"key\":\"debug\",\"operator\":\"DoesNotExist\","
-        "\"values\":[]}]}";
+    const char *absent = "{\"matchExpressions\":[{\"key\":\"debug\",\"operator\":\"DoesNotExist\","
+                         "\"values\":[]}]}";
     assert_true(selects(absent, "{\"app\":\"llama\"}"));
     assert_false(selects(absent, "{\"debug\":\"1\"}"));
     /* matchLabels and matchExpressions together: all must hold. */
@@ -376,8 +375,7 @@ static void test_selector_empty_or_malformed_selects_nothing(void **state)
     assert_false(selects("{\"matchExpressions\":[{\"key\":\"app\",\"operator\":\"Like\","
                          "\"values\":[\"llama\"]}]}",
                          labels));
-    assert_false(selects("{\"matchExpressions\":[{\"key\":\"app\",\"operator\":\"In\"}]}",
-                         labels));
+    assert_false(selects("{\"matchExpressions\":[{\"key\":\"app\",\"operator\":\"In\"}]}", labels));
     assert_false(selects("{\"matchExpressions\":[{\"key\":\"app\",\"operator\":\"In\","
                          "\"values\":[]}]}",
                          labels));
@@ -393,11 +391,11 @@ static void test_selector_empty_or_malformed_selects_nothing(void **state)
 
 static void test_pod_owner(void **state)
 {
-    cJSON *pod = cJSON_Parse(
-        "{\"metadata\":{\"name\":\"llama-7d9f-x2\","
-        "\"creationTimestamp\":\"2026-12-03T06:30:00Z\",\"ownerReferences\":["
-        "{\"kind\":\"Node\",\"name\":\"n1\"},"
-        "{\"kind\":\"ReplicaSet\",\"name\":\"llama-7d9f\",\"controller\":true}]}}");
+    cJSON *pod =
+        cJSON_Parse("{\"metadata\":{\"name\":\"llama-7d9f-x2\","
+                    "\"creationTimestamp\":\"2026-12-03T06:30:00Z\",\"ownerReferences\":["
+                    "{\"kind\":\"Node\",\"name\":\"n1\"},"
+                    "{\"kind\":\"ReplicaSet\",\"name\":\"llama-7d9f\",\"controller\":true}]}}");
     struct k8s_pod_info pi;
     assert_int_equal(k8s_pod_decode(pod, &pi), 0);
     assert_string_equal(pi.owner, "llama-7d9f");
@@ -411,8 +409,7 @@ static void test_pod_owner(void **state)
 }
 
 /* Totals per activator and per pod over pods x concurrency slots. */
-static void deal(uint32_t conc, unsigned n, size_t pods, uint32_t *per_activator,
-                 uint32_t *per_pod)
+static void deal(uint32_t conc, unsigned n, size_t pods, uint32_t *per_activator, uint32_t *per_pod)
 {
     for (unsigned r = 0; r < n; r++) {
         per_activator[r] = 0;

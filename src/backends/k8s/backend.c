@@ -154,8 +154,7 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
                           "kubernetes.io/service-name", &kube_slice_ops, kb);
         /* Every pod: a model's are those its Deployment's selector picks,
          * which no single label selector can ask for (replicas.c). */
-        k8s_informer_init(&kb->ns[i].pods, kb->client, base, "pods", pp, NULL, &kube_pod_ops,
-                          kb);
+        k8s_informer_init(&kb->ns[i].pods, kb->client, base, "pods", pp, NULL, &kube_pod_ops, kb);
     }
     k8s_informer_init(&kb->nodes, kb->client, base, "nodes", "/api/v1/nodes", NULL, &kube_node_ops,
                       kb);
