@@ -36,10 +36,11 @@ static inline void loopnet_nap(void)
     nanosleep(&ts, NULL);
 }
 
-/* A listening socket on 127.0.0.1 at an ephemeral port; *port gets it. */
+/* A non-blocking listening socket on 127.0.0.1 at an ephemeral port;
+ * *port gets it. */
 static inline int loopnet_listen(uint16_t *port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         return -1;
     }
