@@ -174,7 +174,9 @@ static void fk_on_request(struct conn *c, struct exchange *x)
     f->requests++;
     note(f, 'R');
     size_t n = x->body.len < sizeof f->last_body - 1 ? x->body.len : sizeof f->last_body - 1;
-    memcpy(f->last_body, x->body.data, n);
+    if (n) {
+        memcpy(f->last_body, x->body.data, n);
+    }
     f->last_body[n] = 0;
     x->state = REQ_ROUTED;
     if (f->big_answer) {
