@@ -398,6 +398,24 @@ static void test_pipelined_requests_wait_their_turn(void **state)
     assert_false(conns_empty(e));
 }
 
+static void test_pipelined_requests_answered_at_once(void **state)
+{
+    struct env *e = *state;
+    e->fk.answer_at_once = true;
+    struct conn *c = open_conn(e, 0, 0);
+    /* Answered from inside on_request: the second is taken up after the
+     * callback returns, not inside it. */
+    assert_true(loopnet_send_str(e->client.fd, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n"
+                                               "GET /b HTTP/1.1\r\nHost: a\r\n\r\n"
+                                               "GET /c HTTP/1.1\r\nHost: a\r\n\r\n"));
+    assert_true(RUN_UNTIL(loopnet_has(&e->client, "answer 2.")));
+    assert_true(at(e, "answer 0.") < at(e, "answer 1."));
+    assert_true(at(e, "answer 1.") < at(e, "answer 2."));
+    assert_int_equal(c->requests_served, 3);
+    assert_string_equal(e->fk.events, "NSHRFNSHRFNSHRF");
+    assert_false(conns_empty(e));
+}
+
 static const char expect_head[] = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n"
                                   "Expect: 100-continue\r\n\r\n";
 
@@ -642,6 +660,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_head_then_body_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keepalive_two_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipelined_requests_wait_their_turn, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_requests_answered_at_once, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_continue_only_after_head_accepted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejected_at_head_gets_no_continue_and_closes, setup,
                                         teardown),

@@ -210,6 +210,10 @@ struct env {
     struct loopnet_peer *peers[2];
     struct conn *c;
     struct endpoint *ep;
+    /* Bytes the replica writes as the socket takes them (see feed_replica). */
+    const char *feed;
+    size_t feed_len, feed_off;
+    size_t max_pending; /* the most client output conn held */
 };
 
 static struct timeval ms_tv(long ms)
@@ -295,20 +299,47 @@ static int teardown(void **state)
     return 0;
 }
 
-#define RUN_UNTIL(cond) LOOPNET_RUN_UNTIL(e->base, e->peers, 2, (cond))
+/* Writes what the replica still has to send, without blocking, and notes
+ * how much client output conn holds. Always true (used inside conditions). */
+static bool feed_replica(struct env *e)
+{
+    while (e->feed && e->feed_off < e->feed_len && e->replica.fd >= 0) {
+        ssize_t n = send(e->replica.fd, e->feed + e->feed_off, e->feed_len - e->feed_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n <= 0) {
+            break;
+        }
+        e->feed_off += (size_t)n;
+    }
+    if (e->c && !list_empty(&e->net.conns) && conn_out_pending(e->c) > e->max_pending) {
+        e->max_pending = conn_out_pending(e->c);
+    }
+    return true;
+}
+
+#define RUN_UNTIL(cond) LOOPNET_RUN_UNTIL(e->base, e->peers, 2, feed_replica(e) && (cond))
 #define RUN_FOR(ms) LOOPNET_RUN_FOR(e->base, e->peers, 2, (ms))
 
-/* The client's connection, as the proxy's listener would make it. */
-static void open_client(struct env *e)
+/* The client's connection, as the proxy's listener would make it; bufsize
+ * > 0 shrinks the client's window and thaw's send buffer (a slow reader). */
+static void open_client_buffered(struct env *e, int bufsize)
 {
-    int cfd = loopnet_connect(e->client_port, 0);
+    int cfd = loopnet_connect(e->client_port, bufsize);
     assert_true(cfd >= 0);
     struct sockaddr_in peer;
     int sfd = loopnet_accept(e->client_lfd, &peer);
     assert_true(sfd >= 0);
+    if (bufsize > 0) {
+        setsockopt(sfd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof bufsize);
+    }
     loopnet_peer_init(&e->client, cfd);
     e->c = conn_new(&e->net, sfd, &e->req_limits, &client_handler, e, (struct sockaddr *)&peer);
     assert_non_null(e->c);
+}
+
+static void open_client(struct env *e)
+{
+    open_client_buffered(e, 0);
 }
 
 /* The client sends req; returns it once conn has handed it over. */
@@ -620,6 +651,116 @@ static void test_client_leaving_cancels_the_upstream(void **state)
     assert_int_equal(e->ep->n_idle, 0);
 }
 
+static void test_slow_client_pauses_reading_from_the_replica(void **state)
+{
+    struct env *e = *state;
+    open_client_buffered(e, 8192);
+    e->client.paused = true;
+    e->client.step = 16384;
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    int small = 16384;
+    setsockopt(e->replica.fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    size_t body = 4 << 20;
+    const char *head = "HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\n\r\n";
+    char *resp = malloc(strlen(head) + body);
+    assert_non_null(resp);
+    memcpy(resp, head, strlen(head));
+    memset(resp + strlen(head), 'y', body);
+    e->feed = resp;
+    e->feed_len = strlen(head) + body;
+    /* The client does not read: upstream stops reading the replica once
+     * the client's output passes the high water mark. */
+    assert_true(RUN_UNTIL(fr->up.up && fr->up.up->reading_paused));
+    size_t pending = conn_out_pending(e->c);
+    assert_true(pending > CONN_OUT_HIGH_WATER);
+    RUN_FOR(50);
+    /* Nothing more was read: the client's output only shrinks (as the
+     * kernel takes some), and the replica is held back in turn. */
+    assert_true(conn_out_pending(e->c) <= pending);
+    assert_true(fr->up.up->reading_paused);
+    assert_true(e->feed_off < e->feed_len / 2);
+    /* The client reads: everything arrives and the exchange completes. */
+    e->client.paused = false;
+    assert_true(RUN_UNTIL(fk.dones == 1 && e->client.got.len >= body));
+    assert_true(loopnet_has(&e->client, "Content-Length: 4194304\r\n"));
+    assert_true(e->client.got.data[e->client.got.len - 1] == 'y');
+    /* Never much more than a read's worth above the mark. */
+    assert_true(e->max_pending <= CONN_OUT_HIGH_WATER + CONN_SCRATCH_BYTES);
+    assert_int_equal(e->ep->n_idle, 1);
+    e->feed = NULL;
+    free(resp);
+}
+
+static void test_close_delimited_body_is_rechunked(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nhello"));
+    assert_true(RUN_UNTIL(loopnet_has(&e->client, "hello")));
+    assert_int_equal(fk.dones, 0); /* the body ends when the replica closes */
+    close(e->replica.fd);
+    e->replica.fd = -1;
+    assert_true(RUN_UNTIL(fk.dones == 1 && loopnet_has(&e->client, "0\r\n\r\n")));
+    assert_int_equal(fk.last_status, 200);
+    assert_true(loopnet_has(&e->client, "Transfer-Encoding: chunked\r\n"));
+    assert_true(loopnet_has(&e->client, "\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
+    assert_int_equal(e->ep->n_idle, 0); /* closed by the replica: not pooled */
+    /* The client's connection stays open for its next request. */
+    RUN_FOR(20);
+    assert_false(e->client.eof);
+    assert_false(list_empty(&e->net.conns));
+}
+
+static void test_silent_replica_times_out_with_504(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    fr->up.first_byte_timeout_ms = 100; /* read when the request is sent */
+    replica_accept(e);
+    assert_true(RUN_UNTIL(fk.fails == 1 && loopnet_has(&e->client, "}}\n")));
+    assert_false(fk.failed_started);
+    assert_int_equal(fk.last_reason, REJECT_UPSTREAM_TIMEOUT);
+    assert_true(loopnet_has(&e->client, "HTTP/1.1 504 "));
+    assert_int_equal(e->ep->n_idle, 0);
+    assert_true(RUN_UNTIL(e->replica.eof));
+}
+
+static void test_client_leaving_mid_response(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    assert_true(loopnet_send_str(e->replica.fd,
+                                 "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nabc"));
+    assert_true(RUN_UNTIL(loopnet_has(&e->client, "abc")));
+    close(e->client.fd);
+    e->client.fd = -1;
+    /* The replica goes on streaming; the writes to the client fail. */
+    static char more[256 * 1024];
+    memset(more, 'z', sizeof more);
+    e->feed = more;
+    e->feed_len = sizeof more;
+    assert_true(RUN_UNTIL(fk.gones + fk.fails > 0 && list_empty(&e->net.conns)));
+    assert_int_equal(fk.gones, 1);
+    assert_int_equal(fk.fails, 0);
+    assert_string_equal(fk.events, "T1GOC");
+    assert_int_equal(e->ep->n_idle, 0); /* mid-response: not pooled */
+    assert_true(RUN_UNTIL(e->replica.eof || e->replica.err));
+    e->feed = NULL;
+}
+
 int main(void)
 {
     log_init(LOG_ERROR);
@@ -643,6 +784,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_interim_100_is_skipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_cancels_the_upstream, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_slow_client_pauses_reading_from_the_replica, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_close_delimited_body_is_rechunked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_silent_replica_times_out_with_504, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_leaving_mid_response, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
