@@ -16,7 +16,7 @@
 
 #include "loopnet.h"
 
-#define MAX_EX 32
+#define MAX_EX 4096
 
 struct fake_ex {
     struct exchange ex;
@@ -32,6 +32,7 @@ struct fake {
     char events[128]; /* N new, S start, H head, B body grew, R request, J reject, A abort, F free */
     size_t n_events;
     int head_answer;     /* what on_head returns (REJECT_COUNT: go on) */
+    size_t body_limit;   /* on_body rejects a body past this (0: no limit) */
     bool answer_at_once; /* on_request answers before returning */
     struct exchange *waiting; /* handed over, not answered yet */
     struct conn *waiting_conn;
@@ -111,9 +112,14 @@ static int fk_on_head(struct conn *c, struct exchange *x)
 static bool fk_on_body(struct conn *c, struct exchange *x)
 {
     struct fake_ex *fx = fx_of(x);
+    struct fake *f = c->ud;
     if (x->body.len > fx->body_seen) {
         fx->body_seen = x->body.len;
-        note(c->ud, 'B');
+        note(f, 'B');
+    }
+    if (f->body_limit && x->body.len > f->body_limit) {
+        conn_reject(c, REJECT_BODY_BUFFER_FULL, NULL);
+        return false;
     }
     return true;
 }
@@ -653,6 +659,84 @@ static void test_drain_closes_an_idle_connection(void **state)
     assert_int_equal(e->client.got.len, got); /* nothing more was sent */
 }
 
+static void test_rejected_while_the_body_arrives_closes(void **state)
+{
+    struct env *e = *state;
+    e->fk.body_limit = 8;
+    open_conn(e, 0, 0);
+    assert_true(loopnet_send_str(e->client.fd, "POST / HTTP/1.1\r\nHost: a\r\n"
+                                               "Content-Length: 100\r\n\r\n0123456789"));
+    assert_true(RUN_UNTIL(e->client.eof || e->client.err));
+    assert_int_equal(e->client.err, 0);
+    assert_int_equal(at(e, "HTTP/1.1 503 "), 0);
+    assert_true(loopnet_has(&e->client, "Retry-After: 1\r\n"));
+    assert_true(loopnet_has(&e->client, "Connection: close\r\n"));
+    assert_int_equal(e->fk.last_reject, REJECT_BODY_BUFFER_FULL);
+    assert_int_equal(e->fk.requests, 0);
+    assert_int_equal(e->fk.aborts, 0);
+    /* The rest of the body is discarded, not parsed as a request. */
+    assert_int_equal(send(e->client.fd, "GET / HTTP/1.1\r\nHost: a\r\n\r\n", 29, MSG_NOSIGNAL), 29);
+    RUN_FOR(20);
+    assert_int_equal(e->fk.allocs, 1);
+}
+
+static void test_idle_body_times_out_with_408(void **state)
+{
+    struct env *e = *state;
+    e->tv_body = ms_tv(100);
+    open_conn(e, 0, 0);
+    assert_true(loopnet_send_str(e->client.fd, "POST / HTTP/1.1\r\nHost: a\r\n"
+                                               "Content-Length: 100\r\n\r\n0123"));
+    assert_true(RUN_UNTIL(e->client.eof));
+    assert_int_equal(at(e, "HTTP/1.1 408 "), 0);
+    assert_true(loopnet_has(&e->client, "\"type\":\"body_timeout\""));
+    assert_int_equal(e->fk.last_reject, REJECT_BODY_TIMEOUT);
+    assert_int_equal(e->fk.requests, 0);
+}
+
+/* Many small requests pipelined behind one that is held: more than
+ * CONN_PIPELINE_MAX waits, reading pauses, and every one is answered in
+ * order once the first is. */
+static void test_pipeline_overflow_pauses_then_all_answered(void **state)
+{
+    struct env *e = *state;
+    struct conn *c = open_conn(e, 0, 0);
+    const char *one = "GET /p HTTP/1.1\r\nHost: a\r\n\r\n";
+    size_t n = 3000, len = strlen(one);
+    char *all = malloc(n * len);
+    assert_non_null(all);
+    for (size_t i = 0; i < n; i++) {
+        memcpy(all + i * len, one, len);
+    }
+    assert_true(loopnet_send(e->client.fd, all, len)); /* the first, held */
+    assert_true(RUN_UNTIL(e->fk.requests == 1));
+    size_t off = len;
+    /* The rest as the socket takes it, running the loop meanwhile. */
+    assert_true(RUN_UNTIL(({
+        ssize_t w = send(e->client.fd, all + off, n * len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            off += (size_t)w;
+        }
+        c->read_paused;
+    })));
+    assert_true(buf_unread(&c->in) > CONN_PIPELINE_MAX);
+    assert_int_equal(e->fk.allocs, 1);
+    e->fk.answer_at_once = true;
+    answer(c, e->fk.waiting);
+    assert_true(RUN_UNTIL(({
+        ssize_t w = off < n * len ? send(e->client.fd, all + off, n * len - off,
+                                         MSG_NOSIGNAL | MSG_DONTWAIT)
+                                  : 0;
+        if (w > 0) {
+            off += (size_t)w;
+        }
+        loopnet_count(&e->client, "HTTP/1.1 200 OK") == (int)n;
+    })));
+    assert_int_equal(c->requests_served, n);
+    assert_int_equal(e->fk.frees, (int)n);
+    free(all);
+}
+
 int main(void)
 {
     log_init(LOG_ERROR);
@@ -675,6 +759,11 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_mid_body_aborts_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_while_handled_aborts_once, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_rejected_while_the_body_arrives_closes, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_idle_body_times_out_with_408, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipeline_overflow_pauses_then_all_answered, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_backpressure_on_a_slow_reader, setup, teardown),
         cmocka_unit_test_setup_teardown(test_draining_closes_after_current_answer, setup,

@@ -761,6 +761,89 @@ static void test_client_leaving_mid_response(void **state)
     e->feed = NULL;
 }
 
+/* The replica answers the request just sent on its current connection. */
+static void replica_answers(struct env *e, const char *req_up, const char *response)
+{
+    assert_true(RUN_UNTIL(loopnet_has(&e->replica, req_up)));
+    assert_true(loopnet_send_str(e->replica.fd, response));
+}
+
+static void test_head_response_has_no_body(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    struct fake_req *fr = client_request(e, "HEAD /x HTTP/1.1\r\nHost: a\r\n\r\n");
+    dispatch(e, fr, "HEAD /x HTTP/1.1\r\nHost: replica\r\n\r\n");
+    replica_accept(e);
+    replica_answers(e, "HEAD /x", "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n");
+    /* Complete at the end of the head, and the connection is reusable. */
+    assert_true(RUN_UNTIL(fk.dones == 1));
+    assert_true(loopnet_has(&e->client, "Content-Length: 100\r\n\r\n"));
+    assert_int_equal(e->ep->n_idle, 1);
+    round_trip(e, false);
+    assert_int_equal(e->metrics.upstream_reused, 1);
+}
+
+static void test_chunked_to_an_http10_client_is_decoded(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    struct fake_req *fr = client_request(e, "GET /x HTTP/1.0\r\n\r\n");
+    dispatch(e, fr, "GET /x HTTP/1.1\r\nHost: replica\r\n\r\n");
+    replica_accept(e);
+    replica_answers(e, "GET /x", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                 "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+    assert_true(RUN_UNTIL(fk.dones == 1 && e->client.eof));
+    assert_true(loopnet_has(&e->client, "\r\n\r\nabcde"));
+    assert_false(loopnet_has(&e->client, "chunked"));
+    assert_true(loopnet_has(&e->client, "Connection: close\r\n"));
+    /* The replica's side was complete and keep-alive: pooled. */
+    assert_int_equal(e->ep->n_idle, 1);
+}
+
+static void test_replica_saying_close_is_not_pooled(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    replica_answers(e, "GET /v1/models",
+                    "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
+    assert_true(RUN_UNTIL(fk.dones == 1 && e->replica.eof));
+    assert_int_equal(e->ep->n_idle, 0);
+    assert_false(loopnet_has(&e->client, "Connection: close")); /* the client's stays */
+}
+
+static void test_replica_keepalive_timeout_zero_is_not_pooled(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    replica_answers(e, "GET /v1/models",
+                    "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nKeep-Alive: timeout=0\r\n\r\nok");
+    assert_true(RUN_UNTIL(fk.dones == 1 && e->replica.eof));
+    assert_int_equal(e->ep->n_idle, 0);
+}
+
+static void test_nothing_is_pooled_while_draining(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    e->draining = true;
+    e->net.draining = true;
+    assert_true(loopnet_send_str(e->replica.fd, ok_response));
+    assert_true(RUN_UNTIL(fk.dones == 1 && e->replica.eof && e->client.eof));
+    assert_int_equal(e->ep->n_idle, 0);
+    assert_true(loopnet_has(&e->client, "Connection: close\r\n"));
+}
+
 int main(void)
 {
     log_init(LOG_ERROR);
@@ -789,6 +872,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_close_delimited_body_is_rechunked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silent_replica_times_out_with_504, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_mid_response, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_head_response_has_no_body, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_chunked_to_an_http10_client_is_decoded, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_replica_saying_close_is_not_pooled, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replica_keepalive_timeout_zero_is_not_pooled, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_nothing_is_pooled_while_draining, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
