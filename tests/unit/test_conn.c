@@ -737,6 +737,38 @@ static void test_pipeline_overflow_pauses_then_all_answered(void **state)
     free(all);
 }
 
+static void test_keepalive_idle_timeout_closes_quietly(void **state)
+{
+    struct env *e = *state;
+    e->fk.answer_at_once = true;
+    e->tv_keepalive = ms_tv(100);
+    open_conn(e, 0, 0);
+    assert_true(loopnet_send_str(e->client.fd, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n"));
+    assert_true(RUN_UNTIL(loopnet_has(&e->client, "answer 0.")));
+    size_t got = e->client.got.len;
+    assert_true(RUN_UNTIL(conns_empty(e)));
+    assert_true(RUN_UNTIL(e->client.eof));
+    assert_int_equal(e->client.got.len, got); /* no 408 between requests */
+    assert_int_equal(e->fk.allocs, 1);
+}
+
+static void test_client_not_reading_times_out_and_aborts_once(void **state)
+{
+    struct env *e = *state;
+    e->fk.big_answer = true;
+    e->fk.big_total = 1 << 20;
+    e->tv_send = ms_tv(150);
+    open_conn(e, 8192, 8192);
+    e->client.paused = true;
+    assert_true(loopnet_send_str(e->client.fd, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n"));
+    assert_true(RUN_UNTIL(e->fk.went_over));
+    assert_true(RUN_UNTIL(conns_empty(e)));
+    assert_int_equal(e->fk.aborts, 1);
+    assert_int_equal(e->fk.last_abort, ABORT_SEND_TIMEOUT);
+    assert_int_equal(e->fk.frees, 1);
+    assert_true(e->fk.big_written < e->fk.big_total);
+}
+
 int main(void)
 {
     log_init(LOG_ERROR);
@@ -764,6 +796,10 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_idle_body_times_out_with_408, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_overflow_pauses_then_all_answered, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_keepalive_idle_timeout_closes_quietly, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_client_not_reading_times_out_and_aborts_once, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_backpressure_on_a_slow_reader, setup, teardown),
         cmocka_unit_test_setup_teardown(test_draining_closes_after_current_answer, setup,

@@ -120,13 +120,14 @@ static void runtime_wire(struct env *e, struct config *cfg)
 }
 
 /* Model "m" on the static backend, its endpoints in this order. */
-static void add_static_model(struct env *e, unsigned max_concurrency, const char *ep0,
-                             const char *ep1)
+static void add_static_model_with(struct env *e, unsigned max_concurrency, const char *ep0,
+                                  const char *ep1, const char *more_keys)
 {
     char text[512];
     snprintf(text, sizeof text,
-             "{\"models\":[{\"name\":\"m\",\"max_concurrency\":%u,\"endpoints\":[\"%s\"%s%s%s]}]}",
-             max_concurrency, ep0, ep1 ? ",\"" : "", ep1 ? ep1 : "", ep1 ? "\"" : "");
+             "{\"models\":[{\"name\":\"m\",\"max_concurrency\":%u,%s\"endpoints\":[\"%s\"%s%s%s]}]}",
+             max_concurrency, more_keys, ep0, ep1 ? ",\"" : "", ep1 ? ep1 : "",
+             ep1 ? "\"" : "");
     struct config_error err;
     struct config *cfg = config_parse(text, strlen(text), "test", &err);
     if (!cfg) {
@@ -139,6 +140,12 @@ static void add_static_model(struct env *e, unsigned max_concurrency, const char
     e->m = fleet_add_model(&e->rt.fleet, &cfg->models[0], &conflicts);
     assert_non_null(e->m);
     assert_int_equal(e->static_backend->ops->attach(e->static_backend, e->m, &cfg->models[0]), 0);
+}
+
+static void add_static_model(struct env *e, unsigned max_concurrency, const char *ep0,
+                             const char *ep1)
+{
+    add_static_model_with(e, max_concurrency, ep0, ep1, "");
 }
 
 static int setup(void **state)
@@ -380,6 +387,69 @@ static void test_refused_connect_retries_elsewhere_and_ejects(void **state)
     assert_int_equal(e->m->stats.upstream_errors, 0);
 }
 
+static void test_client_leaving_the_queue_is_not_dispatched(void **state)
+{
+    struct env *e = *state;
+    add_static_model(e, 1, rep_addr(e, 0), NULL);
+    int a = open_client(e), b = open_client(e), c = open_client(e);
+    client_send(e, a, "one");
+    assert_true(RUN_UNTIL(where(e, "one") >= 0));
+    client_send(e, b, "two");
+    client_send(e, c, "three");
+    assert_true(RUN_UNTIL(e->m->queue.count == 2));
+    /* "two" gives up while it waits. */
+    close(e->clients[b].fd);
+    e->clients[b].fd = -1;
+    assert_true(RUN_UNTIL(e->m->queue.count == 1));
+    replica_answer(e, where(e, "one"), "A1");
+    assert_true(RUN_UNTIL(where(e, "three") >= 0));
+    assert_int_equal(where(e, "two"), -1);
+    replica_answer(e, where(e, "three"), "A3");
+    assert_true(RUN_UNTIL(loopnet_has(&e->clients[c], "A3")));
+    assert_int_equal(e->m->stats.proxied, 2);
+    assert_int_equal(e->m->stats.aborted, 1);
+}
+
+static void test_queue_deadline_answers_504(void **state)
+{
+    struct env *e = *state;
+    add_static_model_with(e, 1, rep_addr(e, 0), NULL, "\"queue_timeout_ms\":100,");
+    int a = open_client(e), b = open_client(e);
+    client_send(e, a, "one");
+    assert_true(RUN_UNTIL(where(e, "one") >= 0));
+    client_send(e, b, "two");
+    assert_true(RUN_UNTIL(loopnet_has(&e->clients[b], "}}\n")));
+    assert_true(loopnet_has(&e->clients[b], "HTTP/1.1 504 "));
+    assert_true(loopnet_has(&e->clients[b], "\"type\":\"queue_timeout\""));
+    assert_true(loopnet_has(&e->clients[b], "\"model\":\"m\""));
+    assert_int_equal(e->m->queue.count, 0);
+    assert_int_equal(e->m->stats.rejections[REJECT_QUEUE_TIMEOUT], 1);
+    /* The request at the replica is not disturbed. */
+    replica_answer(e, where(e, "one"), "A1");
+    assert_true(RUN_UNTIL(loopnet_has(&e->clients[a], "A1")));
+    assert_int_equal(where(e, "two"), -1);
+}
+
+static void test_every_replica_refusing_answers_502(void **state)
+{
+    struct env *e = *state;
+    const char *a0 = rep_addr(e, 0), *a1 = rep_addr(e, 1);
+    for (int i = 0; i < 2; i++) {
+        close(e->rep[i].lfd);
+        e->rep[i].lfd = -1;
+    }
+    add_static_model(e, 4, a0, a1);
+    int a = open_client(e);
+    client_send(e, a, "one");
+    assert_true(RUN_UNTIL(loopnet_has(&e->clients[a], "}}\n")));
+    assert_true(loopnet_has(&e->clients[a], "HTTP/1.1 502 "));
+    assert_true(loopnet_has(&e->clients[a], "\"type\":\"upstream_connect_failed\""));
+    /* Each replica was tried once. */
+    assert_int_equal(endpoint_at(e, 0)->connect_failures, 1);
+    assert_int_equal(endpoint_at(e, 1)->connect_failures, 1);
+    assert_int_equal(e->m->stats.rejections[REJECT_UPSTREAM_CONNECT], 1);
+}
+
 int main(void)
 {
     log_init(LOG_ERROR);
@@ -390,6 +460,10 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_refused_connect_retries_elsewhere_and_ejects, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_client_leaving_the_queue_is_not_dispatched, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_queue_deadline_answers_504, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_every_replica_refusing_answers_502, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
