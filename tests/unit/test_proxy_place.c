@@ -450,6 +450,38 @@ static void test_every_replica_refusing_answers_502(void **state)
     assert_int_equal(e->m->stats.rejections[REJECT_UPSTREAM_CONNECT], 1);
 }
 
+/* Two requests pipelined on one client connection: the second is taken up
+ * when the first's response ends, from inside the replica connection's
+ * callback, and goes out on that same connection, just pooled. */
+static void test_pipelined_requests_reuse_the_replica_connection(void **state)
+{
+    struct env *e = *state;
+    add_static_model(e, 1, rep_addr(e, 0), NULL);
+    int a = open_client(e);
+    char body1[64], body2[64], req[512];
+    int n1 = snprintf(body1, sizeof body1, "{\"model\":\"m\",\"prompt\":\"one\"}");
+    int n2 = snprintf(body2, sizeof body2, "{\"model\":\"m\",\"prompt\":\"two\"}");
+    snprintf(req, sizeof req,
+             "POST /v1/completions HTTP/1.1\r\nHost: thaw\r\nContent-Length: %d\r\n\r\n%s"
+             "POST /v1/completions HTTP/1.1\r\nHost: thaw\r\nContent-Length: %d\r\n\r\n%s",
+             n1, body1, n2, body2);
+    assert_true(loopnet_send_str(e->clients[a].fd, req));
+    assert_true(RUN_UNTIL(where(e, "one") >= 0));
+    RUN_FOR(20);
+    assert_int_equal(where(e, "two"), -1); /* in order: not before the first is answered */
+    replica_answer(e, where(e, "one"), "A1");
+    assert_true(RUN_UNTIL(where(e, "two") >= 0));
+    assert_int_equal(where(e, "two"), 0); /* the same connection */
+    assert_int_equal(e->rep[0].n_conns, 1);
+    replica_answer(e, where(e, "two"), "A2");
+    assert_true(RUN_UNTIL(loopnet_has(&e->clients[a], "A2")));
+    const char *got = e->clients[a].got.data;
+    size_t len = e->clients[a].got.len;
+    assert_true((const char *)memmem(got, len, "A1", 2) < (const char *)memmem(got, len, "A2", 2));
+    assert_int_equal(e->m->stats.proxied, 2);
+    assert_int_equal(e->rt.metrics.upstream_reused, 1);
+}
+
 int main(void)
 {
     log_init(LOG_ERROR);
@@ -464,6 +496,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_queue_deadline_answers_504, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_replica_refusing_answers_502, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_requests_reuse_the_replica_connection,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
