@@ -214,6 +214,9 @@ struct env {
     const char *feed;
     size_t feed_len, feed_off;
     size_t max_pending; /* the most client output conn held */
+    /* The same for what the client sends. */
+    const char *client_feed;
+    size_t client_feed_len, client_feed_off;
 };
 
 static struct timeval ms_tv(long ms)
@@ -310,6 +313,14 @@ static bool feed_replica(struct env *e)
             break;
         }
         e->feed_off += (size_t)n;
+    }
+    while (e->client_feed && e->client_feed_off < e->client_feed_len && e->client.fd >= 0) {
+        ssize_t n = send(e->client.fd, e->client_feed + e->client_feed_off,
+                         e->client_feed_len - e->client_feed_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n <= 0) {
+            break;
+        }
+        e->client_feed_off += (size_t)n;
     }
     if (e->c && !list_empty(&e->net.conns) && conn_out_pending(e->c) > e->max_pending) {
         e->max_pending = conn_out_pending(e->c);
@@ -844,6 +855,39 @@ static void test_nothing_is_pooled_while_draining(void **state)
     assert_true(loopnet_has(&e->client, "Connection: close\r\n"));
 }
 
+/* A body larger than the socket takes at once goes out in pieces, after
+ * its head, byte for byte. */
+static void test_large_body_goes_out_whole(void **state)
+{
+    struct env *e = *state;
+    e->req_limits.max_body_bytes = 8 << 20;
+    open_client(e);
+    size_t body = 3 << 20;
+    const char *head = "POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 3145728\r\n\r\n";
+    char *req = malloc(strlen(head) + body);
+    assert_non_null(req);
+    memcpy(req, head, strlen(head));
+    for (size_t i = 0; i < body; i++) {
+        req[strlen(head) + i] = (char)('a' + i % 26);
+    }
+    e->client_feed = req;
+    e->client_feed_len = strlen(head) + body;
+    assert_true(RUN_UNTIL(fk.waiting != NULL));
+    struct fake_req *fr = fk.waiting;
+    fk.waiting = NULL;
+    const char *up_head = "POST /v1/x HTTP/1.1\r\nHost: replica\r\nContent-Length: 3145728\r\n\r\n";
+    dispatch(e, fr, up_head);
+    replica_accept(e);
+    e->replica.step = 8192; /* a replica reading slowly: thaw waits for room */
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(up_head) + body));
+    assert_memory_equal(e->replica.got.data, up_head, strlen(up_head));
+    assert_memory_equal(e->replica.got.data + strlen(up_head), req + strlen(head), body);
+    assert_true(loopnet_send_str(e->replica.fd, ok_response));
+    assert_true(RUN_UNTIL(fk.dones == 1));
+    e->client_feed = NULL;
+    free(req);
+}
+
 int main(void)
 {
     log_init(LOG_ERROR);
@@ -879,6 +923,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_replica_keepalive_timeout_zero_is_not_pooled, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_nothing_is_pooled_while_draining, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_large_body_goes_out_whole, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
