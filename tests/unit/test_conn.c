@@ -33,6 +33,7 @@ struct fake {
     size_t n_events;
     int head_answer;     /* what on_head returns (REJECT_COUNT: go on) */
     size_t body_limit;   /* on_body rejects a body past this (0: no limit) */
+    uint64_t fx_bytes;   /* body bytes a test trickled */
     bool answer_at_once; /* on_request answers before returning */
     struct exchange *waiting; /* handed over, not answered yet */
     struct conn *waiting_conn;
@@ -770,6 +771,43 @@ static void test_client_not_reading_times_out_and_aborts_once(void **state)
     assert_true(e->fk.big_written < e->fk.big_total);
 }
 
+static void test_chunked_body_reaches_on_request_decoded(void **state)
+{
+    struct env *e = *state;
+    e->fk.answer_at_once = true;
+    open_conn(e, 0, 0);
+    assert_true(loopnet_send_str(e->client.fd, "POST / HTTP/1.1\r\nHost: a\r\n"
+                                               "Transfer-Encoding: chunked\r\n\r\n"
+                                               "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"));
+    assert_true(RUN_UNTIL(loopnet_has(&e->client, "answer 0.")));
+    assert_string_equal(e->fk.last_body, "hello world");
+    assert_false(conns_empty(e));
+}
+
+static void test_trickled_body_hits_the_total_deadline(void **state)
+{
+    struct env *e = *state;
+    e->ctx.body_total_timeout_ms = 200; /* the idle body timeout stays 3 s */
+    open_conn(e, 0, 0);
+    assert_true(loopnet_send_str(e->client.fd, "POST / HTTP/1.1\r\nHost: a\r\n"
+                                               "Content-Length: 100\r\n\r\n"));
+    uint64_t start = loopnet_now_ms();
+    /* A byte every 20 ms: never idle for long, never done. */
+    assert_true(RUN_UNTIL(({
+        if (!e->client.got.len && (loopnet_now_ms() - start) / 20 > e->fk.fx_bytes) {
+            e->fk.fx_bytes++;
+            send(e->client.fd, "x", 1, MSG_NOSIGNAL);
+        }
+        e->client.eof || e->client.err;
+    })));
+    uint64_t took = loopnet_now_ms() - start;
+    assert_true(took >= 190 && took < 1500);
+    assert_int_equal(at(e, "HTTP/1.1 408 "), 0);
+    assert_true(loopnet_has(&e->client, "the whole body took longer than allowed"));
+    assert_int_equal(e->fk.last_reject, REJECT_BODY_TIMEOUT);
+    assert_true(e->fk.fx_bytes >= 5);
+}
+
 int main(void)
 {
     log_init(LOG_ERROR);
@@ -801,6 +839,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_keepalive_idle_timeout_closes_quietly, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_client_not_reading_times_out_and_aborts_once, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_chunked_body_reaches_on_request_decoded, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_trickled_body_hits_the_total_deadline, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_backpressure_on_a_slow_reader, setup, teardown),
         cmocka_unit_test_setup_teardown(test_draining_closes_after_current_answer, setup,
