@@ -90,8 +90,8 @@ static inline int loopnet_connect(uint16_t port, int rcvbuf)
     if (rcvbuf > 0) {
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     }
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
         close(fd);
         return -1;
@@ -100,7 +100,8 @@ static inline int loopnet_connect(uint16_t port, int rcvbuf)
     return fd;
 }
 
-/* Sends all of s on a non-blocking socket (small test payloads). */
+/* Sends all of data on a non-blocking socket, waiting (without running the
+ * loop) while the socket is full: for payloads the kernel buffers take. */
 static inline bool loopnet_send(int fd, const void *data, size_t len)
 {
     const char *p = data;
@@ -200,34 +201,34 @@ static inline int loopnet_count(const struct loopnet_peer *p, const char *needle
 
 /* Runs the loop without blocking, pumping the peers given, until cond holds
  * or LOOPNET_WAIT_MS passes. Evaluates to cond's final value. */
-#define LOOPNET_RUN_UNTIL(base, peers, npeers, cond)                                     \
-    __extension__({                                                                    \
-        uint64_t until_ = loopnet_now_ms() + LOOPNET_WAIT_MS;                           \
-        bool ok_;                                                                       \
-        for (;;) {                                                                      \
-            event_base_loop((base), EVLOOP_NONBLOCK);                                   \
-            for (int i_ = 0; i_ < (npeers); i_++) {                                     \
-                loopnet_pump((peers)[i_]);                                              \
-            }                                                                           \
-            if ((ok_ = (cond)) || loopnet_now_ms() > until_) {                          \
-                break;                                                                  \
-            }                                                                           \
-            loopnet_nap();                                                              \
-        }                                                                               \
-        ok_;                                                                            \
+#define LOOPNET_RUN_UNTIL(base, peers, npeers, cond)                                               \
+    __extension__({                                                                                \
+        uint64_t until_ = loopnet_now_ms() + LOOPNET_WAIT_MS;                                      \
+        bool ok_;                                                                                  \
+        for (;;) {                                                                                 \
+            event_base_loop((base), EVLOOP_NONBLOCK);                                              \
+            for (int i_ = 0; i_ < (npeers); i_++) {                                                \
+                loopnet_pump((peers)[i_]);                                                         \
+            }                                                                                      \
+            if ((ok_ = (cond)) || loopnet_now_ms() > until_) {                                     \
+                break;                                                                             \
+            }                                                                                      \
+            loopnet_nap();                                                                         \
+        }                                                                                          \
+        ok_;                                                                                       \
     })
 
 /* Runs the loop for about ms milliseconds (to see that nothing happens). */
-#define LOOPNET_RUN_FOR(base, peers, npeers, ms)                                         \
-    do {                                                                                \
-        uint64_t until_ = loopnet_now_ms() + (ms);                                      \
-        while (loopnet_now_ms() < until_) {                                             \
-            event_base_loop((base), EVLOOP_NONBLOCK);                                   \
-            for (int i_ = 0; i_ < (npeers); i_++) {                                     \
-                loopnet_pump((peers)[i_]);                                              \
-            }                                                                           \
-            loopnet_nap();                                                              \
-        }                                                                               \
+#define LOOPNET_RUN_FOR(base, peers, npeers, ms)                                                   \
+    do {                                                                                           \
+        uint64_t until_ = loopnet_now_ms() + (ms);                                                 \
+        while (loopnet_now_ms() < until_) {                                                        \
+            event_base_loop((base), EVLOOP_NONBLOCK);                                              \
+            for (int i_ = 0; i_ < (npeers); i_++) {                                                \
+                loopnet_pump((peers)[i_]);                                                         \
+            }                                                                                      \
+            loopnet_nap();                                                                         \
+        }                                                                                          \
     } while (0)
 
 #endif

@@ -29,12 +29,13 @@ struct fake_ex {
 struct fake {
     int allocs, frees, heads, requests, aborts, rejects;
     bool freed[MAX_EX];
-    char events[128]; /* N new, S start, H head, B body grew, R request, J reject, A abort, F free */
+    char
+        events[128]; /* N new, S start, H head, B body grew, R request, J reject, A abort, F free */
     size_t n_events;
-    int head_answer;     /* what on_head returns (REJECT_COUNT: go on) */
-    size_t body_limit;   /* on_body rejects a body past this (0: no limit) */
-    uint64_t fx_bytes;   /* body bytes a test trickled */
-    bool answer_at_once; /* on_request answers before returning */
+    int head_answer;          /* what on_head returns (REJECT_COUNT: go on) */
+    size_t body_limit;        /* on_body rejects a body past this (0: no limit) */
+    uint64_t fx_bytes;        /* body bytes a test trickled */
+    bool answer_at_once;      /* on_request answers before returning */
     struct exchange *waiting; /* handed over, not answered yet */
     struct conn *waiting_conn;
     char last_body[64]; /* the body on_request saw */
@@ -105,8 +106,7 @@ static int fk_on_head(struct conn *c, struct exchange *x)
     char b;
     f->heads++;
     note(f, 'H');
-    f->client_had_bytes_at_head =
-        recv(f->client_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+    f->client_had_bytes_at_head = recv(f->client_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
     return f->head_answer;
 }
 
@@ -166,8 +166,8 @@ static void start_big_answer(struct conn *c, struct exchange *x)
 {
     struct fake *f = c->ud;
     char head[128];
-    int n = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n",
-                     f->big_total);
+    int n =
+        snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n", f->big_total);
     x->state = REQ_ANSWERED;
     x->response_started = true;
     assert_int_equal(conn_write(c, head, (size_t)n), 0);
@@ -312,8 +312,8 @@ static struct conn *open_conn(struct env *e, int rcvbuf, int sndbuf)
     }
     loopnet_peer_init(&e->client, cfd);
     e->fk.client_fd = cfd;
-    struct conn *c = conn_new(&e->ctx, sfd, &e->lim, &fake_handler, &e->fk,
-                              (struct sockaddr *)&peer);
+    struct conn *c =
+        conn_new(&e->ctx, sfd, &e->lim, &fake_handler, &e->fk, (struct sockaddr *)&peer);
     assert_non_null(c);
     assert_string_equal(c->peer_ip, "127.0.0.1");
     return c;
@@ -325,9 +325,8 @@ static struct conn *open_conn(struct env *e, int rcvbuf, int sndbuf)
 /* Offset of s in what the client got, or -1. */
 static long at(struct env *e, const char *s)
 {
-    const char *p = e->client.got.len ? memmem(e->client.got.data, e->client.got.len, s,
-                                               strlen(s))
-                                      : NULL;
+    const char *p =
+        e->client.got.len ? memmem(e->client.got.data, e->client.got.len, s, strlen(s)) : NULL;
     return p ? p - e->client.got.data : -1;
 }
 
@@ -618,8 +617,8 @@ static void test_backpressure_on_a_slow_reader(void **state)
 
     e->client.paused = false;
     const char *end = "\r\n\r\n";
-    assert_true(RUN_UNTIL(at(e, end) > 0 &&
-                          e->client.got.len == (size_t)at(e, end) + 4 + e->fk.big_total));
+    assert_true(
+        RUN_UNTIL(at(e, end) > 0 && e->client.got.len == (size_t)at(e, end) + 4 + e->fk.big_total));
     assert_true(e->fk.drains >= 1);
     assert_true(e->fk.max_pending <= CONN_OUT_HIGH_WATER + BIG_CHUNK);
     assert_int_equal(e->fk.frees, 1);
@@ -726,9 +725,9 @@ static void test_pipeline_overflow_pauses_then_all_answered(void **state)
     e->fk.answer_at_once = true;
     answer(c, e->fk.waiting);
     assert_true(RUN_UNTIL(({
-        ssize_t w = off < n * len ? send(e->client.fd, all + off, n * len - off,
-                                         MSG_NOSIGNAL | MSG_DONTWAIT)
-                                  : 0;
+        ssize_t w = off < n * len
+                        ? send(e->client.fd, all + off, n * len - off, MSG_NOSIGNAL | MSG_DONTWAIT)
+                        : 0;
         if (w > 0) {
             off += (size_t)w;
         }
@@ -815,19 +814,17 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_head_then_body_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_keepalive_two_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipelined_requests_wait_their_turn, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_pipelined_requests_answered_at_once, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_requests_answered_at_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_continue_only_after_head_accepted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejected_at_head_gets_no_continue_and_closes, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_http10_without_keepalive_closes_after_answer, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_http10_keepalive_stays_open, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_malformed_request_gets_400_then_lingering_close,
-                                        setup, teardown),
-        cmocka_unit_test_setup_teardown(test_partial_head_times_out_with_408, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_silent_connection_times_out_with_408, setup,
+        cmocka_unit_test_setup_teardown(test_malformed_request_gets_400_then_lingering_close, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_partial_head_times_out_with_408, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_silent_connection_times_out_with_408, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_mid_body_aborts_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_gone_while_handled_aborts_once, setup,
                                         teardown),
@@ -845,8 +842,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_trickled_body_hits_the_total_deadline, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_backpressure_on_a_slow_reader, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_draining_closes_after_current_answer, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_draining_closes_after_current_answer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_drain_closes_an_idle_connection, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

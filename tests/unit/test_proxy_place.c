@@ -81,8 +81,8 @@ static void runtime_wire(struct env *e, struct config *cfg)
     rt->base = event_base_new();
     assert_non_null(rt->base);
     const struct config_limits *lim = &cfg->limits;
-    rt->req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
-                                          lim->max_body_bytes};
+    rt->req_limits =
+        (struct http_limits){lim->max_header_bytes, lim->max_headers, lim->max_body_bytes};
     rt->resp_limits = (struct http_limits){cfg->upstream.max_response_header_bytes, 1000, 0};
     e->tv_long = ms_tv(3000);
     e->tv_linger = ms_tv(200);
@@ -124,10 +124,10 @@ static void add_static_model_with(struct env *e, unsigned max_concurrency, const
                                   const char *ep1, const char *more_keys)
 {
     char text[512];
-    snprintf(text, sizeof text,
-             "{\"models\":[{\"name\":\"m\",\"max_concurrency\":%u,%s\"endpoints\":[\"%s\"%s%s%s]}]}",
-             max_concurrency, more_keys, ep0, ep1 ? ",\"" : "", ep1 ? ep1 : "",
-             ep1 ? "\"" : "");
+    snprintf(
+        text, sizeof text,
+        "{\"models\":[{\"name\":\"m\",\"max_concurrency\":%u,%s\"endpoints\":[\"%s\"%s%s%s]}]}",
+        max_concurrency, more_keys, ep0, ep1 ? ",\"" : "", ep1 ? ep1 : "", ep1 ? "\"" : "");
     struct config_error err;
     struct config *cfg = config_parse(text, strlen(text), "test", &err);
     if (!cfg) {
@@ -219,14 +219,15 @@ static bool replicas_pump(struct env *e)
     return true;
 }
 
-#define RUN_UNTIL(cond) LOOPNET_RUN_UNTIL(e->rt.base, e->peers, e->n_clients, replicas_pump(e) && (cond))
-#define RUN_FOR(ms)                                                                    \
-    do {                                                                               \
-        uint64_t stop_ = loopnet_now_ms() + (ms);                                      \
-        while (loopnet_now_ms() < stop_) {                                             \
-            LOOPNET_RUN_FOR(e->rt.base, e->peers, e->n_clients, 1);                    \
-            replicas_pump(e);                                                          \
-        }                                                                              \
+#define RUN_UNTIL(cond)                                                                            \
+    LOOPNET_RUN_UNTIL(e->rt.base, e->peers, e->n_clients, replicas_pump(e) && (cond))
+#define RUN_FOR(ms)                                                                                \
+    do {                                                                                           \
+        uint64_t stop_ = loopnet_now_ms() + (ms);                                                  \
+        while (loopnet_now_ms() < stop_) {                                                         \
+            LOOPNET_RUN_FOR(e->rt.base, e->peers, e->n_clients, 1);                                \
+            replicas_pump(e);                                                                      \
+        }                                                                                          \
     } while (0)
 
 static char addr_buf[2][32];
@@ -284,8 +285,8 @@ static int where(struct env *e, const char *tag)
 static void replica_answer(struct env *e, int at, const char *text)
 {
     char resp[256];
-    snprintf(resp, sizeof resp, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n%s",
-             strlen(text), text);
+    snprintf(resp, sizeof resp, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n%s", strlen(text),
+             text);
     assert_true(loopnet_send_str(e->rep[at / 16].conns[at % 16].fd, resp));
 }
 
@@ -321,8 +322,7 @@ static void test_least_loaded_first(void **state)
 
     replica_answer(e, where(e, "one"), "A1");
     replica_answer(e, where(e, "three"), "B3");
-    assert_true(RUN_UNTIL(loopnet_has(&e->clients[a], "A1") &&
-                          loopnet_has(&e->clients[c], "B3")));
+    assert_true(RUN_UNTIL(loopnet_has(&e->clients[a], "A1") && loopnet_has(&e->clients[c], "B3")));
     assert_int_equal(e->m->inflight, 0);
     assert_int_equal(e->m->stats.proxied, 3);
 }
@@ -496,8 +496,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_queue_deadline_answers_504, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_replica_refusing_answers_502, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_pipelined_requests_reuse_the_replica_connection,
-                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_requests_reuse_the_replica_connection, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

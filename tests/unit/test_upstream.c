@@ -397,7 +397,8 @@ static bool replica_no_new_connection(struct env *e)
 
 static const char simple_get[] = "GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n";
 static const char simple_get_up[] = "GET /v1/models HTTP/1.1\r\nHost: replica\r\n\r\n";
-static const char ok_response[] = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-From: replica\r\n\r\nok";
+static const char ok_response[] =
+    "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-From: replica\r\n\r\nok";
 
 /* One request through to a replica answering on its current connection. */
 static void round_trip(struct env *e, bool new_connection)
@@ -613,8 +614,9 @@ static void test_unsolicited_101_fails_with_502(void **state)
     dispatch(e, fr, simple_get_up);
     replica_accept(e);
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
-    assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 101 Switching Protocols\r\n"
-                                                "Upgrade: websocket\r\nConnection: upgrade\r\n\r\n"));
+    assert_true(loopnet_send_str(e->replica.fd,
+                                 "HTTP/1.1 101 Switching Protocols\r\n"
+                                 "Upgrade: websocket\r\nConnection: upgrade\r\n\r\n"));
     assert_true(RUN_UNTIL(fk.fails == 1 && loopnet_has(&e->client, "}}\n")));
     assert_false(fk.failed_started);
     assert_int_equal(fk.last_reason, REJECT_UPSTREAM_ERROR);
@@ -713,7 +715,8 @@ static void test_close_delimited_body_is_rechunked(void **state)
     dispatch(e, fr, simple_get_up);
     replica_accept(e);
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
-    assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nhello"));
+    assert_true(
+        loopnet_send_str(e->replica.fd, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nhello"));
     assert_true(RUN_UNTIL(loopnet_has(&e->client, "hello")));
     assert_int_equal(fk.dones, 0); /* the body ends when the replica closes */
     close(e->replica.fd);
@@ -753,8 +756,8 @@ static void test_client_leaving_mid_response(void **state)
     dispatch(e, fr, simple_get_up);
     replica_accept(e);
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
-    assert_true(loopnet_send_str(e->replica.fd,
-                                 "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nabc"));
+    assert_true(
+        loopnet_send_str(e->replica.fd, "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nabc"));
     assert_true(RUN_UNTIL(loopnet_has(&e->client, "abc")));
     close(e->client.fd);
     e->client.fd = -1;
@@ -802,8 +805,9 @@ static void test_chunked_to_an_http10_client_is_decoded(void **state)
     struct fake_req *fr = client_request(e, "GET /x HTTP/1.0\r\n\r\n");
     dispatch(e, fr, "GET /x HTTP/1.1\r\nHost: replica\r\n\r\n");
     replica_accept(e);
-    replica_answers(e, "GET /x", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                 "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+    replica_answers(e, "GET /x",
+                    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
     assert_true(RUN_UNTIL(fk.dones == 1 && e->client.eof));
     assert_true(loopnet_has(&e->client, "\r\n\r\nabcde"));
     assert_false(loopnet_has(&e->client, "chunked"));
@@ -909,8 +913,7 @@ int main(void)
             test_pooled_connection_closing_under_a_request_is_sent_again, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsolicited_101_fails_with_502, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interim_100_is_skipped, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_client_leaving_cancels_the_upstream, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_client_leaving_cancels_the_upstream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slow_client_pauses_reading_from_the_replica, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_close_delimited_body_is_rechunked, setup, teardown),
