@@ -52,71 +52,20 @@ static struct timeval ms_tv(long ms)
     return (struct timeval){ms / 1000, (ms % 1000) * 1000};
 }
 
-/* The fleet's up-calls, as the server sets them. */
-static void on_capacity(void *ud, struct model *m)
-{
-    proxy_dispatch(ud, m);
-}
-
-static void on_endpoint_gone(void *ud, struct endpoint *ep)
-{
-    upstream_close_idle(ep);
-}
-
-static void on_removing(void *ud, struct model *m, const char *reason)
-{
-    proxy_model_removed(ud, m, reason);
-    for (size_t i = 0; i < m->n_endpoints; i++) {
-        upstream_close_idle(m->endpoints[i]);
-    }
-}
-
-/* The runtime the proxy needs: loop, configuration, contexts, fleet,
- * request pool. Mirrors the server's start-up without its listeners. */
+/* The runtime the proxy needs, as the server sets it up (without its
+ * listeners), with short connection timeouts for the tests. */
 static void runtime_wire(struct env *e, struct config *cfg)
 {
     struct runtime *rt = &e->rt;
     memset(rt, 0, sizeof *rt);
-    rt->cfg = cfg;
-    rt->base = event_base_new();
-    assert_non_null(rt->base);
-    const struct config_limits *lim = &cfg->limits;
-    rt->req_limits =
-        (struct http_limits){lim->max_header_bytes, lim->max_headers, lim->max_body_bytes};
-    rt->resp_limits = (struct http_limits){cfg->upstream.max_response_header_bytes, 1000, 0};
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    assert_int_equal(runtime_init(rt, cfg, base), 0);
+    proxy_wire(rt);
     e->tv_long = ms_tv(3000);
     e->tv_linger = ms_tv(200);
-    rt->net = (struct conn_ctx){
-        .base = rt->base,
-        .scratch = malloc(CONN_SCRATCH_BYTES),
-        .tv_header = &e->tv_long,
-        .tv_body = &e->tv_long,
-        .tv_keepalive = &e->tv_long,
-        .tv_send = &e->tv_long,
-        .tv_linger = &e->tv_linger,
-        .body_timeout_ms = lim->body_timeout_ms,
-        .body_total_timeout_ms = lim->body_total_timeout_ms,
-    };
-    list_init(&rt->net.conns);
-    request_pool_init(&rt->requests, &rt->metrics, &rt->inflight, &rt->buffered_body_bytes);
-    rt->qglobal.max_total = lim->max_queue_total;
-    fleet_init(&rt->fleet, &rt->qglobal, lim->queue_aging_ms);
-    rt->fleet.on_capacity = on_capacity;
-    rt->fleet.on_removing = on_removing;
-    rt->fleet.on_endpoint_gone = on_endpoint_gone;
-    rt->fleet.cb_ud = rt;
-    rt->up = (struct upstream_ctx){
-        .base = rt->base,
-        .scratch = rt->net.scratch,
-        .resp_limits = &rt->resp_limits,
-        .handler = &proxy_upstream_handler,
-        .ud = rt,
-        .metrics = &rt->metrics,
-        .draining = &rt->net.draining,
-        .keepalive_per_endpoint = cfg->upstream.keepalive_per_endpoint,
-        .keepalive_timeout_ms = cfg->upstream.keepalive_timeout_ms,
-        .eject_ms = cfg->upstream.eject_ms,
-    };
+    rt->net.tv_header = rt->net.tv_body = rt->net.tv_keepalive = rt->net.tv_send = &e->tv_long;
+    rt->net.tv_linger = &e->tv_linger;
 }
 
 /* Model "m" on the static backend, its endpoints in this order. */
@@ -182,8 +131,7 @@ static int teardown(void **state)
     assert_int_equal(e->m->queue.count, 0);
     fleet_dispose(&rt->fleet);
     e->static_backend->ops->free(e->static_backend);
-    request_pool_dispose(&rt->requests);
-    free(rt->net.scratch);
+    runtime_dispose(rt);
     event_base_free(rt->base);
     config_free(rt->cfg);
     for (int i = 0; i < MAX_CLIENTS; i++) {
