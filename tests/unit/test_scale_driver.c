@@ -56,7 +56,7 @@ static void apply(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms
     s->applied_n = n;
 }
 
-static const struct scale_driver_ops ops = {count, collect, gpus, apply};
+static const struct scale_driver_ops ops = {count, collect, gpus, apply, NULL};
 
 static void test_one_step_and_cadence(void **state)
 {
