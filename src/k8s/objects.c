@@ -94,9 +94,15 @@ uint64_t k8s_resources_total(const struct k8s_resources *rs)
     return t;
 }
 
+/* A resource name of the prefix, in the characters a qualified name allows
+ * (so it can go into a metric label as it is). */
 static bool counted_resource(const char *name)
 {
-    return strncmp(name, K8S_RESOURCE_PREFIX, strlen(K8S_RESOURCE_PREFIX)) == 0;
+    if (strncmp(name, K8S_RESOURCE_PREFIX, strlen(K8S_RESOURCE_PREFIX)) != 0) {
+        return false;
+    }
+    return name[strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./")] ==
+           '\0';
 }
 
 /* The counted resources of a resource map (allocatable, requests, limits). */

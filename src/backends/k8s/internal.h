@@ -5,7 +5,8 @@
  *   backend_k8s_scale.c    the tick: samples, startup timeout, scaling driver hooks,
  *                          scale PATCHes (conditional from zero), Events
  *   backend_k8s_ha.c       identity, leader lease, peers, the /demand answer
- *   backend_k8s_status.c   describe, capacity, metrics */
+ *   backend_k8s_status.c   describe, capacity, metrics
+ *   placement.c            nodes and pod templates -> the warm pool's per-node view */
 #ifndef THAW_BACKEND_K8S_INT_H
 #define THAW_BACKEND_K8S_INT_H
 
@@ -45,6 +46,8 @@ struct kpod {
     bool retired; /* thaw scaled to zero: not routed until scaled up again */
     bool unschedulable;
     char phase[16];
+    char node[254];                 /* spec.nodeName; "" while not scheduled */
+    struct k8s_resources requests;  /* its counted extended resources */
     struct probe probe;
 };
 
@@ -66,6 +69,20 @@ struct kmodel {
     char last_scale_error[200];
     struct scaler_model sc;
     uint64_t woken_ms; /* when a scale from zero landed; 0: not waking */
+    struct k8s_pod_template tpl; /* what the scheduler reads of its pods */
+};
+
+/* The per-node view handed to the warm pool each planning step; arrays
+ * reused from step to step. */
+struct kube_placement {
+    struct wp_node *nodes;
+    const struct k8s_node_info **info; /* per node */
+    size_t n_nodes, cap_nodes;
+    bool *eligible;   /* model-major: models x nodes */
+    unsigned *on_node;
+    size_t cap_cells;
+    char res[WP_MAX_RES][96];
+    size_t n_res;
 };
 
 struct informer_set {
@@ -85,7 +102,8 @@ struct kube_backend {
     struct strmap models;   /* "ns/deployment" -> kmodel */
     struct strmap by_label; /* "ns/model name" -> kmodel (pods) */
     struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
-    struct strmap nodes_gpu; /* node name -> struct k8s_node_info */
+    struct strmap nodes_gpu; /* node name -> struct k8s_node_info (heap, owns its parts) */
+    struct kube_placement placement;
     struct event tick;
     struct scale_driver driver;
     /* several activators */
@@ -115,6 +133,7 @@ extern const struct k8s_informer_ops kube_deployment_ops, kube_pod_ops, kube_sli
 void kube_pod_ready(struct kpod *p, const char *via);
 void kube_pod_gone(struct kpod *p, const char *why);
 void kube_kmodel_free(struct kmodel *km);
+void kube_node_free(struct k8s_node_info *ni);
 
 /* backend_k8s_scale.c */
 void kube_scale_retry(evutil_socket_t fd, short what, void *arg);
@@ -129,6 +148,20 @@ void kube_ha_start(struct kube_backend *kb);
 void kube_ha_dispose(struct kube_backend *kb);
 void kube_ha_describe(struct kube_backend *kb, cJSON *k);
 void kube_demand(struct backend *b, cJSON *out);
+
+/* placement.c */
+/* The model's pod template from its Deployment (keeps the old one when it
+ * cannot be read); sets the slices the warm budget counts per replica. */
+void kube_model_template(struct kmodel *km, const cJSON *deployment);
+/* The scaling driver's nodes hook (scale_driver_ops.nodes). */
+bool kube_plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cluster *c);
+void kube_placement_dispose(struct kube_placement *pl);
+/* Counted resources held per node by thaw's model pods (not terminating):
+ * node name -> struct k8s_resources (heap; kube_node_usage_free). */
+void kube_node_usage(struct kube_backend *kb, struct strmap *out);
+void kube_node_usage_free(struct strmap *usage);
+/* A node that carries a counted resource (the warm pool's nodes). */
+bool kube_gpu_node(const struct k8s_node_info *ni);
 
 /* backend_k8s_status.c */
 void kube_describe(struct backend *b, struct model *m, cJSON *out);

@@ -325,6 +325,7 @@ static const struct scale_driver_ops kube_scale_ops = {
     .collect = collect_models,
     .gpu_slices = gpu_slices,
     .apply = apply_targets,
+    .nodes = kube_plan_nodes,
 };
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)
