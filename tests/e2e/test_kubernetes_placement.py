@@ -115,3 +115,41 @@ def test_cordoned_and_tainted_nodes_in_status(cluster, thaw_factory, tmp_path):
     assert fits == {"gpu-a": "cordoned", "gpu-b": "taint", "gpu-c": "fits"}
     fits = {n["name"]: n["fit"] for n in kmodel(t, "tolerant")["placement"]["nodes"]}
     assert fits == {"gpu-a": "cordoned", "gpu-b": "fits", "gpu-c": "affinity"}
+
+
+def test_scale_up_is_denied_when_only_cordoned_or_tainted_nodes_have_room(cluster, thaw_factory,
+                                                                          tmp_path):
+    """The model's one replica fills gpu-a; gpu-b (cordoned) and gpu-c (a
+    taint it does not tolerate) are empty. Demand for more replicas must be
+    denied, not admitted against the slices of nodes it may not use."""
+    sim = cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 1},
+                         {"name": "gpu-b", "gpus": 1, "replicas": 2},
+                         {"name": "gpu-c", "gpus": 1, "replicas": 2}], load_ms=100)
+    d = deployment("llama", replicas=1, annotations={
+        "thaw.dev/target": "1", "thaw.dev/max-concurrency": "1", "thaw.dev/max-scale": "4"},
+        load_ms=100)
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "400"
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+    wait_for(lambda: node_of(sim, "llama") == "gpu-a", timeout=20, what="llama on gpu-a")
+    sim.call("PATCH", "/api/v1/nodes/gpu-b", {"spec": {"unschedulable": True}},
+             ctype="application/merge-patch+json")
+    sim.call("PATCH", "/api/v1/nodes/gpu-c", {"spec": {"taints": [
+        {"key": "dedicated", "value": "training", "effect": "NoExecute"}]}},
+        ctype="application/merge-patch+json")
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    wait_for(lambda: kmodel(t)["state"] == "ready", timeout=20, what="llama ready")
+    res = []
+    ths = [threading.Thread(target=lambda: res.append(complete(t, timeout=60)))
+           for _ in range(3)]
+    for th in ths:
+        th.start()
+    wait_for(lambda: kmodel(t)["autoscaler"]["desired"] >= 2, timeout=20, what="more wanted")
+    wait_for(lambda: kmodel(t)["pool"].get("last_decision") == "deny", timeout=10,
+             what="denied")
+    assert "no node it may use has room" in kmodel(t)["pool"]["reason"]
+    for th in ths:
+        th.join(60)
+    assert [r.status for r in res] == [200] * 3
+    assert [n for name, n in sim.state()["scale_log"] if name == "llama"] == []
+    assert replicas(sim, "llama") == 1
