@@ -58,6 +58,12 @@ static void on_endpoint_gone(void *ud, struct endpoint *ep)
     upstream_close_idle(ep);
 }
 
+static void on_endpoint_conn(void *ud, struct endpoint *ep, int fd)
+{
+    struct runtime *rt = ud;
+    upstream_adopt(&rt->up, ep, fd);
+}
+
 static void on_removing(void *ud, struct model *m, const char *reason)
 {
     LOGI("model removed", "model=%s reason=\"%s\"", m->name, reason);
@@ -432,6 +438,7 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     srv->rt.fleet.on_removing = on_removing;
     srv->rt.fleet.on_unavailable = on_unavailable;
     srv->rt.fleet.on_endpoint_gone = on_endpoint_gone;
+    srv->rt.fleet.on_endpoint_conn = on_endpoint_conn;
     srv->rt.fleet.cb_ud = &srv->rt;
     srv->rt.net.base = srv->rt.base;
     srv->rt.up = (struct upstream_ctx){

@@ -97,6 +97,8 @@ struct fleet {
     fleet_unavailable_cb on_unavailable;
     /* An endpoint left its model: close its pooled connections. */
     void (*on_endpoint_gone)(void *ud, struct endpoint *ep);
+    /* A new endpoint comes with an open idle connection: pool it (it owns fd). */
+    void (*on_endpoint_conn)(void *ud, struct endpoint *ep, int fd);
     void *cb_ud;
 };
 
@@ -119,16 +121,25 @@ struct model *fleet_find(const struct fleet *f, const char *namespace_, const ch
 
 /* Backend up-calls. addr is numeric "ip:port". 0 or a negative errno. */
 int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr);
+/* The same with this activator's share of the replica's slots (endpoint.share;
+ * UINT32_MAX: all) and a connection to the replica already open and idle (the
+ * one its readiness probe succeeded on; -1: none), which the fleet hands to
+ * on_endpoint_conn for the first request, or closes. */
+int fleet_replica_ready_with(struct fleet *f, struct model *m, const char *id, const char *addr,
+                             uint32_t share, int conn_fd);
 void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const char *reason);
 void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reason,
                              uint64_t retry_after_ms);
 
 /* Least-loaded ready endpoint with a free slot, skipping ejected ones (unless
- * all are ejected and the replicas are fixed). NULL when none can take it. */
+ * all are ejected and the replicas are fixed) and those that would need a new
+ * connection while UPSTREAM_MAX_UNCONFIRMED of theirs are unanswered. NULL
+ * when none can take it. */
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);
 /* When the first ejected endpoint comes back; 0 when none is ejected. */
 uint64_t model_next_unejection(const struct model *m, uint64_t now_ms);
-/* Sum of max_concurrency over endpoints. */
+/* Sum over endpoints of the slots this activator may use (max_concurrency,
+ * or its share when that is smaller). */
 uint32_t model_capacity(const struct model *m);
 
 /* A request takes one of ep's slots: counted on ep and on its model. */

@@ -36,13 +36,27 @@ struct endpoint {
     struct sockaddr_storage addr;
     socklen_t addrlen;
     uint32_t inflight;
+    /* Slots this activator may use here: its part of the model's
+     * max_concurrency when several activators share the replica (the others
+     * hold the rest). UINT32_MAX: all of them. */
+    uint32_t share;
     uint32_t refs; /* in-flight requests + pooled connections + the owner's link */
     uint64_t ejected_until_ms;
     uint64_t requests;
     uint64_t connect_failures;
     struct list_node idle; /* pooled upstream connections */
     uint32_t n_idle;
+    /* New connections that have not yet had a byte back: the replica may not
+     * have accepted them. At UPSTREAM_MAX_UNCONFIRMED, requests wait for a
+     * pooled connection or for one of these to answer (see model_pick_endpoint). */
+    uint32_t unconfirmed;
 };
+
+/* New connections to one replica that may wait unanswered at once: fewer
+ * than the accept backlog of common model servers (Python's asyncio: 100),
+ * so a thousand requests released onto a replica that just woke do not
+ * overflow it (a dropped SYN costs a second). */
+#define UPSTREAM_MAX_UNCONFIRMED 64
 
 /* An endpoint for the replica `id` at numeric "ip:port" addr, with one
  * reference (the caller's). NULL: bad address or out of memory (errno). */
@@ -139,6 +153,7 @@ struct upstream {
     bool client_close; /* the client connection closes after this response */
     bool client_failed; /* a write to the client failed while decoding */
     bool head_pending;  /* resp_head not yet written */
+    bool unconfirmed;   /* new, and nothing received on it yet (ep->unconfirmed) */
 };
 
 /* Sends r (its head already built) to ep over a pooled or new connection.
@@ -147,6 +162,9 @@ struct upstream {
 void upstream_start(struct upstream_ctx *ctx, struct upstream_req *r, struct endpoint *ep);
 /* The client is gone: drop r's upstream connection and free the slot. */
 void upstream_cancel(struct upstream *u);
+/* Pools fd, an open connection to ep that is idle and cleanly between
+ * answers (a readiness probe's), for the next request. Takes fd. */
+void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd);
 /* Closes every pooled connection of ep. */
 void upstream_close_idle(struct endpoint *ep);
 

@@ -78,6 +78,10 @@ static void destroy(struct upstream *u)
         return;
     }
     u->dead = true;
+    if (u->unconfirmed) {
+        u->unconfirmed = false;
+        u->ep->unconfirmed--;
+    }
     if (u->state == UP_IDLE) {
         list_remove(&u->node);
         u->ep->n_idle--;
@@ -409,6 +413,8 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         u->ctx = ctx;
         u->ep = ep;
         endpoint_ref(ep);
+        u->unconfirmed = true;
+        ep->unconfirmed++;
         list_node_init(&u->node);
         http_head_init(&u->head);
         buf_init(&u->resp_head);
@@ -475,6 +481,45 @@ void upstream_cancel(struct upstream *u)
     struct model *m = release(u, false);
     if (m) {
         ctx->handler->capacity(ctx->ud, m);
+    }
+}
+
+void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
+{
+    struct upstream *u = calloc(1, sizeof *u);
+    if (!u) {
+        close(fd);
+        return;
+    }
+    u->ctx = ctx;
+    u->ep = ep;
+    endpoint_ref(ep);
+    list_node_init(&u->node);
+    http_head_init(&u->head);
+    buf_init(&u->resp_head);
+    http_parser_init(&u->parser, HTTP_RESPONSE, ctx->resp_limits);
+    u->fd = fd;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    event_assign(&u->rev, ctx->base, fd, EV_READ | EV_PERSIST, on_read, u);
+    event_assign(&u->wev, ctx->base, fd, EV_WRITE | EV_PERSIST, on_write, u);
+    event_assign(&u->tev, ctx->base, -1, 0, on_timer, u);
+    u->state = UP_IDLE;
+    list_push_front(&ep->idle, &u->node);
+    ep->n_idle++;
+    event_add(&u->rev, NULL);
+    arm_ms(u, ctx->keepalive_timeout_ms);
+}
+
+/* The replica answered on a new connection: it accepted it. When that frees
+ * a place under UPSTREAM_MAX_UNCONFIRMED, waiting requests may go. */
+static void confirm(struct upstream *u)
+{
+    struct endpoint *ep = u->ep;
+    u->unconfirmed = false;
+    ep->unconfirmed--;
+    if (ep->unconfirmed + 1 == UPSTREAM_MAX_UNCONFIRMED && ep->model) {
+        u->ctx->handler->capacity(u->ctx->ud, ep->model);
     }
 }
 
@@ -739,6 +784,9 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
             destroy(u); /* bytes nobody asked for */
         } else {
             u->got_bytes = true;
+            if (u->unconfirmed) {
+                confirm(u);
+            }
             if (u->state == UP_STREAMING) {
                 arm_ms(u, u->req->idle_timeout_ms);
             }

@@ -11,8 +11,10 @@
 
 #include <cjson/cJSON.h>
 
-/* The label that makes a Deployment a model and ties its pods to it; its
- * value is the model's name. The default kubernetes.label_selector. */
+/* The label that makes a Deployment a model; its value is the model's name.
+ * The default kubernetes.label_selector. A model's pods are the ones its
+ * Deployment's spec.selector selects (k8s_selector_matches), whatever other
+ * labels they carry. */
 #define K8S_MODEL_LABEL "thaw.dev/model"
 
 /* Extended resources counted per node: every resource whose name starts with
@@ -43,6 +45,8 @@ struct k8s_pod_info {
     char name[254];
     char namespace_[254];
     char model[254]; /* K8S_MODEL_LABEL label; "" when absent */
+    char owner[254]; /* the controlling ownerReference's name (a ReplicaSet); "" when none */
+    char created[32]; /* metadata.creationTimestamp (RFC 3339, sorts as text); "" when absent */
     char ip[64];     /* status.podIP; "" before it has one */
     char phase[16];
     bool running;       /* phase Running */
@@ -55,6 +59,16 @@ struct k8s_pod_info {
 
 /* 0, or -1 when obj has no name. */
 int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *out);
+
+/* Whether an object with these labels (metadata.labels; NULL: none) is
+ * selected by a LabelSelector: every matchLabels pair, and every
+ * matchExpressions requirement (In, NotIn, Exists, DoesNotExist), as the API
+ * server and every controller read it: NotIn and DoesNotExist hold for an
+ * object without the key. A null or empty selector, and one with an unknown
+ * operator or a malformed requirement (In/NotIn without values,
+ * Exists/DoesNotExist with some), select nothing: a Deployment's selector
+ * may be neither, and claiming every pod of a namespace is the worse error. */
+bool k8s_selector_matches(const cJSON *selector, const cJSON *labels);
 
 struct k8s_slice_endpoint {
     const char *pod; /* targetRef.name */
@@ -182,5 +196,11 @@ enum k8s_fit k8s_node_fits(const struct k8s_node_info *node, const struct k8s_po
                            const struct k8s_resources *used);
 /* Does a toleration tolerate a taint (the scheduler's rule)? */
 bool k8s_tolerates(const struct k8s_toleration *tol, const struct k8s_taint *taint);
+
+/* RFC 3339 ("2026-12-02T15:04:05Z"; an optional fraction, read to the
+ * millisecond; Z or +hh:mm) as milliseconds since the epoch. 0, or -1. */
+int k8s_time_parse_ms(const char *s, int64_t *out_ms);
+/* ms since the epoch (not negative) as RFC 3339 UTC: "2026-12-02T15:04:05.123Z". */
+void k8s_time_format_ms(int64_t ms, char *out, size_t len);
 
 #endif

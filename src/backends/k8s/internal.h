@@ -6,7 +6,8 @@
  *                          scale PATCHes (conditional from zero), Events
  *   backend_k8s_ha.c       identity, leader lease, peers, the /demand answer
  *   backend_k8s_status.c   describe, capacity, metrics
- *   placement.c            nodes and pod templates -> the warm pool's per-node view */
+ *   placement.c            nodes and pod templates -> the warm pool's per-node view
+ *   idle.c                 the idle clock kept on the Deployment across restarts */
 #ifndef THAW_BACKEND_K8S_INT_H
 #define THAW_BACKEND_K8S_INT_H
 
@@ -30,6 +31,10 @@
 
 #define TICK_MS 500
 #define MAX_NAMESPACES 64
+/* When a model's last request passed (RFC 3339), written by the leader. */
+#define K8S_LAST_REQUEST_ANNOTATION "thaw.dev/last-request-at"
+/* Writes of it, per model: at most one per max(idle-timeout / 4, this). */
+#define IDLE_WRITE_MIN_MS 10000
 
 struct kube_backend;
 struct kmodel;
@@ -44,10 +49,12 @@ struct kpod {
     bool probing;
     bool terminating;
     bool retired; /* thaw scaled to zero: not routed until scaled up again */
+    bool selected; /* the Deployment's selector picked it (not only its Service) */
     bool unschedulable;
     char phase[16];
     char node[254];                 /* spec.nodeName; "" while not scheduled */
     struct k8s_resources requests;  /* its counted extended resources */
+    char created[32]; /* creationTimestamp: the order slots are dealt in */
     struct probe probe;
 };
 
@@ -55,6 +62,7 @@ struct kmodel {
     struct kube_backend *kb;
     struct model *m;
     struct k8s_model_spec spec;
+    cJSON *selector; /* the Deployment's spec.selector: which pods are its */
     char key[600]; /* "ns/deployment" */
     struct strmap pods; /* pod name -> kpod */
     /* scaling */
@@ -70,6 +78,14 @@ struct kmodel {
     struct scaler_model sc;
     uint64_t woken_ms; /* when a scale from zero landed; 0: not waking */
     struct k8s_pod_template tpl; /* what the scheduler reads of its pods */
+    /* the idle clock on the Deployment (idle.c) */
+    uint64_t requests_seen;      /* proxied + rejected + aborted at the last tick */
+    uint64_t traffic_ms;         /* last request here (or at a peer, when leading); 0: none */
+    int64_t annotated_ms;        /* wall ms of the annotation; 0: absent, -1: unreadable */
+    uint64_t written_traffic_ms; /* traffic_ms the annotation holds */
+    uint64_t writing_traffic_ms; /* traffic_ms of the write in flight */
+    uint64_t last_write_ms;      /* when the last write was sent */
+    struct k8s_call *idle_call;
 };
 
 /* The per-node view handed to the warm pool each planning step; arrays
@@ -100,7 +116,6 @@ struct kube_backend {
     unsigned synced_count, informer_count;
     size_t deployments_synced;
     struct strmap models;   /* "ns/deployment" -> kmodel */
-    struct strmap by_label; /* "ns/model name" -> kmodel (pods) */
     struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
     struct strmap nodes_gpu; /* node name -> struct k8s_node_info (heap, owns its parts) */
     struct kube_placement placement;
@@ -117,6 +132,7 @@ struct kube_backend {
     uint64_t conditional_scales, conditional_conflicts;
     struct k8s_events events;
     uint64_t scale_errors;
+    uint64_t idle_writes, idle_write_errors;
 };
 
 static inline struct kube_backend *KB(struct backend *b)
@@ -131,9 +147,16 @@ bool kube_synced(struct backend *b);
 extern const struct k8s_informer_ops kube_deployment_ops, kube_pod_ops, kube_slice_ops,
     kube_node_ops;
 void kube_pod_ready(struct kpod *p, const char *via);
+/* The same, with the probe's open connection to the pod (-1: none). */
+void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);
 void kube_pod_gone(struct kpod *p, const char *why);
 void kube_kmodel_free(struct kmodel *km);
 void kube_node_free(struct k8s_node_info *ni);
+/* This activator's share of each ready pod's slots, from the activators
+ * (peers) and the ready pods; waiting requests go when a share grew. */
+void kube_shares_update(struct kmodel *km);
+/* The set of activators changed: every model's shares move. */
+void kube_peers_changed(void *kb);
 
 /* backend_k8s_scale.c */
 void kube_scale_retry(evutil_socket_t fd, short what, void *arg);
@@ -162,6 +185,18 @@ void kube_node_usage(struct kube_backend *kb, struct strmap *out);
 void kube_node_usage_free(struct strmap *usage);
 /* A node that carries a counted resource (the warm pool's nodes). */
 bool kube_gpu_node(const struct k8s_node_info *ni);
+
+/* idle.c */
+/* The annotation on a Deployment seen (discovered: first seen): it starts or
+ * advances the model's idle clock; without one a new model's starts now. */
+void kube_idle_observe(struct kmodel *km, const cJSON *deployment, bool discovered);
+/* Leadership taken: models without the annotation start their clock now. */
+void kube_idle_on_leadership(struct kube_backend *kb);
+/* Every tick: notes requests, and on the leader writes the annotation. */
+void kube_idle_tick(struct kmodel *km, uint64_t now);
+/* ms since this activator's last request for the model, for /demand;
+ * UINT64_MAX when none within its idle timeout. */
+uint64_t kube_idle_demand_age(const struct kmodel *km, uint64_t now);
 
 /* backend_k8s_status.c */
 void kube_describe(struct backend *b, struct model *m, cJSON *out);
