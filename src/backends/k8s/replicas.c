@@ -576,6 +576,7 @@ static void node_upsert(void *ud, const cJSON *obj)
         return;
     }
     struct k8s_node_info *cur = strmap_get(&kb->nodes_gpu, ni.name, strlen(ni.name));
+    bool known = cur != NULL;
     if (!cur) {
         cur = calloc(1, sizeof *cur);
         if (!cur || strmap_put(&kb->nodes_gpu, ni.name, strlen(ni.name), cur)) {
@@ -584,7 +585,7 @@ static void node_upsert(void *ud, const cJSON *obj)
             return;
         }
     }
-    if (ni.unschedulable != cur->unschedulable || ni.n_taints != cur->n_taints) {
+    if (known && (ni.unschedulable != cur->unschedulable || ni.n_taints != cur->n_taints)) {
         LOGI("node scheduling changed", "node=%s cordoned=%d taints=%zu", ni.name,
              ni.unschedulable, ni.n_taints);
     }
