@@ -96,7 +96,7 @@ void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned war
 /* Per node. c->n_nodes 0: no node limit (only cap_slices, 0: unlimited).
  * Each model's on_node (when nodes are given) must have c->n_nodes entries.
  * Fills each node's used. */
-void warmpool_plan_cluster(struct wp_model *m, size_t n, struct wp_cluster *c,
-                           unsigned warm_budget, struct wp_plan *out);
+void warmpool_plan_cluster(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned warm_budget,
+                           struct wp_plan *out);
 
 #endif

@@ -190,8 +190,9 @@ static bool counted_resource(const char *name)
     if (strncmp(name, K8S_RESOURCE_PREFIX, strlen(K8S_RESOURCE_PREFIX)) != 0) {
         return false;
     }
-    return name[strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./")] ==
-           '\0';
+    static const char qualified[] =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./";
+    return name[strspn(name, qualified)] == '\0';
 }
 
 /* The counted resources of a resource map (allocatable, requests, limits). */

@@ -126,11 +126,14 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
             break;
         case WP_DENY:
             if (plan->per_node) {
-                snprintf(why, sizeof why, "no node it may use has room for its request and "
+                snprintf(why, sizeof why,
+                         "no node it may use has room for its request and "
                          "nothing of lower priority on one node to take it from");
             } else {
-                snprintf(why, sizeof why, "no GPU slices free (%u/%u used) and nothing of lower "
-                         "priority to take them from", plan->used_slices, plan->capacity);
+                snprintf(why, sizeof why,
+                         "no GPU slices free (%u/%u used) and nothing of lower "
+                         "priority to take them from",
+                         plan->used_slices, plan->capacity);
             }
             break;
         case WP_EVICT:

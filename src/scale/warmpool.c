@@ -11,8 +11,8 @@ const char *wp_action_name(enum wp_action a)
     return action_names[a];
 }
 
-static void record(struct wp_plan *p, size_t model, enum wp_action a, unsigned replicas,
-                   size_t by, size_t node)
+static void record(struct wp_plan *p, size_t model, enum wp_action a, unsigned replicas, size_t by,
+                   size_t node)
 {
     if (p->n < sizeof p->d / sizeof p->d[0]) {
         p->d[p->n++] = (struct wp_decision){model, a, replicas, by, node};
@@ -63,8 +63,8 @@ static int order(const struct wp_model *m, size_t n, size_t *idx)
 struct step {
     struct wp_model *m;
     size_t n;
-    size_t *idx;        /* service order */
-    unsigned *pending;  /* per model: replicas in target not placed on a node */
+    size_t *idx;       /* service order */
+    unsigned *pending; /* per model: replicas in target not placed on a node */
     struct wp_cluster *c;
     struct wp_plan *out;
     unsigned used_slices, warm_used;
@@ -232,8 +232,8 @@ static bool helps(const struct step *s, const struct wp_model *v, const struct w
     return false;
 }
 
-static void take(struct step *s, const struct wp_model *v, uint64_t *freed,
-                 unsigned *freed_slices, unsigned on_node, unsigned drop)
+static void take(struct step *s, const struct wp_model *v, uint64_t *freed, unsigned *freed_slices,
+                 unsigned on_node, unsigned drop)
 {
     for (size_t r = 0; r < s->c->n_res; r++) {
         freed[r] = sat_add(freed[r], v->req[r] * on_node);
@@ -308,8 +308,8 @@ static void commit_room(struct step *s, size_t xi, size_t k, const struct room *
         const struct victim *vic = &room->v[i];
         struct wp_model *v = &s->m[vic->model];
         unsigned unplaced = vic->drop - vic->on_node;
-        s->pending[vic->model] -= unplaced < s->pending[vic->model] ? unplaced
-                                                                    : s->pending[vic->model];
+        s->pending[vic->model] -=
+            unplaced < s->pending[vic->model] ? unplaced : s->pending[vic->model];
         for (unsigned j = 0; j < vic->on_node; j++) {
             move(s, vic->model, k, -1);
         }
@@ -460,8 +460,9 @@ static void scale_up(struct step *s, size_t xi)
 static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned warm_budget,
                  struct wp_plan *out)
 {
-    struct step s = {m, n, malloc((n ? n : 1) * sizeof(size_t)),
-                     calloc(n ? n : 1, sizeof(unsigned)), c, out, 0, 0};
+    struct step s = {
+        m, n, malloc((n ? n : 1) * sizeof(size_t)), calloc(n ? n : 1, sizeof(unsigned)), c, out,
+        0, 0};
     if (!s.idx || !s.pending || order(m, n, s.idx)) {
         for (size_t i = 0; i < n; i++) {
             m[i].target = m[i].current; /* no plan: change nothing */
@@ -538,8 +539,8 @@ void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned war
     free(on);
 }
 
-void warmpool_plan_cluster(struct wp_model *m, size_t n, struct wp_cluster *c,
-                           unsigned warm_budget, struct wp_plan *out)
+void warmpool_plan_cluster(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned warm_budget,
+                           struct wp_plan *out)
 {
     if (c->n_nodes == 0) {
         warmpool_plan(m, n, c->cap_slices, warm_budget, out);

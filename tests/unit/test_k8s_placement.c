@@ -128,9 +128,9 @@ static enum k8s_fit fit(const char *node_json, const char *tpl_json)
     return f;
 }
 
-#define TAINTED(effect)                                                                     \
-    "{\"metadata\":{\"name\":\"n\"},\"spec\":{\"taints\":[{\"key\":\"dedicated\","          \
-    "\"value\":\"llm\",\"effect\":\"" effect "\"}]},"                                        \
+#define TAINTED(effect)                                                                            \
+    "{\"metadata\":{\"name\":\"n\"},\"spec\":{\"taints\":[{\"key\":\"dedicated\","                 \
+    "\"value\":\"llm\",\"effect\":\"" effect "\"}]},"                                              \
     "\"status\":{\"allocatable\":{\"nvidia.com/gpu\":\"2\"}}}"
 #define GPUS(n) "\"containers\":[{\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"" #n "\"}}}]"
 
@@ -141,16 +141,17 @@ static void test_taints_against_tolerations(void **state)
     assert_int_equal(fit(TAINTED("NoExecute"), none), K8S_FIT_TAINT);
     assert_int_equal(fit(TAINTED("PreferNoSchedule"), none), K8S_FITS); /* only a preference */
     /* Equal: key and value must match. */
-    const char *equal = "{" GPUS(1) ",\"tolerations\":[{\"key\":\"dedicated\","
-                        "\"operator\":\"Equal\",\"value\":\"llm\",\"effect\":\"NoSchedule\"}]}";
+    const char *equal =
+        "{" GPUS(1) ",\"tolerations\":[{\"key\":\"dedicated\","
+                    "\"operator\":\"Equal\",\"value\":\"llm\",\"effect\":\"NoSchedule\"}]}";
     assert_int_equal(fit(TAINTED("NoSchedule"), equal), K8S_FITS);
     assert_int_equal(fit(TAINTED("NoExecute"), equal), K8S_FIT_TAINT); /* other effect */
     const char *wrong_value = "{" GPUS(1) ",\"tolerations\":[{\"key\":\"dedicated\","
-                              "\"value\":\"batch\"}]}";
+                                          "\"value\":\"batch\"}]}";
     assert_int_equal(fit(TAINTED("NoSchedule"), wrong_value), K8S_FIT_TAINT);
     /* Exists on the key: any value; no effect: every effect. */
     const char *exists = "{" GPUS(1) ",\"tolerations\":[{\"key\":\"dedicated\","
-                         "\"operator\":\"Exists\"}]}";
+                                     "\"operator\":\"Exists\"}]}";
     assert_int_equal(fit(TAINTED("NoExecute"), exists), K8S_FITS);
     /* Exists with an empty key: every taint. */
     const char *all = "{" GPUS(1) ",\"tolerations\":[{\"operator\":\"Exists\"}]}";
@@ -166,9 +167,10 @@ static void test_cordoned_node(void **state)
                            "\"status\":{\"allocatable\":{\"nvidia.com/gpu\":\"8\"}}}";
     assert_int_equal(fit(cordoned, "{" GPUS(1) "}"), K8S_FIT_CORDONED);
     /* A pod tolerating the cordon's taint may still go there (as DaemonSets do). */
-    assert_int_equal(fit(cordoned, "{" GPUS(1) ",\"tolerations\":[{\"key\":"
-                                   "\"node.kubernetes.io/unschedulable\",\"operator\":\"Exists\","
-                                   "\"effect\":\"NoSchedule\"}]}"),
+    assert_int_equal(fit(cordoned,
+                         "{" GPUS(1) ",\"tolerations\":[{\"key\":"
+                                     "\"node.kubernetes.io/unschedulable\",\"operator\":\"Exists\","
+                                     "\"effect\":\"NoSchedule\"}]}"),
                      K8S_FITS);
 }
 
@@ -182,16 +184,17 @@ static void test_node_selector_and_affinity(void **state)
     assert_int_equal(fit(node, "{\"nodeSelector\":{\"nvidia.com/gpu.product\":\"NVIDIA-H100\"}}"),
                      K8S_FIT_NODE_SELECTOR);
     assert_int_equal(fit(node, "{\"nodeSelector\":{\"zone\":\"z1\"}}"), K8S_FIT_NODE_SELECTOR);
-#define AFF(terms)                                                                          \
-    "{\"affinity\":{\"nodeAffinity\":{\"requiredDuringSchedulingIgnoredDuringExecution\":" \
+#define AFF(terms)                                                                                 \
+    "{\"affinity\":{\"nodeAffinity\":{\"requiredDuringSchedulingIgnoredDuringExecution\":"         \
     "{\"nodeSelectorTerms\":[" terms "]}}}}"
 #define EXPR(key, op, vals) "{\"key\":\"" key "\",\"operator\":\"" op "\",\"values\":[" vals "]}"
 #define TERM(exprs) "{\"matchExpressions\":[" exprs "]}"
     assert_int_equal(fit(node, AFF(TERM(EXPR("nvidia.com/gpu.product", "In",
                                              "\"NVIDIA-H100\",\"NVIDIA-A100\"")))),
                      K8S_FITS);
-    assert_int_equal(fit(node, AFF(TERM(EXPR("nvidia.com/gpu.product", "NotIn", "\"NVIDIA-A100\"")))),
-                     K8S_FIT_AFFINITY);
+    assert_int_equal(
+        fit(node, AFF(TERM(EXPR("nvidia.com/gpu.product", "NotIn", "\"NVIDIA-A100\"")))),
+        K8S_FIT_AFFINITY);
     assert_int_equal(fit(node, AFF(TERM(EXPR("nvidia.com/gpu.product", "NotIn", "\"NVIDIA-T4\"")))),
                      K8S_FITS);
     assert_int_equal(fit(node, AFF(TERM(EXPR("nvidia.com/gpu.product", "Exists", "")))), K8S_FITS);
@@ -201,17 +204,19 @@ static void test_node_selector_and_affinity(void **state)
     assert_int_equal(fit(node, AFF(TERM(EXPR("gpu-mem", "Gt", "\"40\"")))), K8S_FITS);
     assert_int_equal(fit(node, AFF(TERM(EXPR("gpu-mem", "Lt", "\"40\"")))), K8S_FIT_AFFINITY);
     /* Expressions of a term are ANDed; terms are ORed. */
-    assert_int_equal(fit(node, AFF(TERM(EXPR("nvidia.com/gpu.product", "Exists", "") ","
-                                        EXPR("zone", "Exists", "")))),
+    assert_int_equal(fit(node, AFF(TERM(EXPR("nvidia.com/gpu.product", "Exists",
+                                             "") "," EXPR("zone", "Exists", "")))),
                      K8S_FIT_AFFINITY);
-    assert_int_equal(fit(node, AFF(TERM(EXPR("zone", "Exists", "")) ","
-                                   TERM(EXPR("gpu-mem", "In", "\"80\"")))),
-                     K8S_FITS);
+    assert_int_equal(
+        fit(node, AFF(TERM(EXPR("zone", "Exists", "")) "," TERM(EXPR("gpu-mem", "In", "\"80\"")))),
+        K8S_FITS);
     /* matchFields on the node's name. */
-    assert_int_equal(fit(node, AFF("{\"matchFields\":[" EXPR("metadata.name", "In", "\"gpu-a\"") "]}")),
-                     K8S_FITS);
-    assert_int_equal(fit(node, AFF("{\"matchFields\":[" EXPR("metadata.name", "In", "\"gpu-b\"") "]}")),
-                     K8S_FIT_AFFINITY);
+    assert_int_equal(
+        fit(node, AFF("{\"matchFields\":[" EXPR("metadata.name", "In", "\"gpu-a\"") "]}")),
+        K8S_FITS);
+    assert_int_equal(
+        fit(node, AFF("{\"matchFields\":[" EXPR("metadata.name", "In", "\"gpu-b\"") "]}")),
+        K8S_FIT_AFFINITY);
     /* An empty term matches no node; an unknown operator matches nothing. */
     assert_int_equal(fit(node, AFF("{}")), K8S_FIT_AFFINITY);
     assert_int_equal(fit(node, AFF(TERM(EXPR("zone", "Near", "\"z\"")))), K8S_FIT_AFFINITY);
@@ -234,8 +239,8 @@ static void test_resources(void **state)
     k8s_resources_add(&used, GPU, 1);
     assert_int_equal(k8s_node_fits(&ni, &two, &used), K8S_FIT_RESOURCES); /* one left */
     assert_int_equal(k8s_node_fits(&ni, &mig2, NULL), K8S_FIT_RESOURCES); /* only one there */
-    assert_int_equal(k8s_node_fits(&ni, &cpu, &used), K8S_FITS); /* asks nothing counted */
-    k8s_resources_add(&used, GPU, 5);                               /* overcommitted */
+    assert_int_equal(k8s_node_fits(&ni, &cpu, &used), K8S_FITS);          /* asks nothing counted */
+    k8s_resources_add(&used, GPU, 5);                                     /* overcommitted */
     assert_int_equal(k8s_node_fits(&ni, &two, &used), K8S_FIT_RESOURCES);
     assert_string_equal(k8s_fit_name(K8S_FIT_RESOURCES), "resources");
     k8s_pod_template_dispose(&two);
@@ -262,14 +267,10 @@ static void test_resource_sets(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_node_decoding),
-        cmocka_unit_test(test_pod_node_and_requests),
-        cmocka_unit_test(test_template_decoding),
-        cmocka_unit_test(test_taints_against_tolerations),
-        cmocka_unit_test(test_cordoned_node),
-        cmocka_unit_test(test_node_selector_and_affinity),
-        cmocka_unit_test(test_resources),
-        cmocka_unit_test(test_resource_sets),
+        cmocka_unit_test(test_node_decoding),     cmocka_unit_test(test_pod_node_and_requests),
+        cmocka_unit_test(test_template_decoding), cmocka_unit_test(test_taints_against_tolerations),
+        cmocka_unit_test(test_cordoned_node),     cmocka_unit_test(test_node_selector_and_affinity),
+        cmocka_unit_test(test_resources),         cmocka_unit_test(test_resource_sets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -108,9 +108,7 @@ static unsigned tn_gpus(void *ud)
     return ((struct two_nodes *)ud)->total_slices;
 }
 
-static void tn_apply(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms)
-{
-}
+static void tn_apply(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms) {}
 
 static bool tn_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cluster *c)
 {

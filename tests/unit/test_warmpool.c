@@ -13,8 +13,13 @@
 static struct wp_model M(const char *name, enum tier t, unsigned slices, unsigned cur,
                          unsigned want, bool idle, double value)
 {
-    struct wp_model m = {.name = name, .tier = t, .slices = slices, .current = cur,
-                         .desired = want, .idle = idle, .value = value};
+    struct wp_model m = {.name = name,
+                         .tier = t,
+                         .slices = slices,
+                         .current = cur,
+                         .desired = want,
+                         .idle = idle,
+                         .value = value};
     return m;
 }
 
@@ -152,14 +157,14 @@ static void test_unlimited_capacity(void **state)
 
 #define GPU 0
 
-static struct wp_node N(const char *name, uint64_t gpus)
-{
+static struct wp_node N(const char *name, uint64_t gpus) {
     struct wp_node n = {.name = name, .alloc = {gpus}};
     return n;
 }
 
 /* A model placed per node: req nvidia.com/gpu = slices. */
-static void place(struct wp_model *m, unsigned *on_node, size_t n_nodes, const unsigned *counts)
+static void
+place(struct wp_model *m, unsigned *on_node, size_t n_nodes, const unsigned *counts)
 {
     m->req[GPU] = m->slices;
     m->on_node = on_node;
@@ -168,13 +173,13 @@ static void place(struct wp_model *m, unsigned *on_node, size_t n_nodes, const u
     }
 }
 
-static struct wp_cluster C(struct wp_node *nodes, size_t n)
-{
+static struct wp_cluster C(struct wp_node *nodes, size_t n) {
     struct wp_cluster c = {.n_res = 1, .res = {"nvidia.com/gpu"}, .nodes = nodes, .n_nodes = n};
     return c;
 }
 
-static void test_two_nodes_one_free_each_do_not_fit_two_slices(void **state)
+static void
+test_two_nodes_one_free_each_do_not_fit_two_slices(void **state)
 {
     /* Two nodes of 2, each with one slice held by a busy critical model: 2
      * slices are free in all, but no node has 2. */
@@ -234,9 +239,9 @@ static void test_eviction_frees_the_node_where_the_replica_fits(void **state)
     struct wp_plan p;
     warmpool_plan_cluster(m, 4, &c, 4, &p);
     assert_int_equal(m[3].target, 1);
-    assert_int_equal(on[3][0], 1);           /* on node a */
-    assert_int_equal(m[0].target, 0);        /* w-a evicted */
-    assert_int_equal(m[1].target, 1);        /* w-b kept: its going would not help */
+    assert_int_equal(on[3][0], 1);    /* on node a */
+    assert_int_equal(m[0].target, 0); /* w-a evicted */
+    assert_int_equal(m[1].target, 1); /* w-b kept: its going would not help */
     assert_int_equal(count(&p, WP_EVICT, 0), 1);
     assert_int_equal(count(&p, WP_EVICT, 1), 0);
     for (size_t i = 0; i < p.n; i++) {
@@ -293,7 +298,7 @@ static void test_ineligible_nodes_are_not_used(void **state)
     struct wp_plan p;
     warmpool_plan_cluster(m, 2, &c, 2, &p);
     assert_int_equal(m[1].target, 1);
-    assert_int_equal(on[1][1], 1);           /* on b, after evicting w-b there */
+    assert_int_equal(on[1][1], 1); /* on b, after evicting w-b there */
     assert_int_equal(on[1][0], 0);
     assert_int_equal(count(&p, WP_EVICT, 0), 1);
 
@@ -332,8 +337,8 @@ static void test_unplaced_replicas_wait_for_a_node_and_make_room(void **state)
     warmpool_plan_cluster(m, 3, &c, 2, &p);
     assert_int_equal(m[2].target, 1);
     assert_int_equal(on[2][0], 1);
-    assert_int_equal(m[0].target, 0);        /* evicted */
-    assert_int_equal(m[1].target, 0);        /* and batch preempted (min 0) */
+    assert_int_equal(m[0].target, 0); /* evicted */
+    assert_int_equal(m[1].target, 0); /* and batch preempted (min 0) */
     assert_int_equal(count(&p, WP_EVICT, 0), 1);
     assert_int_equal(count(&p, WP_PREEMPT, 1), 1);
     assert_int_equal(count(&p, WP_ADMIT, 2), 0); /* not a new replica */
@@ -348,8 +353,10 @@ static void test_several_resources_fit_on_one_node(void **state)
     unsigned on[2] = {0, 0};
     m[0].req[1] = 1;
     m[0].on_node = on;
-    struct wp_cluster c = {.n_res = 2, .res = {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"},
-                           .nodes = nodes, .n_nodes = 2};
+    struct wp_cluster c = {.n_res = 2,
+                           .res = {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"},
+                           .nodes = nodes,
+                           .n_nodes = 2};
     struct wp_plan p;
     warmpool_plan_cluster(m, 1, &c, 0, &p);
     assert_int_equal(m[0].target, 2);

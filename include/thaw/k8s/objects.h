@@ -53,7 +53,7 @@ struct k8s_pod_info {
     bool terminating;   /* deletionTimestamp set, or Failed/Succeeded */
     bool unschedulable; /* PodScheduled=False, reason Unschedulable */
     char unschedulable_message[256];
-    char node_name[254]; /* spec.nodeName; "" while not scheduled */
+    char node_name[254];           /* spec.nodeName; "" while not scheduled */
     struct k8s_resources requests; /* K8S_RESOURCE_PREFIX resources (see k8s_pod_template) */
 };
 
@@ -109,7 +109,7 @@ struct k8s_node_info {
     char gpu_product[128];    /* label nvidia.com/gpu.product */
     struct k8s_resources allocatable; /* status.allocatable, K8S_RESOURCE_PREFIX names */
     bool unschedulable;               /* spec.unschedulable: cordoned */
-    char **labels; /* key, value, key, value ... */
+    char **labels;                    /* key, value, key, value ... */
     size_t n_labels;
     struct k8s_taint *taints;
     size_t n_taints;

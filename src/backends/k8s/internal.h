@@ -52,8 +52,8 @@ struct kpod {
     bool selected; /* the Deployment's selector picked it (not only its Service) */
     bool unschedulable;
     char phase[16];
-    char node[254];                 /* spec.nodeName; "" while not scheduled */
-    struct k8s_resources requests;  /* its counted extended resources */
+    char node[254];                /* spec.nodeName; "" while not scheduled */
+    struct k8s_resources requests; /* its counted extended resources */
     char created[32]; /* creationTimestamp: the order slots are dealt in */
     struct probe probe;
 };
@@ -94,7 +94,7 @@ struct kube_placement {
     struct wp_node *nodes;
     const struct k8s_node_info **info; /* per node */
     size_t n_nodes, cap_nodes;
-    bool *eligible;   /* model-major: models x nodes */
+    bool *eligible; /* model-major: models x nodes */
     unsigned *on_node;
     size_t cap_cells;
     char res[WP_MAX_RES][96];

@@ -586,8 +586,8 @@ static void node_upsert(void *ud, const cJSON *obj)
         }
     }
     if (known && (ni.unschedulable != cur->unschedulable || ni.n_taints != cur->n_taints)) {
-        LOGI("node scheduling changed", "node=%s cordoned=%d taints=%zu", ni.name,
-             ni.unschedulable, ni.n_taints);
+        LOGI("node scheduling changed", "node=%s cordoned=%d taints=%zu", ni.name, ni.unschedulable,
+             ni.n_taints);
     }
     k8s_node_info_dispose(cur);
     *cur = ni;

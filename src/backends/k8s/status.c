@@ -183,8 +183,7 @@ struct nodes_ctx {
 
 static const char *effect_name(enum k8s_taint_effect e)
 {
-    static const char *const names[] = {"", "NoSchedule", "PreferNoSchedule", "NoExecute",
-                                        "other"};
+    static const char *const names[] = {"", "NoSchedule", "PreferNoSchedule", "NoExecute", "other"};
     return names[e];
 }
 
@@ -311,8 +310,8 @@ static void node_metric(void *ud, const char *key, void *value)
     const struct k8s_resources *used = strmap_get(c->usage, ni->name, strlen(ni->name));
     for (size_t i = 0; i < ni->allocatable.n; i++) {
         const char *res = ni->allocatable.r[i].name;
-        uint64_t v = c->used ? (used ? k8s_resources_get(used, res) : 0)
-                             : ni->allocatable.r[i].amount;
+        uint64_t v =
+            c->used ? (used ? k8s_resources_get(used, res) : 0) : ni->allocatable.r[i].amount;
         buf_printf(c->o, "%s{node=\"%s\",resource=\"%s\"} %llu\n",
                    c->used ? "thaw_node_used" : "thaw_node_allocatable", ni->name, res,
                    (unsigned long long)v);
