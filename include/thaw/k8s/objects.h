@@ -11,6 +11,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "thaw/k8s/json.h"
+
 /* The label that makes a Deployment a model; its value is the model's name.
  * The default kubernetes.label_selector. A model's pods are the ones its
  * Deployment's spec.selector selects (k8s_selector_matches), whatever other
@@ -197,10 +199,5 @@ enum k8s_fit k8s_node_fits(const struct k8s_node_info *node, const struct k8s_po
 /* Does a toleration tolerate a taint (the scheduler's rule)? */
 bool k8s_tolerates(const struct k8s_toleration *tol, const struct k8s_taint *taint);
 
-/* RFC 3339 ("2026-12-02T15:04:05Z"; an optional fraction, read to the
- * millisecond; Z or +hh:mm) as milliseconds since the epoch. 0, or -1. */
-int k8s_time_parse_ms(const char *s, int64_t *out_ms);
-/* ms since the epoch (not negative) as RFC 3339 UTC: "2026-12-02T15:04:05.123Z". */
-void k8s_time_format_ms(int64_t ms, char *out, size_t len);
 
 #endif
