@@ -115,8 +115,7 @@ def test_exactly_one_leader(fleet):
 def test_two_activators_poking_at_zero_scale_up_once(fleet):
     f = fleet(2, load_ms=800)
     f.one_leader()
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-               deployment("llama", annotations={"thaw.dev/target": "100"}))
+    f.sim.create_deployment(deployment("llama", annotations={"thaw.dev/target": "100"}))
     for t in f.thaws:
         wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
                  what="model seen")
@@ -136,8 +135,7 @@ def test_two_activators_poking_at_zero_scale_up_once(fleet):
 def test_leader_killed_during_a_cold_start(fleet):
     f = fleet(3, load_ms=2500)
     leader = f.one_leader()
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-               deployment("llama", annotations={"thaw.dev/target": "100"}))
+    f.sim.create_deployment(deployment("llama", annotations={"thaw.dev/target": "100"}))
     survivors = [t for t in f.thaws if t is not leader]
     for t in f.thaws:
         wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
@@ -170,7 +168,7 @@ def test_leader_killed_during_a_cold_start(fleet):
 def test_demand_split_across_activators_scales_like_one(fleet):
     f = fleet(2, load_ms=300)
     f.one_leader()
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment(
+    f.sim.create_deployment(deployment(
         "llama", gpus=0, annotations={"thaw.dev/target": "1", "thaw.dev/max-concurrency": "1",
                                       "thaw.dev/max-scale": "8"},
         load_ms=300))
