@@ -1127,9 +1127,11 @@ class Container:
                 (w is None or w.result is True))
 
     def exit_code(self):
+        """As a container runtime reports it: 128 + the signal that ended it."""
         if self.proc is not None and self.proc.returncode is not None:
-            return self.proc.returncode
-        return 0 if self.killed else 1
+            rc = self.proc.returncode
+            return 128 - rc if rc < 0 else rc
+        return 137 if self.killed else 1
 
 
 def probe(ip, port, p_spec, container_ports):
@@ -2361,6 +2363,8 @@ class Handler(BaseHTTPRequestHandler):
                         raise ApiError(400, "BadRequest", "the namespace of the provided object "
                                        "does not match the namespace sent on the request")
                     obj["metadata"]["namespace"] = ns
+                if plural in STATUS_SUBRESOURCE and plural != "nodes":
+                    obj.pop("status", None)  # a new object's status is the server's
                 self.admit(plural, kind, obj, None)
                 return self.send_json(201, store.create(plural, obj, kind, apiv))
             raise ApiError(405, "MethodNotAllowed", "method not allowed")
