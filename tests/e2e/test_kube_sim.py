@@ -511,3 +511,29 @@ def test_restart_with_state_adopts_running_pods(cluster, tmp_path):
         wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}") or
                  open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z",
                  timeout=10, what="process gone")
+
+
+def test_watch_with_a_selector_sees_objects_leave_and_join(cluster, tmp_path):
+    from kubernetes import client, config, watch
+    sim = cluster(nodes=[{"name": "n1", "gpus": 0}])
+    config.load_kube_config(sim.kubeconfig(str(tmp_path / "kc-py")))
+    apps = client.AppsV1Api()
+    create(sim, web("w", replicas=0))
+    seen = []
+
+    def relabel():
+        time.sleep(0.5)
+        apps.patch_namespaced_deployment("w", NS, {"metadata": {"labels": {"thaw.dev/model":
+                                                                               None}}})
+        time.sleep(0.3)
+        apps.patch_namespaced_deployment("w", NS, {"metadata": {"labels": {"thaw.dev/model":
+                                                                               "true"}}})
+    threading.Thread(target=relabel).start()
+    w = watch.Watch()
+    for ev in w.stream(apps.list_namespaced_deployment, NS, label_selector="thaw.dev/model",
+                       timeout_seconds=5):
+        if ev["type"] != "MODIFIED":  # (status writes of the controller come as MODIFIED)
+            seen.append(ev["type"])
+        if len(seen) == 3:
+            w.stop()
+    assert seen == ["ADDED", "DELETED", "ADDED"]

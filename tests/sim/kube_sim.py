@@ -106,6 +106,7 @@ would). SIGINT stops everything.
 """
 
 import argparse
+import bisect
 import calendar
 import concurrent.futures
 import copy
@@ -1214,18 +1215,27 @@ class Cluster:
             nodes = self.store.all("nodes")
             self.node_lifecycle(nodes)
             self.collect_garbage()
-            pods = self.store.all("pods")
-            rss = self.store.all("replicasets")
+            owned = self.by_controller(self.store.all("replicasets"))
+            pods_of = self.by_controller(self.store.all("pods"))
             for d in self.store.all("deployments"):
-                self.sync_deployment(d, rss, pods)
+                self.sync_deployment(d, owned.get(meta(d)["uid"], []), pods_of)
             for rs in self.store.all("replicasets"):
-                self.sync_replicaset(rs, pods)
+                self.sync_replicaset(rs, pods_of.get(meta(rs)["uid"], []))
             self.schedule(self.store.all("nodes"), self.store.all("pods"))
         pods = self.store.all("pods")
         self.kubelet(pods)
         if rv != self.store.rv or self.seen_rv == rv:
             self.sync_endpointslices(self.store.all("services"), self.store.all("pods"),
                                      self.store.all("endpointslices"), nodes=None)
+
+    @staticmethod
+    def by_controller(objs):
+        out = {}
+        for o in objs:
+            uid = controller_uid(o)
+            if uid:
+                out.setdefault(uid, []).append(o)
+        return out
 
     # -- node lifecycle --
     def node_lifecycle(self, nodes):
@@ -1308,13 +1318,11 @@ class Cluster:
         cur.update(anns)
         return changed
 
-    def sync_deployment(self, d, all_rss, pods):
+    def sync_deployment(self, d, rss, pods_of):
+        """rss: the ReplicaSets the Deployment controls; pods_of: pods by
+        their controller's uid."""
         if terminating(d):
             return
-        md = meta(d)
-        ns = md["namespace"]
-        rss = [rs for rs in all_rss if meta(rs)["namespace"] == ns and
-               controller_uid(rs) == md["uid"]]
         tpl = d["spec"].get("template") or {}
         same = sorted((rs for rs in rss if without_hash(rs["spec"].get("template")) == tpl),
                       key=created)
@@ -1328,7 +1336,7 @@ class Cluster:
             if new_rs is not None and self.complete(d, new_rs, old):
                 self.cleanup(d, old)
         elif d["spec"]["strategy"].get("type") == "Recreate":
-            new_rs = self.rollout_recreate(d, new_rs, old, pods)
+            new_rs = self.rollout_recreate(d, new_rs, old, pods_of)
         else:
             new_rs = self.rollout_rolling(d, new_rs, old)
         self.sync_status(d, new_rs, old)
@@ -1493,7 +1501,7 @@ class Cluster:
             done += down
         return done > 0
 
-    def rollout_recreate(self, d, new_rs, old, pods):
+    def rollout_recreate(self, d, new_rs, old, pods_of):
         """Every old pod gone before the new ReplicaSet scales up."""
         scaled = False
         for rs in old:
@@ -1501,9 +1509,8 @@ class Cluster:
                 scaled |= self.scale_rs(rs, 0, d)
         if scaled:
             return new_rs
-        old_uids = {meta(rs)["uid"] for rs in old}
-        if any(controller_uid(p) in old_uids and
-               (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded") for p in pods):
+        if any((p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
+               for rs in old for p in pods_of.get(meta(rs)["uid"], [])):
             return new_rs
         if new_rs is None:
             return self.create_new_rs(d, old)
@@ -1593,12 +1600,11 @@ class Cluster:
         self.store.mutate("deployments", meta(d)["namespace"], meta(d)["name"], fn)
 
     # -- replicaset controller --
-    def sync_replicaset(self, rs, pods):
+    def sync_replicaset(self, rs, mine):
+        """mine: the pods the ReplicaSet controls."""
         md = meta(rs)
         if terminating(rs):
             return
-        mine = [p for p in pods if meta(p)["namespace"] == md["namespace"] and
-                controller_uid(p) == md["uid"]]
         active = [p for p in mine if pod_active(p)]
         diff = len(active) - replicas(rs)
         if diff < 0:
@@ -2536,6 +2542,14 @@ class Handler(BaseHTTPRequestHandler):
         bookmarks = (q.get("allowWatchBookmarks") or "").lower() in ("true", "1")
         timeout = float(q.get("timeoutSeconds") or 1800)
         start_rv = q.get("resourceVersion")
+        filtered = bool(q.get("labelSelector") or q.get("fieldSelector"))
+        selected = {}  # (namespace, name) -> chosen by the selectors
+
+        def sel(o):
+            return lsel(o["metadata"].get("labels")) and fsel(o)
+
+        def obj_key(o):
+            return (o["metadata"].get("namespace", ""), o["metadata"]["name"])
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
@@ -2560,11 +2574,22 @@ class Handler(BaseHTTPRequestHandler):
                              and lsel(o["metadata"].get("labels")) and fsel(o)]
                     pos_rv = store.rv
                     pending = [("ADDED", o) for o in items]
+                    selected = {obj_key(o): True for o in items}
                 else:
-                    pos_rv = int(start_rv)
+                    try:
+                        pos_rv = int(start_rv)
+                    except ValueError:
+                        pos_rv = -1
                     pending = []
                     if pos_rv < store.compacted_rv:
                         pending = None
+                    elif filtered:
+                        # Which objects the selectors chose as of pos_rv, so that
+                        # one that leaves them later is seen to go.
+                        for rv, p, t, o in store.history[:bisect.bisect_right(
+                                store.history, pos_rv, key=lambda e: e[0])]:
+                            if p == plural:
+                                selected[obj_key(o)] = t != "DELETED" and sel(o)
             if pending is None:
                 send({"type": "ERROR", "object": status_obj(
                     410, "Expired", f"too old resource version: {pos_rv} ({store.compacted_rv})")})
@@ -2576,8 +2601,9 @@ class Handler(BaseHTTPRequestHandler):
                     if store.watch_generation != gen:
                         break
                     def collect():
-                        return [(rv, t, o) for rv, p, t, o in store.history
-                                if rv > pos_rv and p == plural and
+                        start = bisect.bisect_right(store.history, pos_rv, key=lambda e: e[0])
+                        return [(rv, t, o) for rv, p, t, o in store.history[start:]
+                                if p == plural and
                                 (ns is None or o["metadata"].get("namespace", "") == ns)]
                     if pos_rv < store.compacted_rv:
                         events = None
@@ -2593,8 +2619,25 @@ class Handler(BaseHTTPRequestHandler):
                                                                 "too old resource version")})
                     break
                 for rv, t, o in events:
-                    if lsel(o["metadata"].get("labels")) and fsel(o):
+                    if not filtered:
                         send({"type": t, "object": o})
+                        continue
+                    # With selectors, as the real server: an object that comes
+                    # to match is ADDED, one that stops matching is DELETED.
+                    key, now_in = obj_key(o), sel(o)
+                    was_in = selected.get(key)
+                    if t == "DELETED":
+                        if now_in or was_in:
+                            send({"type": "DELETED", "object": o})
+                        selected[key] = False
+                    elif now_in:
+                        send({"type": "ADDED" if t == "ADDED" or was_in is False else t,
+                              "object": o})
+                        selected[key] = True
+                    else:
+                        if was_in:
+                            send({"type": "DELETED", "object": o})
+                        selected[key] = False
                 if bookmarks and time.monotonic() >= next_bookmark:
                     send({"type": "BOOKMARK", "object": {
                         "kind": kind, "apiVersion": apiv,
