@@ -48,7 +48,8 @@ kubelets of every node):
   with the template's labels; it deletes the least valuable pods first
   (unscheduled, pending, not ready, newest) when scaling down.
 - Garbage collector: objects whose owners (ownerReferences uid) are gone are
-  deleted (background propagation; propagationPolicy=Orphan keeps them).
+  deleted (background propagation; Foreground is treated as Background;
+  propagationPolicy=Orphan keeps them, without the owner's reference).
 - Scheduler: a node fits when it is not cordoned (spec.unschedulable), its
   NoSchedule/NoExecute taints are tolerated, nodeSelector and required
   nodeAffinity match its labels, and every requested resource (requests,
@@ -73,8 +74,10 @@ kubelets of every node):
   initialDelaySeconds, timeoutSeconds, successThreshold, failureThreshold;
   startupProbe holds readiness and liveness back until it succeeds; liveness
   or startup failure restarts the container. httpGet (200-399 is success) and
-  tcpSocket probes; a container without a readinessProbe is ready when it
-  starts. A server that exits is restarted with the kubelet's back-off (10 s,
+  tcpSocket probes (exec and grpc probes have nothing to run in and pass); a
+  container without a readinessProbe is ready when it starts. Only a pod's
+  first container runs a server; the others count as started and ready. Pods
+  bound to a node that does not exist are not run. A server that exits is restarted with the kubelet's back-off (10 s,
   20 s, ... 300 s). Deletion: deletionTimestamp set (the endpoint turns
   terminating), SIGTERM, SIGKILL after the grace period
   (terminationGracePeriodSeconds, 30 s, or the delete's gracePeriodSeconds),
@@ -1208,7 +1211,8 @@ class Cluster:
     def reconcile(self):
         rv = self.store.rv
         now = time.monotonic()
-        if rv != self.seen_rv or now >= self.next_full:
+        full = rv != self.seen_rv or now >= self.next_full
+        if full:
             # Level-triggered: a full pass whenever anything changed (and each
             # second, for the time-driven parts).
             self.seen_rv, self.next_full = rv, now + 1.0
@@ -1222,9 +1226,8 @@ class Cluster:
             for rs in self.store.all("replicasets"):
                 self.sync_replicaset(rs, pods_of.get(meta(rs)["uid"], []))
             self.schedule(self.store.all("nodes"), self.store.all("pods"))
-        pods = self.store.all("pods")
-        self.kubelet(pods)
-        if rv != self.store.rv or self.seen_rv == rv:
+        self.kubelet(self.store.all("pods"), {meta(n)["name"] for n in self.store.all("nodes")})
+        if full or rv != self.store.rv:
             self.sync_endpointslices(self.store.all("services"), self.store.all("pods"),
                                      self.store.all("endpointslices"), nodes=None)
 
@@ -1789,11 +1792,15 @@ class Cluster:
         self.store.mutate("pods", meta(p)["namespace"], meta(p)["name"], fn)
 
     # -- kubelet --
-    def kubelet(self, pods):
+    def kubelet(self, pods, nodes):
+        """The kubelets of the nodes: each runs the pods bound to it."""
         now = time.monotonic()
         live = set()
         for p in pods:
             live.add(meta(p)["uid"])
+            if p["spec"].get("nodeName") and p["spec"]["nodeName"] not in nodes and \
+                    not terminating(p):
+                continue  # bound to a node that is not there: no kubelet runs it
             try:
                 self.kubelet_pod(p, now)
             except ApiError:
