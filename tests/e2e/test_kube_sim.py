@@ -108,6 +108,14 @@ def test_kubectl_shows_replicasets_owning_pods(cluster, tmp_path):
     r = kubectl(sim, tmp_path, "get", "rs", "-l", f"pod-template-hash={h}",
                 "-o", "jsonpath={.items[*].metadata.name}")
     assert r.stdout == rs["metadata"]["name"]
+    # What each controller did, as Events.
+    evs = {(e["involvedObject"]["kind"], e["reason"], e["source"]["component"]): e
+           for e in kjson(sim, tmp_path, "get", "events")["items"]}
+    assert evs[("Deployment", "ScalingReplicaSet", "deployment-controller")]["message"] == \
+        f"Scaled up replica set {rs['metadata']['name']} to 2 from 0"
+    assert ("ReplicaSet", "SuccessfulCreate", "replicaset-controller") in evs
+    assert ("Pod", "Scheduled", "default-scheduler") in evs
+    assert ("Pod", "Started", "kubelet") in evs
     # A deleted pod turns terminating and the ReplicaSet replaces it.
     gone = ps[0]["metadata"]["name"]
     r = kubectl(sim, tmp_path, "delete", "pod", gone, "--wait=false")
@@ -388,6 +396,13 @@ def test_running_before_listening_ready_at_the_next_probe(cluster, tmp_path, ser
     since_start = t["ready"] - t["running"]
     assert abs(since_start - 3 * round(since_start / 3)) < 0.4, t  # on the probe ticker
     c = sim.call("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=app=slow")[1]["items"][0]
+    unhealthy = [e for e in sim.call("GET", f"/api/v1/namespaces/{NS}/events")[1]["items"]
+                 if e["reason"] == "Unhealthy" and e["involvedObject"]["uid"] ==
+                 c["metadata"]["uid"]]
+    ip = c["status"]["podIP"]
+    assert [e["message"] for e in unhealthy] == [
+        f'Readiness probe failed: Get "http://{ip}:8000/health": dial tcp {ip}:8000: '
+        "connect: connection refused"]
     cs = c["status"]["containerStatuses"][0]
     assert cs["ready"] and cs["started"] and "running" in cs["state"]
     assert c["status"]["podIP"].startswith("127.")
@@ -405,6 +420,9 @@ def test_asyncio_server_answering_503_while_loading(cluster, tmp_path):
     assert t["listening_when_running"] is False or t["listen"] - t["running"] < 1.0
     # Listening early, answering 503: Ready only once loaded (1.5 s).
     assert t["ready"] - t["listen"] > 0.8
+    assert any(e["reason"] == "Unhealthy" and e["message"] ==
+               "Readiness probe failed: HTTP probe failed with statuscode: 503"
+               for e in sim.call("GET", f"/api/v1/namespaces/{NS}/events")[1]["items"])
     import urllib.request
     with urllib.request.urlopen(f"http://{t['ip']}:8000/v1/models", timeout=5) as r:
         assert r.headers["x-served-by"]
@@ -431,7 +449,8 @@ def test_probe_thresholds_initial_delay_and_startup_probe(cluster, tmp_path):
              what="not ready after the crash")
     cs = pods(sim, labelSelector="app=st")[0]["status"]["containerStatuses"][0]
     assert cs["state"]["waiting"]["reason"] == "CrashLoopBackOff"
-    wait_for(lambda: ready(pods(sim, labelSelector="app=st")[0]), timeout=20,
+    assert pods(sim, labelSelector="app=st")[0]["status"]["phase"] == "Running"
+    wait_for(lambda: ready(pods(sim, labelSelector="app=st")[0]), timeout=40,
              what="ready again after the restart")
     cs = pods(sim, labelSelector="app=st")[0]["status"]["containerStatuses"][0]
     assert cs["restartCount"] == 1 and cs["lastState"]["terminated"]["exitCode"] != 0

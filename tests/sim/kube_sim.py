@@ -91,6 +91,10 @@ kubelets of every node):
   EndpointSlices created by others are left alone.
 - Node lifecycle: a cordoned node gets the node.kubernetes.io/unschedulable
   NoSchedule taint.
+- Events, as the components record them (counted when repeated):
+  ScalingReplicaSet (deployment-controller), SuccessfulCreate and
+  SuccessfulDelete (replicaset-controller), Scheduled and FailedScheduling
+  (default-scheduler), Started, Killing, Unhealthy and BackOff (kubelet).
 
 Nodes: --nodes takes a JSON list of {"name", "gpus" (1), "replicas" (1; GPU
 sharing: allocatable nvidia.com/gpu = gpus x replicas), "product", "labels",
@@ -1109,6 +1113,7 @@ class Container:
         self.last_exit = None
         self.term_at = self.kill_at = None
         self.killed = False
+        self.ran = False  # a container has run (the pod's phase stays Running)
 
     def alive(self):
         if self.proc is not None:
@@ -1139,45 +1144,57 @@ class Container:
 
 
 def probe(ip, port, p_spec, container_ports):
-    """One httpGet/tcpSocket probe, as the kubelet makes it."""
+    """One httpGet/tcpSocket probe, as the kubelet makes it: (success, why not)."""
     timeout = p_spec.get("timeoutSeconds", 1)
-    if "httpGet" in p_spec or "tcpSocket" in p_spec:
-        action = p_spec.get("httpGet") or p_spec.get("tcpSocket")
-        target = action.get("port", port)
-        if isinstance(target, str) and not target.isdigit():
-            target = container_ports.get(target)
-            if target is None:
-                return False
-        host = action.get("host") or ip
-        try:
-            s = socket.create_connection((host, int(target)), timeout=timeout)
-        except OSError:
-            return False
-        try:
-            if "tcpSocket" in p_spec:
-                return True
-            if action.get("scheme", "HTTP") == "HTTPS":
-                ctx = ssl.create_default_context()
-                ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-                s = ctx.wrap_socket(s, server_hostname=host)
-            headers = "".join(f"{h['name']}: {h['value']}\r\n"
-                              for h in action.get("httpHeaders") or [])
-            s.sendall(f"GET {action.get('path', '/')} HTTP/1.1\r\nHost: {host}:{target}\r\n"
-                      f"User-Agent: kube-probe/1.32\r\nAccept: */*\r\n{headers}"
-                      "Connection: close\r\n\r\n".encode())
-            data = b""
-            while b"\r\n" not in data and len(data) < 256:
-                chunk = s.recv(256)
-                if not chunk:
-                    break
-                data += chunk
-            m = re.match(rb"HTTP/1\.[01] (\d{3})", data)
-            return bool(m) and 200 <= int(m.group(1)) < 400
-        except OSError:
-            return False
-        finally:
-            s.close()
-    return True  # exec and grpc probes: the sim has nothing to run them in; they pass
+    if "httpGet" not in p_spec and "tcpSocket" not in p_spec:
+        return True, ""  # exec and grpc probes: the sim has nothing to run them in; they pass
+    action = p_spec.get("httpGet") or p_spec.get("tcpSocket")
+    target = action.get("port", port)
+    if isinstance(target, str) and not target.isdigit():
+        if target not in container_ports:
+            return False, f"port {target!r} is not a named port of the container"
+        target = container_ports[target]
+    host = action.get("host") or ip
+    scheme = action.get("scheme", "HTTP")
+    url = f'{scheme.lower()}://{host}:{target}{action.get("path", "/")}'
+    try:
+        s = socket.create_connection((host, int(target)), timeout=timeout)
+    except OSError as e:
+        why = ("connect: connection refused" if isinstance(e, ConnectionRefusedError) else
+               "i/o timeout" if isinstance(e, socket.timeout) else str(e))
+        dial = f"dial tcp {host}:{target}: {why}"
+        return False, dial if "tcpSocket" in p_spec else f'Get "{url}": {dial}'
+    try:
+        if "tcpSocket" in p_spec:
+            return True, ""
+        if scheme == "HTTPS":
+            ctx = ssl.create_default_context()
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+            s = ctx.wrap_socket(s, server_hostname=host)
+        headers = "".join(f"{h['name']}: {h['value']}\r\n" for h in action.get("httpHeaders") or [])
+        s.sendall(f"GET {action.get('path', '/')} HTTP/1.1\r\nHost: {host}:{target}\r\n"
+                  f"User-Agent: kube-probe/1.32\r\nAccept: */*\r\n{headers}"
+                  "Connection: close\r\n\r\n".encode())
+        data = b""
+        while b"\r\n" not in data and len(data) < 256:
+            chunk = s.recv(256)
+            if not chunk:
+                break
+            data += chunk
+        m = re.match(rb"HTTP/1\.[01] (\d{3})", data)
+        if not m:
+            return False, f'Get "{url}": EOF'
+        code = int(m.group(1))
+        if 200 <= code < 400:
+            return True, ""
+        return False, f"HTTP probe failed with statuscode: {code}"
+    except socket.timeout:
+        return False, (f'Get "{url}": context deadline exceeded '
+                       "(Client.Timeout exceeded while awaiting headers)")
+    except OSError as e:
+        return False, f'Get "{url}": {e}'
+    finally:
+        s.close()
 
 
 # --- the cluster ----------------------------------------------------------------
@@ -1189,6 +1206,7 @@ class Cluster:
         self.store = store
         self.args = args
         self.containers = {}  # pod uid -> Container
+        self.events = {}  # (namespace, uid, reason, message, component) -> Event name
         self.probes = concurrent.futures.ThreadPoolExecutor(max_workers=16)
         self.ip_next = 0
         self.seen_rv = None
@@ -1197,6 +1215,36 @@ class Cluster:
 
     def start(self):
         threading.Thread(target=self.loop, daemon=True).start()
+
+    def event(self, obj, etype, reason, message, component):
+        """Records an Event on obj as the components do: one per (object,
+        reason, message, component), counted when it happens again."""
+        md = meta(obj)
+        ns = md.get("namespace") or "default"
+        key = (ns, md["uid"], reason, message, component)
+        now = now_iso()
+        name = self.events.get(key)
+        if name and self.store.mutate("events", ns, name, lambda e: e.update(
+                count=e.get("count", 1) + 1, lastTimestamp=now)):
+            return
+        source = {"component": component}
+        if component == "kubelet" and obj.get("spec", {}).get("nodeName"):
+            source["host"] = obj["spec"]["nodeName"]
+        ev = {"metadata": {"name": f"{md['name']}.{time.time_ns():x}", "namespace": ns},
+              "involvedObject": {"kind": obj.get("kind"), "namespace": ns, "name": md["name"],
+                                 "uid": md["uid"], "apiVersion": obj.get("apiVersion"),
+                                 "resourceVersion": md.get("resourceVersion")},
+              "reason": reason, "message": message, "source": source,
+              "firstTimestamp": now, "lastTimestamp": now, "count": 1, "type": etype,
+              "eventTime": None, "reportingComponent": component,
+              "reportingInstance": source.get("host", "")}
+        try:
+            made = self.store.create("events", ev, "Event", "v1")
+        except ApiError:
+            return
+        if len(self.events) > 10000:
+            self.events.clear()
+        self.events[key] = made["metadata"]["name"]
 
     def loop(self):
         while not self.stop:
@@ -1317,6 +1365,10 @@ class Cluster:
             o["spec"]["replicas"] = n
             o["metadata"].setdefault("annotations", {}).update(anns)
         self.store.mutate("replicasets", meta(rs)["namespace"], meta(rs)["name"], fn)
+        if changed:
+            self.event(d, "Normal", "ScalingReplicaSet",
+                       f"Scaled {'up' if n > replicas(rs) else 'down'} replica set "
+                       f"{meta(rs)['name']} to {n} from {replicas(rs)}", "deployment-controller")
         rs["spec"]["replicas"] = n
         cur.update(anns)
         return changed
@@ -1450,6 +1502,9 @@ class Cluster:
                                   {"collisionCount": collisions + 1}))
             return None
         self.progress_note = ("NewReplicaSetCreated", f'Created new replica set "{meta(made)["name"]}"')
+        if replicas(made):
+            self.event(d, "Normal", "ScalingReplicaSet", f"Scaled up replica set "
+                       f"{meta(made)['name']} to {replicas(made)} from 0", "deployment-controller")
         return made
 
     def rollout_rolling(self, d, new_rs, old):
@@ -1612,10 +1667,14 @@ class Cluster:
         diff = len(active) - replicas(rs)
         if diff < 0:
             for _ in range(min(-diff, 500)):
-                self.create_pod(rs)
+                made = self.create_pod(rs)
+                self.event(rs, "Normal", "SuccessfulCreate", f"Created pod: {meta(made)['name']}",
+                           "replicaset-controller")
         elif diff > 0:
             for p in sorted(active, key=self.deletion_rank(active))[:diff]:
                 self.delete_object("pods", p)
+                self.event(rs, "Normal", "SuccessfulDelete", f"Deleted pod: {meta(p)['name']}",
+                           "replicaset-controller")
         tpl_labels = (rs["spec"].get("template", {}).get("metadata") or {}).get("labels") or {}
         min_ready = rs["spec"].get("minReadySeconds", 0)
         status = omit_zero({
@@ -1676,7 +1735,7 @@ class Cluster:
                "status": {"phase": "Pending", "qosClass": qos_class(spec)}}
         if tmeta.get("annotations"):
             pod["metadata"]["annotations"] = dict(tmeta["annotations"])
-        self.store.create("pods", pod, "Pod", "v1")
+        return self.store.create("pods", pod, "Pod", "v1")
 
     # -- scheduler --
     def schedule(self, nodes, pods):
@@ -1775,7 +1834,10 @@ class Cluster:
             set_condition(conds, "PodScheduled", "True")
             for c in conds:
                 c.setdefault("lastProbeTime", None)
-        self.store.mutate("pods", meta(p)["namespace"], meta(p)["name"], fn)
+        done = self.store.mutate("pods", meta(p)["namespace"], meta(p)["name"], fn)
+        if done and done["spec"].get("nodeName") == node:
+            self.event(p, "Normal", "Scheduled", f"Successfully assigned "
+                       f"{meta(p)['namespace']}/{meta(p)['name']} to {node}", "default-scheduler")
 
     def mark_unschedulable(self, p, message):
         cond = get_condition(p, "PodScheduled")
@@ -1789,7 +1851,9 @@ class Cluster:
             set_condition(conds, "PodScheduled", "False", "Unschedulable", message)
             for c in conds:
                 c.setdefault("lastProbeTime", None)
-        self.store.mutate("pods", meta(p)["namespace"], meta(p)["name"], fn)
+        done = self.store.mutate("pods", meta(p)["namespace"], meta(p)["name"], fn)
+        if done and not done["spec"].get("nodeName"):
+            self.event(p, "Warning", "FailedScheduling", message, "default-scheduler")
 
     # -- kubelet --
     def kubelet(self, pods, nodes):
@@ -1848,7 +1912,9 @@ class Cluster:
             return
         c.waiting = None
         c.killed = False
+        c.ran = True
         ctr = (p["spec"].get("containers") or [{}])[0]
+        self.event(p, "Normal", "Started", f"Started container {ctr.get('name')}", "kubelet")
         c.workers = {}
         for kind in ("startup", "readiness", "liveness"):
             pspec = ctr.get(kind + "Probe")
@@ -1873,6 +1939,8 @@ class Cluster:
                      f"container={ctr} pod={c.name}_{c.ns}({c.uid})")
         c.restart_at = now + self.backoff(c)
         c.started = False
+        self.event(p, "Warning", "BackOff", f"Back-off restarting failed container {ctr} in pod "
+                   f"{c.name}_{c.ns}({c.uid})", "kubelet")
 
     def run_probes(self, p, c, now):
         ctr = (p["spec"].get("containers") or [{}])[0]
@@ -1883,14 +1951,19 @@ class Cluster:
             if w is None:
                 continue
             if w.pending is not None and w.pending.done():
-                ok = w.pending.result()
+                ok, why = w.pending.result()
                 w.pending = None
+                if not ok:
+                    self.event(p, "Warning", "Unhealthy",
+                               f"{kind.capitalize()} probe failed: {why}", "kubelet")
                 changed = w.finish(ok)
                 if kind == "startup" and changed is True:
                     c.started = True
                     if "readiness" in c.workers:
                         c.workers["readiness"].trigger = True
                 elif kind in ("startup", "liveness") and changed is False:
+                    self.event(p, "Normal", "Killing", f"Container {ctr.get('name')} failed "
+                               f"{kind} probe, will be restarted", "kubelet")
                     c.signal(signal.SIGKILL)  # failed: the kubelet kills and restarts it
                     c.killed = True
                     if c.proc is not None:
@@ -1920,8 +1993,7 @@ class Cluster:
             if i == 0 and c.last_exit:
                 cs["lastState"] = {"terminated": c.last_exit}
             statuses.append(cs)
-        ran = c.restarts > 0 or c.waiting is None
-        s["phase"] = "Running" if ran else "Pending"
+        s["phase"] = "Running" if c.ran else "Pending"  # Running once a container ran
         s.update({"podIP": c.ip, "podIPs": [{"ip": c.ip}], "hostIP": "127.0.0.1",
                   "hostIPs": [{"ip": "127.0.0.1"}]})
         s.setdefault("startTime", now_iso())
@@ -1959,6 +2031,8 @@ class Cluster:
                            p["spec"].get("terminationGracePeriodSeconds", 30))
             c.term_at, c.kill_at = now, now + grace
             c.signal(signal.SIGTERM)
+            self.event(p, "Normal", "Killing", "Stopping container "
+                       f"{(p['spec'].get('containers') or [{}])[0].get('name')}", "kubelet")
         if not c.alive():
             self.containers.pop(md["uid"], None)
             self.store.delete("pods", md["namespace"], md["name"], md["uid"])
@@ -2116,6 +2190,7 @@ class Cluster:
                 continue
             c = Container(p, rec["ip"], rec["port"])
             c.pid, c.restarts, c.started = rec["pid"], rec["restarts"], rec["started"]
+            c.ran = True
             c.started_at = rec.get("started_at", c.started_at)
             c.started_mono = now - 3600  # long past any initialDelaySeconds
             ctr = (p["spec"].get("containers") or [{}])[0]
