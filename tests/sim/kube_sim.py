@@ -24,11 +24,12 @@ when the spec does. Lists carry resourceVersion; watches stream one JSON
 event per line (chunked) with BOOKMARKs when asked (allowWatchBookmarks) and
 end after timeoutSeconds; label selectors (=, ==, !=, exists, !exists, in,
 notin) and field selectors (metadata.name, metadata.namespace, spec.nodeName,
-status.phase, any dotted path); 409 on a stale resourceVersion or an existing
-name; 422 on an invalid object; a watch from a resourceVersion older than the
-retained history gets an ERROR event with a 410 Status (as the real server
-does). Bearer tokens (401 otherwise) and TLS (--cert/--key) as the tests set
-up.
+status.phase, any dotted path; a watch with selectors sees an object that
+comes to match as ADDED and one that stops matching as DELETED); 409 on a
+stale resourceVersion or an existing name; 422 on an invalid object; a watch
+from a resourceVersion older than the retained history gets an ERROR event
+with a 410 Status (as the real server does). Bearer tokens (401 otherwise)
+and TLS (--cert/--key) as the tests set up.
 
 The cluster (one process plays the controller manager, the scheduler and the
 kubelets of every node):
@@ -68,7 +69,7 @@ kubelets of every node):
   sim.thaw.dev/load-ms the load time (default --load-ms),
   sim.thaw.dev/token-ms the time per token, sim.thaw.dev/ready-file (c only)
   a file the server writes when loaded. The model name is the pod's
-  thaw.dev/model label. Probes run as the kubelet runs them: readiness once
+  thaw.dev/model label ("sim" without one). Probes run as the kubelet runs them: readiness once
   when the container starts and then every periodSeconds (default 10 s;
   --kubelet-period-ms overrides every probe's period), honouring
   initialDelaySeconds, timeoutSeconds, successThreshold, failureThreshold;
@@ -77,8 +78,8 @@ kubelets of every node):
   tcpSocket probes (exec and grpc probes have nothing to run in and pass); a
   container without a readinessProbe is ready when it starts. Only a pod's
   first container runs a server; the others count as started and ready. Pods
-  bound to a node that does not exist are not run. A server that exits is restarted with the kubelet's back-off (10 s,
-  20 s, ... 300 s). Deletion: deletionTimestamp set (the endpoint turns
+  bound to a node that does not exist are not run. A server that exits is
+  restarted with the kubelet's back-off (10 s, 20 s, ... 300 s). Deletion: deletionTimestamp set (the endpoint turns
   terminating), SIGTERM, SIGKILL after the grace period
   (terminationGracePeriodSeconds, 30 s, or the delete's gracePeriodSeconds),
   then the pod is gone.
