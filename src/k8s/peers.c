@@ -16,6 +16,7 @@ struct k8s_peer {
     uint64_t last_ok_ms;
     uint64_t polls, failures;
     struct strmap demand; /* model key -> (uintptr_t) demand + 1 */
+    struct strmap idle;   /* model key -> (uintptr_t) ms since its last request + 1 */
     struct k8s_call *call;
     char identity[254];
 };
@@ -24,6 +25,7 @@ static void free_peer(struct k8s_peer *pe)
 {
     k8s_call_cancel(pe->call);
     strmap_dispose(&pe->demand);
+    strmap_dispose(&pe->idle);
     free(pe);
 }
 
@@ -32,9 +34,15 @@ static void mark_unseen(void *ud, const char *key, void *value)
     ((struct k8s_peer *)value)->seen = false;
 }
 
+struct slice_pass {
+    struct k8s_peers *p;
+    bool changed;
+};
+
 static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
 {
-    struct k8s_peers *p = ud;
+    struct slice_pass *sp = ud;
+    struct k8s_peers *p = sp->p;
     if (e->terminating) {
         return;
     }
@@ -51,8 +59,10 @@ static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
         snprintf(pe->addr, sizeof pe->addr, "%s", addr);
         pe->self = strcmp(e->address, p->self_ip) == 0;
         strmap_init(&pe->demand);
+        strmap_init(&pe->idle);
         strmap_put(&p->peers, addr, strlen(addr), pe);
         LOGI("peer activator found", "peer=%s self=%d", addr, pe->self);
+        sp->changed = true;
     }
     pe->seen = true;
 }
@@ -74,7 +84,8 @@ static void slice_upsert(void *ud, const cJSON *obj)
 {
     struct k8s_peers *p = ud;
     strmap_each(&p->peers, mark_unseen, NULL);
-    k8s_slice_each(obj, add_endpoint, p);
+    struct slice_pass sp = {p, false};
+    k8s_slice_each(obj, add_endpoint, &sp);
     struct gone g = {.n = 0};
     strmap_each(&p->peers, collect_unseen, &g);
     for (size_t i = 0; i < g.n; i++) {
@@ -82,8 +93,20 @@ static void slice_upsert(void *ud, const cJSON *obj)
         if (pe) {
             LOGI("peer activator gone", "peer=%s", pe->addr);
             free_peer(pe);
+            sp.changed = true;
         }
         free(g.keys[i]);
+    }
+    if (sp.changed && p->on_change) {
+        p->on_change(p->on_change_ud);
+    }
+}
+
+static void on_slices_synced(void *ud)
+{
+    struct k8s_peers *p = ud;
+    if (p->on_change) {
+        p->on_change(p->on_change_ud);
     }
 }
 
@@ -99,15 +122,23 @@ static void on_demand(void *ud, long status, const char *body, size_t len, const
         pe->failures++;
         return;
     }
-    if (k8s_peer_demand_parse(body, len, &pe->demand, pe->identity, sizeof pe->identity)) {
+    if (k8s_peer_demand_parse(body, len, &pe->demand, &pe->idle, pe->identity,
+                              sizeof pe->identity)) {
         pe->failures++;
         return;
     }
     pe->last_ok_ms = clock_now_ms();
 }
 
-int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand, char *identity,
-                          size_t idlen)
+/* Stored plus one (a NULL value reads as absent): capped below the top. */
+static void *count_value(uint64_t n)
+{
+    uint64_t cap = (uint64_t)UINTPTR_MAX - 1;
+    return (void *)(uintptr_t)((n > cap ? cap : n) + 1);
+}
+
+int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
+                          struct strmap *idle, char *identity, size_t idlen)
 {
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
@@ -117,16 +148,22 @@ int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand, c
     }
     strmap_dispose(demand);
     strmap_init(demand);
+    if (idle) {
+        strmap_dispose(idle);
+        strmap_init(idle);
+    }
     const cJSON *m;
     cJSON_ArrayForEach(m, models)
     {
         uint64_t in = k8s_json_count(cJSON_GetArrayItem(m, 0));
         uint64_t q = k8s_json_count(cJSON_GetArrayItem(m, 1));
-        /* Stored plus one (a NULL value reads as absent): capped below the top. */
-        uint64_t cap = (uint64_t)UINTPTR_MAX - 1;
-        uint64_t d = in > cap ? cap : in;
-        d = q > cap - d ? cap : d + q;
-        strmap_put(demand, m->string, strlen(m->string), (void *)(uintptr_t)(d + 1));
+        uint64_t d = q > UINT64_MAX - in ? UINT64_MAX : in + q;
+        strmap_put(demand, m->string, strlen(m->string), count_value(d));
+        /* Optional third: ms since the model's last request at that peer. */
+        const cJSON *age = cJSON_GetArrayItem(m, 2);
+        if (idle && cJSON_IsNumber(age) && age->valuedouble >= 0) {
+            strmap_put(idle, m->string, strlen(m->string), count_value(k8s_json_count(age)));
+        }
     }
     const char *id = k8s_get_string(root, "identity");
     snprintf(identity, idlen, "%s", id ? id : "");
@@ -191,6 +228,35 @@ uint64_t k8s_peers_demand(struct k8s_peers *p, const char *key)
     return s.total;
 }
 
+struct newest {
+    struct k8s_peers *p;
+    const char *key;
+    uint64_t now_ms, idle_ms;
+};
+
+static void newest_request(void *ud, const char *k, void *value)
+{
+    struct newest *n = ud;
+    struct k8s_peer *pe = value;
+    void *v = fresh(n->p, pe) ? strmap_get(&pe->idle, n->key, strlen(n->key)) : NULL;
+    if (v) {
+        /* As old as it was when the peer answered, plus the time since. */
+        uint64_t idle = (uint64_t)(uintptr_t)v - 1;
+        uint64_t since = n->now_ms - pe->last_ok_ms;
+        idle = idle > UINT64_MAX - since ? UINT64_MAX : idle + since;
+        if (idle < n->idle_ms) {
+            n->idle_ms = idle;
+        }
+    }
+}
+
+uint64_t k8s_peers_idle_ms(struct k8s_peers *p, const char *key)
+{
+    struct newest n = {p, key, clock_now_ms(), UINT64_MAX};
+    strmap_each(&p->peers, newest_request, &n);
+    return n.idle_ms;
+}
+
 static void count_peer(void *ud, const char *k, void *value)
 {
     struct sum *s = ud;
@@ -225,13 +291,68 @@ static void describe_peer(void *ud, const char *k, void *value)
     cJSON_AddItemToArray(ud, j);
 }
 
+struct place {
+    const char *self;
+    unsigned before, n;
+    bool found;
+};
+
+static void place_peer(void *ud, const char *k, void *value)
+{
+    struct place *pl = ud;
+    const struct k8s_peer *pe = value;
+    pl->n++;
+    if (pe->self) {
+        pl->found = true;
+        pl->self = pe->addr;
+    }
+}
+
+static void count_before(void *ud, const char *k, void *value)
+{
+    struct place *pl = ud;
+    if (strcmp(((const struct k8s_peer *)value)->addr, pl->self) < 0) {
+        pl->before++;
+    }
+}
+
+bool k8s_peers_place(const struct k8s_peers *p, unsigned *rank, unsigned *n)
+{
+    struct place pl = {NULL, 0, 0, false};
+    strmap_each(&p->peers, place_peer, &pl);
+    *rank = 0;
+    *n = pl.n;
+    if (pl.n == 0) {
+        *n = 1;
+        return p->slices.synced;
+    }
+    if (!pl.found) {
+        return false;
+    }
+    strmap_each(&p->peers, count_before, &pl);
+    *rank = pl.before;
+    return p->slices.synced;
+}
+
+uint32_t k8s_activator_share(uint32_t concurrency, unsigned n, unsigned rank, size_t pod_index)
+{
+    if (n <= 1) {
+        return concurrency;
+    }
+    /* Slot k (counted over all pods, pod by pod) goes to activator k mod n;
+     * this pod's slots start at k = pod_index * concurrency. */
+    unsigned first = (unsigned)(((uint64_t)pod_index * concurrency) % n);
+    unsigned offset = (rank % n + n - first) % n;
+    return concurrency / n + (offset < concurrency % n ? 1 : 0);
+}
+
 void k8s_peers_describe(struct k8s_peers *p, cJSON *out)
 {
     cJSON *arr = cJSON_AddArrayToObject(out, "peers");
     strmap_each(&p->peers, describe_peer, arr);
 }
 
-static const struct k8s_informer_ops slice_ops = {slice_upsert, slice_remove, NULL};
+static const struct k8s_informer_ops slice_ops = {slice_upsert, slice_remove, on_slices_synced};
 
 void k8s_peers_init(struct k8s_peers *p, struct k8s_client *c, struct event_base *base,
                     const char *namespace_, const char *service, unsigned port, const char *self_ip,

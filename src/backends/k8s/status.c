@@ -2,6 +2,7 @@
  * pods, state), the capacity view (API client, Events, informers, nodes,
  * leadership) and the backend's metrics. */
 #include "internal.h"
+#include "thaw/clock.h"
 #include "thaw/metrics.h"
 
 #include <stdio.h>
@@ -10,8 +11,21 @@
 
 struct describe_ctx {
     cJSON *arr;
+    const struct model *m;
     unsigned unschedulable;
 };
+
+/* The slots this activator may use on a ready pod; -1 when not routed. */
+static double pod_slots(const struct model *m, const char *pod)
+{
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        const struct endpoint *ep = m->endpoints[i];
+        if (strcmp(ep->id, pod) == 0) {
+            return ep->share < m->set.max_concurrency ? ep->share : m->set.max_concurrency;
+        }
+    }
+    return -1;
+}
 
 static void describe_pod(void *ud, const char *key, void *value)
 {
@@ -25,11 +39,32 @@ static void describe_pod(void *ud, const char *key, void *value)
     cJSON_AddBoolToObject(j, "probe_ok", p->probe_ok);
     cJSON_AddBoolToObject(j, "endpoint_ready", p->slice_ready);
     cJSON_AddBoolToObject(j, "terminating", p->terminating);
+    cJSON_AddNumberToObject(j, "slots", pod_slots(d->m, p->name));
     if (p->unschedulable) {
         cJSON_AddBoolToObject(j, "unschedulable", true);
         d->unschedulable++;
     }
     cJSON_AddItemToArray(d->arr, j);
+}
+
+/* How long the model has been idle, as the scale-to-zero decision sees it,
+ * and the last request recorded on its Deployment. */
+static void describe_idle_clock(const struct kmodel *km, cJSON *out)
+{
+    cJSON *ic = cJSON_AddObjectToObject(out, "idle_clock");
+    uint64_t idle = as_idle_ms(&km->sc.ass, clock_now_ms());
+    if (idle == UINT64_MAX) {
+        cJSON_AddNullToObject(ic, "idle_ms");
+    } else {
+        cJSON_AddNumberToObject(ic, "idle_ms", (double)idle);
+    }
+    if (km->annotated_ms > 0) {
+        char when[40];
+        k8s_time_format_ms(km->annotated_ms, when, sizeof when);
+        cJSON_AddStringToObject(ic, "last_request_at", when);
+    } else {
+        cJSON_AddNullToObject(ic, "last_request_at");
+    }
 }
 
 void kube_describe(struct backend *b, struct model *m, cJSON *out)
@@ -54,12 +89,20 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
         cJSON_AddStringToObject(out, "last_scale_error", km->last_scale_error);
     }
     scaler_describe(&km->sc, out);
+    describe_idle_clock(km, out);
     cJSON *dm = cJSON_AddObjectToObject(out, "demand");
     cJSON_AddNumberToObject(dm, "local", (double)m->inflight + (double)m->queue.count);
     if (km->kb->have_peers) {
         cJSON_AddNumberToObject(dm, "peers", (double)k8s_peers_demand(&km->kb->peers, km->key));
     }
-    struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), 0};
+    unsigned rank = 0, n = 1;
+    bool placed = !km->kb->have_peers || k8s_peers_place(&km->kb->peers, &rank, &n);
+    cJSON *sl = cJSON_AddObjectToObject(out, "slots");
+    cJSON_AddNumberToObject(sl, "activators", n);
+    cJSON_AddNumberToObject(sl, "rank", rank);
+    cJSON_AddBoolToObject(sl, "placed", placed);
+    cJSON_AddNumberToObject(sl, "here", model_capacity(m));
+    struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), m, 0};
     strmap_each(&km->pods, describe_pod, &d);
     const char *state = m->n_endpoints       ? "ready"
                         : d.unschedulable    ? "waiting_for_capacity"
@@ -160,6 +203,15 @@ void kube_render_metrics(struct backend *b, struct buf *o)
                       "Other activators, by whether their counts are fresh or stale.");
     buf_printf(o, "thaw_peers{state=\"fresh\"} %u\nthaw_peers{state=\"stale\"} %u\n", fresh,
                all - fresh);
+    metrics_help_type(o, "thaw_kubernetes_last_request_writes_total", "counter",
+                      "Writes of a model's last request time to its Deployment "
+                      "(thaw.dev/last-request-at).");
+    buf_printf(o, "thaw_kubernetes_last_request_writes_total %llu\n",
+               (unsigned long long)kb->idle_writes);
+    metrics_help_type(o, "thaw_kubernetes_last_request_write_errors_total", "counter",
+                      "Writes of thaw.dev/last-request-at that failed.");
+    buf_printf(o, "thaw_kubernetes_last_request_write_errors_total %llu\n",
+               (unsigned long long)kb->idle_write_errors);
     metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
     buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
 }
