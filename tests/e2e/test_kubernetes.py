@@ -330,11 +330,11 @@ def test_pods_found_by_the_deployments_selector_are_probed_directly(cluster, tha
     labels.pop("thaw.dev/model")
     assert labels == {"app": "llama"} and d["spec"]["selector"] == {"matchLabels": labels}
     d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/ready-file"] = ready_file
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+    sim.create_deployment(d)
     # Unrelated pods in the namespace (not selected) stay out of the model.
     other = deployment("other", replicas=1, gpus=0)
     other["metadata"]["labels"] = {}
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", other)
+    sim.create_deployment(other)
     t = start_thaw(thaw_factory, sim, tmp_path)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
     start = time.monotonic()
@@ -795,8 +795,7 @@ def test_restart_without_a_recorded_request_starts_the_clock_at_sync(cluster, th
     """A model already warm (say a Deployment installed with one replica) that thaw has
     never recorded a request for: its idle clock starts when thaw syncs, not at "never"."""
     sim = cluster(load_ms=50)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", replicas=1, annotations={"thaw.dev/idle-timeout": "5s"}))
+    sim.create_deployment(deployment("llama", replicas=1, annotations={"thaw.dev/idle-timeout": "5s"}))
     wait_for(lambda: get_llama(sim).get("status", {}).get("readyReplicas") == 1,
              what="pod ready")
     t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST_PLANS)
