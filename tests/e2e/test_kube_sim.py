@@ -116,6 +116,11 @@ def test_kubectl_shows_replicasets_owning_pods(cluster, tmp_path):
     assert ("ReplicaSet", "SuccessfulCreate", "replicaset-controller") in evs
     assert ("Pod", "Scheduled", "default-scheduler") in evs
     assert ("Pod", "Started", "kubelet") in evs
+    # kubectl describe reads the namespace, the ReplicaSets and the Events.
+    r = kubectl(sim, tmp_path, "describe", "deployment", "web")
+    assert r.returncode == 0, r.stderr
+    assert f"NewReplicaSet:   {rs['metadata']['name']} (2/2 replicas created)" in r.stdout
+    assert "ScalingReplicaSet" in r.stdout
     # A deleted pod turns terminating and the ReplicaSet replaces it.
     gone = ps[0]["metadata"]["name"]
     r = kubectl(sim, tmp_path, "delete", "pod", gone, "--wait=false")

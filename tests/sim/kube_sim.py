@@ -28,8 +28,12 @@ status.phase, any dotted path; a watch with selectors sees an object that
 comes to match as ADDED and one that stops matching as DELETED); 409 on a
 stale resourceVersion or an existing name; 422 on an invalid object; a watch
 from a resourceVersion older than the retained history gets an ERROR event
-with a 410 Status (as the real server does). Bearer tokens (401 otherwise)
-and TLS (--cert/--key) as the tests set up.
+with a 410 Status (as the real server does). A namespace comes to exist
+when first used (as with the NamespaceAutoProvision admission plugin).
+Bodies are JSON (protobuf gets 415, so `kubectl create deployment` does not
+work; `kubectl apply --validate=false` does: there is no OpenAPI document);
+lists are not served as Tables (kubectl prints NAME and AGE). Bearer tokens
+(401 otherwise) and TLS (--cert/--key) as the tests set up.
 
 The cluster (one process plays the controller manager, the scheduler and the
 kubelets of every node):
@@ -628,6 +632,13 @@ def default_service(svc, causes, alloc_ip):
     if spec.get("selector") is not None and not isinstance(spec["selector"], dict):
         causes.append("spec.selector: Invalid value: a map of labels")
     svc.setdefault("status", {"loadBalancer": {}})
+
+
+def namespace_defaults(ns):
+    ns["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = ns["metadata"]["name"]
+    ns.setdefault("spec", {"finalizers": ["kubernetes"]})
+    ns["status"] = {"phase": "Active"}
+    return ns
 
 
 def default_node(node):
@@ -2280,6 +2291,9 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(n) if n else b""
         if not raw:
             return None
+        if "protobuf" in self.headers.get("Content-Type", ""):
+            raise ApiError(415, "UnsupportedMediaType", "this API server speaks JSON only "
+                           "(application/vnd.kubernetes.protobuf is not supported)")
         try:
             return json.loads(raw)
         except ValueError:
@@ -2455,7 +2469,13 @@ class Handler(BaseHTTPRequestHandler):
                 if plural in STATUS_SUBRESOURCE and plural != "nodes":
                     obj.pop("status", None)  # a new object's status is the server's
                 self.admit(plural, kind, obj, None)
-                return self.send_json(201, store.create(plural, obj, kind, apiv))
+                if namespaced:
+                    self.server.sim.ensure_namespace(ns)
+                made = store.create(plural, obj, kind, apiv)
+                if plural == "namespaces":
+                    made = store.mutate("namespaces", "", made["metadata"]["name"],
+                                        namespace_defaults)
+                return self.send_json(201, made)
             raise ApiError(405, "MethodNotAllowed", "method not allowed")
         if sub == "scale" and plural in SCALABLE:
             return self.scale(method, plural, ns, name)
@@ -2773,8 +2793,22 @@ class Sim:
                 node = make_node(n)
                 default_node(node)
                 self.store.create("nodes", node, "Node", "v1")
+            for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
+                self.ensure_namespace(ns)
         self.cluster = Cluster(self.store, args)
         self.cluster.adopt(saved)
+
+    def ensure_namespace(self, ns):
+        """Namespaces appear when first used (the NamespaceAutoProvision
+        admission plugin), so that clients that read them find them."""
+        try:
+            self.store.get("namespaces", "", ns)
+        except ApiError:
+            try:
+                self.store.create("namespaces", namespace_defaults({"metadata": {"name": ns}}),
+                                  "Namespace", "v1")
+            except ApiError:
+                pass  # created meanwhile
 
     def alloc_cluster_ip(self):
         i = self.cluster_ip_next
