@@ -22,6 +22,19 @@ int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
     const cJSON *ml =
         cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "metadata.labels"), K8S_MODEL_LABEL);
     copy(o->model, sizeof o->model, cJSON_IsString(ml) ? ml->valuestring : NULL);
+    /* The Deployment behind the pod: its controller is a ReplicaSet named
+     * "<deployment>-<pod-template-hash>". */
+    const cJSON *ref;
+    cJSON_ArrayForEach(ref, k8s_get(obj, "metadata.ownerReferences"))
+    {
+        const char *kind = k8s_get_string(ref, "kind");
+        const char *rs = k8s_get_string(ref, "name");
+        const char *dash = rs ? strrchr(rs, '-') : NULL;
+        if (kind && strcmp(kind, "ReplicaSet") == 0 && dash && dash > rs) {
+            snprintf(o->deployment, sizeof o->deployment, "%.*s", (int)(dash - rs), rs);
+            break;
+        }
+    }
     copy(o->ip, sizeof o->ip, k8s_get_string(obj, "status.podIP"));
     copy(o->phase, sizeof o->phase, k8s_get_string(obj, "status.phase"));
     o->running = strcmp(o->phase, "Running") == 0;

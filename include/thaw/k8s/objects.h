@@ -10,13 +10,15 @@
 #include <cjson/cJSON.h>
 
 /* The label that makes a Deployment a model and ties its pods to it; its
- * value is the model's name. The default kubernetes.label_selector. */
+ * value is the model's name, or a marker ("true", "") that names the model
+ * after its Deployment. The default kubernetes.label_selector. */
 #define K8S_MODEL_LABEL "thaw.dev/model"
 
 struct k8s_pod_info {
     char name[254];
     char namespace_[254];
     char model[254]; /* K8S_MODEL_LABEL label; "" when absent */
+    char deployment[254]; /* from its ReplicaSet owner's name; "" when none */
     char ip[64];     /* status.podIP; "" before it has one */
     char phase[16];
     bool running;       /* phase Running */
