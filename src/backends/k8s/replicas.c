@@ -260,6 +260,7 @@ static struct kmodel *kmodel_new(struct kube_backend *kb, const struct k8s_model
     }
     km->m->backend = &kb->base;
     km->m->backend_data = km;
+    km->m->namespaced = true;
     scaler_model_init(&km->sc, km->m, kb->cfg, sp->target, sp->window_ms,
                       (unsigned)sp->min_scale, (unsigned)sp->max_scale, sp->idle_timeout_ms,
                       (unsigned)sp->gpu_slices);
