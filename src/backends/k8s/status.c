@@ -37,7 +37,6 @@ static void describe_settings(const struct kmodel *km, cJSON *out)
 {
     const struct model_settings *set = &km->m->set;
     const struct as_config *asc = &km->sc.asc;
-    cJSON_AddNumberToObject(out, "startup_timeout_ms", (double)km->spec.startup_timeout_ms);
     cJSON *s = cJSON_AddObjectToObject(out, "settings");
     cJSON_AddNumberToObject(s, "max_queue", (double)set->max_queue);
     cJSON_AddNumberToObject(s, "queue_timeout_ms", (double)set->queue_timeout_ms);
