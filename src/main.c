@@ -131,9 +131,9 @@ int main(int argc, char **argv)
     if (rc == 0) {
         rc = reload_install(&srv);
     }
-    srv.reload.listen_overridden = listen != NULL;
-    srv.reload.admin_listen_overridden = admin != NULL;
-    srv.reload.log_level_overridden = log_level != NULL;
+    srv.rt.reload.listen_overridden = listen != NULL;
+    srv.rt.reload.admin_listen_overridden = admin != NULL;
+    srv.rt.reload.log_level_overridden = log_level != NULL;
     if (rc == 0) {
         rc = server_run(&srv);
     } else {

@@ -38,8 +38,8 @@ static void on_sighup(evutil_socket_t sig, short what, void *arg)
 
 int reload_install(struct server *srv)
 {
-    reload_status_init(&srv->reload);
-    srv->sig_hup = evsignal_new(srv->base, SIGHUP, on_sighup, srv);
+    reload_status_init(&srv->rt.reload);
+    srv->sig_hup = evsignal_new(srv->rt.base, SIGHUP, on_sighup, srv);
     return srv->sig_hup ? event_add(srv->sig_hup, NULL) : -1;
 }
 
@@ -116,9 +116,9 @@ static const struct config_model *find_config_model(const struct config *cfg, co
 
 static void needs_restart(struct server *srv, const char *key)
 {
-    srv->reload.restart_needed++;
+    srv->rt.reload.restart_needed++;
     LOGW("configuration change needs a restart; keeping the running value", "key=%s file=%s",
-         key, srv->cfg->path);
+         key, srv->rt.cfg->path);
 }
 
 static bool same_gpus(const struct config *a, const struct config *b)
@@ -150,8 +150,8 @@ static bool same_kubernetes(const struct config_kubernetes *a, const struct conf
  * about each one the file changed. */
 static void keep_restart_only(struct server *srv, struct config *next)
 {
-    struct config *cur = srv->cfg;
-    struct reload_status *st = &srv->reload;
+    struct config *cur = srv->rt.cfg;
+    struct reload_status *st = &srv->rt.reload;
     if (!st->listen_overridden && strcmp(cur->listen, next->listen) != 0) {
         needs_restart(srv, "listen");
     }
@@ -203,17 +203,17 @@ static void set_common_timeout(struct event_base *base, const struct timeval **f
 static void apply_thaw_settings(struct server *srv, const struct config *next)
 {
     const struct config_limits *lim = &next->limits;
-    srv->req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
+    srv->rt.req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
                                            lim->max_body_bytes};
-    srv->resp_limits.max_head_bytes = next->upstream.max_response_header_bytes;
-    set_common_timeout(srv->base, &srv->tv_header, lim->header_timeout_ms);
-    set_common_timeout(srv->base, &srv->tv_body, lim->body_timeout_ms);
-    set_common_timeout(srv->base, &srv->tv_keepalive, lim->keepalive_timeout_ms);
-    set_common_timeout(srv->base, &srv->tv_send, lim->send_timeout_ms);
-    srv->qglobal.max_total = lim->max_queue_total;
-    srv->fleet.queue_aging_ms = lim->queue_aging_ms;
+    srv->rt.resp_limits.max_head_bytes = next->upstream.max_response_header_bytes;
+    set_common_timeout(srv->rt.base, &srv->rt.net.tv_header, lim->header_timeout_ms);
+    set_common_timeout(srv->rt.base, &srv->rt.net.tv_body, lim->body_timeout_ms);
+    set_common_timeout(srv->rt.base, &srv->rt.net.tv_keepalive, lim->keepalive_timeout_ms);
+    set_common_timeout(srv->rt.base, &srv->rt.net.tv_send, lim->send_timeout_ms);
+    srv->rt.qglobal.max_total = lim->max_queue_total;
+    srv->rt.fleet.queue_aging_ms = lim->queue_aging_ms;
     struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &srv->fleet.models)
+    list_for_each_safe(pos, tmp, &srv->rt.fleet.models)
     {
         container_of(pos, struct model, node)->queue.aging_ms = lim->queue_aging_ms;
     }
@@ -242,17 +242,17 @@ static void remove_model(struct server *srv, struct model *m)
 {
     LOGI("model removed by reload: draining", "model=%s namespace=%s inflight=%u queued=%zu",
          m->name, m->namespace_, m->inflight, m->queue.count);
-    proxy_flush_queue(srv, m, REJECT_MODEL_REMOVED, NULL);
+    proxy_flush_queue(&srv->rt, m, REJECT_MODEL_REMOVED, NULL);
     if (m->backend->ops->retire) {
         m->backend->ops->retire(m->backend, m);
     }
-    fleet_remove_model(&srv->fleet, m, "removed from the configuration");
+    fleet_remove_model(&srv->rt.fleet, m, "removed from the configuration");
 }
 
 static void remove_missing(struct server *srv, const struct config *next, struct model_counts *n)
 {
     struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &srv->fleet.models)
+    list_for_each_safe(pos, tmp, &srv->rt.fleet.models)
     {
         struct model *m = container_of(pos, struct model, node);
         if (from_file(srv, m) && !find_config_model(next, m->namespace_, m->name)) {
@@ -265,14 +265,14 @@ static void remove_missing(struct server *srv, const struct config *next, struct
 static int add_model(struct server *srv, const struct config *next, const struct config_model *cm)
 {
     if (cm->n_command && !srv->process_backend) {
-        srv->process_backend = backend_process_new(&srv->fleet, srv->base, next);
+        srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, next);
         if (!srv->process_backend) {
             LOGE("out of memory creating the process backend", "model=%s", cm->name);
             return -1;
         }
     }
     size_t conflicts = 0;
-    struct model *m = fleet_add_model(&srv->fleet, cm, &conflicts);
+    struct model *m = fleet_add_model(&srv->rt.fleet, cm, &conflicts);
     if (!m) {
         LOGE("out of memory adding model", "model=%s", cm->name);
         return -1;
@@ -284,7 +284,7 @@ static int add_model(struct server *srv, const struct config *next, const struct
     struct backend *b = backend_for(srv, cm);
     if (b->ops->attach(b, m, cm)) {
         LOGE("cannot start model added by reload", "model=%s", cm->name);
-        fleet_remove_model(&srv->fleet, m, "could not be started");
+        fleet_remove_model(&srv->rt.fleet, m, "could not be started");
         return -1;
     }
     LOGI("model added by reload", "model=%s namespace=%s line=%d", m->name, m->namespace_,
@@ -311,7 +311,7 @@ static int change_model(struct server *srv, struct model *m, const struct config
     LOGI("model changed by reload", "model=%s namespace=%s settings=%d replicas=%d names=%d",
          m->name, m->namespace_, settings, replicas, !same_names(was, cm));
     /* More slots (or replicas) may let held requests go now. */
-    proxy_dispatch(srv, m);
+    proxy_dispatch(&srv->rt, m);
     return 0;
 }
 
@@ -321,7 +321,7 @@ static void reroute_changed(struct server *srv, const struct config *cur, const 
 {
     struct list_node *pos, *tmp;
     for (int pass = 0; pass < 2; pass++) {
-        list_for_each_safe(pos, tmp, &srv->fleet.models)
+        list_for_each_safe(pos, tmp, &srv->rt.fleet.models)
         {
             struct model *m = container_of(pos, struct model, node);
             const struct config_model *was = find_config_model(cur, m->namespace_, m->name);
@@ -331,11 +331,11 @@ static void reroute_changed(struct server *srv, const struct config *cur, const 
                 continue;
             }
             if (pass == 0) {
-                router_remove(&srv->fleet.router, m);
+                router_remove(&srv->rt.fleet.router, m);
                 continue;
             }
             size_t conflicts = 0;
-            fleet_reroute_model(&srv->fleet, m, cm, &conflicts);
+            fleet_reroute_model(&srv->rt.fleet, m, cm, &conflicts);
             if (conflicts) {
                 LOGW("model names already taken by another model are ignored",
                      "model=%s conflicts=%zu", m->name, conflicts);
@@ -346,12 +346,12 @@ static void reroute_changed(struct server *srv, const struct config *cur, const 
 
 static void apply_models(struct server *srv, const struct config *next, struct model_counts *n)
 {
-    const struct config *cur = srv->cfg;
+    const struct config *cur = srv->rt.cfg;
     remove_missing(srv, next, n);
     reroute_changed(srv, cur, next);
     for (size_t i = 0; i < next->n_models; i++) {
         const struct config_model *cm = &next->models[i];
-        struct model *m = fleet_find(&srv->fleet, cm->namespace_, cm->name);
+        struct model *m = fleet_find(&srv->rt.fleet, cm->namespace_, cm->name);
         const struct config_model *was = find_config_model(cur, cm->namespace_, cm->name);
         if (m && !from_file(srv, m)) {
             LOGW("model in the file has the name of a discovered model; ignored",
@@ -394,16 +394,17 @@ static void keep_running_kinds(const struct config *cur, struct config *next)
 
 void reload_apply(struct server *srv, struct config *next)
 {
-    srv->reload.restart_needed = 0;
+    srv->rt.reload.restart_needed = 0;
     keep_restart_only(srv, next);
     apply_thaw_settings(srv, next);
     struct model_counts n = {0};
     apply_models(srv, next, &n);
-    keep_running_kinds(srv->cfg, next);
-    struct config *old = srv->cfg;
-    srv->cfg = next;
-    srv->requests.access_log = next->access_log;
-    struct backend *backends[SERVER_MAX_BACKENDS];
+    keep_running_kinds(srv->rt.cfg, next);
+    struct config *old = srv->rt.cfg;
+    srv->rt.cfg = next;
+    server_apply_upstream_settings(srv);
+    srv->rt.requests.access_log = next->access_log;
+    struct backend *backends[ADMIN_MAX_BACKENDS];
     size_t n_backends = server_backends(srv, backends);
     for (size_t i = 0; i < n_backends; i++) {
         if (backends[i]->ops->set_config) {
@@ -414,13 +415,13 @@ void reload_apply(struct server *srv, struct config *next)
     LOGI("configuration reloaded",
          "file=%s models=%zu added=%u removed=%u changed=%u unchanged=%u failed=%u "
          "restart_needed=%u",
-         next->path, srv->fleet.n_models, n.added, n.removed, n.changed, n.unchanged, n.failed,
-         srv->reload.restart_needed);
+         next->path, srv->rt.fleet.n_models, n.added, n.removed, n.changed, n.unchanged, n.failed,
+         srv->rt.reload.restart_needed);
 }
 
 static void record_failure(struct server *srv, const char *msg)
 {
-    struct reload_status *st = &srv->reload;
+    struct reload_status *st = &srv->rt.reload;
     st->failed++;
     st->last_ok = false;
     st->last_attempt_unix = unix_now();
@@ -432,12 +433,12 @@ static void record_failure(struct server *srv, const char *msg)
 
 void reload_from_file(struct server *srv)
 {
-    if (srv->draining) {
+    if (srv->rt.net.draining) {
         LOGW("reload ignored: draining", NULL);
         return;
     }
     char path[4096];
-    snprintf(path, sizeof path, "%s", srv->cfg->path);
+    snprintf(path, sizeof path, "%s", srv->rt.cfg->path);
     LOGI("reloading configuration", "file=%s", path);
     struct config_error err;
     struct config *next = config_load(path, &err);
@@ -446,7 +447,7 @@ void reload_from_file(struct server *srv)
         return;
     }
     reload_apply(srv, next);
-    struct reload_status *st = &srv->reload;
+    struct reload_status *st = &srv->rt.reload;
     st->succeeded++;
     st->last_ok = true;
     st->last_error[0] = '\0';

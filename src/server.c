@@ -58,6 +58,12 @@ static void on_endpoint_gone(void *ud, struct endpoint *ep)
     upstream_close_idle(ep);
 }
 
+static void on_endpoint_conn(void *ud, struct endpoint *ep, int fd)
+{
+    struct runtime *rt = ud;
+    upstream_adopt(&rt->up, ep, fd);
+}
+
 static void on_removing(void *ud, struct model *m, const char *reason)
 {
     LOGI("model removed", "model=%s reason=\"%s\"", m->name, reason);
@@ -96,7 +102,7 @@ static int listener_open(struct server *srv, struct listener *l, const char *add
     l->bound_len = sizeof l->bound;
     getsockname(fd, (struct sockaddr *)&l->bound, &l->bound_len);
     l->fd = fd;
-    event_assign(&l->ev, srv->base, fd, EV_READ | EV_PERSIST, on_accept, l);
+    event_assign(&l->ev, srv->rt.base, fd, EV_READ | EV_PERSIST, on_accept, l);
     event_add(&l->ev, NULL);
     l->active = true;
     return 0;
@@ -151,13 +157,13 @@ static int write_port_file(struct server *srv)
 
 static void reject_connection(struct server *srv, int fd, const struct sockaddr *peer)
 {
-    srv->metrics.connections_rejected++;
-    srv->metrics.rejections[REJECT_TOO_MANY_CONNECTIONS]++;
-    if (srv->n_lingering >= SERVER_MAX_LINGERING) {
+    srv->rt.metrics.connections_rejected++;
+    srv->rt.metrics.rejections[REJECT_TOO_MANY_CONNECTIONS]++;
+    if (srv->rt.net.n_lingering >= CONN_MAX_LINGERING) {
         close(fd); /* under a flood, not even a polite answer */
         return;
     }
-    struct conn *c = conn_new(srv, fd, LISTENER_PROXY, &proxy_conn_handler, peer);
+    struct conn *c = conn_new(&srv->rt.net, fd, &srv->rt.req_limits, &proxy_conn_handler, &srv->rt, peer);
     if (!c) {
         return;
     }
@@ -209,10 +215,10 @@ static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
  * short for the other, and connections closing meanwhile give some back. */
 static void pause_accepting(struct server *srv, const struct listener *l, int err)
 {
-    srv->metrics.accept_paused++;
+    srv->rt.metrics.accept_paused++;
     log_out_of_fds(srv, l, err);
     if (!srv->accept_resume) {
-        srv->accept_resume = evtimer_new(srv->base, on_accept_resume, srv);
+        srv->accept_resume = evtimer_new(srv->rt.base, on_accept_resume, srv);
         if (!srv->accept_resume) {
             return;
         }
@@ -225,14 +231,15 @@ static void pause_accepting(struct server *srv, const struct listener *l, int er
 
 static void accept_admin(struct server *srv, int cfd, const struct sockaddr *peer)
 {
-    if (srv->n_admin_conns >= SERVER_ADMIN_MAX_CONNECTIONS) {
+    if (srv->rt.n_admin_conns >= SERVER_ADMIN_MAX_CONNECTIONS) {
         close(cfd); /* the admin port is for a few scrapers and probes */
         return;
     }
-    struct conn *c = conn_new(srv, cfd, LISTENER_ADMIN, &admin_conn_handler, peer);
+    struct conn *c = conn_new(&srv->rt.net, cfd, &srv->rt.admin_limits, &admin_conn_handler, &srv->admin,
+                              peer);
     if (c) {
-        c->count = &srv->n_admin_conns;
-        srv->n_admin_conns++;
+        c->count = &srv->rt.n_admin_conns;
+        srv->rt.n_admin_conns++;
     }
 }
 
@@ -252,16 +259,16 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
             return;
         }
         if (l->kind == LISTENER_PROXY) {
-            srv->metrics.connections_accepted++;
-            if (srv->n_conns >= srv->cfg->limits.max_connections) {
+            srv->rt.metrics.connections_accepted++;
+            if (srv->rt.n_conns >= srv->rt.cfg->limits.max_connections) {
                 reject_connection(srv, cfd, (struct sockaddr *)&peer);
                 continue;
             }
-            struct conn *c =
-                conn_new(srv, cfd, LISTENER_PROXY, &proxy_conn_handler, (struct sockaddr *)&peer);
+            struct conn *c = conn_new(&srv->rt.net, cfd, &srv->rt.req_limits, &proxy_conn_handler,
+                                      &srv->rt, (struct sockaddr *)&peer);
             if (c) {
-                c->count = &srv->n_conns;
-                srv->n_conns++;
+                c->count = &srv->rt.n_conns;
+                srv->rt.n_conns++;
             }
         } else {
             accept_admin(srv, cfd, (struct sockaddr *)&peer);
@@ -272,20 +279,20 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     struct server *srv = arg;
-    if (srv->draining) {
+    if (srv->rt.net.draining) {
         LOGW("second signal: exiting now", "signal=%d", (int)sig);
-        event_base_loopbreak(srv->base);
+        event_base_loopbreak(srv->rt.base);
         return;
     }
     LOGI("signal received: draining", "signal=%d inflight=%llu", (int)sig,
-         (unsigned long long)srv->inflight);
+         (unsigned long long)srv->rt.inflight);
     server_begin_drain(srv);
 }
 
 static bool output_pending(struct server *srv)
 {
     struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &srv->conns)
+    list_for_each_safe(pos, tmp, &srv->rt.net.conns)
     {
         struct conn *c = container_of(pos, struct conn, node);
         if (conn_out_pending(c) > 0) {
@@ -297,8 +304,8 @@ static bool output_pending(struct server *srv)
 
 static void close_all_connections(struct server *srv)
 {
-    while (!list_empty(&srv->conns)) {
-        struct conn *c = container_of(list_first(&srv->conns), struct conn, node);
+    while (!list_empty(&srv->rt.net.conns)) {
+        struct conn *c = container_of(list_first(&srv->rt.net.conns), struct conn, node);
         conn_close(c, ABORT_SHUTDOWN);
     }
 }
@@ -306,18 +313,18 @@ static void close_all_connections(struct server *srv)
 static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct server *srv = arg;
-    if (srv->inflight == 0 && !output_pending(srv)) {
+    if (srv->rt.inflight == 0 && !output_pending(srv)) {
         LOGI("drained", NULL);
-        event_base_loopexit(srv->base, NULL);
+        event_base_loopexit(srv->rt.base, NULL);
         return;
     }
     if (clock_now_ms() >= srv->drain_deadline_ms) {
         LOGW("drain timeout: answering held requests and closing", "inflight=%llu",
-             (unsigned long long)srv->inflight);
+             (unsigned long long)srv->rt.inflight);
         struct list_node *pos, *tmp;
-        list_for_each_safe(pos, tmp, &srv->fleet.models)
+        list_for_each_safe(pos, tmp, &srv->rt.fleet.models)
         {
-            proxy_flush_queue(srv, container_of(pos, struct model, node), REJECT_SHUTTING_DOWN,
+            proxy_flush_queue(&srv->rt, container_of(pos, struct model, node), REJECT_SHUTTING_DOWN,
                               NULL);
         }
         /* Give the 503s a moment to leave, then close whatever remains. */
@@ -326,7 +333,7 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
     }
     if (srv->drain_hard_stop && !output_pending(srv)) {
         close_all_connections(srv);
-        event_base_loopexit(srv->base, NULL);
+        event_base_loopexit(srv->rt.base, NULL);
         return;
     }
     struct timeval tv = {0, 20000};
@@ -335,29 +342,49 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
 
 void server_begin_drain(struct server *srv)
 {
-    if (srv->draining) {
+    if (srv->rt.net.draining) {
         return;
     }
-    srv->draining = true;
+    srv->rt.net.draining = true;
     listener_close(&srv->proxy_l);
     /* The admin port stays up so /readyz can say "draining". */
     struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &srv->conns)
+    list_for_each_safe(pos, tmp, &srv->rt.net.conns)
     {
         struct conn *c = container_of(pos, struct conn, node);
-        if (c->kind == LISTENER_PROXY) {
+        if (c->handler == &proxy_conn_handler) {
             conn_drain(c);
         }
     }
-    srv->drain_deadline_ms = clock_now_ms() + srv->cfg->limits.drain_timeout_ms;
-    srv->drain_timer = evtimer_new(srv->base, on_drain_tick, srv);
+    srv->drain_deadline_ms = clock_now_ms() + srv->rt.cfg->limits.drain_timeout_ms;
+    srv->drain_timer = evtimer_new(srv->rt.base, on_drain_tick, srv);
     struct timeval tv = {0, 0};
     event_add(srv->drain_timer, &tv);
 }
 
+void server_apply_upstream_settings(struct server *srv)
+{
+    const struct config *cfg = srv->rt.cfg;
+    srv->rt.up.keepalive_per_endpoint = cfg->upstream.keepalive_per_endpoint;
+    srv->rt.up.keepalive_timeout_ms = cfg->upstream.keepalive_timeout_ms;
+    srv->rt.up.eject_ms = cfg->upstream.eject_ms;
+    srv->rt.net.body_timeout_ms = cfg->limits.body_timeout_ms;
+    srv->rt.net.body_total_timeout_ms = cfg->limits.body_total_timeout_ms;
+}
+
+static bool admin_is_ready(void *ud)
+{
+    return server_is_ready(ud);
+}
+
+static size_t admin_backends(void *ud, struct backend **out)
+{
+    return server_backends(ud, out);
+}
+
 bool server_is_ready(struct server *srv)
 {
-    if (!srv->ready || srv->draining) {
+    if (!srv->ready || srv->rt.net.draining) {
         return false;
     }
     struct backend *backends[] = {srv->static_backend, srv->process_backend, srv->k8s_backend};
@@ -373,14 +400,13 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
                 const char *kubeconfig_flag)
 {
     memset(srv, 0, sizeof *srv);
-    srv->cfg = cfg;
+    srv->rt.cfg = cfg;
     srv->port_file = port_file;
     srv->kubeconfig_flag = kubeconfig_flag;
-    srv->started_ms = clock_now_ms();
-    list_init(&srv->conns);
-    list_init(&srv->lingering);
-    request_pool_init(&srv->requests, &srv->metrics, &srv->inflight, &srv->buffered_body_bytes);
-    srv->requests.access_log = cfg->access_log;
+    srv->rt.started_ms = clock_now_ms();
+    list_init(&srv->rt.net.conns);
+    request_pool_init(&srv->rt.requests, &srv->rt.metrics, &srv->rt.inflight, &srv->rt.buffered_body_bytes);
+    srv->rt.requests.access_log = cfg->access_log;
     signal(SIGPIPE, SIG_IGN);
 
     struct rlimit rl;
@@ -389,39 +415,51 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
         setrlimit(RLIMIT_NOFILE, &rl);
     }
 
-    srv->base = event_base_new();
-    srv->scratch = malloc(SERVER_SCRATCH_BYTES);
-    if (!srv->base || !srv->scratch) {
+    srv->rt.base = event_base_new();
+    srv->rt.net.scratch = malloc(CONN_SCRATCH_BYTES);
+    if (!srv->rt.base || !srv->rt.net.scratch) {
         LOGE("out of memory at start-up", NULL);
         return -1;
     }
     const struct config_limits *lim = &cfg->limits;
-    srv->req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
+    srv->rt.req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
                                            lim->max_body_bytes};
-    srv->resp_limits = (struct http_limits){cfg->upstream.max_response_header_bytes, 1000, 0};
-    srv->admin_limits = (struct http_limits){16384, 64, 0};
-    srv->tv_header = common_timeout(srv->base, lim->header_timeout_ms);
-    srv->tv_body = common_timeout(srv->base, lim->body_timeout_ms);
-    srv->tv_keepalive = common_timeout(srv->base, lim->keepalive_timeout_ms);
-    srv->tv_send = common_timeout(srv->base, lim->send_timeout_ms);
-    srv->tv_linger = common_timeout(srv->base, LINGER_MS);
+    srv->rt.resp_limits = (struct http_limits){cfg->upstream.max_response_header_bytes, 1000, 0};
+    srv->rt.admin_limits = (struct http_limits){16384, 64, 0};
+    srv->rt.net.tv_header = common_timeout(srv->rt.base, lim->header_timeout_ms);
+    srv->rt.net.tv_body = common_timeout(srv->rt.base, lim->body_timeout_ms);
+    srv->rt.net.tv_keepalive = common_timeout(srv->rt.base, lim->keepalive_timeout_ms);
+    srv->rt.net.tv_send = common_timeout(srv->rt.base, lim->send_timeout_ms);
+    srv->rt.net.tv_linger = common_timeout(srv->rt.base, LINGER_MS);
 
-    srv->qglobal.max_total = lim->max_queue_total;
-    fleet_init(&srv->fleet, &srv->qglobal, lim->queue_aging_ms);
-    srv->fleet.on_capacity = on_capacity;
-    srv->up_handler = &proxy_upstream_handler;
-    srv->fleet.on_removing = on_removing;
-    srv->fleet.on_unavailable = on_unavailable;
-    srv->fleet.on_endpoint_gone = on_endpoint_gone;
-    srv->fleet.cb_ud = srv;
+    srv->rt.qglobal.max_total = lim->max_queue_total;
+    fleet_init(&srv->rt.fleet, &srv->rt.qglobal, lim->queue_aging_ms);
+    srv->rt.fleet.on_capacity = on_capacity;
+    srv->rt.fleet.on_removing = on_removing;
+    srv->rt.fleet.on_unavailable = on_unavailable;
+    srv->rt.fleet.on_endpoint_gone = on_endpoint_gone;
+    srv->rt.fleet.on_endpoint_conn = on_endpoint_conn;
+    srv->rt.fleet.cb_ud = &srv->rt;
+    srv->rt.net.base = srv->rt.base;
+    srv->rt.up = (struct upstream_ctx){
+        .base = srv->rt.base,
+        .scratch = srv->rt.net.scratch,
+        .resp_limits = &srv->rt.resp_limits,
+        .handler = &proxy_upstream_handler,
+        .ud = &srv->rt,
+        .metrics = &srv->rt.metrics,
+        .draining = &srv->rt.net.draining,
+    };
+    server_apply_upstream_settings(srv);
+    srv->admin = (struct admin_ctx){&srv->rt, srv, admin_is_ready, admin_backends};
 
-    srv->static_backend = backend_static_new(&srv->fleet);
+    srv->static_backend = backend_static_new(&srv->rt.fleet);
     if (!srv->static_backend) {
         return -1;
     }
     for (size_t i = 0; i < cfg->n_models; i++) {
         if (cfg->models[i].n_command && !srv->process_backend) {
-            srv->process_backend = backend_process_new(&srv->fleet, srv->base, cfg);
+            srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, cfg);
             if (!srv->process_backend) {
                 LOGE("out of memory creating the process backend", NULL);
                 return -1;
@@ -430,7 +468,7 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     }
     for (size_t i = 0; i < cfg->n_models; i++) {
         size_t conflicts = 0;
-        struct model *m = fleet_add_model(&srv->fleet, &cfg->models[i], &conflicts);
+        struct model *m = fleet_add_model(&srv->rt.fleet, &cfg->models[i], &conflicts);
         if (!m) {
             LOGE("out of memory adding model", "model=%s", cfg->models[i].name);
             return -1;
@@ -456,7 +494,7 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
             k8s_auth_dispose(&auth);
             return -1;
         }
-        srv->k8s_backend = backend_k8s_new(&srv->fleet, srv->base, cfg, &auth, err, sizeof err);
+        srv->k8s_backend = backend_k8s_new(&srv->rt.fleet, srv->rt.base, cfg, &auth, err, sizeof err);
         k8s_auth_dispose(&auth);
         if (!srv->k8s_backend) {
             LOGE("cannot start the Kubernetes backend", "error=\"%s\"", err);
@@ -467,8 +505,8 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
         listener_open(srv, &srv->admin_l, cfg->admin_listen, LISTENER_ADMIN)) {
         return -1;
     }
-    srv->sig_term = evsignal_new(srv->base, SIGTERM, on_signal, srv);
-    srv->sig_int = evsignal_new(srv->base, SIGINT, on_signal, srv);
+    srv->sig_term = evsignal_new(srv->rt.base, SIGTERM, on_signal, srv);
+    srv->sig_int = evsignal_new(srv->rt.base, SIGINT, on_signal, srv);
     event_add(srv->sig_term, NULL);
     event_add(srv->sig_int, NULL);
     if (port_file && write_port_file(srv)) {
@@ -477,17 +515,17 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     char a[96], b[96];
     format_addr(&srv->proxy_l.bound, a, sizeof a);
     format_addr(&srv->admin_l.bound, b, sizeof b);
-    LOGI("thaw started", "listen=%s admin_listen=%s models=%zu", a, b, srv->fleet.n_models);
+    LOGI("thaw started", "listen=%s admin_listen=%s models=%zu", a, b, srv->rt.fleet.n_models);
     srv->ready = true;
     return 0;
 }
 
 int server_run(struct server *srv)
 {
-    event_base_dispatch(srv->base);
-    if (srv->inflight > 0) {
+    event_base_dispatch(srv->rt.base);
+    if (srv->rt.inflight > 0) {
         LOGW("drain timeout: abandoning requests", "inflight=%llu",
-             (unsigned long long)srv->inflight);
+             (unsigned long long)srv->rt.inflight);
     }
     return srv->exit_code;
 }
@@ -495,13 +533,13 @@ int server_run(struct server *srv)
 void server_dispose(struct server *srv)
 {
     struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &srv->fleet.models)
+    list_for_each_safe(pos, tmp, &srv->rt.fleet.models)
     {
         struct model *m = container_of(pos, struct model, node);
-        proxy_flush_queue(srv, m, REJECT_SHUTTING_DOWN, NULL);
+        proxy_flush_queue(&srv->rt, m, REJECT_SHUTTING_DOWN, NULL);
     }
     close_all_connections(srv);
-    list_for_each_safe(pos, tmp, &srv->fleet.models)
+    list_for_each_safe(pos, tmp, &srv->rt.fleet.models)
     {
         struct model *m = container_of(pos, struct model, node);
         for (size_t i = 0; i < m->n_endpoints; i++) {
@@ -514,13 +552,13 @@ void server_dispose(struct server *srv)
             backends[i]->ops->stop(backends[i]);
         }
     }
-    fleet_dispose(&srv->fleet);
+    fleet_dispose(&srv->rt.fleet);
     for (size_t i = 0; i < 3; i++) {
         if (backends[i]) {
             backends[i]->ops->free(backends[i]);
         }
     }
-    request_pool_dispose(&srv->requests);
+    request_pool_dispose(&srv->rt.requests);
     listener_close(&srv->proxy_l);
     listener_close(&srv->admin_l);
     if (srv->sig_term) {
@@ -538,19 +576,19 @@ void server_dispose(struct server *srv)
     if (srv->accept_resume) {
         event_free(srv->accept_resume);
     }
-    if (srv->base) {
-        event_base_free(srv->base);
+    if (srv->rt.base) {
+        event_base_free(srv->rt.base);
     }
-    free(srv->scratch);
-    config_free(srv->cfg);
+    free(srv->rt.net.scratch);
+    config_free(srv->rt.cfg);
 }
 
 size_t server_backends(const struct server *srv, struct backend **out)
 {
-    struct backend *all[SERVER_MAX_BACKENDS] = {srv->static_backend, srv->process_backend,
+    struct backend *all[ADMIN_MAX_BACKENDS] = {srv->static_backend, srv->process_backend,
                                                srv->k8s_backend};
     size_t n = 0;
-    for (size_t i = 0; i < SERVER_MAX_BACKENDS; i++) {
+    for (size_t i = 0; i < ADMIN_MAX_BACKENDS; i++) {
         if (all[i]) {
             out[n++] = all[i];
         }

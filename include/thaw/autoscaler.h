@@ -68,6 +68,13 @@ void as_config_defaults(struct as_config *c, double target);
 void as_init(struct as_state *s, const struct as_config *c);
 /* Records one observation of concurrency (in flight + queued) at now. */
 void as_record(struct as_state *s, uint64_t now_ms, double concurrency);
+/* Demand seen age_ms before now_ms, reported rather than sampled (by
+ * another activator, or recorded before a restart): the idle clock moves to
+ * it when that is later than the last demand it knows. age_ms may exceed
+ * now_ms (the monotonic clock's origin): only differences are kept. */
+void as_note_demand(struct as_state *s, uint64_t now_ms, uint64_t age_ms);
+/* Milliseconds since the last demand; UINT64_MAX when there never was any. */
+uint64_t as_idle_ms(const struct as_state *s, uint64_t now_ms);
 /* The replica count wanted now, given `ready` replicas serving. */
 void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, unsigned ready,
                struct as_decision *out);

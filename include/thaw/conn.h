@@ -7,7 +7,9 @@
  * in `out` and sent when the socket is writable. Producers watch
  * conn_out_pending() against CONN_OUT_HIGH_WATER and get on_drain callbacks
  * (backpressure). The server owns connections; a connection owns its
- * current request. */
+ * current exchange, which its handler allocates (embedded in its own request
+ * object) and which conn sees only as a struct exchange: conn names no
+ * module above it. */
 #ifndef THAW_CONN_H
 #define THAW_CONN_H
 
@@ -23,33 +25,82 @@
 #include "thaw/http.h"
 #include "thaw/list.h"
 #include "thaw/metrics.h"
-#include "thaw/server.h"
 
-struct request;
 struct conn;
+
+/* Read chunk size: every socket read goes into one shared buffer of this size
+ * first, so idle connections hold no read buffer. */
+#define CONN_SCRATCH_BYTES (64 * 1024)
+/* Client output above this pauses reading from the upstream (backpressure). */
+#define CONN_OUT_HIGH_WATER (64 * 1024)
+/* Pipelined bytes a busy connection may hold before thaw stops reading it. */
+#define CONN_PIPELINE_MAX (64 * 1024)
+/* Connections in their lingering close at most; past it they close at once. */
+#define CONN_MAX_LINGERING 1024
+
+/* What every client connection shares (one per process, set up by the
+ * server): the loop, the read buffer, the timeouts, and the list of
+ * connections. */
+struct conn_ctx {
+    struct event_base *base;
+    char *scratch; /* CONN_SCRATCH_BYTES */
+    const struct timeval *tv_header, *tv_body, *tv_keepalive, *tv_send, *tv_linger;
+    uint64_t body_timeout_ms, body_total_timeout_ms; /* limits.body_* */
+    struct list_node conns; /* every client connection */
+    size_t n_lingering;     /* connections in their lingering close */
+    bool draining;          /* connections close after their current response */
+};
+
+/* Where an exchange stands; the handler moves it through the middle states,
+ * conn needs to know only whether the request is still being read and
+ * whether an answer is under way. */
+enum exchange_state {
+    REQ_READING,
+    REQ_ROUTED,   /* complete, being placed */
+    REQ_QUEUED,
+    REQ_UPSTREAM, /* at a replica */
+    REQ_ANSWERED, /* an answer is being (or has been) written */
+};
+
+/* One HTTP request on a connection, as far as the transport is concerned:
+ * its head and body as parsed and where its answer stands. The handler's
+ * request object embeds it. */
+struct exchange {
+    struct http_head head;
+    struct buf body;
+    enum exchange_state state;
+    bool response_started; /* response bytes went to the client */
+    bool committed;        /* part of the request left for a replica */
+    const char *error_model; /* the model thaw's error bodies name; NULL: none */
+};
 
 /* What a listener does with the requests its connections carry: conn calls
  * up only through these (set per listener), never a module by name. */
 struct conn_handler {
-    /* A request begins (its first byte arrived). NULL: nothing. */
-    void (*on_start)(struct conn *c, struct request *r);
+    /* A request begins (its first byte arrived): a new exchange for it, or
+     * NULL when out of memory (the connection closes). */
+    struct exchange *(*new_exchange)(struct conn *c);
+    /* The exchange is over (answered or aborted): free it. */
+    void (*free_exchange)(struct conn *c, struct exchange *x);
+    /* A request begins. NULL: nothing. */
+    void (*on_start)(struct conn *c, struct exchange *x);
     /* The head is complete. REJECT_COUNT to go on, or a reason to reject
      * the request with. NULL: go on. */
-    int (*on_head)(struct conn *c, struct request *r);
+    int (*on_head)(struct conn *c, struct exchange *x);
     /* More body arrived. false when the request was answered meanwhile.
      * NULL: nothing to do until it is complete. */
-    bool (*on_body)(struct conn *c, struct request *r);
+    bool (*on_body)(struct conn *c, struct exchange *x);
     /* The whole request is in: answer it, now or later. */
-    void (*on_request)(struct conn *c, struct request *r);
+    void (*on_request)(struct conn *c, struct exchange *x);
     /* The connection goes away with r unanswered. */
-    void (*on_abort)(struct conn *c, struct request *r, enum abort_reason reason);
+    void (*on_abort)(struct conn *c, struct exchange *x, enum abort_reason reason);
     /* conn_reject answers r with reason: count it. NULL: not counted. */
-    void (*on_reject)(struct conn *c, struct request *r, enum reject_reason reason);
+    void (*on_reject)(struct conn *c, struct exchange *x, enum reject_reason reason);
     /* Writes the error `body` inside a response already under way (a 200
      * event stream, say) and returns true; false: answer it normally. */
-    bool (*reject_in_stream)(struct conn *c, struct request *r, const struct buf *body);
+    bool (*reject_in_stream)(struct conn *c, struct exchange *x, const struct buf *body);
     /* Retry-After seconds for r's rejections. NULL: 1. */
-    unsigned (*retry_after_s)(const struct request *r);
+    unsigned (*retry_after_s)(const struct exchange *x);
 };
 
 enum conn_state {
@@ -61,16 +112,16 @@ enum conn_state {
 
 struct conn {
     struct list_node node;
-    struct server *srv;
-    enum listener_kind kind; /* which limits and which connection count */
+    struct conn_ctx *ctx;
     const struct conn_handler *handler;
+    void *ud; /* the handler's context */
     int fd;
     enum conn_state state;
     struct event rev, wev, tev;
     struct http_parser parser;
     struct buf in;  /* unparsed input (pipelined or incomplete) */
     struct buf out; /* output not yet accepted by the socket */
-    struct request *req;
+    struct exchange *ex; /* the current request, NULL between requests */
     uint64_t requests_served;
     char peer_ip[48];
     bool close_after;  /* close once the current response is done */
@@ -79,17 +130,20 @@ struct conn {
     bool eof;           /* client closed its side */
     bool broken;        /* a write failed: closed from the write callback */
     bool first_request; /* nothing received yet on this connection */
-    bool lingering;     /* counted in server.n_lingering */
+    bool lingering;     /* counted in ctx->n_lingering */
     size_t *count; /* the connection count it is in (per port), decremented at close */
     bool body_total_armed;     /* the body timer is the total one, not the idle one */
     uint64_t body_deadline_ms; /* limits.body_total_timeout_ms from the head; 0: none */
     /* Called whenever `out` has drained below the high-water mark. */
     void (*on_drain)(struct conn *c);
+    void *drain_ud; /* for on_drain */
 };
 
-/* Takes an accepted socket. Returns NULL (socket closed) on failure. */
-struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
-                      const struct conn_handler *handler, const struct sockaddr *peer);
+/* Takes an accepted socket. Requests are parsed within lim and handed to
+ * handler (with ud, its context). Returns NULL (socket closed) on failure. */
+struct conn *conn_new(struct conn_ctx *ctx, int fd, const struct http_limits *lim,
+                      const struct conn_handler *handler, void *ud,
+                      const struct sockaddr *peer);
 /* Closes at once; the current request (if any) is aborted with reason. */
 void conn_close(struct conn *c, enum abort_reason reason);
 /* Queues bytes for the client. 0, or -ENOMEM / -EPIPE (connection dead). */

@@ -20,25 +20,12 @@
 #include "thaw/metrics.h"
 #include "thaw/queue.h"
 #include "thaw/router.h"
+#include "thaw/upstream.h"
 
 struct backend;
 struct event;
 struct fleet;
 
-struct endpoint {
-    struct model *model; /* NULL once gone */
-    char *id;            /* backend's name for the replica */
-    char addr_text[64];  /* "ip:port", for logs and status */
-    struct sockaddr_storage addr;
-    socklen_t addrlen;
-    uint32_t inflight;
-    uint32_t refs; /* in-flight requests + pooled connections + the model's link */
-    uint64_t ejected_until_ms;
-    uint64_t requests;
-    uint64_t connect_failures;
-    struct list_node idle; /* pooled upstream connections */
-    uint32_t n_idle;
-};
 
 struct model_settings {
     uint32_t max_concurrency;
@@ -111,6 +98,8 @@ struct fleet {
     fleet_unavailable_cb on_unavailable;
     /* An endpoint left its model: close its pooled connections. */
     void (*on_endpoint_gone)(void *ud, struct endpoint *ep);
+    /* A new endpoint comes with an open idle connection: pool it (it owns fd). */
+    void (*on_endpoint_conn)(void *ud, struct endpoint *ep, int fd);
     void *cb_ud;
 };
 
@@ -133,20 +122,24 @@ struct model *fleet_find(const struct fleet *f, const char *namespace_, const ch
 
 /* Backend up-calls. addr is numeric "ip:port". 0 or a negative errno. */
 int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr);
+/* The same, with a connection to the replica already open and idle (the one
+ * its readiness probe succeeded on; -1: none), which the fleet hands to
+ * on_endpoint_conn for the first request, or closes. */
+int fleet_replica_ready_conn(struct fleet *f, struct model *m, const char *id, const char *addr,
+                             int conn_fd);
 void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const char *reason);
 void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reason,
                              uint64_t retry_after_ms);
 
 /* Least-loaded ready endpoint with a free slot, skipping ejected ones (unless
- * all are ejected and the replicas are fixed). NULL when none can take it. */
+ * all are ejected and the replicas are fixed) and those that would need a new
+ * connection while UPSTREAM_MAX_UNCONFIRMED of theirs are unanswered. NULL
+ * when none can take it. */
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);
 /* When the first ejected endpoint comes back; 0 when none is ejected. */
 uint64_t model_next_unejection(const struct model *m, uint64_t now_ms);
 /* Sum of max_concurrency over endpoints. */
 uint32_t model_capacity(const struct model *m);
-
-void endpoint_ref(struct endpoint *ep);
-void endpoint_unref(struct endpoint *ep);
 
 /* A request takes one of ep's slots: counted on ep and on its model. */
 void endpoint_take_slot(struct endpoint *ep);

@@ -21,7 +21,7 @@
 
 struct conn;
 struct metrics_stream;
-struct server;
+struct runtime;
 struct upstream;
 
 /* conn -> proxy. The head of a proxy-port request is complete: route what
@@ -43,12 +43,12 @@ void proxy_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
 extern const struct upstream_handler proxy_upstream_handler;
 
 /* A model gained capacity: dispatch what waits. */
-void proxy_dispatch(struct server *srv, struct model *m);
+void proxy_dispatch(struct runtime *rt, struct model *m);
 /* m is being removed: answers its queued requests and those still reading
  * their body (503 no_replicas with reason). */
-void proxy_model_removed(struct server *srv, struct model *m, const char *reason);
+void proxy_model_removed(struct runtime *rt, struct model *m, const char *reason);
 /* Answers every queued request of m with reason (model removed, shutdown). */
-void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason,
+void proxy_flush_queue(struct runtime *rt, struct model *m, enum reject_reason reason,
                        const char *detail);
 /* Seconds a client told to retry should wait: the model's measured cold start
  * (or restart backoff) when it has no ready replica, else 1. */

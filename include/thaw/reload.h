@@ -16,17 +16,6 @@
 struct server;
 struct config;
 
-struct reload_status {
-    uint64_t succeeded, failed;
-    bool last_ok;
-    double last_success_unix; /* start-up counts as the first success */
-    double last_attempt_unix; /* 0: never reloaded */
-    unsigned restart_needed;  /* settings the last reload could not apply */
-    char last_error[768];     /* "FILE:LINE: KEY: problem" of the last failure */
-    /* Set from the command line: these file settings are overridden. */
-    bool listen_overridden, admin_listen_overridden, log_level_overridden;
-};
-
 /* Starts the reload status (the start-up load counts as the first success)
  * and handles SIGHUP from now on. Call after server_init. 0 or -1. */
 int reload_install(struct server *srv);

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "thaw/buf.h"
+#include "thaw/conn.h"
 #include "thaw/http.h"
 #include "thaw/jsonscan.h"
 #include "thaw/list.h"
@@ -19,42 +20,27 @@
 #include "thaw/model.h"
 #include "thaw/queue.h"
 #include "thaw/router.h"
+#include "thaw/upstream.h"
 
 struct conn;
 struct metrics_stream;
 struct server;
 struct upstream;
 
-enum request_state {
-    REQ_READING,
-    REQ_ROUTED,   /* complete, being placed */
-    REQ_QUEUED,
-    REQ_UPSTREAM, /* at a replica */
-    REQ_ANSWERED, /* an answer is being (or has been) written */
-};
-
 struct request {
+    struct exchange ex; /* what the connection sees: head, body, state */
+    struct upstream_req fwd; /* what an upstream connection sees */
     struct queue_item qi; /* while queued */
     struct list_node cache_node;
     struct conn *conn;
-    struct http_head head;
-    struct buf body;
-    struct buf up_head; /* the head sent upstream */
     struct model *model;
     struct route route;
     enum tier tier;
     enum tier asked_tier; /* the thaw-priority header's, when has_asked_tier */
     bool has_asked_tier;
-    enum request_state state;
-    uint64_t start_ms, queued_ms, dispatch_ms;
-    struct upstream *up;
-    struct endpoint *last_ep;
-    uint16_t tries;
+    uint64_t start_ms, queued_ms;
     bool counted;          /* its outcome has been counted */
-    bool stale_retried;    /* sent again once after a pooled connection failed */
-    bool response_started; /* response bytes went to the client */
     bool model_resolved;
-    bool heartbeat; /* thaw sent a 200 event-stream head and ": loading" comments */
     size_t body_seen;       /* body bytes already accounted for and scanned */
     uint64_t body_reserved; /* this request's share of server.buffered_body_bytes */
     /* While a body-routed request's model is unknown: the scan of its body
@@ -84,6 +70,16 @@ void request_pool_init(struct request_pool *pool, struct server_metrics *metrics
 void request_pool_dispose(struct request_pool *pool);
 
 struct request *request_new(struct request_pool *pool, struct conn *c);
+/* The request whose exchange x is. */
+static inline struct request *request_of(struct exchange *x)
+{
+    return container_of(x, struct request, ex);
+}
+/* The request whose forwarding part f is. */
+static inline struct request *request_of_fwd(struct upstream_req *f)
+{
+    return container_of(f, struct request, fwd);
+}
 /* Frees r (or caches it). r must not be queued or at an upstream. */
 void request_free(struct request_pool *pool, struct request *r);
 

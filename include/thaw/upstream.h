@@ -16,29 +16,103 @@
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
+#include "thaw/buf.h"
+#include "thaw/conn.h"
 #include "thaw/http.h"
 #include "thaw/list.h"
-#include "thaw/model.h"
+#include "thaw/metrics.h"
 
-struct request;
-struct server;
+struct model; /* the owner of an endpoint: opaque here */
+struct upstream;
+
+/* A replica's address and connection pool. Its owner (a model) counts its
+ * slots through the handler; upstream only holds references while it uses
+ * the endpoint. Freed when the last reference is dropped. */
+struct endpoint {
+    struct model *model;    /* the owner; NULL once it let go */
+    const char *model_name; /* the owner's name, for logs; NULL once gone */
+    char *id;               /* the backend's name for the replica */
+    char addr_text[64];     /* "ip:port", for logs and status */
+    struct sockaddr_storage addr;
+    socklen_t addrlen;
+    uint32_t inflight;
+    uint32_t refs; /* in-flight requests + pooled connections + the owner's link */
+    uint64_t ejected_until_ms;
+    uint64_t requests;
+    uint64_t connect_failures;
+    struct list_node idle; /* pooled upstream connections */
+    uint32_t n_idle;
+    /* New connections that have not yet had a byte back: the replica may not
+     * have accepted them. At UPSTREAM_MAX_UNCONFIRMED, requests wait for a
+     * pooled connection or for one of these to answer (see model_pick_endpoint). */
+    uint32_t unconfirmed;
+};
+
+/* New connections to one replica that may wait unanswered at once: fewer
+ * than the accept backlog of common model servers (Python's asyncio: 100),
+ * so a thousand requests released onto a replica that just woke do not
+ * overflow it (a dropped SYN costs a second). */
+#define UPSTREAM_MAX_UNCONFIRMED 64
+
+/* An endpoint for the replica `id` at numeric "ip:port" addr, with one
+ * reference (the caller's). NULL: bad address or out of memory (errno). */
+struct endpoint *endpoint_new(const char *id, const char *addr);
+void endpoint_ref(struct endpoint *ep);
+void endpoint_unref(struct endpoint *ep);
+
+/* What upstream needs of a request it carries: the client's exchange and
+ * connection, the head to send (built above), the timeouts that apply, and
+ * the attempt's bookkeeping. The request object embeds it. */
+struct upstream_req {
+    struct exchange *ex;
+    struct conn *conn;
+    struct buf head;     /* the head sent to the replica */
+    struct upstream *up; /* while at a replica */
+    struct endpoint *last_ep;
+    uint16_t tries;
+    bool stale_retried; /* sent again once after a pooled connection failed */
+    bool heartbeat; /* thaw sent a 200 event-stream head: the body continues it */
+    uint64_t dispatch_ms;
+    uint64_t connect_timeout_ms, first_byte_timeout_ms, idle_timeout_ms;
+};
 
 /* What an upstream connection reports, and to whom: the request path above
- * it gives these (server.up_handler); upstream names no module above it.
- * Each is called after the upstream has let go of the request (its slot is
- * back), so the callee may answer or close the client freely. */
+ * it gives these; upstream names no module above it. retry, done, failed
+ * and client_gone are called after the upstream has let go of the request
+ * (its slot is back), so the callee may answer or close the client freely. */
 struct upstream_handler {
     /* Connecting failed before any byte was sent: try elsewhere. */
-    void (*retry)(struct request *r);
+    void (*retry)(struct upstream_req *r);
     /* The response ended with this status; count it and finish r. */
-    void (*done)(struct request *r, int status);
+    void (*done)(struct upstream_req *r, int status);
     /* The replica failed: before the response started, answer `reason`;
      * after, abort the client with `abort`. */
-    void (*failed)(struct request *r, enum reject_reason reason, enum abort_reason abort);
+    void (*failed)(struct upstream_req *r, enum reject_reason reason, enum abort_reason abort);
     /* Writing to the client failed mid-response: the client left. */
-    void (*client_gone)(struct request *r);
+    void (*client_gone)(struct upstream_req *r);
+    /* The replica's response head goes to the client now (time to first byte). */
+    void (*first_byte)(struct upstream_req *r, uint64_t now_ms);
+    /* A request takes one of ep's slots. */
+    void (*take_slot)(struct endpoint *ep);
+    /* Gives it back: the owner whose waiting requests may now go (NULL when
+     * the endpoint has no owner any more). */
+    struct model *(*give_slot)(struct endpoint *ep);
     /* A slot of m came free: waiting requests may go. */
-    void (*capacity)(struct server *srv, struct model *m);
+    void (*capacity)(void *ud, struct model *m);
+};
+
+/* What every upstream connection shares (one per process). */
+struct upstream_ctx {
+    struct event_base *base;
+    char *scratch; /* CONN_SCRATCH_BYTES, shared with the client side */
+    const struct http_limits *resp_limits;
+    const struct upstream_handler *handler;
+    void *ud; /* handed to handler->capacity */
+    struct server_metrics *metrics;
+    const bool *draining; /* connections are not pooled while draining */
+    /* The upstream settings in force (config.upstream). */
+    uint32_t keepalive_per_endpoint;
+    uint64_t keepalive_timeout_ms, eject_ms;
 };
 
 enum upstream_state {
@@ -51,9 +125,9 @@ enum upstream_state {
 
 struct upstream {
     struct list_node node; /* in endpoint->idle while pooled */
-    struct server *srv;
+    struct upstream_ctx *ctx;
     struct endpoint *ep;
-    struct request *req;
+    struct upstream_req *req;
     int fd;
     enum upstream_state state;
     struct event rev, wev, tev;
@@ -75,13 +149,18 @@ struct upstream {
     bool client_close; /* the client connection closes after this response */
     bool client_failed; /* a write to the client failed while decoding */
     bool head_pending;  /* resp_head not yet written */
+    bool unconfirmed;   /* new, and nothing received on it yet (ep->unconfirmed) */
 };
 
-/* Sends r to ep over a pooled or new connection. The request's slot on ep is
- * taken here and given back when the upstream lets go of r. */
-void upstream_start(struct server *srv, struct request *r, struct endpoint *ep);
+/* Sends r (its head already built) to ep over a pooled or new connection.
+ * The request's slot on ep is taken here and given back when the upstream
+ * lets go of r. */
+void upstream_start(struct upstream_ctx *ctx, struct upstream_req *r, struct endpoint *ep);
 /* The client is gone: drop r's upstream connection and free the slot. */
 void upstream_cancel(struct upstream *u);
+/* Pools fd, an open connection to ep that is idle and cleanly between
+ * answers (a readiness probe's), for the next request. Takes fd. */
+void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd);
 /* Closes every pooled connection of ep. */
 void upstream_close_idle(struct endpoint *ep);
 

@@ -2,8 +2,7 @@
 #include "thaw/clock.h"
 #include "thaw/backend.h"
 #include "thaw/conn.h"
-#include "thaw/proxy.h"
-#include "thaw/server.h"
+#include "thaw/runtime.h"
 #include "thaw/warmpool.h"
 
 #include <errno.h>
@@ -19,10 +18,15 @@
 #endif
 
 
-#define FOR_EACH_MODEL(srv, m)                                                                     \
-    for (struct list_node *n_ = (srv)->fleet.models.next;                                          \
-         n_ != &(srv)->fleet.models && ((m) = container_of(n_, struct model, node), 1);            \
+#define FOR_EACH_MODEL(adm, m)                                                                     \
+    for (struct list_node *n_ = (adm)->rt->fleet.models.next;                                          \
+         n_ != &(adm)->rt->fleet.models && ((m) = container_of(n_, struct model, node), 1);            \
          n_ = n_->next)
+
+static struct admin_ctx *adm_of(struct conn *c)
+{
+    return c->ud;
+}
 
 /* /metrics is written in pieces of about this size, one per turn of the
  * loop (and only while the client keeps up), so a scrape of many models
@@ -46,7 +50,7 @@ struct model_snap {
 };
 
 struct metrics_stream {
-    struct server *srv;
+    struct admin_ctx *adm;
     struct conn *c;
     struct event *resume; /* renders the next piece on the next turn of the loop */
     struct model_snap *models;
@@ -83,11 +87,11 @@ static void render_reload_metrics(const struct reload_status *st, struct buf *o)
                st->last_success_unix);
 }
 
-static void status_reload(const struct server *srv, cJSON *root)
+static void status_reload(const struct admin_ctx *adm, cJSON *root)
 {
-    const struct reload_status *st = &srv->reload;
+    const struct reload_status *st = &adm->rt->reload;
     cJSON *c = cJSON_AddObjectToObject(root, "config");
-    cJSON_AddStringToObject(c, "file", srv->cfg->path);
+    cJSON_AddStringToObject(c, "file", adm->rt->cfg->path);
     cJSON_AddNumberToObject(c, "reloads_succeeded", (double)st->succeeded);
     cJSON_AddNumberToObject(c, "reloads_failed", (double)st->failed);
     cJSON_AddStringToObject(c, "last_reload", st->last_attempt_unix == 0 ? "none"
@@ -105,11 +109,11 @@ static void status_reload(const struct server *srv, cJSON *root)
 
 static void requests_totals(const struct metrics_stream *ms, struct buf *o)
 {
-    const struct server *srv = ms->srv;
-    const struct server_metrics *sm = &srv->metrics;
+    const struct admin_ctx *adm = ms->adm;
+    const struct server_metrics *sm = &adm->rt->metrics;
     metrics_help_type(o, "thaw_build_info", "gauge", "thaw version.");
     buf_printf(o, "thaw_build_info{version=\"%s\"} 1\n", THAW_VERSION);
-    render_reload_metrics(&srv->reload, o);
+    render_reload_metrics(&adm->rt->reload, o);
 
     metrics_help_type(o, "thaw_requests_accepted_total", "counter",
               "Requests thaw started reading on the proxy port.");
@@ -125,12 +129,12 @@ static void requests_totals(const struct metrics_stream *ms, struct buf *o)
               "Requests ended without a complete response (client gone, replica broke off).");
     buf_printf(o, "thaw_requests_aborted_total %llu\n", (unsigned long long)sm->requests_aborted);
     metrics_help_type(o, "thaw_requests_inflight", "gauge", "Requests accepted and not yet finished.");
-    buf_printf(o, "thaw_requests_inflight %llu\n", (unsigned long long)srv->inflight);
+    buf_printf(o, "thaw_requests_inflight %llu\n", (unsigned long long)adm->rt->inflight);
     metrics_help_type(o, "thaw_buffered_body_bytes", "gauge",
               "Request body bytes held (reserved by Content-Length or read), against "
               "limits.max_buffered_body_bytes.");
     buf_printf(o, "thaw_buffered_body_bytes %llu\n",
-               (unsigned long long)srv->buffered_body_bytes);
+               (unsigned long long)adm->rt->buffered_body_bytes);
 }
 
 static void requests_by_code(const struct model_snap *m, struct buf *o)
@@ -144,7 +148,7 @@ static void requests_by_code(const struct model_snap *m, struct buf *o)
 
 static void reasons(const struct metrics_stream *ms, struct buf *o)
 {
-    const struct server_metrics *sm = &ms->srv->metrics;
+    const struct server_metrics *sm = &ms->adm->rt->metrics;
     metrics_help_type(o, "thaw_unrouted_responses_total", "counter",
               "Error responses to requests that matched no model, by status code.");
     for (int i = 0; i < CODE_SLOTS && sm->unrouted_codes.code[i]; i++) {
@@ -176,7 +180,7 @@ static void queue_depth(const struct model_snap *m, struct buf *o)
 static void queue_depth_all(const struct metrics_stream *ms, struct buf *o)
 {
     metrics_help_type(o, "thaw_queue_depth_all", "gauge", "Requests waiting, all models.");
-    buf_printf(o, "thaw_queue_depth_all %zu\n", ms->srv->qglobal.total);
+    buf_printf(o, "thaw_queue_depth_all %zu\n", ms->adm->rt->qglobal.total);
 }
 
 static void upstream_inflight(const struct model_snap *m, struct buf *o)
@@ -223,8 +227,8 @@ static void cold_start_seconds(const struct model_snap *m, struct buf *o)
 /* Each backend's own families (the Kubernetes client's, leadership). */
 static void backend_families(const struct metrics_stream *ms, struct buf *o)
 {
-    struct backend *bs[SERVER_MAX_BACKENDS];
-    size_t n = server_backends(ms->srv, bs);
+    struct backend *bs[ADMIN_MAX_BACKENDS];
+    size_t n = ms->adm->backends(ms->adm->ud, bs);
     for (size_t i = 0; i < n; i++) {
         if (bs[i]->ops->render_metrics) {
             bs[i]->ops->render_metrics(bs[i], o);
@@ -262,10 +266,10 @@ static void pool_slices(const struct metrics_stream *ms, struct buf *o)
 
 static void connections(const struct metrics_stream *ms, struct buf *o)
 {
-    const struct server *srv = ms->srv;
-    const struct server_metrics *sm = &srv->metrics;
+    const struct admin_ctx *adm = ms->adm;
+    const struct server_metrics *sm = &adm->rt->metrics;
     metrics_help_type(o, "thaw_connections", "gauge", "Open client connections on the proxy port.");
-    buf_printf(o, "thaw_connections %zu\n", srv->n_conns);
+    buf_printf(o, "thaw_connections %zu\n", adm->rt->n_conns);
     metrics_help_type(o, "thaw_connections_accepted_total", "counter", "Client connections accepted.");
     buf_printf(o, "thaw_connections_accepted_total %llu\n",
                (unsigned long long)sm->connections_accepted);
@@ -292,10 +296,10 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
     buf_printf(o, "thaw_upstream_stale_closed_total %llu\n",
                (unsigned long long)sm->upstream_stale_closed);
     metrics_help_type(o, "thaw_admin_connections", "gauge", "Open connections on the admin port.");
-    buf_printf(o, "thaw_admin_connections %zu\n", srv->n_admin_conns);
+    buf_printf(o, "thaw_admin_connections %zu\n", adm->rt->n_admin_conns);
     metrics_help_type(o, "thaw_lingering_connections", "gauge",
               "Connections in their lingering close (answered, input being discarded).");
-    buf_printf(o, "thaw_lingering_connections %zu\n", srv->n_lingering);
+    buf_printf(o, "thaw_lingering_connections %zu\n", adm->rt->net.n_lingering);
     metrics_help_type(o, "thaw_accept_paused_total", "counter",
               "Times the listeners paused accepting because file descriptors ran out.");
     buf_printf(o, "thaw_accept_paused_total %llu\n", (unsigned long long)sm->accept_paused);
@@ -339,10 +343,10 @@ static const struct family families[] = {
 /* Copies what /metrics shows of every model. -ENOMEM on failure. */
 static int snapshot_models(struct metrics_stream *ms)
 {
-    struct server *srv = ms->srv;
+    struct admin_ctx *adm = ms->adm;
     size_t n = 0, name_bytes = 0;
     struct model *m;
-    FOR_EACH_MODEL(srv, m)
+    FOR_EACH_MODEL(adm, m)
     {
         n++;
         name_bytes += 2 * strlen(m->name) + strlen(m->namespace_) + 32;
@@ -353,7 +357,7 @@ static int snapshot_models(struct metrics_stream *ms)
         return -ENOMEM;
     }
     char *at = ms->names;
-    FOR_EACH_MODEL(srv, m)
+    FOR_EACH_MODEL(adm, m)
     {
         struct model_snap *s = &ms->models[ms->n_models++];
         size_t len = strlen(m->name) + 1;
@@ -417,13 +421,13 @@ static bool render_more(struct metrics_stream *ms, struct buf *o, size_t want)
     return ms->family == N_FAMILIES;
 }
 
-static struct metrics_stream *stream_new(struct server *srv, struct conn *c)
+static struct metrics_stream *stream_new(struct admin_ctx *adm, struct conn *c)
 {
     struct metrics_stream *ms = calloc(1, sizeof *ms);
     if (!ms) {
         return NULL;
     }
-    ms->srv = srv;
+    ms->adm = adm;
     ms->c = c;
     buf_init(&ms->piece);
     if (snapshot_models(ms)) {
@@ -468,7 +472,7 @@ static void stream_step(struct metrics_stream *ms)
         return; /* the connection is going away: admin_on_abort frees the stream */
     }
     if (done) {
-        struct request *r = c->req;
+        struct request *r = request_of(c->ex);
         r->metrics_stream = NULL;
         stream_free(ms);
         c->on_drain = NULL;
@@ -489,7 +493,7 @@ static void on_resume(evutil_socket_t fd, short what, void *arg)
 
 static void on_stream_drain(struct conn *c)
 {
-    struct metrics_stream *ms = c->req ? c->req->metrics_stream : NULL;
+    struct metrics_stream *ms = c->ex ? request_of(c->ex)->metrics_stream : NULL;
     if (ms && !event_pending(ms->resume, EV_TIMEOUT, NULL)) {
         struct timeval zero = {0, 0};
         event_add(ms->resume, &zero);
@@ -500,13 +504,13 @@ static void on_stream_drain(struct conn *c)
  * else up to the close). */
 static void serve_metrics(struct conn *c, struct request *r)
 {
-    struct server *srv = c->srv;
+    struct admin_ctx *adm = adm_of(c);
     static const char type[] = "text/plain; version=0.0.4; charset=utf-8";
-    bool http11 = r->head.http_major == 1 && r->head.http_minor >= 1;
-    bool head_only = r->head.method == HTTP_HEAD;
-    struct metrics_stream *ms = head_only ? NULL : stream_new(srv, c);
+    bool http11 = r->ex.head.http_major == 1 && r->ex.head.http_minor >= 1;
+    bool head_only = r->ex.head.method == HTTP_HEAD;
+    struct metrics_stream *ms = head_only ? NULL : stream_new(adm, c);
     if (ms) {
-        ms->resume = evtimer_new(srv->base, on_resume, ms);
+        ms->resume = evtimer_new(adm->rt->base, on_resume, ms);
         if (!ms->resume) {
             stream_free(ms);
             ms = NULL;
@@ -518,15 +522,15 @@ static void serve_metrics(struct conn *c, struct request *r)
         conn_respond(c, 500, "application/json", oom, sizeof oom - 1, NULL);
         return;
     }
-    if (!http11 || !r->head.keep_alive || srv->draining) {
+    if (!http11 || !r->ex.head.keep_alive || adm->rt->net.draining) {
         c->close_after = true;
     }
     char head[256];
     int n = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\n%s%s\r\n", type,
                      http11 ? "Transfer-Encoding: chunked\r\n" : "",
                      c->close_after ? "Connection: close\r\n" : "");
-    r->state = REQ_ANSWERED;
-    r->response_started = true;
+    r->ex.state = REQ_ANSWERED;
+    r->ex.response_started = true;
     if (head_only) {
         conn_write(c, head, (size_t)n);
         conn_response_done(c);
@@ -541,8 +545,9 @@ static void serve_metrics(struct conn *c, struct request *r)
     stream_step(ms);
 }
 
-static void admin_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
+static void admin_on_abort(struct conn *c, struct exchange *x, enum abort_reason reason)
 {
+    struct request *r = request_of(x);
     if (r->metrics_stream) {
         stream_free(r->metrics_stream);
         r->metrics_stream = NULL;
@@ -550,20 +555,20 @@ static void admin_on_abort(struct conn *c, struct request *r, enum abort_reason 
     }
 }
 
-static void render_status(struct server *srv, struct buf *out)
+static void render_status(struct admin_ctx *adm, struct buf *out)
 {
     cJSON *root = cJSON_CreateObject();
     uint64_t now = clock_now_ms();
     cJSON_AddStringToObject(root, "version", THAW_VERSION);
-    cJSON_AddNumberToObject(root, "uptime_ms", (double)(now - srv->started_ms));
-    status_reload(srv, root);
-    cJSON_AddBoolToObject(root, "ready", server_is_ready(srv));
-    cJSON_AddBoolToObject(root, "draining", srv->draining);
-    cJSON_AddNumberToObject(root, "inflight", (double)srv->inflight);
-    cJSON_AddNumberToObject(root, "queued", (double)srv->qglobal.total);
-    cJSON_AddNumberToObject(root, "connections", (double)srv->n_conns);
-    struct backend *backends[SERVER_MAX_BACKENDS];
-    size_t n_backends = server_backends(srv, backends);
+    cJSON_AddNumberToObject(root, "uptime_ms", (double)(now - adm->rt->started_ms));
+    status_reload(adm, root);
+    cJSON_AddBoolToObject(root, "ready", adm->is_ready(adm->ud));
+    cJSON_AddBoolToObject(root, "draining", adm->rt->net.draining);
+    cJSON_AddNumberToObject(root, "inflight", (double)adm->rt->inflight);
+    cJSON_AddNumberToObject(root, "queued", (double)adm->rt->qglobal.total);
+    cJSON_AddNumberToObject(root, "connections", (double)adm->rt->n_conns);
+    struct backend *backends[ADMIN_MAX_BACKENDS];
+    size_t n_backends = adm->backends(adm->ud, backends);
     for (size_t i = 0; i < n_backends; i++) {
         if (backends[i]->ops->describe_capacity) {
             backends[i]->ops->describe_capacity(backends[i], root);
@@ -571,7 +576,7 @@ static void render_status(struct server *srv, struct buf *out)
     }
     cJSON *models = cJSON_AddArrayToObject(root, "models");
     struct model *m;
-    FOR_EACH_MODEL(srv, m)
+    FOR_EACH_MODEL(adm, m)
     {
         cJSON *jm = cJSON_CreateObject();
         cJSON_AddStringToObject(jm, "name", m->name);
@@ -614,10 +619,10 @@ static void render_status(struct server *srv, struct buf *out)
 }
 
 /* The backend that answers GET /demand (one with peers), or NULL. */
-static struct backend *demand_backend(struct server *srv)
+static struct backend *demand_backend(struct admin_ctx *adm)
 {
-    struct backend *bs[SERVER_MAX_BACKENDS];
-    size_t n = server_backends(srv, bs);
+    struct backend *bs[ADMIN_MAX_BACKENDS];
+    size_t n = adm->backends(adm->ud, bs);
     for (size_t i = 0; i < n; i++) {
         if (bs[i]->ops->demand) {
             return bs[i];
@@ -626,35 +631,36 @@ static struct backend *demand_backend(struct server *srv)
     return NULL;
 }
 
-static void admin_on_request(struct conn *c, struct request *r)
+static void admin_on_request(struct conn *c, struct exchange *x)
 {
-    struct server *srv = c->srv;
-    const char *target = http_target(&r->head);
-    size_t len = r->head.target_len;
+    struct request *r = request_of(x);
+    struct admin_ctx *adm = adm_of(c);
+    const char *target = http_target(&r->ex.head);
+    size_t len = r->ex.head.target_len;
     const char *q = memchr(target, '?', len);
     if (q) {
         len = (size_t)(q - target);
     }
     struct buf body;
     buf_init(&body);
-    if (r->head.method != HTTP_GET && r->head.method != HTTP_HEAD) {
+    if (r->ex.head.method != HTTP_GET && r->ex.head.method != HTTP_HEAD) {
         buf_append_str(&body, "{\"error\":{\"type\":\"method_not_allowed\",\"message\":\"the admin "
                               "port is read-only\",\"code\":405}}\n");
         conn_respond(c, 405, "application/json", body.data, body.len, "Allow: GET, HEAD\r\n");
     } else if (http_name_eq(target, len, "/healthz")) {
         conn_respond(c, 200, "application/json", "{\"status\":\"ok\"}\n", 16, NULL);
     } else if (http_name_eq(target, len, "/readyz")) {
-        if (server_is_ready(srv)) {
+        if (adm->is_ready(adm->ud)) {
             conn_respond(c, 200, "application/json", "{\"status\":\"ready\"}\n", 19, NULL);
         } else {
-            const char *b = srv->draining ? "{\"status\":\"draining\"}\n"
+            const char *b = adm->rt->net.draining ? "{\"status\":\"draining\"}\n"
                                           : "{\"status\":\"starting\"}\n";
             conn_respond(c, 503, "application/json", b, strlen(b), NULL);
         }
     } else if (http_name_eq(target, len, "/metrics")) {
         serve_metrics(c, r);
-    } else if (http_name_eq(target, len, "/demand") && demand_backend(srv)) {
-        struct backend *be = demand_backend(srv);
+    } else if (http_name_eq(target, len, "/demand") && demand_backend(adm)) {
+        struct backend *be = demand_backend(adm);
         cJSON *d = cJSON_CreateObject();
         be->ops->demand(be, d);
         char *js = cJSON_PrintUnformatted(d);
@@ -662,7 +668,7 @@ static void admin_on_request(struct conn *c, struct request *r)
         conn_respond(c, 200, "application/json", js ? js : "{}", js ? strlen(js) : 2, NULL);
         free(js);
     } else if (http_name_eq(target, len, "/status")) {
-        render_status(srv, &body);
+        render_status(adm, &body);
         conn_respond(c, 200, "application/json", body.data, body.len, NULL);
     } else {
         buf_append_str(&body, "{\"error\":{\"type\":\"not_found\",\"message\":\"admin paths: "
@@ -672,7 +678,22 @@ static void admin_on_request(struct conn *c, struct request *r)
     buf_dispose(&body);
 }
 
+/* Admin requests come from the same cache as proxy ones; they are not
+ * counted as proxy outcomes. */
+static struct exchange *admin_new_exchange(struct conn *c)
+{
+    struct request *r = request_new(&adm_of(c)->rt->requests, c);
+    return r ? &r->ex : NULL;
+}
+
+static void admin_free_exchange(struct conn *c, struct exchange *x)
+{
+    request_free(&adm_of(c)->rt->requests, request_of(x));
+}
+
 const struct conn_handler admin_conn_handler = {
+    .new_exchange = admin_new_exchange,
+    .free_exchange = admin_free_exchange,
     .on_request = admin_on_request,
     .on_abort = admin_on_abort,
 };

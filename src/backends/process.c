@@ -376,7 +376,8 @@ static int replica_start(struct proc_model *pm)
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     probe_init(&r->probe, pb->evbase, addr, pm->health_path, on_probe_ready, r);
     event_assign(&r->kill_timer, pb->evbase, -1, 0, on_kill_timer, r);
-    probe_start(&r->probe);
+    /* The last cold start says when to probe tightly. */
+    probe_start(&r->probe, pm->last_cold_start_ms);
     if (gpu >= 0) {
         pb->gpus[gpu].used += pm->gpu_slices;
         r->slices = pm->gpu_slices;
@@ -457,7 +458,7 @@ static void replica_free(struct replica *r)
 
 /* ---- readiness --------------------------------------------------------- */
 
-static void became_ready(struct replica *r)
+static void became_ready(struct replica *r, int conn_fd)
 {
     struct proc_model *pm = r->pm;
     uint64_t now = clock_now_ms();
@@ -473,14 +474,15 @@ static void became_ready(struct replica *r)
          pm->m->name, r->id, (unsigned long long)pm->last_cold_start_ms);
     char addr[32];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", r->port);
-    fleet_replica_ready(pm->m->fleet, pm->m, r->id, addr);
+    fleet_replica_ready_conn(pm->m->fleet, pm->m, r->id, addr, conn_fd);
 }
 
 static void on_probe_ready(struct probe *p, void *ud)
 {
     struct replica *r = ud;
     if (r->state == R_STARTING) {
-        became_ready(r);
+        /* The probe's connection carries the first request. */
+        became_ready(r, probe_take_conn(p));
     }
 }
 

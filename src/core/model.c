@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void fleet_init(struct fleet *f, struct queue_global *qg, uint64_t queue_aging_ms)
 {
@@ -96,19 +97,6 @@ struct model *fleet_find(const struct fleet *f, const char *namespace_, const ch
     return NULL;
 }
 
-void endpoint_ref(struct endpoint *ep)
-{
-    ep->refs++;
-}
-
-void endpoint_unref(struct endpoint *ep)
-{
-    if (--ep->refs == 0) {
-        free(ep->id);
-        free(ep);
-    }
-}
-
 static void detach_endpoint(struct model *m, size_t i)
 {
     struct endpoint *ep = m->endpoints[i];
@@ -117,6 +105,7 @@ static void detach_endpoint(struct model *m, size_t i)
      * count as the model's: release() cannot reach the model once unlinked. */
     m->inflight -= ep->inflight;
     ep->model = NULL;
+    ep->model_name = NULL;
     if (m->fleet->on_endpoint_gone) {
         m->fleet->on_endpoint_gone(m->fleet->cb_ud, ep);
     }
@@ -125,34 +114,38 @@ static void detach_endpoint(struct model *m, size_t i)
 
 int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr)
 {
+    return fleet_replica_ready_conn(f, m, id, addr, -1);
+}
+
+int fleet_replica_ready_conn(struct fleet *f, struct model *m, const char *id, const char *addr,
+                             int conn_fd)
+{
     for (size_t i = 0; i < m->n_endpoints; i++) {
         if (strcmp(m->endpoints[i]->id, id) == 0) {
+            if (conn_fd >= 0) {
+                close(conn_fd);
+            }
             return 0; /* already known */
         }
     }
-    struct endpoint *ep = calloc(1, sizeof *ep);
+    struct endpoint *ep = endpoint_new(id, addr);
     if (!ep) {
-        return -ENOMEM;
+        int err = errno;
+        if (conn_fd >= 0) {
+            close(conn_fd);
+        }
+        return -err;
     }
-    if (netaddr_parse(addr, &ep->addr, &ep->addrlen)) {
-        free(ep);
-        return -EINVAL;
-    }
-    ep->id = strdup(id);
-    if (!ep->id) {
-        free(ep);
-        return -ENOMEM;
-    }
-    snprintf(ep->addr_text, sizeof ep->addr_text, "%s", addr);
-    list_init(&ep->idle);
     ep->model = m;
-    ep->refs = 1;
+    ep->model_name = m->name;
     if (m->n_endpoints == m->cap_endpoints) {
         size_t ncap = m->cap_endpoints ? m->cap_endpoints * 2 : 4;
         struct endpoint **ne = realloc(m->endpoints, ncap * sizeof *ne);
         if (!ne) {
-            free(ep->id);
-            free(ep);
+            endpoint_unref(ep);
+            if (conn_fd >= 0) {
+                close(conn_fd);
+            }
             return -ENOMEM;
         }
         m->endpoints = ne;
@@ -160,6 +153,11 @@ int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const 
     }
     m->endpoints[m->n_endpoints++] = ep;
     LOGI("replica ready", "model=%s replica=%s addr=%s", m->name, id, addr);
+    if (conn_fd >= 0 && f->on_endpoint_conn) {
+        f->on_endpoint_conn(f->cb_ud, ep, conn_fd);
+    } else if (conn_fd >= 0) {
+        close(conn_fd);
+    }
     if (f->on_capacity) {
         f->on_capacity(f->cb_ud, m);
     }
@@ -240,6 +238,9 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
         }
         if (ep->inflight >= m->set.max_concurrency) {
             continue;
+        }
+        if (ep->n_idle == 0 && ep->unconfirmed >= UPSTREAM_MAX_UNCONFIRMED) {
+            continue; /* it has not accepted the connections it has yet */
         }
         if (ejected) {
             if (!best_ejected || ep->ejected_until_ms < best_ejected->ejected_until_ms) {

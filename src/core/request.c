@@ -24,25 +24,29 @@ struct request *request_new(struct request_pool *pool, struct conn *c)
         if (!r) {
             return NULL;
         }
-        http_head_init(&r->head);
-        buf_init(&r->body);
-        buf_init(&r->up_head);
+        http_head_init(&r->ex.head);
+        buf_init(&r->ex.body);
+        buf_init(&r->fwd.head);
     }
     list_node_init(&r->qi.node);
     list_node_init(&r->cache_node);
     r->conn = c;
+    r->fwd.conn = c;
+    r->fwd.ex = &r->ex;
     r->model = NULL;
-    r->state = REQ_READING;
+    r->ex.state = REQ_READING;
+    r->ex.committed = false;
+    r->ex.error_model = NULL;
     r->start_ms = clock_now_ms();
-    r->queued_ms = r->dispatch_ms = 0;
-    r->up = NULL;
-    r->last_ep = NULL;
-    r->tries = 0;
+    r->queued_ms = r->fwd.dispatch_ms = 0;
+    r->fwd.up = NULL;
+    r->fwd.last_ep = NULL;
+    r->fwd.tries = 0;
     r->counted = false;
-    r->stale_retried = false;
-    r->response_started = false;
+    r->fwd.stale_retried = false;
+    r->ex.response_started = false;
     r->model_resolved = false;
-    r->heartbeat = false;
+    r->fwd.heartbeat = false;
     r->body_seen = 0;
     r->body_reserved = 0;
     r->scan = NULL;
@@ -55,7 +59,7 @@ struct request *request_new(struct request_pool *pool, struct conn *c)
 void request_free(struct request_pool *pool, struct request *r)
 {
     assert(!list_linked(&r->qi.node));
-    assert(r->up == NULL);
+    assert(r->fwd.up == NULL);
     if (r->model) {
         model_unref(r->model);
         r->model = NULL;
@@ -65,25 +69,25 @@ void request_free(struct request_pool *pool, struct request *r)
     free(r->scan);
     r->scan = NULL;
     if (pool->n_free < REQUEST_CACHE_MAX) {
-        http_head_reset(&r->head);
-        buf_reset(&r->body);
-        buf_reset(&r->up_head);
-        if (r->head.bytes.cap > CACHE_KEEP_HEAD_BYTES) {
-            buf_dispose(&r->head.bytes);
+        http_head_reset(&r->ex.head);
+        buf_reset(&r->ex.body);
+        buf_reset(&r->fwd.head);
+        if (r->ex.head.bytes.cap > CACHE_KEEP_HEAD_BYTES) {
+            buf_dispose(&r->ex.head.bytes);
         }
-        if (r->body.cap > CACHE_KEEP_BODY_BYTES) {
-            buf_dispose(&r->body);
+        if (r->ex.body.cap > CACHE_KEEP_BODY_BYTES) {
+            buf_dispose(&r->ex.body);
         }
-        if (r->up_head.cap > CACHE_KEEP_HEAD_BYTES) {
-            buf_dispose(&r->up_head);
+        if (r->fwd.head.cap > CACHE_KEEP_HEAD_BYTES) {
+            buf_dispose(&r->fwd.head);
         }
         list_push_front(&pool->free, &r->cache_node);
         pool->n_free++;
         return;
     }
-    http_head_dispose(&r->head);
-    buf_dispose(&r->body);
-    buf_dispose(&r->up_head);
+    http_head_dispose(&r->ex.head);
+    buf_dispose(&r->ex.body);
+    buf_dispose(&r->fwd.head);
     free(r);
 }
 
@@ -97,13 +101,13 @@ static void access_log(const struct request_pool *pool, struct request *r, const
     }
     const char *t;
     size_t len;
-    http_target_log_path(&r->head, &t, &len);
+    http_target_log_path(&r->ex.head, &t, &len);
     char path[200];
     log_quote(path, sizeof path, t, len, 120);
     LOGI("request", "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "
          "ms=%llu client=%s",
          r->model && r->model_resolved ? r->model->name : "-", tier_name(r->tier),
-         r->head.method_known ? llhttp_method_name((llhttp_method_t)r->head.method) : "-", path,
+         r->ex.head.method_known ? llhttp_method_name((llhttp_method_t)r->ex.head.method) : "-", path,
          status, outcome, reason,
          (unsigned long long)(clock_now_ms() - r->start_ms), r->conn->peer_ip);
 }
@@ -179,9 +183,9 @@ void request_pool_dispose(struct request_pool *pool)
     while (!list_empty(&pool->free)) {
         struct request *r = container_of(list_first(&pool->free), struct request, cache_node);
         list_remove(&r->cache_node);
-        http_head_dispose(&r->head);
-        buf_dispose(&r->body);
-        buf_dispose(&r->up_head);
+        http_head_dispose(&r->ex.head);
+        buf_dispose(&r->ex.body);
+        buf_dispose(&r->fwd.head);
         free(r);
     }
     pool->n_free = 0;

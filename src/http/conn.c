@@ -1,7 +1,6 @@
 #include "thaw/conn.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
-#include "thaw/request.h"
 
 #include <arpa/inet.h>
 #include <assert.h>
@@ -74,9 +73,9 @@ static void arm_timer(struct conn *c, const struct timeval *tv)
  * a body trickled a byte at a time must not hold the connection forever. */
 static void arm_body_timer(struct conn *c)
 {
-    struct server *s = c->srv;
+    struct conn_ctx *s = c->ctx;
     uint64_t now = clock_now_ms();
-    uint64_t idle_ms = s->cfg->limits.body_timeout_ms;
+    uint64_t idle_ms = s->body_timeout_ms;
     c->body_total_armed = c->body_deadline_ms && now + idle_ms >= c->body_deadline_ms;
     if (!c->body_total_armed) {
         arm_timer(c, s->tv_body);
@@ -89,7 +88,7 @@ static void arm_body_timer(struct conn *c)
 
 static void set_timer(struct conn *c, enum timer_kind k)
 {
-    struct server *s = c->srv;
+    struct conn_ctx *s = c->ctx;
     switch (k) {
     case TIMER_NONE:
         event_del(&c->tev);
@@ -112,8 +111,9 @@ static void set_timer(struct conn *c, enum timer_kind k)
     }
 }
 
-struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
-                      const struct conn_handler *handler, const struct sockaddr *peer)
+struct conn *conn_new(struct conn_ctx *ctx, int fd, const struct http_limits *lim,
+                      const struct conn_handler *handler, void *ud,
+                      const struct sockaddr *peer)
 {
     struct conn_ext *x = calloc(1, sizeof *x);
     if (!x) {
@@ -121,15 +121,14 @@ struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
         return NULL;
     }
     struct conn *c = &x->c;
-    c->srv = srv;
-    c->kind = kind;
+    c->ctx = ctx;
     c->handler = handler;
+    c->ud = ud;
     c->fd = fd;
     c->state = CONN_IDLE;
     c->first_request = true;
     buf_init(&c->in);
     buf_init(&c->out);
-    const struct http_limits *lim = kind == LISTENER_ADMIN ? &srv->admin_limits : &srv->req_limits;
     http_parser_init(&c->parser, HTTP_REQUEST, lim);
     if (peer->sa_family == AF_INET) {
         inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, c->peer_ip,
@@ -142,12 +141,12 @@ struct conn *conn_new(struct server *srv, int fd, enum listener_kind kind,
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    event_assign(&c->rev, srv->base, fd, EV_READ | EV_PERSIST, on_read, c);
-    event_assign(&c->wev, srv->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
-    event_assign(&c->tev, srv->base, -1, 0, on_timer, c);
+    event_assign(&c->rev, ctx->base, fd, EV_READ | EV_PERSIST, on_read, c);
+    event_assign(&c->wev, ctx->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
+    event_assign(&c->tev, ctx->base, -1, 0, on_timer, c);
     event_add(&c->rev, NULL);
     set_timer(c, TIMER_HEADER);
-    list_push_back(&srv->conns, &c->node);
+    list_push_back(&ctx->conns, &c->node);
     return c;
 }
 
@@ -158,13 +157,13 @@ size_t conn_out_pending(const struct conn *c)
 
 static void release_request(struct conn *c, enum abort_reason reason)
 {
-    struct request *r = c->req;
-    if (!r) {
+    struct exchange *x = c->ex;
+    if (!x) {
         return;
     }
-    c->handler->on_abort(c, r, reason);
-    c->req = NULL;
-    request_free(&c->srv->requests, r);
+    c->handler->on_abort(c, x, reason);
+    c->ex = NULL;
+    c->handler->free_exchange(c, x);
 }
 
 void conn_close(struct conn *c, enum abort_reason reason)
@@ -183,12 +182,11 @@ void conn_close(struct conn *c, enum abort_reason reason)
     buf_dispose(&c->in);
     buf_dispose(&c->out);
     list_remove(&c->node);
-    struct server *s = c->srv;
     if (c->count) {
         (*c->count)--;
     }
     if (c->lingering) {
-        s->n_lingering--;
+        c->ctx->n_lingering--;
     }
     if (f->busy == 0) {
         free(container_of(c, struct conn_ext, c));
@@ -316,9 +314,9 @@ static void begin_close(struct conn *c)
         conn_close(c, ABORT_CLIENT_CLOSED);
         return;
     }
-    struct server *s = c->srv;
+    struct conn_ctx *s = c->ctx;
     if (!c->lingering) {
-        if (s->n_lingering >= SERVER_MAX_LINGERING) {
+        if (s->n_lingering >= CONN_MAX_LINGERING) {
             /* Under a flood of bad requests, close at once: lingering costs
              * a descriptor for LINGER_MS each. */
             conn_close(c, ABORT_CLIENT_CLOSED);
@@ -352,14 +350,14 @@ static void resume_reading(struct conn *c)
 
 void conn_response_done(struct conn *c)
 {
-    struct request *r = c->req;
-    c->req = NULL;
-    if (r) {
-        request_free(&c->srv->requests, r);
+    struct exchange *x = c->ex;
+    c->ex = NULL;
+    if (x) {
+        c->handler->free_exchange(c, x);
     }
     c->requests_served++;
     c->on_drain = NULL;
-    if (c->close_after || c->srv->draining || c->eof) {
+    if (c->close_after || c->ctx->draining || c->eof) {
         begin_close(c);
         return;
     }
@@ -406,7 +404,7 @@ void conn_error_body(struct buf *out, enum reject_reason reason, const char *det
 void conn_respond(struct conn *c, int status, const char *content_type, const char *body,
                   size_t body_len, const char *extra_headers)
 {
-    struct request *r = c->req;
+    struct exchange *r = c->ex;
     bool head_only = r && r->head.method == HTTP_HEAD;
     if (r && r->head.http_major == 1 && r->head.http_minor == 0 && !r->head.keep_alive) {
         c->close_after = true;
@@ -414,7 +412,7 @@ void conn_respond(struct conn *c, int status, const char *content_type, const ch
     if (r && !r->head.keep_alive) {
         c->close_after = true;
     }
-    if (c->srv->draining) {
+    if (c->ctx->draining) {
         c->close_after = true;
     }
     char head[1024];
@@ -442,7 +440,7 @@ void conn_respond(struct conn *c, int status, const char *content_type, const ch
 void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
 {
     const struct reject_info *ri = reject_info(reason);
-    struct request *r = c->req;
+    struct exchange *r = c->ex;
     if (r && c->handler->on_reject) {
         c->handler->on_reject(c, r, reason);
     }
@@ -452,8 +450,7 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
     }
     struct buf body;
     buf_init(&body);
-    conn_error_body(&body, reason, detail,
-                    r && r->model && r->model_resolved ? r->model->name : NULL);
+    conn_error_body(&body, reason, detail, r ? r->error_model : NULL);
     if (r && c->handler->reject_in_stream && c->handler->reject_in_stream(c, r, &body)) {
         buf_dispose(&body);
         return;
@@ -469,7 +466,7 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
 
 void conn_drain(struct conn *c)
 {
-    if (c->state == CONN_IDLE && !c->req) {
+    if (c->state == CONN_IDLE && !c->ex) {
         begin_close(c);
     } else {
         c->close_after = true;
@@ -507,13 +504,13 @@ static enum reject_reason http_error_reason(enum http_error e)
 
 static void start_request(struct conn *c)
 {
-    struct request *r = request_new(&c->srv->requests, c);
+    struct exchange *r = c->handler->new_exchange(c);
     if (!r) {
         /* Out of memory: nothing sensible can be answered. */
         conn_close(c, ABORT_CLIENT_CLOSED);
         return;
     }
-    c->req = r;
+    c->ex = r;
     http_parser_next(&c->parser, &r->head, &r->body);
     c->state = CONN_READING;
     c->body_deadline_ms = 0;
@@ -534,7 +531,7 @@ static void log_client_fault(struct conn *c, enum reject_reason reason)
     if (!log_enabled(LOG_INFO)) {
         return;
     }
-    const struct http_head *h = c->req ? &c->req->head : NULL;
+    const struct http_head *h = c->ex ? &c->ex->head : NULL;
     char path[200] = "\"\"";
     if (h && h->target_len) {
         const char *t;
@@ -547,7 +544,7 @@ static void log_client_fault(struct conn *c, enum reject_reason reason)
          reject_info(reason)->name, c->peer_ip, http_parser_error_text(&c->parser),
          h && h->method_known ? llhttp_method_name((llhttp_method_t)h->method) : "-", path,
          c->parser.head_bytes,
-         c->req ? c->req->body.len : (size_t)0);
+         c->ex ? c->ex->body.len : (size_t)0);
 }
 
 static bool expects_body(const struct http_head *h)
@@ -559,7 +556,7 @@ static bool expects_body(const struct http_head *h)
  * answered (and the connection may be closing). */
 static bool on_head(struct conn *c)
 {
-    struct request *r = c->req;
+    struct exchange *r = c->ex;
     struct http_head *h = &r->head;
     if (!h->keep_alive) {
         c->close_after = true;
@@ -596,7 +593,7 @@ static bool on_head(struct conn *c)
         conn_write(c, cont, sizeof cont - 1);
     }
     if (expects_body(h)) {
-        c->body_deadline_ms = clock_now_ms() + c->srv->cfg->limits.body_total_timeout_ms;
+        c->body_deadline_ms = clock_now_ms() + c->ctx->body_total_timeout_ms;
         set_timer(c, TIMER_BODY);
     }
     return true;
@@ -604,7 +601,7 @@ static bool on_head(struct conn *c)
 
 static void on_complete(struct conn *c)
 {
-    struct request *r = c->req;
+    struct exchange *r = c->ex;
     c->state = CONN_HANDLING;
     set_timer(c, TIMER_NONE);
     c->handler->on_request(c, r);
@@ -662,8 +659,8 @@ static void process_input(struct conn *c, const char *data, size_t len)
             data += used;
             len -= used;
         }
-        if (c->handler->on_body && c->req && c->req->state == REQ_READING &&
-            !c->handler->on_body(c, c->req)) {
+        if (c->handler->on_body && c->ex && c->ex->state == REQ_READING &&
+            !c->handler->on_body(c, c->ex)) {
             return; /* answered while its body arrived */
         }
         switch (ev) {
@@ -710,7 +707,7 @@ static void handle_eof(struct conn *c)
         /* A client that half-closes after its request is treated as gone
          * (as nginx does without proxy_ignore_client_abort) unless the
          * response is already being written. */
-        if (c->req && c->req->response_started) {
+        if (c->ex && c->ex->response_started) {
             c->close_after = true;
         } else {
             conn_close(c, ABORT_CLIENT_CLOSED);
@@ -728,8 +725,8 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
     enter(c);
-    char *scratch = c->srv->scratch;
-    ssize_t n = recv(fd, scratch, SERVER_SCRATCH_BYTES, 0);
+    char *scratch = c->ctx->scratch;
+    ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
     if (n > 0) {
         if (c->state == CONN_CLOSING) {
             /* Lingering: discard. */
@@ -799,10 +796,10 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
  * request has left (or a response began) it can only be aborted. */
 static void body_deadline_passed(struct conn *c)
 {
-    struct request *r = c->req;
+    struct exchange *r = c->ex;
     LOGI("request body not received in total time", "client=%s body_bytes=%zu",
          c->peer_ip, r ? r->body.len : (size_t)0);
-    if (r && (r->up || r->response_started)) {
+    if (r && (r->committed || r->response_started)) {
         conn_close(c, ABORT_BODY_TIMEOUT);
         return;
     }

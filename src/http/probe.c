@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #define PROBE_TIMEOUT_MS 1000
+/* A health answer is small; anything bigger is not kept. */
+static const struct http_limits probe_limits = {4096, 32, 4096};
 
 static void on_timer(evutil_socket_t fd, short what, void *arg);
 static void on_io(evutil_socket_t fd, short what, void *arg);
@@ -16,15 +18,18 @@ int probe_init(struct probe *p, struct event_base *base, const char *addr, const
                probe_ready_cb ready, void *ud)
 {
     memset(p, 0, sizeof *p);
+    p->fd = -1;
+    p->kept_fd = -1;
     if (netaddr_parse(addr, &p->addr, &p->addrlen)) {
         return -EINVAL;
     }
     p->base = base;
-    p->fd = -1;
     snprintf(p->host, sizeof p->host, "%s", addr);
     snprintf(p->path, sizeof p->path, "%s", path);
     p->ready = ready;
     p->ud = ud;
+    http_head_init(&p->head);
+    buf_init(&p->body);
     event_assign(&p->timer, base, -1, 0, on_timer, p);
     return 0;
 }
@@ -48,14 +53,18 @@ static void again(struct probe *p)
 {
     close_fd(p);
     if (p->running) {
-        arm(p, probe_delay_ms(p->attempt++));
+        uint64_t elapsed = clock_now_ms() - p->started_ms;
+        arm(p, probe_next_delay_ms(p->attempt++, p->refused, elapsed, p->expected_ms));
     }
 }
 
-void probe_start(struct probe *p)
+void probe_start(struct probe *p, uint64_t expected_ms)
 {
     p->running = true;
     p->attempt = 0;
+    p->refused = true;
+    p->started_ms = clock_now_ms();
+    p->expected_ms = expected_ms;
     arm(p, 0);
 }
 
@@ -63,7 +72,58 @@ void probe_stop(struct probe *p)
 {
     p->running = false;
     close_fd(p);
+    if (p->kept_fd >= 0) {
+        close(p->kept_fd);
+        p->kept_fd = -1;
+    }
     event_del(&p->timer);
+    http_head_dispose(&p->head);
+    buf_dispose(&p->body);
+}
+
+int probe_take_conn(struct probe *p)
+{
+    int fd = p->kept_fd;
+    p->kept_fd = -1;
+    return fd;
+}
+
+static void send_get(struct probe *p, int fd)
+{
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: thaw-probe\r\n\r\n", p->path,
+                     p->host);
+    if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+        again(p);
+        return;
+    }
+    p->sent = true;
+    p->http_probes++;
+    http_parser_init(&p->parser, HTTP_RESPONSE, &probe_limits);
+    http_parser_next(&p->parser, &p->head, &p->body);
+    event_del(&p->io);
+    event_assign(&p->io, p->base, fd, EV_READ | EV_PERSIST, on_io, p);
+    struct timeval tv = clock_timeval(PROBE_TIMEOUT_MS);
+    event_add(&p->io, &tv);
+}
+
+/* The replica answered 2xx. Its connection is kept for the owner when the
+ * answer ended cleanly and the server did not say it closes. */
+static void succeeded(struct probe *p, bool reusable)
+{
+    int fd = p->fd;
+    if (reusable) {
+        event_del(&p->io);
+        p->fd = -1;
+    }
+    probe_stop(p);
+    p->kept_fd = reusable ? fd : -1;
+    p->ready(p, p->ud);
+    if (p->kept_fd >= 0) {
+        close(p->kept_fd); /* not taken */
+        p->kept_fd = -1;
+    }
 }
 
 static void on_io(evutil_socket_t fd, short what, void *arg)
@@ -78,45 +138,41 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
         socklen_t len = sizeof err;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
         if (err) {
-            again(p); /* not listening yet */
-            return;
-        }
-        char req[512];
-        int n = snprintf(req, sizeof req,
-                         "GET %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: thaw-probe\r\n"
-                         "Connection: close\r\n\r\n",
-                         p->path, p->host);
-        if (send(fd, req, (size_t)n, MSG_NOSIGNAL) != n) {
+            p->refused = true; /* not listening yet */
             again(p);
             return;
         }
-        p->sent = true;
-        event_del(&p->io);
-        event_assign(&p->io, p->base, fd, EV_READ | EV_PERSIST, on_io, p);
-        struct timeval tv = clock_timeval(PROBE_TIMEOUT_MS);
-        event_add(&p->io, &tv);
+        p->refused = false;
+        send_get(p, fd);
         return;
     }
-    ssize_t n = recv(fd, p->buf + p->len, sizeof p->buf - 1 - p->len, 0);
-    if (n > 0) {
-        p->len += (size_t)n;
-        p->buf[p->len] = '\0';
-        if (p->len < 12 && !memchr(p->buf, '\n', p->len)) {
-            return; /* status line not complete */
-        }
-        int status = 0;
-        if (sscanf(p->buf, "HTTP/1.%*d %d", &status) == 1 && status >= 200 && status < 300) {
-            probe_stop(p);
-            p->ready(p, p->ud);
-            return;
-        }
-        again(p); /* 503 while loading, or anything else */
-        return;
-    }
+    char data[1024];
+    ssize_t n = recv(fd, data, sizeof data, 0);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
         return;
     }
-    again(p);
+    if (n <= 0) {
+        again(p); /* closed or reset before a whole answer */
+        return;
+    }
+    size_t used = 0;
+    enum http_event ev = http_parser_execute(&p->parser, data, (size_t)n, &used);
+    if (ev == HTTP_EV_HEAD) {
+        size_t more = 0;
+        ev = http_parser_execute(&p->parser, data + used, (size_t)n - used, &more);
+        used += more;
+    }
+    if (ev == HTTP_EV_NEED_MORE || ev == HTTP_EV_HEAD) {
+        return;
+    }
+    uint16_t status = p->head.status;
+    bool ok = ev == HTTP_EV_DONE && status >= 200 && status < 300;
+    if (!ok) {
+        again(p); /* 503 while loading, or anything else */
+        return;
+    }
+    /* Bytes past the answer would belong to no request: not reusable. */
+    succeeded(p, p->head.keep_alive && used == (size_t)n);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
@@ -132,10 +188,12 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     }
     p->fd = s;
     p->sent = false;
-    p->len = 0;
+    http_head_reset(&p->head);
+    buf_reset(&p->body);
     p->probes++;
     int rc = connect(s, (struct sockaddr *)&p->addr, p->addrlen);
     if (rc < 0 && errno != EINPROGRESS) {
+        p->refused = errno == ECONNREFUSED;
         again(p);
         return;
     }
@@ -144,11 +202,31 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     event_add(&p->io, &tv);
 }
 
-uint32_t probe_delay_ms(unsigned attempt)
+static uint32_t doubling(unsigned attempt, uint32_t first, uint32_t cap)
 {
-    uint32_t d = 2;
-    for (unsigned i = 0; i < attempt && d < 20; i++) {
+    uint32_t d = first;
+    for (unsigned i = 0; i < attempt && d < cap; i++) {
         d *= 2;
     }
-    return d > 20 ? 20 : d;
+    return d > cap ? cap : d;
+}
+
+uint32_t probe_delay_ms(unsigned attempt)
+{
+    return doubling(attempt, 2, 20);
+}
+
+uint32_t probe_next_delay_ms(unsigned attempt, bool refused, uint64_t elapsed_ms,
+                             uint64_t expected_ms)
+{
+    if (expected_ms && elapsed_ms * 5 < expected_ms * 4) {
+        uint64_t step = (expected_ms - elapsed_ms) / 8;
+        if (step > 250) {
+            step = 250;
+        }
+        if (step > 20) {
+            return (uint32_t)step;
+        }
+    }
+    return refused ? doubling(attempt, 1, 4) : probe_delay_ms(attempt);
 }

@@ -2,8 +2,7 @@
 #include "thaw/clock.h"
 #include "thaw/conn.h"
 #include "thaw/log.h"
-#include "thaw/request.h"
-#include "thaw/server.h"
+#include "thaw/netaddr.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -26,6 +25,47 @@ static void on_write(evutil_socket_t fd, short what, void *arg);
 static void on_timer(evutil_socket_t fd, short what, void *arg);
 static void on_body(void *ud, const char *data, size_t len);
 
+struct endpoint *endpoint_new(const char *id, const char *addr)
+{
+    struct endpoint *ep = calloc(1, sizeof *ep);
+    if (!ep) {
+        return NULL;
+    }
+    if (netaddr_parse(addr, &ep->addr, &ep->addrlen)) {
+        free(ep);
+        errno = EINVAL;
+        return NULL;
+    }
+    ep->id = strdup(id);
+    if (!ep->id) {
+        free(ep);
+        errno = ENOMEM;
+        return NULL;
+    }
+    snprintf(ep->addr_text, sizeof ep->addr_text, "%s", addr);
+    list_init(&ep->idle);
+    ep->refs = 1;
+    return ep;
+}
+
+void endpoint_ref(struct endpoint *ep)
+{
+    ep->refs++;
+}
+
+void endpoint_unref(struct endpoint *ep)
+{
+    if (--ep->refs == 0) {
+        free(ep->id);
+        free(ep);
+    }
+}
+
+static const char *owner_name(const struct endpoint *ep)
+{
+    return ep->model_name ? ep->model_name : "-";
+}
+
 static void arm_ms(struct upstream *u, uint64_t ms)
 {
     struct timeval tv = clock_timeval(ms);
@@ -38,6 +78,10 @@ static void destroy(struct upstream *u)
         return;
     }
     u->dead = true;
+    if (u->unconfirmed) {
+        u->unconfirmed = false;
+        u->ep->unconfirmed--;
+    }
     if (u->state == UP_IDLE) {
         list_remove(&u->node);
         u->ep->n_idle--;
@@ -112,23 +156,24 @@ static void learn_keepalive(struct upstream *u)
 }
 
 /* Lets go of the request: gives its slot back, then pools or closes the
- * connection. Returns the model the slot belonged to (NULL if gone). */
+ * connection. Returns the owner the slot belonged to (NULL if gone). */
 static struct model *release(struct upstream *u, bool reusable)
 {
-    struct request *r = u->req;
+    struct upstream_req *r = u->req;
     struct endpoint *ep = u->ep;
+    struct upstream_ctx *ctx = u->ctx;
     struct model *m = ep->model;
     if (r) {
         r->up = NULL;
+        r->ex->committed = false;
         u->req = NULL;
-        m = endpoint_give_slot(ep);
+        m = ctx->handler->give_slot(ep);
         if (r->conn->on_drain) {
             r->conn->on_drain = NULL;
         }
     }
-    struct server *srv = u->srv;
-    if (reusable && m && !srv->draining && !u->server_no_keepalive && ep->n_idle < srv->cfg->upstream.keepalive_per_endpoint &&
-        !u->dead) {
+    if (reusable && m && !*ctx->draining && !u->server_no_keepalive &&
+        ep->n_idle < ctx->keepalive_per_endpoint && !u->dead) {
         u->state = UP_IDLE;
         u->reading_paused = false;
         /* Most recently used first (as nginx does): the connection least
@@ -137,7 +182,7 @@ static struct model *release(struct upstream *u, bool reusable)
         ep->n_idle++;
         event_del(&u->wev);
         event_add(&u->rev, NULL);
-        arm_ms(u, pool_idle_ms(u, srv->cfg->upstream.keepalive_timeout_ms));
+        arm_ms(u, pool_idle_ms(u, ctx->keepalive_timeout_ms));
         http_head_reset(&u->head);
     } else {
         destroy(u);
@@ -145,123 +190,35 @@ static struct model *release(struct upstream *u, bool reusable)
     return m;
 }
 
-/* Forwarding headers a client could forge. Unless limits.trust_forwarded_headers
- * (thaw sits behind a proxy that sets them), thaw drops the client's and
- * writes its own. */
-static bool is_forwarding_header(const char *name, size_t len)
-{
-    return http_name_eq(name, len, "x-forwarded-for") ||
-           http_name_eq(name, len, "x-forwarded-proto") ||
-           http_name_eq(name, len, "x-forwarded-host") || http_name_eq(name, len, "forwarded");
-}
-
-static void append_forwarding_headers(struct buf *b, const struct request *r, bool trusted)
-{
-    const struct http_head *h = &r->head;
-    const struct http_header *proto = trusted ? http_head_find(h, "x-forwarded-proto") : NULL;
-    buf_append_str(b, "X-Forwarded-For: ");
-    /* Trusted: every X-Forwarded-For value in order, then the peer (as
-     * nginx's $proxy_add_x_forwarded_for). */
-    for (uint32_t i = 0; trusted && i < h->n_headers; i++) {
-        const struct http_header *x = &h->headers[i];
-        if (x->value_len && http_name_eq(http_hname(h, x), x->name_len, "x-forwarded-for")) {
-            buf_append(b, http_hvalue(h, x), x->value_len);
-            buf_append(b, ", ", 2);
-        }
-    }
-    buf_printf(b, "%s\r\n", r->conn->peer_ip);
-    if (proto) {
-        buf_append_str(b, "X-Forwarded-Proto: ");
-        buf_append(b, http_hvalue(h, proto), proto->value_len);
-        buf_append(b, "\r\n", 2);
-    } else {
-        buf_append_str(b, "X-Forwarded-Proto: http\r\n");
-    }
-}
-
-static void build_upstream_head(struct request *r, struct endpoint *ep)
-{
-    struct buf *b = &r->up_head;
-    struct http_head *h = &r->head;
-    bool trusted = r->conn->srv->cfg->limits.trust_forwarded_headers;
-    buf_reset(b);
-    buf_append_str(b, llhttp_method_name((llhttp_method_t)h->method));
-    buf_append(b, " ", 1);
-    if (r->route.add_slash) {
-        buf_append(b, "/", 1);
-    }
-    buf_append(b, http_target(h) + r->route.path_off, r->route.path_len);
-    buf_append_str(b, " HTTP/1.1\r\n");
-    const char *authority = NULL;
-    size_t authority_len = 0;
-    bool absolute = http_target_authority(h, &authority, &authority_len);
-    bool have_host = false;
-    for (uint32_t i = 0; i < h->n_headers; i++) {
-        const struct http_header *x = &h->headers[i];
-        const char *name = http_hname(h, x);
-        if (http_is_hop_by_hop(h, x) || http_name_eq(name, x->name_len, "content-length") ||
-            http_name_eq(name, x->name_len, "expect") ||
-            http_name_eq(name, x->name_len, "thaw-priority")) {
-            continue;
-        }
-        if (http_name_eq(name, x->name_len, "x-forwarded-for") ||
-            http_name_eq(name, x->name_len, "x-forwarded-proto") ||
-            (!trusted && is_forwarding_header(name, x->name_len))) {
-            continue; /* written below */
-        }
-        if (http_name_eq(name, x->name_len, "host")) {
-            if (absolute) {
-                continue; /* the absolute-form authority replaces it */
-            }
-            have_host = true;
-        }
-        buf_append(b, name, x->name_len);
-        buf_append(b, ": ", 2);
-        buf_append(b, http_hvalue(h, x), x->value_len);
-        buf_append(b, "\r\n", 2);
-    }
-    if (absolute && authority_len) {
-        buf_append_str(b, "Host: ");
-        buf_append(b, authority, authority_len);
-        buf_append(b, "\r\n", 2);
-    } else if (!have_host) {
-        buf_printf(b, "Host: %s\r\n", ep->addr_text);
-    }
-    append_forwarding_headers(b, r, trusted);
-    if (r->body.len > 0 || h->has_length || h->chunked) {
-        buf_printf(b, "Content-Length: %zu\r\n", r->body.len);
-    }
-    buf_append(b, "\r\n", 2);
-}
-
 /* Connect failed (or the first write on a reused connection failed before
  * anything was accepted): eject the endpoint briefly and try elsewhere. */
 static void connect_failed(struct upstream *u, int err)
 {
-    struct server *srv = u->srv;
+    struct upstream_ctx *ctx = u->ctx;
     struct endpoint *ep = u->ep;
     uint64_t now = clock_now_ms();
-    srv->metrics.upstream_connect_failures++;
+    ctx->metrics->upstream_connect_failures++;
     ep->connect_failures++;
-    ep->ejected_until_ms = now + srv->cfg->upstream.eject_ms;
-    LOGW("upstream connect failed", "model=%s endpoint=%s error=\"%s\"",
-         ep->model ? ep->model->name : "-", ep->addr_text, strerror(err));
-    struct request *r = u->req;
+    ep->ejected_until_ms = now + ctx->eject_ms;
+    LOGW("upstream connect failed", "model=%s endpoint=%s error=\"%s\"", owner_name(ep),
+         ep->addr_text, strerror(err));
+    struct upstream_req *r = u->req;
     struct model *m = release(u, false);
     if (r) {
-        srv->up_handler->retry(r);
+        ctx->handler->retry(r);
     }
     if (m) {
-        srv->up_handler->capacity(srv, m);
+        ctx->handler->capacity(ctx->ud, m);
     }
 }
 
-static void begin(struct server *srv, struct request *r, struct endpoint *ep, bool may_reuse);
+static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpoint *ep,
+                  bool may_reuse);
 
 /* The most recently pooled connection the replica has not closed. A close
  * the loop has not processed yet (the replica's idle timer, or its death) is
  * seen here with one non-blocking peek, before a request is put on it. */
-static struct upstream *take_pooled(struct server *srv, struct endpoint *ep)
+static struct upstream *take_pooled(struct upstream_ctx *ctx, struct endpoint *ep)
 {
     struct list_node *n;
     while ((n = list_first(&ep->idle))) {
@@ -273,7 +230,7 @@ static struct upstream *take_pooled(struct server *srv, struct endpoint *ep)
             ep->n_idle--;
             return u;
         }
-        srv->metrics.upstream_stale_closed++;
+        ctx->metrics->upstream_stale_closed++;
         destroy(u); /* closed, reset, or bytes nobody asked for */
     }
     return NULL;
@@ -297,45 +254,44 @@ static bool is_stale_pooled(const struct upstream *u)
 
 static void stale_pooled(struct upstream *u, int err)
 {
-    struct server *srv = u->srv;
-    struct request *r = u->req;
+    struct upstream_ctx *ctx = u->ctx;
+    struct upstream_req *r = u->req;
     struct endpoint *ep = u->ep;
-    srv->metrics.upstream_stale_retries++;
+    ctx->metrics->upstream_stale_retries++;
     LOGD("pooled connection closed by the replica; sending again on a new one",
-         "model=%s endpoint=%s error=\"%s\"", ep->model ? ep->model->name : "-", ep->addr_text,
-         strerror(err));
+         "model=%s endpoint=%s error=\"%s\"", owner_name(ep), ep->addr_text, strerror(err));
     r->stale_retried = true;
     endpoint_ref(ep);
     struct model *m = release(u, false);
     if (m && ep->model == m) {
         r->tries--; /* the same attempt, not a new one */
-        begin(srv, r, ep, false);
+        begin(ctx, r, ep, false);
     } else {
-        srv->up_handler->retry(r); /* the replica is gone meanwhile */
+        ctx->handler->retry(r); /* the replica is gone meanwhile */
     }
     endpoint_unref(ep);
 }
 
 static void fail(struct upstream *u, enum reject_reason reason, enum abort_reason abort)
 {
-    struct server *srv = u->srv;
-    struct request *r = u->req;
+    struct upstream_ctx *ctx = u->ctx;
+    struct upstream_req *r = u->req;
     if (r && u->head_pending && !r->heartbeat) {
         /* The replica's head was parsed but nothing reached the client (bad
          * framing in the same read): the client still gets a clean 502. */
         u->head_pending = false;
-        r->response_started = false;
+        r->ex->response_started = false;
     }
-    if (r && r->model) {
-        LOGW("upstream failed", "model=%s endpoint=%s reason=%s started=%d", r->model->name,
-             u->ep->addr_text, reject_info(reason)->name, r->response_started);
+    if (r) {
+        LOGW("upstream failed", "model=%s endpoint=%s reason=%s started=%d", owner_name(u->ep),
+             u->ep->addr_text, reject_info(reason)->name, r->ex->response_started);
     }
     struct model *m = release(u, false);
     if (r) {
-        srv->up_handler->failed(r, reason, abort);
+        ctx->handler->failed(r, reason, abort);
     }
     if (m) {
-        srv->up_handler->capacity(srv, m);
+        ctx->handler->capacity(ctx->ud, m);
     }
 }
 
@@ -343,22 +299,23 @@ static void fail(struct upstream *u, enum reject_reason reason, enum abort_reaso
  * did nothing wrong. Drop the exchange and close the client. */
 static void client_gone(struct upstream *u)
 {
-    struct server *srv = u->srv;
-    struct request *r = u->req;
+    struct upstream_ctx *ctx = u->ctx;
+    struct upstream_req *r = u->req;
+    const char *name = owner_name(u->ep);
     struct model *m = release(u, false);
     if (r) {
-        LOGD("client went away mid-response", "model=%s", r->model ? r->model->name : "-");
-        srv->up_handler->client_gone(r);
+        LOGD("client went away mid-response", "model=%s", name);
+        ctx->handler->client_gone(r);
     }
     if (m) {
-        srv->up_handler->capacity(srv, m);
+        ctx->handler->capacity(ctx->ud, m);
     }
 }
 
 static void complete(struct upstream *u, bool reusable)
 {
-    struct server *srv = u->srv;
-    struct request *r = u->req;
+    struct upstream_ctx *ctx = u->ctx;
+    struct upstream_req *r = u->req;
     int status = u->head.status;
     if (u->rechunk) {
         conn_write(r->conn, "0\r\n\r\n", 5);
@@ -368,30 +325,30 @@ static void complete(struct upstream *u, bool reusable)
     }
     u->served++;
     struct model *m = release(u, reusable);
-    srv->up_handler->done(r, status);
+    ctx->handler->done(r, status);
     if (m) {
-        srv->up_handler->capacity(srv, m);
+        ctx->handler->capacity(ctx->ud, m);
     }
 }
 
 static void send_request(struct upstream *u)
 {
-    struct request *r = u->req;
-    size_t hlen = r->up_head.len, blen = r->body.len;
+    struct upstream_req *r = u->req;
+    size_t hlen = r->head.len, blen = r->ex->body.len;
     while (u->sent < hlen + blen) {
         struct iovec iov[2];
         int n = 0;
         if (u->sent < hlen) {
-            iov[n].iov_base = r->up_head.data + u->sent;
+            iov[n].iov_base = r->head.data + u->sent;
             iov[n].iov_len = hlen - u->sent;
             n++;
             if (blen) {
-                iov[n].iov_base = r->body.data;
+                iov[n].iov_base = r->ex->body.data;
                 iov[n].iov_len = blen;
                 n++;
             }
         } else {
-            iov[n].iov_base = r->body.data + (u->sent - hlen);
+            iov[n].iov_base = r->ex->body.data + (u->sent - hlen);
             iov[n].iov_len = blen - (u->sent - hlen);
             n++;
         }
@@ -421,64 +378,65 @@ static void send_request(struct upstream *u)
     event_del(&u->wev);
     u->state = UP_WAITING;
     u->sent_ms = clock_now_ms();
-    arm_ms(u, r->model->set.first_byte_timeout_ms);
+    arm_ms(u, r->first_byte_timeout_ms);
 }
 
-void upstream_start(struct server *srv, struct request *r, struct endpoint *ep)
+void upstream_start(struct upstream_ctx *ctx, struct upstream_req *r, struct endpoint *ep)
 {
-    begin(srv, r, ep, true);
+    begin(ctx, r, ep, true);
 }
 
 /* Takes the slot and sends r over the most recently pooled connection
  * (may_reuse) or a new one. */
-static void begin(struct server *srv, struct request *r, struct endpoint *ep, bool may_reuse)
+static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpoint *ep,
+                  bool may_reuse)
 {
-    struct model *m = ep->model;
-    endpoint_take_slot(ep);
+    const struct upstream_handler *h = ctx->handler;
+    h->take_slot(ep);
     r->tries++;
     r->last_ep = ep;
     r->dispatch_ms = clock_now_ms();
-    if (r->up_head.len == 0) {
-        build_upstream_head(r, ep);
-    }
-    struct upstream *u = may_reuse ? take_pooled(srv, ep) : NULL;
+    struct upstream *u = may_reuse ? take_pooled(ctx, ep) : NULL;
     if (u) {
         u->reused = true;
-        srv->metrics.upstream_reused++;
+        ctx->metrics->upstream_reused++;
         event_del(&u->tev);
         u->state = UP_SENDING;
     } else {
         u = calloc(1, sizeof *u);
         if (!u) {
-            endpoint_give_slot(ep);
-            r->state = REQ_ROUTED;
+            h->give_slot(ep);
+            r->ex->state = REQ_ROUTED;
             conn_reject(r->conn, REJECT_INTERNAL, NULL);
             return;
         }
-        u->srv = srv;
+        u->ctx = ctx;
         u->ep = ep;
         endpoint_ref(ep);
+        u->unconfirmed = true;
+        ep->unconfirmed++;
         list_node_init(&u->node);
         http_head_init(&u->head);
         buf_init(&u->resp_head);
-        http_parser_init(&u->parser, HTTP_RESPONSE, &srv->resp_limits);
+        http_parser_init(&u->parser, HTTP_RESPONSE, ctx->resp_limits);
         u->fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        event_assign(&u->rev, srv->base, u->fd, EV_READ | EV_PERSIST, on_read, u);
-        event_assign(&u->wev, srv->base, u->fd, EV_WRITE | EV_PERSIST, on_write, u);
-        event_assign(&u->tev, srv->base, -1, 0, on_timer, u);
+        event_assign(&u->rev, ctx->base, u->fd, EV_READ | EV_PERSIST, on_read, u);
+        event_assign(&u->wev, ctx->base, u->fd, EV_WRITE | EV_PERSIST, on_write, u);
+        event_assign(&u->tev, ctx->base, -1, 0, on_timer, u);
         u->req = r;
         r->up = u;
-        srv->metrics.upstream_connects++;
+        r->ex->committed = true;
+        ctx->metrics->upstream_connects++;
         if (u->fd < 0) {
             int err = errno;
             if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
                 /* thaw's own limit, not the replica's fault: no ejection. */
                 LOGW("no socket for a replica connection", "error=\"%s\"", strerror(err));
-                release(u, false);
-                r->state = REQ_ROUTED;
+                struct model *m = release(u, false);
+                r->ex->state = REQ_ROUTED;
                 conn_reject(r->conn, REJECT_TOO_MANY_CONNECTIONS, NULL);
-                if (m->queue.count) {
-                    srv->up_handler->capacity(srv, m);
+                if (m) {
+                    h->capacity(ctx->ud, m);
                 }
                 return;
             }
@@ -496,18 +454,19 @@ static void begin(struct server *srv, struct request *r, struct endpoint *ep, bo
     }
     u->req = r;
     r->up = u;
+    r->ex->committed = true;
     u->sent = 0;
     u->got_bytes = false;
     u->decode_body = u->rechunk = u->client_close = u->client_failed = false;
     u->head_pending = false;
     u->reading_paused = false;
     http_parser_next(&u->parser, &u->head, NULL);
-    u->parser.skip_body = r->head.method == HTTP_HEAD;
+    u->parser.skip_body = r->ex->head.method == HTTP_HEAD;
     u->parser.on_body = NULL;
     u->parser.ud = u;
     if (u->state == UP_CONNECTING) {
         event_add(&u->wev, NULL);
-        arm_ms(u, m->set.connect_timeout_ms);
+        arm_ms(u, r->connect_timeout_ms);
         return;
     }
     event_add(&u->rev, NULL);
@@ -518,10 +477,49 @@ static void begin(struct server *srv, struct request *r, struct endpoint *ep, bo
 
 void upstream_cancel(struct upstream *u)
 {
-    struct server *srv = u->srv;
+    struct upstream_ctx *ctx = u->ctx;
     struct model *m = release(u, false);
     if (m) {
-        srv->up_handler->capacity(srv, m);
+        ctx->handler->capacity(ctx->ud, m);
+    }
+}
+
+void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
+{
+    struct upstream *u = calloc(1, sizeof *u);
+    if (!u) {
+        close(fd);
+        return;
+    }
+    u->ctx = ctx;
+    u->ep = ep;
+    endpoint_ref(ep);
+    list_node_init(&u->node);
+    http_head_init(&u->head);
+    buf_init(&u->resp_head);
+    http_parser_init(&u->parser, HTTP_RESPONSE, ctx->resp_limits);
+    u->fd = fd;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    event_assign(&u->rev, ctx->base, fd, EV_READ | EV_PERSIST, on_read, u);
+    event_assign(&u->wev, ctx->base, fd, EV_WRITE | EV_PERSIST, on_write, u);
+    event_assign(&u->tev, ctx->base, -1, 0, on_timer, u);
+    u->state = UP_IDLE;
+    list_push_front(&ep->idle, &u->node);
+    ep->n_idle++;
+    event_add(&u->rev, NULL);
+    arm_ms(u, ctx->keepalive_timeout_ms);
+}
+
+/* The replica answered on a new connection: it accepted it. When that frees
+ * a place under UPSTREAM_MAX_UNCONFIRMED, waiting requests may go. */
+static void confirm(struct upstream *u)
+{
+    struct endpoint *ep = u->ep;
+    u->unconfirmed = false;
+    ep->unconfirmed--;
+    if (ep->unconfirmed + 1 == UPSTREAM_MAX_UNCONFIRMED && ep->model) {
+        u->ctx->handler->capacity(u->ctx->ud, ep->model);
     }
 }
 
@@ -535,12 +533,12 @@ void upstream_close_idle(struct endpoint *ep)
 
 static void on_client_drain(struct conn *c)
 {
-    struct request *r = c->req;
+    struct upstream_req *r = c->drain_ud;
     struct upstream *u = r ? r->up : NULL;
     if (u && u->reading_paused && !u->dead) {
         u->reading_paused = false;
         event_add(&u->rev, NULL);
-        arm_ms(u, r->model->set.upstream_idle_timeout_ms);
+        arm_ms(u, r->idle_timeout_ms);
     }
 }
 
@@ -567,11 +565,11 @@ static int flush(struct upstream *u, const char *raw, size_t len)
  * is sent with the first body bytes (one system call for small replies). */
 static int forward_head(struct upstream *u)
 {
-    struct request *r = u->req;
+    struct upstream_req *r = u->req;
     struct conn *c = r->conn;
     struct http_head *h = &u->head;
-    bool client11 = r->head.http_major == 1 && r->head.http_minor >= 1;
-    u->client_close = !r->head.keep_alive || c->close_after || u->srv->draining;
+    bool client11 = r->ex->head.http_major == 1 && r->ex->head.http_minor >= 1;
+    u->client_close = !r->ex->head.keep_alive || c->close_after || *u->ctx->draining;
     bool bodyless = u->parser.skip_body || h->status == 204 || h->status == 304 ||
                     (h->status >= 100 && h->status < 200);
     bool add_te = false;
@@ -601,8 +599,9 @@ static int forward_head(struct upstream *u)
         u->rechunk = !bodyless;
         u->parser.on_body = on_body;
         buf_reset(&u->resp_head);
-        r->state = REQ_ANSWERED;
+        r->ex->state = REQ_ANSWERED;
         c->on_drain = on_client_drain;
+        c->drain_ud = r;
         if (bodyless) {
             conn_write(c, "0\r\n\r\n", 5);
         }
@@ -639,13 +638,11 @@ static int forward_head(struct upstream *u)
         buf_append_str(b, "Connection: close\r\n");
     }
     buf_append(b, "\r\n", 2);
-    r->response_started = true;
-    r->state = REQ_ANSWERED;
+    r->ex->response_started = true;
+    r->ex->state = REQ_ANSWERED;
     c->on_drain = on_client_drain;
-    if (r->model) {
-        uint64_t now = clock_now_ms();
-        histogram_observe(&r->model->stats.upstream_ttfb, (double)(now - r->dispatch_ms) / 1000.0);
-    }
+    c->drain_ud = r;
+    u->ctx->handler->first_byte(r, clock_now_ms());
     u->head_pending = true;
     /* Decoded bodies are written piecewise from on_body: head first. */
     return u->decode_body ? flush(u, NULL, 0) : 0;
@@ -654,7 +651,7 @@ static int forward_head(struct upstream *u)
 static void on_body(void *ud, const char *data, size_t len)
 {
     struct upstream *u = ud;
-    struct request *r = u->req;
+    struct upstream_req *r = u->req;
     if (!r || len == 0) {
         return;
     }
@@ -678,7 +675,7 @@ static void process(struct upstream *u, const char *data, size_t n)
     size_t off = 0;
     size_t raw_off = 0, raw_len = 0; /* raw body bytes of this read, not yet sent */
     for (;;) {
-        struct request *r = u->req;
+        struct upstream_req *r = u->req;
         size_t used = 0;
         enum http_event ev = http_parser_execute(&u->parser, data + off, n - off, &used);
         if (u->state == UP_STREAMING && !u->decode_body && used > 0) {
@@ -716,13 +713,13 @@ static void process(struct upstream *u, const char *data, size_t n)
                 return;
             }
             u->state = UP_STREAMING;
-            arm_ms(u, r->model->set.upstream_idle_timeout_ms);
+            arm_ms(u, r->idle_timeout_ms);
             continue;
         case HTTP_EV_DONE:
             if (u->state != UP_STREAMING) {
                 /* End of an interim 1xx: wait for the real response. */
                 http_parser_next(&u->parser, &u->head, NULL);
-                u->parser.skip_body = r->head.method == HTTP_HEAD;
+                u->parser.skip_body = r->ex->head.method == HTTP_HEAD;
                 u->parser.ud = u;
                 continue;
             }
@@ -780,15 +777,18 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
 {
     struct upstream *u = arg;
     enter(u);
-    char *scratch = u->srv->scratch;
-    ssize_t n = recv(fd, scratch, SERVER_SCRATCH_BYTES, 0);
+    char *scratch = u->ctx->scratch;
+    ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
     if (n > 0) {
         if (u->state == UP_IDLE) {
             destroy(u); /* bytes nobody asked for */
         } else {
             u->got_bytes = true;
+            if (u->unconfirmed) {
+                confirm(u);
+            }
             if (u->state == UP_STREAMING) {
-                arm_ms(u, u->req->model->set.upstream_idle_timeout_ms);
+                arm_ms(u, u->req->idle_timeout_ms);
             }
             process(u, scratch, (size_t)n);
         }

@@ -1,4 +1,5 @@
 #include "thaw/k8s/execcred.h"
+#include "thaw/k8s/objects.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
 
@@ -34,32 +35,6 @@ static void arm(struct event *ev, uint64_t ms)
     event_add(ev, &tv);
 }
 
-/* RFC 3339: 2026-12-02T15:04:05Z, optional fraction, Z or +hh:mm. */
-static int parse_rfc3339(const char *s, time_t *out)
-{
-    struct tm tm = {0};
-    int n = 0;
-    if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
-               &tm.tm_min, &tm.tm_sec, &n) != 6) {
-        return -1;
-    }
-    tm.tm_year -= 1900;
-    tm.tm_mon -= 1;
-    const char *p = s + n;
-    if (*p == '.') {
-        for (p++; *p >= '0' && *p <= '9'; p++) {
-        }
-    }
-    long offset = 0;
-    if ((*p == '+' || *p == '-') && strlen(p) == 6 && p[3] == ':') {
-        offset = (long)(atoi(p + 1) * 3600 + atoi(p + 4) * 60) * (*p == '-' ? -1 : 1);
-    } else if (strcmp(p, "Z") != 0 && strcmp(p, "z") != 0) {
-        return -1;
-    }
-    *out = timegm(&tm) - offset;
-    return 0;
-}
-
 int k8s_execcred_parse(const char *json, size_t len, const char *api_version, time_t now_wall,
                        char **token, int64_t *valid_for_s, char *err, size_t errlen)
 {
@@ -90,12 +65,13 @@ int k8s_execcred_parse(const char *json, size_t len, const char *api_version, ti
     const cJSON *exp = cJSON_GetObjectItemCaseSensitive(st, "expirationTimestamp");
     *valid_for_s = -1;
     if (cJSON_IsString(exp)) {
-        time_t t;
-        if (parse_rfc3339(exp->valuestring, &t)) {
+        int64_t t_ms;
+        if (k8s_time_parse_ms(exp->valuestring, &t_ms)) {
             snprintf(err, errlen, "status.expirationTimestamp \"%s\" is not RFC 3339",
                      exp->valuestring);
             goto out;
         }
+        time_t t = (time_t)(t_ms / 1000);
         *valid_for_s = t > now_wall ? (int64_t)(t - now_wall) : 0;
     }
     *token = strdup(tok->valuestring);

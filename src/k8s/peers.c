@@ -16,6 +16,7 @@ struct k8s_peer {
     uint64_t last_ok_ms;
     uint64_t polls, failures;
     struct strmap demand; /* model key -> (uintptr_t) demand + 1 */
+    struct strmap idle;   /* model key -> (uintptr_t) ms since its last request + 1 */
     struct k8s_call *call;
     char identity[254];
 };
@@ -24,6 +25,7 @@ static void free_peer(struct k8s_peer *pe)
 {
     k8s_call_cancel(pe->call);
     strmap_dispose(&pe->demand);
+    strmap_dispose(&pe->idle);
     free(pe);
 }
 
@@ -51,6 +53,7 @@ static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
         snprintf(pe->addr, sizeof pe->addr, "%s", addr);
         pe->self = strcmp(e->address, p->self_ip) == 0;
         strmap_init(&pe->demand);
+        strmap_init(&pe->idle);
         strmap_put(&p->peers, addr, strlen(addr), pe);
         LOGI("peer activator found", "peer=%s self=%d", addr, pe->self);
     }
@@ -99,15 +102,23 @@ static void on_demand(void *ud, long status, const char *body, size_t len, const
         pe->failures++;
         return;
     }
-    if (k8s_peer_demand_parse(body, len, &pe->demand, pe->identity, sizeof pe->identity)) {
+    if (k8s_peer_demand_parse(body, len, &pe->demand, &pe->idle, pe->identity,
+                              sizeof pe->identity)) {
         pe->failures++;
         return;
     }
     pe->last_ok_ms = clock_now_ms();
 }
 
-int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand, char *identity,
-                          size_t idlen)
+/* Stored plus one (a NULL value reads as absent): capped below the top. */
+static void *count_value(uint64_t n)
+{
+    uint64_t cap = (uint64_t)UINTPTR_MAX - 1;
+    return (void *)(uintptr_t)((n > cap ? cap : n) + 1);
+}
+
+int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
+                          struct strmap *idle, char *identity, size_t idlen)
 {
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
@@ -117,16 +128,22 @@ int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand, c
     }
     strmap_dispose(demand);
     strmap_init(demand);
+    if (idle) {
+        strmap_dispose(idle);
+        strmap_init(idle);
+    }
     const cJSON *m;
     cJSON_ArrayForEach(m, models)
     {
         uint64_t in = k8s_json_count(cJSON_GetArrayItem(m, 0));
         uint64_t q = k8s_json_count(cJSON_GetArrayItem(m, 1));
-        /* Stored plus one (a NULL value reads as absent): capped below the top. */
-        uint64_t cap = (uint64_t)UINTPTR_MAX - 1;
-        uint64_t d = in > cap ? cap : in;
-        d = q > cap - d ? cap : d + q;
-        strmap_put(demand, m->string, strlen(m->string), (void *)(uintptr_t)(d + 1));
+        uint64_t d = q > UINT64_MAX - in ? UINT64_MAX : in + q;
+        strmap_put(demand, m->string, strlen(m->string), count_value(d));
+        /* Optional third: ms since the model's last request at that peer. */
+        const cJSON *age = cJSON_GetArrayItem(m, 2);
+        if (idle && cJSON_IsNumber(age) && age->valuedouble >= 0) {
+            strmap_put(idle, m->string, strlen(m->string), count_value(k8s_json_count(age)));
+        }
     }
     const char *id = k8s_get_string(root, "identity");
     snprintf(identity, idlen, "%s", id ? id : "");
@@ -189,6 +206,35 @@ uint64_t k8s_peers_demand(struct k8s_peers *p, const char *key)
     struct sum s = {p, key, 0, 0, true};
     strmap_each(&p->peers, add_demand, &s);
     return s.total;
+}
+
+struct newest {
+    struct k8s_peers *p;
+    const char *key;
+    uint64_t now_ms, idle_ms;
+};
+
+static void newest_request(void *ud, const char *k, void *value)
+{
+    struct newest *n = ud;
+    struct k8s_peer *pe = value;
+    void *v = fresh(n->p, pe) ? strmap_get(&pe->idle, n->key, strlen(n->key)) : NULL;
+    if (v) {
+        /* As old as it was when the peer answered, plus the time since. */
+        uint64_t idle = (uint64_t)(uintptr_t)v - 1;
+        uint64_t since = n->now_ms - pe->last_ok_ms;
+        idle = idle > UINT64_MAX - since ? UINT64_MAX : idle + since;
+        if (idle < n->idle_ms) {
+            n->idle_ms = idle;
+        }
+    }
+}
+
+uint64_t k8s_peers_idle_ms(struct k8s_peers *p, const char *key)
+{
+    struct newest n = {p, key, clock_now_ms(), UINT64_MAX};
+    strmap_each(&p->peers, newest_request, &n);
+    return n.idle_ms;
 }
 
 static void count_peer(void *ud, const char *k, void *value)

@@ -3,7 +3,7 @@
 #include "thaw/backend.h"
 #include "thaw/conn.h"
 #include "thaw/log.h"
-#include "thaw/server.h"
+#include "thaw/runtime.h"
 #include "thaw/upstream.h"
 
 #include <assert.h>
@@ -18,14 +18,20 @@
 #define PROXY_DISPATCH_BATCH 32
 /* Connection attempts per request before it is answered 502. */
 #define PROXY_MAX_TRIES 16
-static struct server *server_of(struct model *m)
+static struct runtime *runtime_of(struct model *m)
 {
     return m->fleet->cb_ud;
 }
 
+/* The proxy port's connections carry the runtime as their handler context. */
+static struct runtime *rt_of(struct conn *c)
+{
+    return c->ud;
+}
+
 static void on_queue_timer(evutil_socket_t fd, short what, void *arg);
 
-static void arm_queue_timer(struct server *srv, struct model *m)
+static void arm_queue_timer(struct runtime *rt, struct model *m)
 {
     uint64_t next = queue_next_deadline(&m->queue);
     if (next == UINT64_MAX) {
@@ -35,7 +41,7 @@ static void arm_queue_timer(struct server *srv, struct model *m)
         return;
     }
     if (!m->queue_timer) {
-        m->queue_timer = evtimer_new(srv->base, on_queue_timer, m);
+        m->queue_timer = evtimer_new(rt->base, on_queue_timer, m);
         if (!m->queue_timer) {
             return;
         }
@@ -49,17 +55,17 @@ static void arm_queue_timer(struct server *srv, struct model *m)
 static void on_queue_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct model *m = arg;
-    struct server *srv = server_of(m);
+    struct runtime *rt = runtime_of(m);
     uint64_t now = clock_now_ms();
     struct queue_item *it;
     while ((it = queue_pop_expired(&m->queue, now))) {
         struct request *r = container_of(it, struct request, qi);
-        r->state = REQ_ROUTED;
+        r->ex.state = REQ_ROUTED;
         LOGI("queue deadline passed", "model=%s tier=%s waited_ms=%llu", m->name,
              tier_name(r->tier), (unsigned long long)(now - r->queued_ms));
         conn_reject(r->conn, REJECT_QUEUE_TIMEOUT, NULL);
     }
-    arm_queue_timer(srv, m);
+    arm_queue_timer(rt, m);
 }
 
 /* Reads the thaw-priority header once, at the head, into r->asked_tier.
@@ -67,11 +73,11 @@ static void on_queue_timer(evutil_socket_t fd, short what, void *arg)
 static int parse_priority(struct request *r)
 {
     r->has_asked_tier = false;
-    const struct http_header *h = http_head_find(&r->head, "thaw-priority");
+    const struct http_header *h = http_head_find(&r->ex.head, "thaw-priority");
     if (!h) {
         return 0;
     }
-    if (tier_parse(http_hvalue(&r->head, h), h->value_len, &r->asked_tier)) {
+    if (tier_parse(http_hvalue(&r->ex.head, h), h->value_len, &r->asked_tier)) {
         return -1;
     }
     r->has_asked_tier = true;
@@ -80,14 +86,14 @@ static int parse_priority(struct request *r)
 
 /* The tier a request runs at: the thaw-priority header as the operator
  * allows it (limits.priority_header), else the model's priority. */
-static enum tier effective_tier(const struct server *srv, const struct request *r)
+static enum tier effective_tier(const struct runtime *rt, const struct request *r)
 {
     enum tier model_tier = r->model->set.priority;
     enum tier asked = r->asked_tier;
     if (!r->has_asked_tier) {
         return model_tier;
     }
-    switch (srv->cfg->limits.priority_header) {
+    switch (rt->cfg->limits.priority_header) {
     case PRIORITY_HEADER_IGNORE:
         return model_tier;
     case PRIORITY_HEADER_LOWER_ONLY:
@@ -97,23 +103,24 @@ static enum tier effective_tier(const struct server *srv, const struct request *
     }
 }
 
-static int reserve_body(struct server *srv, struct request *r, uint64_t bytes);
+static int reserve_body(struct runtime *rt, struct request *r, uint64_t bytes);
 
 int proxy_on_head(struct conn *c, struct request *r)
 {
-    struct server *srv = c->srv;
-    if (r->head.method == HTTP_CONNECT) {
+    struct runtime *rt = rt_of(c);
+    if (r->ex.head.method == HTTP_CONNECT) {
         return REJECT_METHOD_NOT_ALLOWED;
     }
     if (parse_priority(r) < 0) {
         return REJECT_BAD_PRIORITY;
     }
-    enum route_status st = router_resolve_head(&srv->fleet.router, &r->head, &r->route);
+    enum route_status st = router_resolve_head(&rt->fleet.router, &r->ex.head, &r->route);
     if (st == ROUTE_FOUND) {
         r->model = r->route.target;
         model_ref(r->model);
         r->model_resolved = true;
-        r->tier = effective_tier(srv, r);
+        r->ex.error_model = r->model->name;
+        r->tier = effective_tier(rt, r);
     } else if (st == ROUTE_NEED_BODY) {
         r->scan = malloc(sizeof *r->scan);
         if (!r->scan) {
@@ -125,15 +132,15 @@ int proxy_on_head(struct conn *c, struct request *r)
     } /* ambiguous: answered once the body is read (proxy_on_request) */
     /* A declared length is reserved whole at the head, so a body that
      * cannot be held is refused before any of it is read. */
-    return r->head.has_length ? reserve_body(srv, r, r->head.content_length) : REJECT_COUNT;
+    return r->ex.head.has_length ? reserve_body(rt, r, r->ex.head.content_length) : REJECT_COUNT;
 }
 
 /* Grows r's share of the body budget to `bytes`. REJECT_COUNT when it fits;
  * REJECT_BODY_BUFFER_FULL when the bodies held now leave no room for it
  * (worth retrying); REJECT_BODY_TOO_LARGE when it could never fit. */
-static int reserve_body(struct server *srv, struct request *r, uint64_t bytes)
+static int reserve_body(struct runtime *rt, struct request *r, uint64_t bytes)
 {
-    uint64_t limit = srv->cfg->limits.max_buffered_body_bytes;
+    uint64_t limit = rt->cfg->limits.max_buffered_body_bytes;
     if (bytes <= r->body_reserved) {
         return REJECT_COUNT;
     }
@@ -141,13 +148,13 @@ static int reserve_body(struct server *srv, struct request *r, uint64_t bytes)
         return REJECT_BODY_TOO_LARGE;
     }
     uint64_t more = bytes - r->body_reserved;
-    if (srv->buffered_body_bytes + more > limit) {
+    if (rt->buffered_body_bytes + more > limit) {
         LOGI("request body over the buffer budget", "held=%llu asked=%llu limit=%llu",
-             (unsigned long long)srv->buffered_body_bytes, (unsigned long long)more,
+             (unsigned long long)rt->buffered_body_bytes, (unsigned long long)more,
              (unsigned long long)limit);
         return REJECT_BODY_BUFFER_FULL;
     }
-    srv->buffered_body_bytes += more;
+    rt->buffered_body_bytes += more;
     r->body_reserved = bytes;
     return REJECT_COUNT;
 }
@@ -156,35 +163,36 @@ static int reserve_body(struct server *srv, struct request *r, uint64_t bytes)
 static void reject_ambiguous(struct conn *c, const char *name, size_t len, bool host)
 {
     char candidates[400];
-    router_candidates(&c->srv->fleet.router, name, len, host, candidates, sizeof candidates);
+    router_candidates(&rt_of(c)->fleet.router, name, len, host, candidates, sizeof candidates);
     conn_reject(c, REJECT_AMBIGUOUS_MODEL, candidates);
 }
 
 /* Takes the model the body named (early, while the body still arrives). */
-static void route_by_body(struct server *srv, struct request *r)
+static void route_by_body(struct runtime *rt, struct request *r)
 {
     r->model = r->route.target;
     model_ref(r->model);
     r->model_resolved = true;
+    r->ex.error_model = r->model->name;
     /* route.path_* still describe the target from the head: origin-form,
      * without an absolute-form scheme and authority. */
-    r->tier = effective_tier(srv, r);
+    r->tier = effective_tier(rt, r);
 }
 
 /* Feeds the body's new bytes to the scan (at_end: the body is complete).
  * Returns false after rejecting the request. */
 static bool scan_body(struct conn *c, struct request *r, bool at_end)
 {
-    struct server *srv = c->srv;
+    struct runtime *rt = rt_of(c);
     struct jsonscan *scan = r->scan;
     enum jsonscan_status js = scan->status;
-    if (js == JSONSCAN_MORE && r->body.len > r->body_seen) {
-        js = jsonscan_feed(scan, r->body.data + r->body_seen, r->body.len - r->body_seen);
+    if (js == JSONSCAN_MORE && r->ex.body.len > r->body_seen) {
+        js = jsonscan_feed(scan, r->ex.body.data + r->body_seen, r->ex.body.len - r->body_seen);
     }
     if (js == JSONSCAN_MORE && at_end) {
         js = jsonscan_finish(scan);
     }
-    enum route_status st = router_resolve_scan(&srv->fleet.router, js, scan, &r->route);
+    enum route_status st = router_resolve_scan(&rt->fleet.router, js, scan, &r->route);
     if (st == ROUTE_NEED_BODY) {
         return true;
     }
@@ -204,7 +212,7 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
     r->scan = NULL;
     switch (st) {
     case ROUTE_FOUND:
-        route_by_body(srv, r);
+        route_by_body(rt, r);
         return true;
     case ROUTE_BAD_JSON:
         conn_reject(c, REJECT_BAD_JSON, why);
@@ -220,11 +228,11 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
 
 bool proxy_on_body(struct conn *c, struct request *r)
 {
-    if (r->body.len <= r->body_seen) {
+    if (r->ex.body.len <= r->body_seen) {
         return true;
     }
     /* Chunked bodies (no declared length) are counted as they grow. */
-    int rc = reserve_body(c->srv, r, r->body.len);
+    int rc = reserve_body(rt_of(c), r, r->ex.body.len);
     if (rc != REJECT_COUNT) {
         conn_reject(c, (enum reject_reason)rc, NULL);
         return false;
@@ -232,14 +240,113 @@ bool proxy_on_body(struct conn *c, struct request *r)
     if (r->scan && !scan_body(c, r, false)) {
         return false;
     }
-    r->body_seen = r->body.len;
+    r->body_seen = r->ex.body.len;
     return true;
 }
 
-static void start_at(struct server *srv, struct request *r, struct endpoint *ep)
+/* Forwarding headers a client could forge. Unless limits.trust_forwarded_headers
+ * (thaw sits behind a proxy that sets them), thaw drops the client's and
+ * writes its own. */
+static bool is_forwarding_header(const char *name, size_t len)
 {
-    r->state = REQ_UPSTREAM;
-    upstream_start(srv, r, ep);
+    return http_name_eq(name, len, "x-forwarded-for") ||
+           http_name_eq(name, len, "x-forwarded-proto") ||
+           http_name_eq(name, len, "x-forwarded-host") || http_name_eq(name, len, "forwarded");
+}
+
+static void append_forwarding_headers(struct buf *b, const struct request *r, bool trusted)
+{
+    const struct http_head *h = &r->ex.head;
+    const struct http_header *proto = trusted ? http_head_find(h, "x-forwarded-proto") : NULL;
+    buf_append_str(b, "X-Forwarded-For: ");
+    /* Trusted: every X-Forwarded-For value in order, then the peer (as
+     * nginx's $proxy_add_x_forwarded_for). */
+    for (uint32_t i = 0; trusted && i < h->n_headers; i++) {
+        const struct http_header *x = &h->headers[i];
+        if (x->value_len && http_name_eq(http_hname(h, x), x->name_len, "x-forwarded-for")) {
+            buf_append(b, http_hvalue(h, x), x->value_len);
+            buf_append(b, ", ", 2);
+        }
+    }
+    buf_printf(b, "%s\r\n", r->conn->peer_ip);
+    if (proto) {
+        buf_append_str(b, "X-Forwarded-Proto: ");
+        buf_append(b, http_hvalue(h, proto), proto->value_len);
+        buf_append(b, "\r\n", 2);
+    } else {
+        buf_append_str(b, "X-Forwarded-Proto: http\r\n");
+    }
+}
+
+/* The head sent to the replica: the client's, less hop-by-hop and thaw's own
+ * headers, with the route's path and thaw's forwarding headers. */
+static void build_upstream_head(const struct runtime *rt, struct request *r,
+                                const struct endpoint *ep)
+{
+    struct buf *b = &r->fwd.head;
+    struct http_head *h = &r->ex.head;
+    bool trusted = rt->cfg->limits.trust_forwarded_headers;
+    buf_reset(b);
+    buf_append_str(b, llhttp_method_name((llhttp_method_t)h->method));
+    buf_append(b, " ", 1);
+    if (r->route.add_slash) {
+        buf_append(b, "/", 1);
+    }
+    buf_append(b, http_target(h) + r->route.path_off, r->route.path_len);
+    buf_append_str(b, " HTTP/1.1\r\n");
+    const char *authority = NULL;
+    size_t authority_len = 0;
+    bool absolute = http_target_authority(h, &authority, &authority_len);
+    bool have_host = false;
+    for (uint32_t i = 0; i < h->n_headers; i++) {
+        const struct http_header *x = &h->headers[i];
+        const char *name = http_hname(h, x);
+        if (http_is_hop_by_hop(h, x) || http_name_eq(name, x->name_len, "content-length") ||
+            http_name_eq(name, x->name_len, "expect") ||
+            http_name_eq(name, x->name_len, "thaw-priority")) {
+            continue;
+        }
+        if (http_name_eq(name, x->name_len, "x-forwarded-for") ||
+            http_name_eq(name, x->name_len, "x-forwarded-proto") ||
+            (!trusted && is_forwarding_header(name, x->name_len))) {
+            continue; /* written below */
+        }
+        if (http_name_eq(name, x->name_len, "host")) {
+            if (absolute) {
+                continue; /* the absolute-form authority replaces it */
+            }
+            have_host = true;
+        }
+        buf_append(b, name, x->name_len);
+        buf_append(b, ": ", 2);
+        buf_append(b, http_hvalue(h, x), x->value_len);
+        buf_append(b, "\r\n", 2);
+    }
+    if (absolute && authority_len) {
+        buf_append_str(b, "Host: ");
+        buf_append(b, authority, authority_len);
+        buf_append(b, "\r\n", 2);
+    } else if (!have_host) {
+        buf_printf(b, "Host: %s\r\n", ep->addr_text);
+    }
+    append_forwarding_headers(b, r, trusted);
+    if (r->ex.body.len > 0 || h->has_length || h->chunked) {
+        buf_printf(b, "Content-Length: %zu\r\n", r->ex.body.len);
+    }
+    buf_append(b, "\r\n", 2);
+}
+
+static void start_at(struct runtime *rt, struct request *r, struct endpoint *ep)
+{
+    r->ex.state = REQ_UPSTREAM;
+    if (r->fwd.head.len == 0) {
+        build_upstream_head(rt, r, ep);
+    }
+    const struct model_settings *set = &r->model->set;
+    r->fwd.connect_timeout_ms = set->connect_timeout_ms;
+    r->fwd.first_byte_timeout_ms = set->first_byte_timeout_ms;
+    r->fwd.idle_timeout_ms = set->upstream_idle_timeout_ms;
+    upstream_start(&rt->up, &r->fwd, ep);
 }
 
 /* Cold-start heartbeats: a streaming client held while its model loads gets
@@ -249,13 +356,13 @@ static const char heartbeat_chunk[] = "b\r\n: loading\n\n\r\n";
 
 static bool wants_stream(const struct request *r)
 {
-    if (r->body.len == 0 || r->body.len > 1024 * 1024) {
+    if (r->ex.body.len == 0 || r->ex.body.len > 1024 * 1024) {
         return false;
     }
     /* A scan, not a parse: no tree for a large body on the loop. */
     struct jsonscan scan;
     jsonscan_init_key(&scan, "stream");
-    enum jsonscan_status st = jsonscan_feed(&scan, r->body.data, r->body.len);
+    enum jsonscan_status st = jsonscan_feed(&scan, r->ex.body.data, r->ex.body.len);
     if (st == JSONSCAN_MORE) {
         st = jsonscan_finish(&scan);
     }
@@ -271,7 +378,7 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
         list_for_each_safe(pos, tmp, &m->queue.tiers[t])
         {
             struct request *r = container_of(pos, struct request, qi.node);
-            if (r->heartbeat) {
+            if (r->fwd.heartbeat) {
                 conn_write(r->conn, heartbeat_chunk, sizeof heartbeat_chunk - 1);
                 any = true;
             }
@@ -284,7 +391,7 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-static void start_heartbeat(struct server *srv, struct request *r)
+static void start_heartbeat(struct runtime *rt, struct request *r)
 {
     struct model *m = r->model;
     struct conn *c = r->conn;
@@ -292,13 +399,13 @@ static void start_heartbeat(struct server *srv, struct request *r)
                                "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
                                "X-Thaw-Cold-Start: 1\r\n\r\n";
     if (!m->heartbeat_timer) {
-        m->heartbeat_timer = evtimer_new(srv->base, on_heartbeat, m);
+        m->heartbeat_timer = evtimer_new(rt->base, on_heartbeat, m);
         if (!m->heartbeat_timer) {
             return;
         }
     }
-    r->heartbeat = true;
-    r->response_started = true;
+    r->fwd.heartbeat = true;
+    r->ex.response_started = true;
     conn_write(c, head, sizeof head - 1);
     conn_write(c, heartbeat_chunk, sizeof heartbeat_chunk - 1);
     if (!event_pending(m->heartbeat_timer, EV_TIMEOUT, NULL)) {
@@ -310,7 +417,7 @@ static void start_heartbeat(struct server *srv, struct request *r)
 
 /* Places a routed request: straight to a free replica slot when nothing is
  * waiting ahead of it, else into the model's queue. */
-static void place(struct server *srv, struct request *r)
+static void place(struct runtime *rt, struct request *r)
 {
     struct model *m = r->model;
     uint64_t now = clock_now_ms();
@@ -325,7 +432,7 @@ static void place(struct server *srv, struct request *r)
             r->queued_ms = now;
             queue_item_stamp(&r->qi, r->tier, now, now + m->set.queue_timeout_ms);
             histogram_observe(&m->stats.queue_wait[r->tier], 0);
-            start_at(srv, r, ep);
+            start_at(rt, r, ep);
             return;
         }
     }
@@ -349,24 +456,24 @@ static void place(struct server *srv, struct request *r)
         conn_reject(r->conn, REJECT_QUEUE_FULL, NULL);
         return;
     }
-    r->state = REQ_QUEUED;
+    r->ex.state = REQ_QUEUED;
     r->queued_ms = now;
-    if (m->set.loading_heartbeat_ms && m->n_endpoints == 0 && r->head.http_major == 1 &&
-        r->head.http_minor >= 1 && wants_stream(r)) {
-        start_heartbeat(srv, r);
+    if (m->set.loading_heartbeat_ms && m->n_endpoints == 0 && r->ex.head.http_major == 1 &&
+        r->ex.head.http_minor >= 1 && wants_stream(r)) {
+        start_heartbeat(rt, r);
     }
     if (displaced) {
         struct request *d = container_of(displaced, struct request, qi);
-        d->state = REQ_ROUTED;
+        d->ex.state = REQ_ROUTED;
         LOGI("queued request displaced", "model=%s tier=batch by=critical", m->name);
         conn_reject(d->conn, REJECT_QUEUE_DISPLACED, NULL);
     }
-    arm_queue_timer(srv, m);
+    arm_queue_timer(rt, m);
 }
 
 void proxy_on_request(struct conn *c, struct request *r)
 {
-    struct server *srv = c->srv;
+    struct runtime *rt = rt_of(c);
     if (!proxy_on_body(c, r)) {
         return;
     }
@@ -377,33 +484,33 @@ void proxy_on_request(struct conn *c, struct request *r)
         reject_ambiguous(c, r->route.ambiguous, r->route.ambiguous_len, r->route.ambiguous_host);
         return;
     }
-    r->state = REQ_ROUTED;
-    place(srv, r);
+    r->ex.state = REQ_ROUTED;
+    place(rt, r);
 }
 
 void proxy_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
 {
-    struct server *srv = c->srv;
-    if (r->state == REQ_QUEUED) {
+    struct runtime *rt = rt_of(c);
+    if (r->ex.state == REQ_QUEUED) {
         queue_remove(&r->model->queue, &r->qi);
         LOGD("held request abandoned by client", "model=%s", r->model->name);
-        arm_queue_timer(srv, r->model);
-    } else if (r->up) {
-        upstream_cancel(r->up);
+        arm_queue_timer(rt, r->model);
+    } else if (r->fwd.up) {
+        upstream_cancel(r->fwd.up);
     }
-    request_count_aborted(&srv->requests, r, reason);
+    request_count_aborted(&rt->requests, r, reason);
 }
 
 static void on_dispatch_more(evutil_socket_t fd, short what, void *arg)
 {
     struct model *m = arg;
-    proxy_dispatch(server_of(m), m);
+    proxy_dispatch(runtime_of(m), m);
 }
 
 /* Releases waiting requests to free slots, at most PROXY_DISPATCH_BATCH per
  * turn of the loop: when a model wakes with a thousand held requests, the
  * first replies flow back while the rest are still being sent. */
-void proxy_dispatch(struct server *srv, struct model *m)
+void proxy_dispatch(struct runtime *rt, struct model *m)
 {
     uint64_t now = clock_now_ms();
     unsigned took = 0;
@@ -416,7 +523,7 @@ void proxy_dispatch(struct server *srv, struct model *m)
             /* A zero timeout, not event_active: timers run after the next
              * poll for I/O, so replies get through in between. */
             if (!m->dispatch_more) {
-                m->dispatch_more = evtimer_new(srv->base, on_dispatch_more, m);
+                m->dispatch_more = evtimer_new(rt->base, on_dispatch_more, m);
             }
             if (m->dispatch_more) {
                 struct timeval zero = {0, 0};
@@ -428,36 +535,39 @@ void proxy_dispatch(struct server *srv, struct model *m)
         struct request *r = container_of(it, struct request, qi);
         histogram_observe(&m->stats.queue_wait[r->tier], (double)(now - r->queued_ms) / 1000.0);
         took++;
-        start_at(srv, r, ep);
+        start_at(rt, r, ep);
     }
     if (took) {
-        arm_queue_timer(srv, m);
+        arm_queue_timer(rt, m);
     }
 }
 
-void proxy_model_removed(struct server *srv, struct model *m, const char *reason)
+void proxy_model_removed(struct runtime *rt, struct model *m, const char *reason)
 {
     /* Requests routed at their head, or early by their body, hold m while
      * their body still arrives: answer them before m goes. */
     struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &srv->conns)
+    list_for_each_safe(pos, tmp, &rt->net.conns)
     {
         struct conn *c = container_of(pos, struct conn, node);
-        struct request *r = c->req;
-        if (c->kind == LISTENER_PROXY && r && r->state == REQ_READING && r->model == m) {
+        if (c->handler != &proxy_conn_handler || !c->ex) {
+            continue;
+        }
+        struct request *r = request_of(c->ex);
+        if (r->ex.state == REQ_READING && r->model == m) {
             conn_reject(c, REJECT_MODEL_REMOVED, reason);
         }
     }
-    proxy_flush_queue(srv, m, REJECT_MODEL_REMOVED, reason);
+    proxy_flush_queue(rt, m, REJECT_MODEL_REMOVED, reason);
 }
 
-void proxy_flush_queue(struct server *srv, struct model *m, enum reject_reason reason,
+void proxy_flush_queue(struct runtime *rt, struct model *m, enum reject_reason reason,
                        const char *detail)
 {
     struct queue_item *it;
     while ((it = queue_pop(&m->queue))) {
         struct request *r = container_of(it, struct request, qi);
-        r->state = REQ_ROUTED;
+        r->ex.state = REQ_ROUTED;
         conn_reject(r->conn, reason, detail);
     }
     if (m->queue_timer) {
@@ -491,7 +601,7 @@ unsigned proxy_retry_after_s(const struct request *r)
 
 /* Requests that wait because every replica is ejected try again when the
  * first ejection ends (unless a new replica comes sooner). */
-static void retry_after_ejection(struct server *srv, struct model *m)
+static void retry_after_ejection(struct runtime *rt, struct model *m)
 {
     uint64_t now = clock_now_ms();
     uint64_t at = model_next_unejection(m, now);
@@ -499,7 +609,7 @@ static void retry_after_ejection(struct server *srv, struct model *m)
         return;
     }
     if (!m->eject_timer) {
-        m->eject_timer = evtimer_new(srv->base, on_dispatch_more, m);
+        m->eject_timer = evtimer_new(rt->base, on_dispatch_more, m);
     }
     if (m->eject_timer) {
         uint64_t wait = at - now;
@@ -508,93 +618,148 @@ static void retry_after_ejection(struct server *srv, struct model *m)
     }
 }
 
-static void upstream_retry(struct request *r)
+static void upstream_retry(struct upstream_req *f)
 {
+    struct request *r = request_of_fwd(f);
     struct model *m = r->model;
-    struct server *srv = r->conn->srv;
+    struct runtime *rt = rt_of(r->conn);
     if (m->removed) {
-        r->state = REQ_ROUTED;
+        r->ex.state = REQ_ROUTED;
         conn_reject(r->conn, REJECT_MODEL_REMOVED, NULL);
         return;
     }
     size_t limit = m->n_endpoints > 1 ? m->n_endpoints : 1;
-    if (r->tries >= limit || m->n_endpoints == 0) {
+    if (r->fwd.tries >= limit || m->n_endpoints == 0) {
         /* Every replica refused. A backend that can start replicas (its
          * replica may just have died, before thaw reaped it) gets the
          * request back in the queue; it waits for the next replica or its
          * deadline. Static models answer 502. No immediate retry here: a
          * dead replica refuses synchronously and this would recurse. */
-        if (r->tries < PROXY_MAX_TRIES && m->backend &&
+        if (r->fwd.tries < PROXY_MAX_TRIES && m->backend &&
             backend_scale(m->backend, m, 1) != -ENOTSUP) {
-            r->state = REQ_QUEUED;
+            r->ex.state = REQ_QUEUED;
             queue_push_front(&m->queue, &r->qi);
-            arm_queue_timer(srv, m);
-            retry_after_ejection(srv, m);
+            arm_queue_timer(rt, m);
+            retry_after_ejection(rt, m);
             return;
         }
-        r->state = REQ_ROUTED;
+        r->ex.state = REQ_ROUTED;
         conn_reject(r->conn, REJECT_UPSTREAM_CONNECT, NULL);
         return;
     }
     uint64_t now = clock_now_ms();
     struct endpoint *ep = model_pick_endpoint(m, now);
     if (ep) {
-        start_at(srv, r, ep);
+        start_at(rt, r, ep);
         return;
     }
     /* Every slot is busy (or every replica ejected): wait at the front of
      * its tier. */
-    r->state = REQ_QUEUED;
+    r->ex.state = REQ_QUEUED;
     queue_push_front(&m->queue, &r->qi);
-    arm_queue_timer(srv, m);
-    retry_after_ejection(srv, m);
+    arm_queue_timer(rt, m);
+    retry_after_ejection(rt, m);
 }
 
-static void upstream_done(struct request *r, int status)
+static void upstream_done(struct upstream_req *f, int status)
 {
+    struct request *r = request_of_fwd(f);
     struct conn *c = r->conn;
-    request_count_proxied(&c->srv->requests, r, status);
+    request_count_proxied(&rt_of(c)->requests, r, status);
     conn_response_done(c);
 }
 
-static void upstream_client_gone(struct request *r)
+static void upstream_client_gone(struct upstream_req *f)
 {
-    request_count_aborted(&r->conn->srv->requests, r, ABORT_CLIENT_CLOSED);
+    struct request *r = request_of_fwd(f);
+    request_count_aborted(&rt_of(r->conn)->requests, r, ABORT_CLIENT_CLOSED);
     conn_close(r->conn, ABORT_CLIENT_CLOSED);
 }
 
-static void upstream_failed(struct request *r, enum reject_reason reason, enum abort_reason abort)
+static void upstream_failed(struct upstream_req *f, enum reject_reason reason,
+                            enum abort_reason abort)
 {
+    struct request *r = request_of_fwd(f);
     struct conn *c = r->conn;
     if (r->model) {
         r->model->stats.upstream_errors++;
     }
-    if (!r->response_started) {
-        r->state = REQ_ROUTED;
+    if (!r->ex.response_started) {
+        r->ex.state = REQ_ROUTED;
         conn_reject(c, reason, NULL);
         return;
     }
-    request_count_aborted(&c->srv->requests, r, abort);
+    request_count_aborted(&rt_of(c)->requests, r, abort);
     conn_close(c, abort);
 }
 
-/* A request begins on the proxy port: it counts from here. */
-static void proxy_on_start(struct conn *c, struct request *r)
+static void upstream_first_byte(struct upstream_req *f, uint64_t now_ms)
 {
-    c->srv->metrics.requests_accepted++;
-    c->srv->inflight++;
+    struct request *r = request_of_fwd(f);
+    histogram_observe(&r->model->stats.upstream_ttfb, (double)(now_ms - f->dispatch_ms) / 1000.0);
 }
 
-static void proxy_on_reject(struct conn *c, struct request *r, enum reject_reason reason)
+static void upstream_capacity(void *ud, struct model *m)
 {
-    request_count_rejected(&c->srv->requests, r, reason);
+    proxy_dispatch(ud, m);
+}
+
+/* The proxy port's side of conn.h: each takes the exchange and works on the
+ * request that embeds it. */
+static struct exchange *proxy_new_exchange(struct conn *c)
+{
+    struct request *r = request_new(&rt_of(c)->requests, c);
+    return r ? &r->ex : NULL;
+}
+
+static void proxy_free_exchange(struct conn *c, struct exchange *x)
+{
+    request_free(&rt_of(c)->requests, request_of(x));
+}
+
+static int on_head_x(struct conn *c, struct exchange *x)
+{
+    return proxy_on_head(c, request_of(x));
+}
+
+static bool on_body_x(struct conn *c, struct exchange *x)
+{
+    return proxy_on_body(c, request_of(x));
+}
+
+static void on_request_x(struct conn *c, struct exchange *x)
+{
+    proxy_on_request(c, request_of(x));
+}
+
+static void on_abort_x(struct conn *c, struct exchange *x, enum abort_reason reason)
+{
+    proxy_on_abort(c, request_of(x), reason);
+}
+
+static unsigned retry_after_x(const struct exchange *x)
+{
+    return proxy_retry_after_s(request_of((struct exchange *)x));
+}
+
+/* A request begins on the proxy port: it counts from here. */
+static void proxy_on_start(struct conn *c, struct exchange *x)
+{
+    rt_of(c)->metrics.requests_accepted++;
+    rt_of(c)->inflight++;
+}
+
+static void proxy_on_reject(struct conn *c, struct exchange *x, enum reject_reason reason)
+{
+    request_count_rejected(&rt_of(c)->requests, request_of(x), reason);
 }
 
 /* The 200 event-stream head went out with the loading heartbeats: the error
  * travels as a last SSE event, then the stream ends. */
-static bool proxy_reject_in_stream(struct conn *c, struct request *r, const struct buf *body)
+static bool proxy_reject_in_stream(struct conn *c, struct exchange *x, const struct buf *body)
 {
-    if (!r->heartbeat) {
+    struct request *r = request_of(x);
+    if (!r->fwd.heartbeat) {
         return false;
     }
     struct buf ev;
@@ -605,20 +770,22 @@ static bool proxy_reject_in_stream(struct conn *c, struct request *r, const stru
     buf_append_str(&ev, "\n\n\r\n0\r\n\r\n");
     conn_write(c, ev.data, ev.len);
     buf_dispose(&ev);
-    r->state = REQ_ANSWERED;
+    r->ex.state = REQ_ANSWERED;
     conn_response_done(c);
     return true;
 }
 
 const struct conn_handler proxy_conn_handler = {
+    .new_exchange = proxy_new_exchange,
+    .free_exchange = proxy_free_exchange,
     .on_start = proxy_on_start,
-    .on_head = proxy_on_head,
-    .on_body = proxy_on_body,
-    .on_request = proxy_on_request,
-    .on_abort = proxy_on_abort,
+    .on_head = on_head_x,
+    .on_body = on_body_x,
+    .on_request = on_request_x,
+    .on_abort = on_abort_x,
     .on_reject = proxy_on_reject,
     .reject_in_stream = proxy_reject_in_stream,
-    .retry_after_s = proxy_retry_after_s,
+    .retry_after_s = retry_after_x,
 };
 
 const struct upstream_handler proxy_upstream_handler = {
@@ -626,5 +793,8 @@ const struct upstream_handler proxy_upstream_handler = {
     .done = upstream_done,
     .failed = upstream_failed,
     .client_gone = upstream_client_gone,
-    .capacity = proxy_dispatch,
+    .first_byte = upstream_first_byte,
+    .take_slot = endpoint_take_slot,
+    .give_slot = endpoint_give_slot,
+    .capacity = upstream_capacity,
 };

@@ -47,6 +47,21 @@ void as_record(struct as_state *s, uint64_t now_ms, double concurrency)
     }
 }
 
+void as_note_demand(struct as_state *s, uint64_t now_ms, uint64_t age_ms)
+{
+    if (age_ms < as_idle_ms(s, now_ms)) {
+        /* Unsigned arithmetic wraps: now_ms - last_demand_ms is age_ms even
+         * when age_ms > now_ms. */
+        s->last_demand_ms = now_ms - age_ms;
+        s->ever_demand = true;
+    }
+}
+
+uint64_t as_idle_ms(const struct as_state *s, uint64_t now_ms)
+{
+    return s->ever_demand ? now_ms - s->last_demand_ms : UINT64_MAX;
+}
+
 /* Mean over the buckets of the last window_ms (each bucket's own mean). */
 static double window_avg(const struct as_state *s, uint64_t now_ms, uint64_t window_ms)
 {
@@ -137,7 +152,7 @@ void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, u
 
     /* Zero after the grace period with nothing in flight or queued, whatever
      * the averages still say; never sooner. */
-    bool idle_long = !s->ever_demand || now_ms - s->last_demand_ms >= c->scale_to_zero_grace_ms;
+    bool idle_long = as_idle_ms(s, now_ms) >= c->scale_to_zero_grace_ms;
     if (idle_long) {
         want = 0; /* idle ends a panic too: there is nothing to scale up for */
         s->panicking = false;

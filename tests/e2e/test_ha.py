@@ -211,3 +211,63 @@ def test_a_partitioned_peer_is_dropped(fleet):
         follower.proc.send_signal(signal.SIGCONT)
     wait_for(lambda: leader.metric("thaw_peers", state="fresh") == 1, timeout=10,
              what="peer back")
+
+
+LAST_REQUEST = "thaw.dev/last-request-at"
+
+
+def warm_llama(f, idle_timeout):
+    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment(
+        "llama", annotations={"thaw.dev/target": "100", "thaw.dev/idle-timeout": idle_timeout}))
+    for t in f.thaws:
+        wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
+                 what="model seen")
+
+
+def stays_up(sim, until, step=0.2):
+    while time.monotonic() < until:
+        assert spec_replicas(sim) >= 1, "scaled to zero too early"
+        time.sleep(step)
+
+
+def test_leader_change_keeps_a_warm_model_until_its_idle_timeout(fleet):
+    """The leader served the model's last request and is killed: the new leader, which
+    never saw that traffic, keeps the model until idle-timeout after it (it used to scale
+    it to zero one stable window after taking the lease), then scales it to zero."""
+    f = fleet(2, load_ms=50)
+    leader = f.one_leader()
+    warm_llama(f, "16s")
+    assert complete(leader).status == 200
+    last = time.monotonic()
+    time.sleep(1.5)
+    leader.proc.send_signal(signal.SIGKILL)
+    leader.proc.wait(10)
+    new = f.one_leader(timeout=10)
+    assert new is not leader
+    stays_up(f.sim, last + 14)
+    # 16 s after the request as recorded by the old leader (from the lease it would be ~20 s).
+    wait_for(lambda: spec_replicas(f.sim) == 0, timeout=last + 19 - time.monotonic(),
+             what="to zero 16 s after the last request")
+    _, d = f.sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")
+    assert d["metadata"]["annotations"].get(LAST_REQUEST)
+
+
+def test_requests_only_at_a_follower_keep_the_model_warm(fleet):
+    """Short requests (done between two polls of /demand) reach only a follower: the
+    leader's idle clock still counts them, through the follower's /demand, and records
+    the last one on the Deployment."""
+    f = fleet(2, load_ms=50)
+    leader = f.one_leader()
+    follower = next(t for t in f.thaws if t is not leader)
+    warm_llama(f, "4s")
+    end = time.monotonic() + 12
+    while time.monotonic() < end:
+        assert complete(follower).status == 200
+        time.sleep(1)
+    log = [n for name, n in f.sim.state()["scale_log"] if name == "llama"]
+    assert log and 0 not in log, log
+    _, d = f.sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")
+    assert d["metadata"]["annotations"].get(LAST_REQUEST)
+    assert leader.metric("thaw_kubernetes_last_request_writes_total") >= 1
+    assert follower.metric("thaw_kubernetes_last_request_writes_total") == 0
+    wait_for(lambda: spec_replicas(f.sim) == 0, timeout=15, what="to zero once they stop")

@@ -1,6 +1,7 @@
 """End-to-end: the Kubernetes backend against the API simulator (TLS, token),
 and real Kubernetes clients (kubectl, the Python client) against the simulator."""
 
+import datetime
 import json
 import os
 import shutil
@@ -695,3 +696,97 @@ def test_pods_that_never_get_ready_fail_held_requests_after_startup_timeout(
     assert "startup-timeout" in r.json()["error"]["message"]
     assert 0.9 < time.monotonic() - start < 5
     t.assert_reconciled()
+
+
+# --- the idle clock across restarts --------------------------------------------
+
+LAST_REQUEST = "thaw.dev/last-request-at"
+
+
+def get_llama(sim):
+    return sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")[1]
+
+
+def stays_up(sim, until, step=0.2):
+    """spec.replicas stays above zero until time.monotonic() reaches until."""
+    while time.monotonic() < until:
+        assert get_llama(sim)["spec"]["replicas"] >= 1, "scaled to zero too early"
+        time.sleep(step)
+
+
+FAST_PLANS = {"autoscaler": {"tick_ms": 300}}
+
+
+def test_restart_keeps_a_warm_model_until_its_idle_timeout(cluster, thaw_factory, tmp_path):
+    """A warm model, idle-timeout 12 s, thaw restarted 5 s after its last request: it stays
+    up (it used to go to zero 0.4 s after the new thaw synced) and goes to zero 12 s after
+    that request, as recorded on the Deployment, not 12 s after the restart."""
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=50),
+                          annotations={"thaw.dev/idle-timeout": "12s"}, extra=FAST_PLANS)
+    assert complete(t).status == 200
+    last = time.monotonic()
+    time.sleep(5)
+    t.stop()
+    t2 = start_thaw(thaw_factory, sim, tmp_path, extra=FAST_PLANS)
+    wait_for(lambda: urllib_status(t2, "/readyz") == 200, what="informers synced")
+    stays_up(sim, last + 10)
+    recorded = get_llama(sim)["metadata"]["annotations"].get(LAST_REQUEST)
+    assert recorded, "the last request is recorded on the Deployment"
+    wait_for(lambda: get_llama(sim)["spec"]["replicas"] == 0, timeout=last + 15.5 - time.monotonic(),
+             what="to zero 12 s after the last request (not 12 s after the restart)")
+    ic = kmodel(t2)["idle_clock"]
+    assert ic["last_request_at"] == recorded and ic["idle_ms"] >= 12000
+
+
+def test_restart_without_a_recorded_request_starts_the_clock_at_sync(cluster, thaw_factory,
+                                                                     tmp_path):
+    """A model already warm (say a Deployment installed with one replica) that thaw has
+    never recorded a request for: its idle clock starts when thaw syncs, not at "never"."""
+    sim = cluster(load_ms=50)
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("llama", replicas=1, annotations={"thaw.dev/idle-timeout": "5s"}))
+    wait_for(lambda: get_llama(sim).get("status", {}).get("readyReplicas") == 1,
+             what="pod ready")
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST_PLANS)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    synced = time.monotonic()
+    stays_up(sim, synced + 3.5)
+    wait_for(lambda: get_llama(sim)["spec"]["replicas"] == 0, timeout=10, what="to zero")
+    assert time.monotonic() - synced >= 4.5
+    assert LAST_REQUEST not in get_llama(sim)["metadata"].get("annotations", {})
+
+
+def test_a_busy_model_writes_its_last_request_at_most_once_per_interval(cluster, thaw_factory,
+                                                                         tmp_path):
+    """Requests every 0.2 s for 13 s, idle-timeout 20 s: writes are at most one per
+    max(20 s / 4, 10 s) = 10 s, the last one trailing, and the last written time is the
+    last request's."""
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=50),
+                          annotations={"thaw.dev/idle-timeout": "20s"}, extra=FAST_PLANS)
+    seen = []
+
+    def watch_annotation(stop):
+        while not stop.is_set():
+            v = get_llama(sim)["metadata"].get("annotations", {}).get(LAST_REQUEST)
+            if v and (not seen or seen[-1] != v):
+                seen.append(v)
+            time.sleep(0.1)
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_annotation, args=(stop,))
+    watcher.start()
+    try:
+        end = time.monotonic() + 13
+        while time.monotonic() < end:
+            assert complete(t).status == 200
+            time.sleep(0.2)
+        last_wall = time.time()
+        wait_for(lambda: t.metric("thaw_kubernetes_last_request_writes_total") == 3, timeout=12,
+                 what="the trailing write")
+        time.sleep(1)
+    finally:
+        stop.set()
+        watcher.join()
+    assert len(seen) == 3, seen
+    assert t.metric("thaw_kubernetes_last_request_write_errors_total") == 0
+    written = datetime.datetime.fromisoformat(seen[-1].replace("Z", "+00:00")).timestamp()
+    assert abs(written - last_wall) < 1.5, (seen[-1], last_wall)

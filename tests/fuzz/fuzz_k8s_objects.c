@@ -92,12 +92,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (i == size || text[i] == '\n') {
             if (i > start) {
                 (void)k8s_informer_apply_event(&inf, text + start, i - start);
-                struct strmap demand;
+                struct strmap demand, idle;
                 char identity[254];
                 strmap_init(&demand);
-                (void)k8s_peer_demand_parse(text + start, i - start, &demand, identity,
+                strmap_init(&idle);
+                (void)k8s_peer_demand_parse(text + start, i - start, &demand, &idle, identity,
                                             sizeof identity);
                 strmap_dispose(&demand);
+                strmap_dispose(&idle);
             }
             start = i + 1;
         }

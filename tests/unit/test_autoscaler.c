@@ -192,6 +192,31 @@ static void test_no_demand_ever_stays_at_zero(void **state)
     assert_int_equal(decide(&s, &c, 105000, 0, &d), 0);
 }
 
+/* A restart: the idle clock starts from a recorded last request (or from
+ * now), never from "no demand ever", which would scale to zero at once. */
+static void test_noted_demand_starts_the_idle_clock(void **state)
+{
+    struct as_config c;
+    as_config_defaults(&c, 10);
+    c.scale_to_zero_grace_ms = 20000;
+    struct as_state s;
+    as_init(&s, &c);
+    struct as_decision d;
+    assert_true(as_idle_ms(&s, 5000) == UINT64_MAX);
+    as_note_demand(&s, 5000, 8000); /* 8 s ago: before the clock's origin */
+    assert_true(as_idle_ms(&s, 5000) == 8000);
+    assert_int_equal(decide(&s, &c, 5000, 1, &d), 1);
+    assert_string_equal(d.why, "scale-to-zero grace");
+    as_note_demand(&s, 6000, 30000); /* older than what it knows: ignored */
+    assert_true(as_idle_ms(&s, 6000) == 9000);
+    assert_int_equal(decide(&s, &c, 16999, 1, &d), 1);
+    assert_int_equal(decide(&s, &c, 17000, 1, &d), 0);
+    as_note_demand(&s, 17000, 0); /* newer: taken */
+    assert_int_equal(decide(&s, &c, 36999, 1, &d), 1);
+    as_record(&s, 37000, 0);
+    assert_int_equal(decide(&s, &c, 37000, 1, &d), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -204,6 +229,7 @@ int main(void)
         cmocka_unit_test(test_scale_down_delay_holds_before_zero),
         cmocka_unit_test(test_activation_scale_from_zero),
         cmocka_unit_test(test_no_demand_ever_stays_at_zero),
+        cmocka_unit_test(test_noted_demand_starts_the_idle_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

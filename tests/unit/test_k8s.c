@@ -261,7 +261,8 @@ static void test_unknown_and_unsupported_annotations_are_reported(void **state)
                  "\"autoscaling.knative.dev/minScale\":\"1\",\"other.io/x\":\"y\","
                  "\"autoscaling.knative.dev/class\":\"hpa.autoscaling.knative.dev\","
                  "\"autoscaling.knative.dev/target-burst-capacity\":\"200\","
-                 "\"thaw.dev/scale-down-delay\":\"2h\",\"thaw.dev/window\":\"1s\"}",
+                 "\"thaw.dev/scale-down-delay\":\"2h\",\"thaw.dev/window\":\"1s\","
+                 "\"thaw.dev/last-request-at\":\"2026-01-01T00:00:00.000Z\"}",
                  "{\"thaw.dev/typo\":\"1\",\"sim.thaw.dev/load-ms\":\"5\"}", &s);
     assert_non_null(strstr(s.errors, "thaw.dev/idle-timout: \"5m\" is not an annotation thaw knows"));
     assert_non_null(strstr(s.errors, "autoscaling.knative.dev/metric: \"rps\" is not supported"));
@@ -273,6 +274,7 @@ static void test_unknown_and_unsupported_annotations_are_reported(void **state)
     assert_non_null(strstr(s.errors, "thaw.dev/typo"));
     assert_null(strstr(s.errors, "other.io"));
     assert_null(strstr(s.errors, "load-ms"));
+    assert_null(strstr(s.errors, "last-request-at")); /* thaw's own record */
     assert_int_equal(s.scale_down_delay_ms, 0);
     assert_false(s.scale_down_delay_set);
     /* Unprintable bytes in a value are masked before they reach a log. */
@@ -366,18 +368,29 @@ static void test_out_of_range_numbers(void **state)
     cJSON_Delete(cur);
 
     static const char report[] =
-        "{\"identity\":\"thaw-1\",\"models\":{\"a/x\":[1e300,5],\"a/y\":[-5,2],\"a/z\":[3,4]}}";
-    struct strmap demand;
+        "{\"identity\":\"thaw-1\",\"models\":{\"a/x\":[1e300,5],\"a/y\":[-5,2,1500],"
+        "\"a/z\":[3,4,-1],\"a/w\":[0,0,\"7\"]}}";
+    struct strmap demand, idle;
     char identity[64];
     strmap_init(&demand);
-    assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, identity,
+    strmap_init(&idle);
+    assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, &idle, identity,
                                            sizeof identity), 0);
     assert_string_equal(identity, "thaw-1");
     assert_true((uintptr_t)strmap_get(&demand, "a/x", 3) == UINTPTR_MAX);
     assert_true((uintptr_t)strmap_get(&demand, "a/y", 3) == 2 + 1);
     assert_true((uintptr_t)strmap_get(&demand, "a/z", 3) == 7 + 1);
-    assert_int_equal(k8s_peer_demand_parse("[]", 2, &demand, identity, sizeof identity), -1);
+    /* The third element, when a non-negative number: ms since the last request. */
+    assert_true((uintptr_t)strmap_get(&idle, "a/y", 3) == 1500 + 1);
+    assert_null(strmap_get(&idle, "a/x", 3));
+    assert_null(strmap_get(&idle, "a/z", 3));
+    assert_null(strmap_get(&idle, "a/w", 3));
+    assert_int_equal(k8s_peer_demand_parse("[]", 2, &demand, &idle, identity, sizeof identity),
+                     -1);
+    assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, NULL, identity,
+                                           sizeof identity), 0);
     strmap_dispose(&demand);
+    strmap_dispose(&idle);
 }
 
 static void test_watch_event_objects(void **state)
@@ -767,6 +780,28 @@ static void test_backoff_is_capped_and_jittered(void **state)
     assert_true(k8s_backoff_ms(100, 0.99) <= 45000);
 }
 
+static void test_rfc3339_times(void **state)
+{
+    int64_t ms;
+    assert_int_equal(k8s_time_parse_ms("2026-12-02T15:04:05Z", &ms), 0);
+    assert_true(ms == 1796223845000LL);
+    assert_int_equal(k8s_time_parse_ms("2026-12-02T15:04:05.1234567Z", &ms), 0);
+    assert_true(ms == 1796223845123LL);
+    assert_int_equal(k8s_time_parse_ms("2026-12-02T17:04:05.5+02:00", &ms), 0);
+    assert_true(ms == 1796223845500LL);
+    char out[40];
+    k8s_time_format_ms(1796223845007LL, out, sizeof out);
+    assert_string_equal(out, "2026-12-02T15:04:05.007Z");
+    assert_int_equal(k8s_time_parse_ms(out, &ms), 0);
+    assert_true(ms == 1796223845007LL);
+    const char *bad[] = {"", "yesterday", "2026-12-02T15:04:05", "2026-12-02T15:04:05.Z",
+                         "2026-13-02T15:04:05Z", "2026-12-02T15:04:05Zjunk", NULL};
+    for (int i = 0; bad[i]; i++) {
+        assert_int_equal(k8s_time_parse_ms(bad[i], &ms), -1);
+    }
+    assert_int_equal(k8s_time_parse_ms(NULL, &ms), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -794,6 +829,7 @@ int main(void)
         cmocka_unit_test(test_kubeconfig_text),
         cmocka_unit_test(test_in_cluster),
         cmocka_unit_test(test_backoff_is_capped_and_jittered),
+        cmocka_unit_test(test_rfc3339_times),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

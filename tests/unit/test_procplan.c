@@ -41,6 +41,34 @@ static void test_probe_delay_is_fast_then_capped(void **state)
     assert_in_range(probes, 14000, 15100);
 }
 
+static void test_probe_pacing_refused_and_by_history(void **state)
+{
+    /* A closed port is probed tightly: 1, 2, 4, 4 ms. */
+    assert_int_equal(probe_next_delay_ms(0, true, 0, 0), 1);
+    assert_int_equal(probe_next_delay_ms(1, true, 0, 0), 2);
+    assert_int_equal(probe_next_delay_ms(2, true, 0, 0), 4);
+    assert_int_equal(probe_next_delay_ms(50, true, 0, 0), 4);
+    /* An answer other than 2xx, no history: the 2..20 ms schedule. */
+    assert_int_equal(probe_next_delay_ms(0, false, 0, 0), 2);
+    assert_int_equal(probe_next_delay_ms(9, false, 0, 0), 20);
+    /* A model that took 60 s last time: slow early (an eighth of what is
+     * left, at most 250 ms), tight from 80% of the expected time on. */
+    assert_int_equal(probe_next_delay_ms(3, true, 0, 60000), 250);
+    assert_int_equal(probe_next_delay_ms(3, false, 47000, 60000), 250);
+    assert_int_equal(probe_next_delay_ms(3, true, 48000, 60000), 4);
+    assert_int_equal(probe_next_delay_ms(3, false, 70000, 60000), 16);
+    /* Near the end of a short expected time the eighth is small: tight. */
+    assert_int_equal(probe_next_delay_ms(0, true, 100, 200), 1);
+    /* A 10-minute load expected at 10 minutes: a bare-connect probe every
+     * 250 ms for the first 8 minutes, then at most every 4 ms. */
+    uint64_t t = 0;
+    unsigned probes = 0;
+    while (t < 480000) {
+        t += probe_next_delay_ms(probes++, true, t, 600000);
+    }
+    assert_in_range(probes, 1900, 2000);
+}
+
 static void test_restart_backoff(void **state)
 {
     assert_int_equal(procplan_restart_backoff_ms(0), 0);
@@ -65,6 +93,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_pick_packs_and_refuses),
         cmocka_unit_test(test_probe_delay_is_fast_then_capped),
+        cmocka_unit_test(test_probe_pacing_refused_and_by_history),
         cmocka_unit_test(test_restart_backoff),
         cmocka_unit_test(test_mps_share),
     };

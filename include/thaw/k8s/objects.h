@@ -54,4 +54,10 @@ struct k8s_node_info {
 
 int k8s_node_decode(const cJSON *obj, struct k8s_node_info *out);
 
+/* RFC 3339 ("2026-12-02T15:04:05Z"; an optional fraction, read to the
+ * millisecond; Z or +hh:mm) as milliseconds since the epoch. 0, or -1. */
+int k8s_time_parse_ms(const char *s, int64_t *out_ms);
+/* ms since the epoch (not negative) as RFC 3339 UTC: "2026-12-02T15:04:05.123Z". */
+void k8s_time_format_ms(int64_t ms, char *out, size_t len);
+
 #endif

@@ -1,6 +1,7 @@
 /* The other activators and their demand. Peers are the endpoints of thaw's
  * own Service (its EndpointSlices); each serves its per-model in-flight and
- * queued counts on GET /demand of its admin port, and the leader polls them.
+ * queued counts, and how long ago its last request for the model was, on
+ * GET /demand of its admin port, and the leader polls them.
  * Polling keeps this traffic off the API server (publishing counts there
  * would write to etcd every second from every activator). A peer that has
  * not answered for timeout_ms is stale: it drops out of the sum. */
@@ -38,11 +39,16 @@ void k8s_peers_set_polling(struct k8s_peers *p, bool on);
 uint64_t k8s_peers_demand(struct k8s_peers *p, const char *key);
 unsigned k8s_peers_count(struct k8s_peers *p, bool fresh_only);
 void k8s_peers_describe(struct k8s_peers *p, cJSON *out);
+/* The fewest milliseconds since a request for model key at any fresh peer
+ * (as reported, plus the time since the report); UINT64_MAX when none says. */
+uint64_t k8s_peers_idle_ms(struct k8s_peers *p, const char *key);
 /* A peer's demand report ({"identity": ..., "models": {key: [inflight,
- * queued]}}) into demand (key -> (uintptr_t) demand + 1, replaced whole)
- * and identity. 0, or -1 when it is not such a report (nothing changed). */
-int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand, char *identity,
-                          size_t idlen);
+ * queued, idle_ms]}}, idle_ms optional: ms since the model's last request
+ * there) into demand (key -> (uintptr_t) demand + 1, replaced whole), idle
+ * (key -> (uintptr_t) idle_ms + 1, replaced whole; may be NULL) and
+ * identity. 0, or -1 when it is not such a report (nothing changed). */
+int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
+                          struct strmap *idle, char *identity, size_t idlen);
 void k8s_peers_dispose(struct k8s_peers *p);
 
 #endif

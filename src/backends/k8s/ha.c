@@ -1,7 +1,8 @@
 /* Kubernetes backend, several activators: this one's identity, the leader
- * lease (only the leader plans and scales down; any activator scales from
- * zero, conditionally), the peers whose counts the leader adds to its own,
- * and the /demand answer the peers read. */
+ * lease (only the leader plans and scales down, and records when a model's
+ * last request passed; any activator scales from zero, conditionally), the
+ * peers whose counts the leader adds to its own, and the /demand answer the
+ * leader reads. */
 #include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
@@ -16,6 +17,9 @@ static void on_leadership(void *ud, bool leading)
     struct kube_backend *kb = ud;
     kb->leading = leading;
     kb->leader_since_ms = clock_now_ms();
+    if (leading) {
+        kube_idle_on_leadership(kb);
+    }
     if (kb->have_peers) {
         k8s_peers_set_polling(&kb->peers, leading);
     }
@@ -105,14 +109,19 @@ void kube_ha_describe(struct kube_backend *kb, cJSON *k)
 
 /* GET /demand: this activator's own counts per model, for the leader. */
 
+/* [in flight, queued, ms since the last request here]: a model is listed
+ * while busy or while its last request is within its idle timeout, so the
+ * leader's idle clock counts requests that came and went between polls. */
 static void add_demand_cb(void *ud, const char *key, void *value)
 {
     struct kmodel *km = value;
-    if (km->m->inflight || km->m->queue.count) {
-        cJSON *pair = cJSON_CreateArray();
-        cJSON_AddItemToArray(pair, cJSON_CreateNumber(km->m->inflight));
-        cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)km->m->queue.count));
-        cJSON_AddItemToObject(ud, key, pair);
+    uint64_t age = kube_idle_demand_age(km, clock_now_ms());
+    if (km->m->inflight || km->m->queue.count || age != UINT64_MAX) {
+        cJSON *counts = cJSON_CreateArray();
+        cJSON_AddItemToArray(counts, cJSON_CreateNumber(km->m->inflight));
+        cJSON_AddItemToArray(counts, cJSON_CreateNumber((double)km->m->queue.count));
+        cJSON_AddItemToArray(counts, cJSON_CreateNumber(age != UINT64_MAX ? (double)age : 0));
+        cJSON_AddItemToObject(ud, key, counts);
     }
 }
 

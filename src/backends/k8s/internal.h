@@ -5,7 +5,8 @@
  *   backend_k8s_scale.c    the tick: samples, startup timeout, scaling driver hooks,
  *                          scale PATCHes (conditional from zero), Events
  *   backend_k8s_ha.c       identity, leader lease, peers, the /demand answer
- *   backend_k8s_status.c   describe, capacity, metrics */
+ *   backend_k8s_status.c   describe, capacity, metrics
+ *   idle.c                 the idle clock kept on the Deployment across restarts */
 #ifndef THAW_BACKEND_K8S_INT_H
 #define THAW_BACKEND_K8S_INT_H
 
@@ -29,6 +30,10 @@
 
 #define TICK_MS 500
 #define MAX_NAMESPACES 64
+/* When a model's last request passed (RFC 3339), written by the leader. */
+#define K8S_LAST_REQUEST_ANNOTATION "thaw.dev/last-request-at"
+/* Writes of it, per model: at most one per max(idle-timeout / 4, this). */
+#define IDLE_WRITE_MIN_MS 10000
 
 struct kube_backend;
 struct kmodel;
@@ -67,6 +72,14 @@ struct kmodel {
     struct scaler_model sc;
     uint64_t woken_ms; /* when a scale from zero landed; 0: not waking */
     uint64_t initial_hold_until_ms; /* initial-scale holds the count until then */
+    /* the idle clock on the Deployment (idle.c) */
+    uint64_t requests_seen;      /* proxied + rejected + aborted at the last tick */
+    uint64_t traffic_ms;         /* last request here (or at a peer, when leading); 0: none */
+    int64_t annotated_ms;        /* wall ms of the annotation; 0: absent, -1: unreadable */
+    uint64_t written_traffic_ms; /* traffic_ms the annotation holds */
+    uint64_t writing_traffic_ms; /* traffic_ms of the write in flight */
+    uint64_t last_write_ms;      /* when the last write was sent */
+    struct k8s_call *idle_call;
 };
 
 struct informer_set {
@@ -100,6 +113,7 @@ struct kube_backend {
     uint64_t conditional_scales, conditional_conflicts;
     struct k8s_events events;
     uint64_t scale_errors;
+    uint64_t idle_writes, idle_write_errors;
 };
 
 static inline struct kube_backend *KB(struct backend *b)
@@ -114,6 +128,8 @@ bool kube_synced(struct backend *b);
 extern const struct k8s_informer_ops kube_deployment_ops, kube_pod_ops, kube_slice_ops,
     kube_node_ops;
 void kube_pod_ready(struct kpod *p, const char *via);
+/* The same, with the probe's open connection to the pod (-1: none). */
+void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);
 void kube_pod_gone(struct kpod *p, const char *why);
 void kube_kmodel_free(struct kmodel *km);
 
@@ -135,6 +151,18 @@ void kube_ha_start(struct kube_backend *kb);
 void kube_ha_dispose(struct kube_backend *kb);
 void kube_ha_describe(struct kube_backend *kb, cJSON *k);
 void kube_demand(struct backend *b, cJSON *out);
+
+/* idle.c */
+/* The annotation on a Deployment seen (discovered: first seen): it starts or
+ * advances the model's idle clock; without one a new model's starts now. */
+void kube_idle_observe(struct kmodel *km, const cJSON *deployment, bool discovered);
+/* Leadership taken: models without the annotation start their clock now. */
+void kube_idle_on_leadership(struct kube_backend *kb);
+/* Every tick: notes requests, and on the leader writes the annotation. */
+void kube_idle_tick(struct kmodel *km, uint64_t now);
+/* ms since this activator's last request for the model, for /demand;
+ * UINT64_MAX when none within its idle timeout. */
+uint64_t kube_idle_demand_age(const struct kmodel *km, uint64_t now);
 
 /* backend_k8s_status.c */
 void kube_describe(struct backend *b, struct model *m, cJSON *out);

@@ -225,8 +225,10 @@ uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms)
 static const char THAW_PREFIX[] = "thaw.dev/";
 static const char KNATIVE_PREFIX[] = "autoscaling.knative.dev/";
 
-/* Every annotation read below, without its prefix. */
+/* Every annotation read below, without its prefix; and last-request-at,
+ * which thaw itself writes (the idle clock, idle.c), not a setting. */
 static const char *const thaw_keys[] = {
+    "last-request-at",
     "priority", "max-concurrency", "max-queue", "queue-timeout", "connect-timeout",
     "first-byte-timeout", "upstream-idle-timeout", "loading-heartbeat", "min-scale", "max-scale",
     "initial-scale", "activation-scale", "target", "target-utilization-percentage", "window",

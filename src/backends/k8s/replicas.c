@@ -10,8 +10,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- replicas -------------------------------------------------------------- */
+
+/* How long until a pod of km should be ready, from its last cold start and
+ * how long ago this one began; 0 when unknown. */
+static uint64_t expected_ready_ms(const struct kmodel *km)
+{
+    uint64_t last = km->m->cold_start_ms;
+    if (!last || !km->woken_ms) {
+        return 0;
+    }
+    uint64_t elapsed = clock_now_ms() - km->woken_ms;
+    return last > elapsed ? last - elapsed : 0;
+}
 
 static void pod_addr(struct kpod *p, char *out, size_t len)
 {
@@ -20,7 +33,15 @@ static void pod_addr(struct kpod *p, char *out, size_t len)
 
 void kube_pod_ready(struct kpod *p, const char *via)
 {
+    kube_pod_ready_conn(p, via, -1);
+}
+
+void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd)
+{
     if (p->reported || p->terminating || p->retired || !p->ip[0]) {
+        if (conn_fd >= 0) {
+            close(conn_fd);
+        }
         return;
     }
     char addr[96];
@@ -35,7 +56,7 @@ void kube_pod_ready(struct kpod *p, const char *via)
         histogram_observe(&km->m->stats.cold_start, (double)ms / 1000.0);
         km->woken_ms = 0;
     }
-    fleet_replica_ready(p->km->m->fleet, p->km->m, p->name, addr);
+    fleet_replica_ready_conn(p->km->m->fleet, p->km->m, p->name, addr, conn_fd);
 }
 
 void kube_pod_gone(struct kpod *p, const char *why)
@@ -55,7 +76,8 @@ static void on_pod_probe(struct probe *pr, void *ud)
     struct kpod *p = ud;
     p->probing = false;
     p->probe_ok = true;
-    kube_pod_ready(p, "probe");
+    /* The probe's connection carries the first request. */
+    kube_pod_ready_conn(p, "probe", probe_take_conn(pr));
 }
 
 static struct kpod *pod_get(struct kmodel *km, const char *name, bool create)
@@ -230,6 +252,7 @@ void kube_kmodel_free(struct kmodel *km)
 {
     event_del(&km->scale_retry);
     k8s_call_cancel(km->scale_call);
+    k8s_call_cancel(km->idle_call);
     strmap_each(&km->pods, free_pod_cb, NULL);
     strmap_dispose(&km->pods);
     free(km);
@@ -291,6 +314,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         }
         strmap_put(&kb->models, key, strlen(key), km);
         index_model(kb, km, true);
+        kube_idle_observe(km, obj, true);
         LOGI("model discovered", "model=%s deployment=%s replicas=%lld gpu_slices=%llu",
              sp.name, key, (long long)sp.replicas, (unsigned long long)sp.gpu_slices);
         report_annotation_errors(km, "");
@@ -314,6 +338,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     if (names_changed) {
         fleet_reroute_model(kb->base.fleet, km->m, &cm, NULL);
     }
+    kube_idle_observe(km, obj, false);
 }
 
 static void deployment_remove(void *ud, const cJSON *obj)
@@ -394,7 +419,7 @@ static void pod_upsert(void *ud, const cJSON *obj)
         pod_addr(p, addr, sizeof addr);
         if (probe_init(&p->probe, kb->evbase, addr, km->spec.health_path, on_pod_probe, p) == 0) {
             p->probing = true;
-            probe_start(&p->probe);
+            probe_start(&p->probe, expected_ready_ms(km));
         }
     }
 }

@@ -2,6 +2,7 @@
  * pods, state), the capacity view (API client, Events, informers, nodes,
  * leadership) and the backend's metrics. */
 #include "internal.h"
+#include "thaw/clock.h"
 #include "thaw/metrics.h"
 
 #include <stdio.h>
@@ -60,6 +61,26 @@ static void describe_settings(const struct kmodel *km, cJSON *out)
     cJSON_AddStringToObject(s, "metric", "concurrency");
 }
 
+/* How long the model has been idle, as the scale-to-zero decision sees it,
+ * and the last request recorded on its Deployment. */
+static void describe_idle_clock(const struct kmodel *km, cJSON *out)
+{
+    cJSON *ic = cJSON_AddObjectToObject(out, "idle_clock");
+    uint64_t idle = as_idle_ms(&km->sc.ass, clock_now_ms());
+    if (idle == UINT64_MAX) {
+        cJSON_AddNullToObject(ic, "idle_ms");
+    } else {
+        cJSON_AddNumberToObject(ic, "idle_ms", (double)idle);
+    }
+    if (km->annotated_ms > 0) {
+        char when[40];
+        k8s_time_format_ms(km->annotated_ms, when, sizeof when);
+        cJSON_AddStringToObject(ic, "last_request_at", when);
+    } else {
+        cJSON_AddNullToObject(ic, "last_request_at");
+    }
+}
+
 void kube_describe(struct backend *b, struct model *m, cJSON *out)
 {
     struct kmodel *km = m->backend_data;
@@ -83,6 +104,7 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
         cJSON_AddStringToObject(out, "last_scale_error", km->last_scale_error);
     }
     scaler_describe(&km->sc, out);
+    describe_idle_clock(km, out);
     cJSON *dm = cJSON_AddObjectToObject(out, "demand");
     cJSON_AddNumberToObject(dm, "local", (double)m->inflight + (double)m->queue.count);
     if (km->kb->have_peers) {
@@ -189,6 +211,15 @@ void kube_render_metrics(struct backend *b, struct buf *o)
                       "Other activators, by whether their counts are fresh or stale.");
     buf_printf(o, "thaw_peers{state=\"fresh\"} %u\nthaw_peers{state=\"stale\"} %u\n", fresh,
                all - fresh);
+    metrics_help_type(o, "thaw_kubernetes_last_request_writes_total", "counter",
+                      "Writes of a model's last request time to its Deployment "
+                      "(thaw.dev/last-request-at).");
+    buf_printf(o, "thaw_kubernetes_last_request_writes_total %llu\n",
+               (unsigned long long)kb->idle_writes);
+    metrics_help_type(o, "thaw_kubernetes_last_request_write_errors_total", "counter",
+                      "Writes of thaw.dev/last-request-at that failed.");
+    buf_printf(o, "thaw_kubernetes_last_request_write_errors_total %llu\n",
+               (unsigned long long)kb->idle_write_errors);
     metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
     buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
 }

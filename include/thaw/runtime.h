@@ -1,0 +1,56 @@
+/* The runtime context: what the request path shares while the process runs
+ * (the loop, the configuration in force, the fleet, the connection and
+ * upstream contexts, the request cache and the counters). The server owns
+ * one and wires it; the proxy and the admin port reach only this, never the
+ * server with its listeners, signals and backends. */
+#ifndef THAW_RUNTIME_H
+#define THAW_RUNTIME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+
+#include "thaw/config.h"
+#include "thaw/conn.h"
+#include "thaw/http.h"
+#include "thaw/metrics.h"
+#include "thaw/model.h"
+#include "thaw/queue.h"
+#include "thaw/request.h"
+#include "thaw/upstream.h"
+
+/* The outcome of configuration reloads, as /status and /metrics report it. */
+struct reload_status {
+    uint64_t succeeded, failed;
+    bool last_ok;
+    double last_success_unix; /* start-up counts as the first success */
+    double last_attempt_unix; /* 0: never reloaded */
+    unsigned restart_needed;  /* settings the last reload could not apply */
+    char last_error[768];     /* "FILE:LINE: KEY: problem" of the last failure */
+    /* Set from the command line: these file settings are overridden. */
+    bool listen_overridden, admin_listen_overridden, log_level_overridden;
+};
+
+struct runtime {
+    struct event_base *base;
+    struct config *cfg; /* the configuration in force (replaced by a reload) */
+    struct fleet fleet;
+    struct queue_global qglobal;
+    struct conn_ctx net;    /* client connections */
+    struct upstream_ctx up; /* replica connections */
+    struct request_pool requests; /* request objects and what they count into */
+    struct server_metrics metrics;
+    uint64_t inflight; /* proxy requests accepted and not yet finished */
+    /* Request body bytes held (reserved from Content-Length, or read so
+     * far), against limits.max_buffered_body_bytes. */
+    uint64_t buffered_body_bytes;
+    size_t n_conns;       /* proxy-port connections counted against the limit */
+    size_t n_admin_conns; /* admin-port connections */
+    struct http_limits req_limits, resp_limits, admin_limits;
+    struct reload_status reload;
+    uint64_t started_ms;
+};
+
+#endif

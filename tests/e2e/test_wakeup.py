@@ -1,0 +1,93 @@
+"""Waking a model: how held requests reach a replica that just became ready.
+
+Run against the independently written asyncio model server
+(tests/counterparts/asyncio_server.py) in both of its loading modes: it binds
+only once loaded, or answers 503 while loading.
+"""
+
+import json
+import threading
+import urllib.request
+
+import pytest
+
+import httpc
+from test_upstream_faults import counterpart_model
+
+
+def server_stats(t, name="llama"):
+    m = next(m for m in t.status()["models"] if m["name"] == name)
+    port = m["processes"][0]["port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as r:
+        return json.load(r)
+
+
+def complete(t, timeout=60):
+    body = json.dumps({"model": "llama", "prompt": "hi"}).encode()
+    return httpc.request(t.host, t.port, "POST", "/v1/completions",
+                         {"Content-Type": "application/json"}, body, timeout=timeout)
+
+
+def listen_overflows():
+    """The kernel's count of connections dropped because a listen queue was
+    full (TcpExt ListenOverflows)."""
+    with open("/proc/net/netstat") as f:
+        lines = f.read().splitlines()
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            row = dict(zip(names.split()[1:], values.split()[1:]))
+            return int(row["ListenOverflows"])
+    raise AssertionError("no TcpExt in /proc/net/netstat")
+
+
+@pytest.mark.parametrize("mode", ["bind-late", "503"])
+def test_first_request_goes_out_on_the_probes_connection(thaw_factory, mode):
+    """The connection the readiness probe succeeded on is kept and carries the
+    first held request: the server accepts no connection for it, so a server
+    slow to accept does not delay the first answer."""
+    t = thaw_factory({"models": [counterpart_model(
+        "asyncio_server.py", "llama", "--load-seconds", "0.8", "--loading-mode", mode,
+        "--accept-delay-ms", "50")]})
+    r = complete(t)
+    assert r.status == 200, r.body
+    st = server_stats(t)
+    # Every connection the server accepted (but the one this /stats came on)
+    # carried a health check (503 ones while loading, then the 200); the
+    # completion needed none of its own.
+    assert st["by_path"].get("/v1/completions") == 1, st
+    assert st["connections"] - 1 == st["requests"] - 1, st
+    t.assert_reconciled()
+
+
+def test_a_burst_released_on_wake_does_not_overflow_the_servers_backlog(thaw_factory):
+    """300 requests held while a model loads are released when it wakes. The
+    server (asyncio, accepting one connection at a time, a 100-connection
+    backlog as asyncio's default) must not see its listen queue overflow: a
+    dropped connection attempt costs the request a second or more."""
+    n = 300
+    t = thaw_factory({
+        "limits": {"max_connections": n + 50, "max_queue_per_model": n + 50,
+                   "max_queue_total": n + 50},
+        "models": [counterpart_model(
+            "asyncio_server.py", "llama", "--load-seconds", "1.5", "--backlog", "100",
+            "--accept-delay-ms", "1", max_concurrency=n, queue_timeout_ms=60000)]})
+    statuses = []
+    lock = threading.Lock()
+
+    def one():
+        try:
+            s = complete(t).status
+        except Exception as e:  # noqa: BLE001 - reported below
+            s = repr(e)
+        with lock:
+            statuses.append(s)
+
+    before = listen_overflows()
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert statuses.count(200) == n, [s for s in statuses if s != 200][:5]
+    assert listen_overflows() - before == 0
+    t.assert_reconciled()
