@@ -2,12 +2,19 @@
 """Cold start under load: thaw's own added delay when a model wakes up.
 
 For N concurrent clients (1, 100, 1000) hitting a cold process-backed model
-whose simulator loads in a known time: every client's request is held while
-the model loads; the simulator records (CLOCK_MONOTONIC) the moment its
-health check first answered 200; each client records its first response
-byte on the same clock. Reported: that difference per client (thaw's added
-delay: noticing readiness, then releasing every held request), p50/p99/max,
+whose server loads in a known time: every client's request is held while
+the model loads; the server records (CLOCK_MONOTONIC) the moment its health
+check first answered 200; each client records its first response byte on
+the same clock. Reported: that difference per client (thaw's added delay:
+noticing readiness, then releasing every held request), first/p50/p99/max,
 and requests lost (not answered 200: must be 0).
+
+Servers: the project's C simulator (thaw-model-sim), and loadtest/asyncio_model.py,
+an independently written Python asyncio server (accepts at Python speed, a
+100-connection backlog as asyncio's default) in both of its loading modes:
+bind-late (the port opens when loaded) and 503 (health answers 503 while
+loading). For the asyncio server the same N requests are also sent straight
+to it once loaded, all at once on fresh connections: the server's own floor.
 
 Then memory: N held requests (10,000; 1,000 with SMOKE=1) on a cold model,
 thaw's RSS per held request, connection included.
@@ -38,14 +45,25 @@ CLIENT_BIN = os.environ.get("CLIENT_BIN", os.path.join(BUILD, "thaw-coldstart-cl
 SMOKE = os.environ.get("SMOKE") == "1"
 
 
-def start_thaw(d, load_ms, n, ready_file):
+ASYNCIO_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "asyncio_model.py")
+SERVERS = ("c", "asyncio-bind-late", "asyncio-503")
+
+
+def server_command(server, port, load_ms, ready_file):
+    if server == "c":
+        return [SIM_BIN, "--port", port, "--load-ms", str(load_ms), "--token-ms", "0",
+                "--tokens", "1", "--ready-file", ready_file]
+    mode = server.split("-", 1)[1]
+    return ["/usr/bin/python3", ASYNCIO_SERVER, "--port", port, "--load-ms", str(load_ms),
+            "--loading-mode", mode, "--tokens", "1", "--ready-file", ready_file]
+
+
+def start_thaw(d, load_ms, n, ready_file, server="c"):
     cfg = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", "log": {"level": "warn"},
            "limits": {"max_connections": n + 100, "max_queue_per_model": n + 100,
                       "max_queue_total": n + 100},
            "models": [{"name": "llama", "max_concurrency": max(n, 1),
-                       "command": [SIM_BIN, "--port", "{port}", "--load-ms", str(load_ms),
-                                   "--token-ms", "0", "--tokens", "1",
-                                   "--ready-file", ready_file],
+                       "command": server_command(server, "{port}", load_ms, ready_file),
                        "queue_timeout_ms": 120000}]}
     return common.start_thaw(THAW_BIN, d, cfg)
 
@@ -62,10 +80,41 @@ def pct(sorted_vals, p):
     return sorted_vals[k]
 
 
-def run_cold(n, d):
+def delays_ms(out, ready_ns):
+    rows = [tuple(int(x) for x in line.split()) for line in out.splitlines()]
+    ok = [r for r in rows if r[1] == 200]
+    return rows, ok, sorted((r[0] - ready_ns) / 1e6 for r in ok)
+
+
+def run_direct(n, d):
+    """The asyncio server alone: loaded, then n requests at once on fresh
+    connections; each client's first byte after the moment they were sent."""
+    port = "0"
+    ready_file = f"{d}/ready-direct-{n}"
+    srv = subprocess.Popen(server_command("asyncio-bind-late", port, 0, ready_file),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        line = srv.stdout.readline().split()
+        port = line[1]
+        start_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        client = subprocess.Popen([CLIENT_BIN, "127.0.0.1", port, str(n), "/v1/completions",
+                                   '{"model":"llama","prompt":"hi"}', "60000"],
+                                  stdout=subprocess.PIPE, text=True)
+        out, _ = client.communicate(timeout=120)
+        _, ok, delays = delays_ms(out, start_ns)
+        return {"clients": n, "server": "asyncio direct", "answered_200": len(ok),
+                "lost": n - len(ok), "first_ms": delays[0] if delays else float("nan"),
+                "p50_ms": pct(delays, 50), "p99_ms": pct(delays, 99),
+                "max_ms": delays[-1] if delays else float("nan")}
+    finally:
+        srv.terminate()
+        srv.wait(10)
+
+
+def run_cold(n, d, server="c"):
     load_ms = 1000 if n <= 100 else 2500
-    ready_file = f"{d}/ready-{n}"
-    thaw, port, admin = start_thaw(d, load_ms, n, ready_file)
+    ready_file = f"{d}/ready-{server}-{n}"
+    thaw, port, admin = start_thaw(d, load_ms, n, ready_file, server)
     try:
         client = subprocess.Popen([CLIENT_BIN, "127.0.0.1", str(port), str(n), "/v1/completions",
                                    '{"model":"llama","prompt":"hi"}', "60000"],
@@ -73,13 +122,12 @@ def run_cold(n, d):
         out, _ = client.communicate(timeout=120)
         with open(ready_file) as f:
             ready_ns = int(f.read())
-        rows = [tuple(int(x) for x in line.split()) for line in out.splitlines()]
-        ok = [r for r in rows if r[1] == 200]
+        rows, ok, delays = delays_ms(out, ready_ns)
         early = [r for r in ok if r[0] < ready_ns]
-        delays = sorted((r[0] - ready_ns) / 1e6 for r in ok)
         st = status(admin)["models"][0]
-        return {"clients": n, "load_ms": load_ms, "answered_200": len(ok),
+        return {"clients": n, "server": server, "load_ms": load_ms, "answered_200": len(ok),
                 "lost": n - len(ok), "before_ready": len(early), "starts": st["starts"],
+                "first_ms": delays[0] if delays else float("nan"),
                 "p50_ms": pct(delays, 50), "p99_ms": pct(delays, 99),
                 "max_ms": delays[-1] if delays else float("nan")}
     finally:
@@ -116,7 +164,7 @@ def run_memory(n, d):
 
 
 def main():
-    for b in (THAW_BIN, SIM_BIN, CLIENT_BIN):
+    for b in (THAW_BIN, SIM_BIN, CLIENT_BIN, ASYNCIO_SERVER):
         if not os.path.exists(b):
             print(f"coldstart: {b} not built; skipping")
             return 0
@@ -125,21 +173,24 @@ def main():
     d = tempfile.mkdtemp(prefix="thaw-cold-")
     try:
         sizes = (1, 100) if SMOKE else (1, 100, 1000)
-        results = [run_cold(n, d) for n in sizes]
+        servers = ("c", "asyncio-bind-late") if SMOKE else SERVERS
+        results = [run_cold(n, d, server) for server in servers for n in sizes]
+        direct = [run_direct(n, d) for n in sizes if n > 1]
         print("cold start: thaw's added delay, model health OK -> client's first byte")
-        print(f"{'clients':>8} {'load ms':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-              f"{'lost':>5} {'starts':>6}")
-        for r in results:
-            print(f"{r['clients']:>8} {r['load_ms']:>8} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-                  f"{r['max_ms']:>8.2f} {r['lost']:>5} {r['starts']:>6}")
-            if r["before_ready"]:
+        print(f"{'server':>18} {'clients':>8} {'first ms':>9} {'p50 ms':>8} {'p99 ms':>8} "
+              f"{'max ms':>8} {'lost':>5} {'starts':>6}")
+        for r in results + direct:
+            print(f"{r['server']:>18} {r['clients']:>8} {r['first_ms']:>9.2f} {r['p50_ms']:>8.2f} "
+                  f"{r['p99_ms']:>8.2f} {r['max_ms']:>8.2f} {r['lost']:>5} "
+                  f"{r.get('starts', '-'):>6}")
+            if r.get("before_ready"):
                 print(f"  note: {r['before_ready']} answered before the health check: "
                       "they were not held")
         mem = run_memory(1000 if SMOKE else 10000, d)
         print(f"held requests on a cold model: {mem['held']}, RSS {mem['rss_before_kib']} KiB -> "
               f"{mem['rss_after_kib']} KiB: {mem['bytes_per_held_request']} bytes each, "
               "connection included (target <= 4096)")
-        print("COLDSTART_JSON " + json.dumps({"cold": results, "memory": mem}))
+        print("COLDSTART_JSON " + json.dumps({"cold": results, "direct": direct, "memory": mem}))
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0

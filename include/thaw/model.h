@@ -122,11 +122,12 @@ struct model *fleet_find(const struct fleet *f, const char *namespace_, const ch
 
 /* Backend up-calls. addr is numeric "ip:port". 0 or a negative errno. */
 int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr);
-/* The same, with a connection to the replica already open and idle (the one
- * its readiness probe succeeded on; -1: none), which the fleet hands to
+/* The same with this activator's share of the replica's slots (endpoint.share;
+ * UINT32_MAX: all) and a connection to the replica already open and idle (the
+ * one its readiness probe succeeded on; -1: none), which the fleet hands to
  * on_endpoint_conn for the first request, or closes. */
-int fleet_replica_ready_conn(struct fleet *f, struct model *m, const char *id, const char *addr,
-                             int conn_fd);
+int fleet_replica_ready_with(struct fleet *f, struct model *m, const char *id, const char *addr,
+                             uint32_t share, int conn_fd);
 void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const char *reason);
 void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reason,
                              uint64_t retry_after_ms);
@@ -138,7 +139,8 @@ void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reaso
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);
 /* When the first ejected endpoint comes back; 0 when none is ejected. */
 uint64_t model_next_unejection(const struct model *m, uint64_t now_ms);
-/* Sum of max_concurrency over endpoints. */
+/* Sum over endpoints of the slots this activator may use (max_concurrency,
+ * or its share when that is smaller). */
 uint32_t model_capacity(const struct model *m);
 
 /* A request takes one of ep's slots: counted on ep and on its model. */

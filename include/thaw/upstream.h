@@ -36,6 +36,10 @@ struct endpoint {
     struct sockaddr_storage addr;
     socklen_t addrlen;
     uint32_t inflight;
+    /* Slots this activator may use here: its part of the model's
+     * max_concurrency when several activators share the replica (the others
+     * hold the rest). UINT32_MAX: all of them. */
+    uint32_t share;
     uint32_t refs; /* in-flight requests + pooled connections + the owner's link */
     uint64_t ejected_until_ms;
     uint64_t requests;

@@ -474,7 +474,7 @@ static void became_ready(struct replica *r, int conn_fd)
          pm->m->name, r->id, (unsigned long long)pm->last_cold_start_ms);
     char addr[32];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", r->port);
-    fleet_replica_ready_conn(pm->m->fleet, pm->m, r->id, addr, conn_fd);
+    fleet_replica_ready_with(pm->m->fleet, pm->m, r->id, addr, UINT32_MAX, conn_fd);
 }
 
 static void on_probe_ready(struct probe *p, void *ud)

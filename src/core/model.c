@@ -114,11 +114,11 @@ static void detach_endpoint(struct model *m, size_t i)
 
 int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const char *addr)
 {
-    return fleet_replica_ready_conn(f, m, id, addr, -1);
+    return fleet_replica_ready_with(f, m, id, addr, UINT32_MAX, -1);
 }
 
-int fleet_replica_ready_conn(struct fleet *f, struct model *m, const char *id, const char *addr,
-                             int conn_fd)
+int fleet_replica_ready_with(struct fleet *f, struct model *m, const char *id, const char *addr,
+                             uint32_t share, int conn_fd)
 {
     for (size_t i = 0; i < m->n_endpoints; i++) {
         if (strcmp(m->endpoints[i]->id, id) == 0) {
@@ -138,6 +138,7 @@ int fleet_replica_ready_conn(struct fleet *f, struct model *m, const char *id, c
     }
     ep->model = m;
     ep->model_name = m->name;
+    ep->share = share;
     if (m->n_endpoints == m->cap_endpoints) {
         size_t ncap = m->cap_endpoints ? m->cap_endpoints * 2 : 4;
         struct endpoint **ne = realloc(m->endpoints, ncap * sizeof *ne);
@@ -226,6 +227,11 @@ void fleet_dispose(struct fleet *f)
     router_dispose(&f->router);
 }
 
+static uint32_t endpoint_slots(const struct model *m, const struct endpoint *ep)
+{
+    return ep->share < m->set.max_concurrency ? ep->share : m->set.max_concurrency;
+}
+
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
 {
     struct endpoint *best = NULL, *best_ejected = NULL;
@@ -236,7 +242,7 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
         if (!ejected) {
             all_ejected = false;
         }
-        if (ep->inflight >= m->set.max_concurrency) {
+        if (ep->inflight >= endpoint_slots(m, ep)) {
             continue;
         }
         if (ep->n_idle == 0 && ep->unconfirmed >= UPSTREAM_MAX_UNCONFIRMED) {
@@ -276,7 +282,11 @@ uint64_t model_next_unejection(const struct model *m, uint64_t now_ms)
 
 uint32_t model_capacity(const struct model *m)
 {
-    return (uint32_t)m->n_endpoints * m->set.max_concurrency;
+    uint32_t sum = 0;
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        sum += endpoint_slots(m, m->endpoints[i]);
+    }
+    return sum;
 }
 
 void endpoint_take_slot(struct endpoint *ep)

@@ -23,16 +23,12 @@ int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
     const cJSON *ml =
         cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "metadata.labels"), K8S_MODEL_LABEL);
     copy(o->model, sizeof o->model, cJSON_IsString(ml) ? ml->valuestring : NULL);
-    /* The Deployment behind the pod: its controller is a ReplicaSet named
-     * "<deployment>-<pod-template-hash>". */
+    copy(o->created, sizeof o->created, k8s_get_string(obj, "metadata.creationTimestamp"));
     const cJSON *ref;
     cJSON_ArrayForEach(ref, k8s_get(obj, "metadata.ownerReferences"))
     {
-        const char *kind = k8s_get_string(ref, "kind");
-        const char *rs = k8s_get_string(ref, "name");
-        const char *dash = rs ? strrchr(rs, '-') : NULL;
-        if (kind && strcmp(kind, "ReplicaSet") == 0 && dash && dash > rs) {
-            snprintf(o->deployment, sizeof o->deployment, "%.*s", (int)(dash - rs), rs);
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ref, "controller"))) {
+            copy(o->owner, sizeof o->owner, k8s_get_string(ref, "name"));
             break;
         }
     }
@@ -55,6 +51,94 @@ int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
         }
     }
     return 0;
+}
+
+static const char *label_value(const cJSON *labels, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(labels, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* values is a non-empty array of strings: 1 when v is one of them, 0 when
+ * not; -1 when values is not such an array. */
+static int among(const cJSON *values, const char *v)
+{
+    if (!cJSON_IsArray(values) || cJSON_GetArraySize(values) == 0) {
+        return -1;
+    }
+    int found = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, values)
+    {
+        if (!cJSON_IsString(x)) {
+            return -1;
+        }
+        if (v && strcmp(x->valuestring, v) == 0) {
+            found = 1;
+        }
+    }
+    return found;
+}
+
+/* 1: the requirement holds, 0: it does not, -1: malformed. */
+static int requirement_holds(const cJSON *req, const cJSON *labels)
+{
+    const char *key = k8s_get_string(req, "key");
+    const char *op = k8s_get_string(req, "operator");
+    if (!key || !op) {
+        return -1;
+    }
+    const cJSON *values = cJSON_GetObjectItemCaseSensitive(req, "values");
+    const char *v = label_value(labels, key);
+    if (strcmp(op, "In") == 0 || strcmp(op, "NotIn") == 0) {
+        int in = among(values, v);
+        return in < 0 ? -1 : (op[0] == 'I') == (in == 1);
+    }
+    if (strcmp(op, "Exists") == 0 || strcmp(op, "DoesNotExist") == 0) {
+        if (values && !cJSON_IsNull(values) &&
+            !(cJSON_IsArray(values) && cJSON_GetArraySize(values) == 0)) {
+            return -1;
+        }
+        return (op[0] == 'E') == (v != NULL);
+    }
+    return -1;
+}
+
+bool k8s_selector_matches(const cJSON *selector, const cJSON *labels)
+{
+    if (!cJSON_IsObject(selector)) {
+        return false;
+    }
+    const cJSON *ml = cJSON_GetObjectItemCaseSensitive(selector, "matchLabels");
+    const cJSON *me = cJSON_GetObjectItemCaseSensitive(selector, "matchExpressions");
+    if ((ml && !cJSON_IsNull(ml) && !cJSON_IsObject(ml)) ||
+        (me && !cJSON_IsNull(me) && !cJSON_IsArray(me))) {
+        return false;
+    }
+    const cJSON *pairs = cJSON_IsObject(ml) ? ml : NULL;
+    const cJSON *exprs = cJSON_IsArray(me) ? me : NULL;
+    size_t requirements = 0;
+    bool holds = true;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, pairs)
+    {
+        if (!cJSON_IsString(x)) {
+            return false;
+        }
+        const char *v = label_value(labels, x->string);
+        holds = holds && v && strcmp(v, x->valuestring) == 0;
+        requirements++;
+    }
+    cJSON_ArrayForEach(x, exprs)
+    {
+        int r = requirement_holds(x, labels);
+        if (r < 0) {
+            return false;
+        }
+        holds = holds && r == 1;
+        requirements++;
+    }
+    return requirements > 0 && holds;
 }
 
 const char *k8s_slice_service(const cJSON *slice)

@@ -34,9 +34,15 @@ static void mark_unseen(void *ud, const char *key, void *value)
     ((struct k8s_peer *)value)->seen = false;
 }
 
+struct slice_pass {
+    struct k8s_peers *p;
+    bool changed;
+};
+
 static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
 {
-    struct k8s_peers *p = ud;
+    struct slice_pass *sp = ud;
+    struct k8s_peers *p = sp->p;
     if (e->terminating) {
         return;
     }
@@ -56,6 +62,7 @@ static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
         strmap_init(&pe->idle);
         strmap_put(&p->peers, addr, strlen(addr), pe);
         LOGI("peer activator found", "peer=%s self=%d", addr, pe->self);
+        sp->changed = true;
     }
     pe->seen = true;
 }
@@ -77,7 +84,8 @@ static void slice_upsert(void *ud, const cJSON *obj)
 {
     struct k8s_peers *p = ud;
     strmap_each(&p->peers, mark_unseen, NULL);
-    k8s_slice_each(obj, add_endpoint, p);
+    struct slice_pass sp = {p, false};
+    k8s_slice_each(obj, add_endpoint, &sp);
     struct gone g = {.n = 0};
     strmap_each(&p->peers, collect_unseen, &g);
     for (size_t i = 0; i < g.n; i++) {
@@ -85,8 +93,20 @@ static void slice_upsert(void *ud, const cJSON *obj)
         if (pe) {
             LOGI("peer activator gone", "peer=%s", pe->addr);
             free_peer(pe);
+            sp.changed = true;
         }
         free(g.keys[i]);
+    }
+    if (sp.changed && p->on_change) {
+        p->on_change(p->on_change_ud);
+    }
+}
+
+static void on_slices_synced(void *ud)
+{
+    struct k8s_peers *p = ud;
+    if (p->on_change) {
+        p->on_change(p->on_change_ud);
     }
 }
 
@@ -271,13 +291,68 @@ static void describe_peer(void *ud, const char *k, void *value)
     cJSON_AddItemToArray(ud, j);
 }
 
+struct place {
+    const char *self;
+    unsigned before, n;
+    bool found;
+};
+
+static void place_peer(void *ud, const char *k, void *value)
+{
+    struct place *pl = ud;
+    const struct k8s_peer *pe = value;
+    pl->n++;
+    if (pe->self) {
+        pl->found = true;
+        pl->self = pe->addr;
+    }
+}
+
+static void count_before(void *ud, const char *k, void *value)
+{
+    struct place *pl = ud;
+    if (strcmp(((const struct k8s_peer *)value)->addr, pl->self) < 0) {
+        pl->before++;
+    }
+}
+
+bool k8s_peers_place(const struct k8s_peers *p, unsigned *rank, unsigned *n)
+{
+    struct place pl = {NULL, 0, 0, false};
+    strmap_each(&p->peers, place_peer, &pl);
+    *rank = 0;
+    *n = pl.n;
+    if (pl.n == 0) {
+        *n = 1;
+        return p->slices.synced;
+    }
+    if (!pl.found) {
+        return false;
+    }
+    strmap_each(&p->peers, count_before, &pl);
+    *rank = pl.before;
+    return p->slices.synced;
+}
+
+uint32_t k8s_activator_share(uint32_t concurrency, unsigned n, unsigned rank, size_t pod_index)
+{
+    if (n <= 1) {
+        return concurrency;
+    }
+    /* Slot k (counted over all pods, pod by pod) goes to activator k mod n;
+     * this pod's slots start at k = pod_index * concurrency. */
+    unsigned first = (unsigned)(((uint64_t)pod_index * concurrency) % n);
+    unsigned offset = (rank % n + n - first) % n;
+    return concurrency / n + (offset < concurrency % n ? 1 : 0);
+}
+
 void k8s_peers_describe(struct k8s_peers *p, cJSON *out)
 {
     cJSON *arr = cJSON_AddArrayToObject(out, "peers");
     strmap_each(&p->peers, describe_peer, arr);
 }
 
-static const struct k8s_informer_ops slice_ops = {slice_upsert, slice_remove, NULL};
+static const struct k8s_informer_ops slice_ops = {slice_upsert, slice_remove, on_slices_synced};
 
 void k8s_peers_init(struct k8s_peers *p, struct k8s_client *c, struct event_base *base,
                     const char *namespace_, const char *service, unsigned port, const char *self_ip,

@@ -271,3 +271,142 @@ def test_requests_only_at_a_follower_keep_the_model_warm(fleet):
     assert leader.metric("thaw_kubernetes_last_request_writes_total") >= 1
     assert follower.metric("thaw_kubernetes_last_request_writes_total") == 0
     wait_for(lambda: spec_replicas(f.sim) == 0, timeout=15, what="to zero once they stop")
+
+
+def pod_stats(sim, name="llama"):
+    """Each ready pod's GET /stats (thaw-model-sim): peak in-flight, completions."""
+    _, pods = sim.call("GET", "/api/v1/namespaces/models/pods")
+    out = {}
+    for p in pods["items"]:
+        if p["metadata"].get("labels", {}).get("sim.thaw.dev/deployment") != name:
+            continue
+        st = httpc.request(p["status"]["podIP"], 8000, "GET", "/stats", {}, b"", timeout=5)
+        out[p["metadata"]["name"]] = json.loads(st.body)
+    return out
+
+
+@pytest.mark.parametrize("activators,concurrency,pods", [(2, 1, 3), (3, 2, 4), (3, 1, 4)])
+def test_a_pods_concurrency_holds_across_activators(fleet, activators, concurrency, pods):
+    """thaw.dev/max-concurrency is the pod's limit, not each activator's: the
+    pods' slots are split across the activators (3 activators, 4 pods x 2:
+    3 + 3 + 2; with a limit of 1, each activator holds whole pods), and a burst
+    on every activator never puts more than the limit on any pod, while every
+    request is served."""
+    f = fleet(activators, load_ms=100)
+    d = deployment("llama", replicas=pods, gpus=0, load_ms=100,
+                   annotations={"thaw.dev/max-concurrency": str(concurrency),
+                                "thaw.dev/min-scale": str(pods),
+                                "thaw.dev/max-scale": str(pods)})
+    # Each request holds its slot for 4 x 60 ms: the burst overlaps.
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "60"
+    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+
+    def settled(t):
+        m = next((x for x in t.status()["models"] if x["name"] == "llama"), None)
+        return (m and sum(p["ready"] for p in m["pods"]) == pods
+                and m.get("slots", {}).get("activators", activators) == activators)
+    for t in f.thaws:
+        wait_for(lambda t=t: settled(t), timeout=30, what="every pod ready on every activator")
+    per_activator = 3 * pods * concurrency
+    res = []
+    ths = [threading.Thread(target=lambda t=t: res.append(complete(t, timeout=90)))
+           for t in f.thaws for _ in range(per_activator)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(90)
+    stats = pod_stats(f.sim)
+    peaks = {name: s["peak_active"] for name, s in stats.items()}
+    assert max(peaks.values()) <= concurrency, peaks
+    assert [r.status for r in res] == [200] * (per_activator * activators)
+    assert sum(s["completions"] for s in stats.values()) == per_activator * activators
+    # What each activator holds: dealt round-robin, totals within one of each
+    # other, each pod's shares adding up to its limit.
+    total = pods * concurrency
+    held = sorted((t.status()["models"][0]["slots"]["here"] for t in f.thaws), reverse=True)
+    assert sum(held) == total and held[0] - held[-1] <= 1, held
+    by_pod = {}
+    for t in f.thaws:
+        for p in next(x for x in t.status()["models"] if x["name"] == "llama")["pods"]:
+            by_pod[p["name"]] = by_pod.get(p["name"], 0) + p["slots"]
+    assert set(by_pod.values()) == {concurrency}, by_pod
+
+
+def test_shares_move_when_an_activator_leaves(fleet):
+    """Two activators share one pod's single slot; when the one holding it
+    leaves thaw's Service, the other takes the slot and serves its held
+    request."""
+    f = fleet(2, load_ms=100)
+    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment(
+        "llama", replicas=1, gpus=0, load_ms=100,
+        annotations={"thaw.dev/max-concurrency": "1", "thaw.dev/min-scale": "1",
+                     "thaw.dev/max-scale": "1"}))
+
+    def model(t):
+        return next((x for x in t.status()["models"] if x["name"] == "llama"), None)
+    for t in f.thaws:
+        wait_for(lambda t=t: model(t) and model(t)["state"] == "ready", timeout=30,
+                 what="pod ready")
+    holder = next(t for t in f.thaws if model(t)["slots"]["here"] == 1)
+    other = next(t for t in f.thaws if t is not holder)
+    assert model(other)["slots"]["here"] == 0
+    res = []
+    th = threading.Thread(target=lambda: res.append(complete(other, timeout=30)))
+    th.start()
+    wait_for(lambda: other.status()["queued"] == 1, what="held with share 0")
+    time.sleep(0.5)
+    assert other.status()["queued"] == 1 and not res
+    # The holder leaves thaw's Service (scaled in, or its pod deleted).
+    _, sl = f.sim.call("GET", "/apis/discovery.k8s.io/v1/namespaces/models/endpointslices/"
+                              "thaw-abc")
+    sl["endpoints"] = [e for e in sl["endpoints"] if e["addresses"][0] != holder.host]
+    f.sim.call("PUT", "/apis/discovery.k8s.io/v1/namespaces/models/endpointslices/thaw-abc", sl)
+    th.join(30)
+    assert [r.status for r in res] == [200]
+    assert model(other)["slots"] == {"activators": 1, "rank": 0, "placed": True, "here": 1}
+    # The one that left the Service takes nothing more: the other holds it all.
+    wait_for(lambda: not model(holder)["slots"]["placed"], what="holder unplaced")
+    assert model(holder)["slots"]["here"] == 0
+
+
+def test_a_scale_up_under_load_keeps_the_serving_pods_shares(fleet):
+    """Two activators, a limit of 1, two pods busy: a third pod added by a
+    scale-up comes last in the deal, so the pods already serving keep their
+    activator and none of them ever gets a second request."""
+    f = fleet(2, load_ms=100)
+    d = deployment("llama", replicas=2, gpus=0, load_ms=100,
+                   annotations={"thaw.dev/max-concurrency": "1", "thaw.dev/min-scale": "2",
+                                "thaw.dev/max-scale": "2"})
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "40"
+    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+
+    def ready(t, n):
+        m = next((x for x in t.status()["models"] if x["name"] == "llama"), None)
+        return m and sum(p["ready"] for p in m["pods"]) == n
+    for t in f.thaws:
+        wait_for(lambda t=t: ready(t, 2), timeout=30, what="two pods ready")
+    time.sleep(1.1)  # creationTimestamp has whole seconds: the new pod is younger
+    stop = threading.Event()
+    res = []
+
+    def load(t):
+        while not stop.is_set():
+            res.append(complete(t, timeout=30).status)
+    ths = [threading.Thread(target=load, args=(t,)) for t in f.thaws for _ in range(3)]
+    for th in ths:
+        th.start()
+    time.sleep(0.5)
+    _, d = f.sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")
+    d["metadata"]["annotations"].update({"thaw.dev/min-scale": "3", "thaw.dev/max-scale": "3"})
+    f.sim.call("PUT", "/apis/apps/v1/namespaces/models/deployments/llama", d)
+    try:
+        for t in f.thaws:
+            wait_for(lambda t=t: ready(t, 3), timeout=30, what="the third pod ready")
+        time.sleep(1)
+    finally:
+        stop.set()
+        for th in ths:
+            th.join(30)
+    peaks = {name: s["peak_active"] for name, s in pod_stats(f.sim).items()}
+    assert len(peaks) == 3 and max(peaks.values()) <= 1, peaks
+    assert res and set(res) == {200}

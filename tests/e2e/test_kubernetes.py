@@ -298,6 +298,40 @@ def test_direct_probe_beats_the_endpointslice(cluster, thaw_factory, tmp_path):
     assert pod["probe_ok"] and not pod["endpoint_ready"]
 
 
+def test_pods_found_by_the_deployments_selector_are_probed_directly(cluster, thaw_factory,
+                                                                   tmp_path):
+    """A Deployment written as the Kubernetes docs write it: selector app=x,
+    template labels app=x only, thaw.dev/model on the Deployment alone. Its
+    pods are the ones its selector selects, so thaw probes them itself: the
+    first held request reaches the pod as its server first answers /health,
+    not when the kubelet (every 10 s here) marks it ready."""
+    sim = cluster(load_ms=300, kubelet_ms=10000)
+    ready_file = str(tmp_path / "health-answered")
+    d = deployment("llama")
+    labels = d["spec"]["template"]["metadata"]["labels"]
+    labels.pop("thaw.dev/model")
+    assert labels == {"app": "llama"} and d["spec"]["selector"] == {"matchLabels": labels}
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/ready-file"] = ready_file
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+    # Unrelated pods in the namespace (not selected) stay out of the model.
+    other = deployment("other", replicas=1, gpus=0)
+    other["metadata"]["labels"] = {}
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", other)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    start = time.monotonic()
+    r = complete(t, timeout=30)
+    done_ns = time.monotonic_ns()
+    assert r.status == 200
+    assert time.monotonic() - start < 5  # the kubelet would first probe at 10 s
+    answered_ns = int(open(ready_file).read())
+    # From the server's first 200 on /health to the reply (4 tokens x 5 ms).
+    assert (done_ns - answered_ns) / 1e6 < 300 * SLOW, (done_ns - answered_ns) / 1e6
+    pods = kmodel(t)["pods"]
+    assert len(pods) == 1 and pods[0]["name"].startswith("llama-")
+    assert pods[0]["probe_ok"] and not pods[0]["endpoint_ready"]
+
+
 def test_api_faults_during_a_cold_start_lose_nothing(cluster, thaw_factory, tmp_path):
     sim, t = synced_llama(cluster, thaw_factory, tmp_path,
                           sim_kw=dict(load_ms=1500),

@@ -2,8 +2,8 @@
  * The input goes to an informer twice over: as a list response body, then
  * line by line as watch events, then as a list again (so objects the
  * informer knows are swept). Every object the informer hands on goes through
- * all of thaw's decoders (Deployment model spec, Pod, EndpointSlice, Node)
- * and the Lease reader and writer, whatever its kind, as a confused or
+ * all of thaw's decoders (Deployment model spec, Pod, EndpointSlice, Node),
+ * the label selector matcher and the Lease reader and writer, whatever its kind, as a confused or
  * hostile API server could send anything anywhere. Each line is also read
  * as a peer activator's demand report. */
 #include <stddef.h>
@@ -50,6 +50,9 @@ static void decode_all(const cJSON *obj)
     }
     struct k8s_pod_info pod;
     (void)k8s_pod_decode(obj, &pod);
+    /* Its selector against its own labels, and against a Deployment's. */
+    (void)k8s_selector_matches(k8s_get(obj, "spec.selector"), k8s_get(obj, "metadata.labels"));
+    (void)k8s_selector_matches(obj, k8s_get(obj, "spec.template.metadata.labels"));
     size_t total = 0;
     (void)k8s_slice_service(obj);
     (void)k8s_slice_each(obj, on_endpoint, &total);

@@ -18,7 +18,9 @@
  *                        answers 200 (load tests measure from that moment)
  *
  * Paths: /health, /v1/models, /v1/chat/completions, /v1/completions
- * (JSON, or SSE chunks ending in "data: [DONE]" with "stream": true). */
+ * (JSON, or SSE chunks ending in "data: [DONE]" with "stream": true), and
+ * /stats: {"active", "peak_active", "completions"} (completions in progress
+ * now, the most ever in progress at once, and how many were started). */
 #include <errno.h>
 #include <getopt.h>
 #include <netinet/in.h>
@@ -54,6 +56,7 @@ struct sim {
     const char *ready_file;
     bool ready_written;
     long active;
+    long peak_active; /* most completions ever in progress at once (GET /stats) */
     long completions;
     struct evconnlistener *listener;
     struct http_limits limits;
@@ -233,6 +236,9 @@ static void start_completion(struct client *c, bool chat)
     c->id = ++s->completions;
     c->crash_here = s->crash_after > 0 && c->id >= s->crash_after;
     s->active++;
+    if (s->active > s->peak_active) {
+        s->peak_active = s->active;
+    }
     c->counted_active = true;
     if (c->stream) {
         bufferevent_write(c->bev,
@@ -276,6 +282,11 @@ static bool handle(struct client *c)
             s->ready_written = true;
         }
         respond(c, 200, "application/json", "{\"status\":\"ok\"}");
+    } else if (http_name_eq(t, len, "/stats")) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"active\":%ld,\"peak_active\":%ld,\"completions\":%ld}",
+                 s->active, s->peak_active, s->completions);
+        respond(c, 200, "application/json", body);
     } else if (http_name_eq(t, len, "/v1/models")) {
         char body[512];
         snprintf(body, sizeof body,

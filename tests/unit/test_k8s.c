@@ -282,19 +282,6 @@ static void test_unknown_and_unsupported_annotations_are_reported(void **state)
     assert_non_null(strstr(s.errors, "thaw.dev/port: \"8?[31m\" is not a whole number"));
 }
 
-static void test_pod_owner_names_its_deployment(void **state)
-{
-    cJSON *obj = cJSON_Parse(
-        "{\"metadata\":{\"name\":\"chat-7d9f-abcde\",\"namespace\":\"team-a\","
-        "\"labels\":{\"thaw.dev/model\":\"true\"},\"ownerReferences\":[{\"kind\":"
-        "\"ReplicaSet\",\"name\":\"chat-bot-7d9f5c6b8\"}]}}");
-    struct k8s_pod_info pi;
-    assert_int_equal(k8s_pod_decode(obj, &pi), 0);
-    assert_string_equal(pi.deployment, "chat-bot");
-    assert_string_equal(pi.model, "true");
-    cJSON_Delete(obj);
-}
-
 static void test_not_a_deployment(void **state)
 {
     cJSON *obj = cJSON_Parse("{\"kind\":\"Status\",\"code\":410}");
@@ -446,6 +433,179 @@ static void test_pod_decoding(void **state)
     assert_int_equal(k8s_pod_decode(pod, &pi), 0);
     assert_true(pi.terminating);
     cJSON_Delete(pod);
+}
+
+/* Whether selector (JSON) selects an object with labels (JSON). */
+static bool selects(const char *selector, const char *labels)
+{
+    cJSON *sel = cJSON_Parse(selector);
+    cJSON *lab = cJSON_Parse(labels);
+    bool r = k8s_selector_matches(sel, lab);
+    cJSON_Delete(sel);
+    cJSON_Delete(lab);
+    return r;
+}
+
+static void test_selector_match_labels(void **state)
+{
+    const char *app = "{\"matchLabels\":{\"app\":\"llama\"}}";
+    assert_true(selects(app, "{\"app\":\"llama\"}"));
+    /* Other labels do not matter: no thaw.dev/model needed on the pod. */
+    assert_true(selects(app, "{\"app\":\"llama\",\"pod-template-hash\":\"7d9f\"}"));
+    assert_false(selects(app, "{\"app\":\"mistral\"}"));
+    assert_false(selects(app, "{}"));
+    assert_false(selects(app, "null"));
+    const char *two = "{\"matchLabels\":{\"app\":\"llama\",\"tier\":\"gpu\"}}";
+    assert_true(selects(two, "{\"app\":\"llama\",\"tier\":\"gpu\"}"));
+    assert_false(selects(two, "{\"app\":\"llama\"}"));
+    assert_false(selects(two, "{\"app\":\"llama\",\"tier\":\"cpu\"}"));
+    /* A label value is a string; a number is not the same label. */
+    assert_false(selects(app, "{\"app\":7}"));
+}
+
+static void test_selector_match_expressions(void **state)
+{
+    const char *in = "{\"matchExpressions\":[{\"key\":\"app\",\"operator\":\"In\","
+                     "\"values\":[\"llama\",\"llama-canary\"]}]}";
+    assert_true(selects(in, "{\"app\":\"llama\"}"));
+    assert_true(selects(in, "{\"app\":\"llama-canary\"}"));
+    assert_false(selects(in, "{\"app\":\"mistral\"}"));
+    assert_false(selects(in, "{}"));
+    const char *notin = "{\"matchExpressions\":[{\"key\":\"track\",\"operator\":\"NotIn\","
+                        "\"values\":[\"canary\"]}]}";
+    assert_true(selects(notin, "{\"track\":\"stable\"}"));
+    assert_true(selects(notin, "{}")); /* NotIn holds without the key */
+    assert_false(selects(notin, "{\"track\":\"canary\"}"));
+    const char *exists = "{\"matchExpressions\":[{\"key\":\"gpu\",\"operator\":\"Exists\"}]}";
+    assert_true(selects(exists, "{\"gpu\":\"\"}"));
+    assert_false(selects(exists, "{\"cpu\":\"x\"}"));
+    const char *absent = "{\"matchExpressions\":[{\"key\":\"debug\",\"operator\":\"DoesNotExist\","
+                         "\"values\":[]}]}";
+    assert_true(selects(absent, "{\"app\":\"llama\"}"));
+    assert_false(selects(absent, "{\"debug\":\"1\"}"));
+    /* matchLabels and matchExpressions together: all must hold. */
+    const char *both = "{\"matchLabels\":{\"app\":\"llama\"},\"matchExpressions\":["
+                       "{\"key\":\"track\",\"operator\":\"In\",\"values\":[\"stable\"]},"
+                       "{\"key\":\"debug\",\"operator\":\"DoesNotExist\"}]}";
+    assert_true(selects(both, "{\"app\":\"llama\",\"track\":\"stable\"}"));
+    assert_false(selects(both, "{\"app\":\"llama\",\"track\":\"stable\",\"debug\":\"y\"}"));
+    assert_false(selects(both, "{\"app\":\"mistral\",\"track\":\"stable\"}"));
+}
+
+static void test_selector_rollout_selects_both_replicasets(void **state)
+{
+    /* The Deployment controller adds pod-template-hash to each ReplicaSet's
+     * pods, never to the Deployment's selector: old and new pods both match. */
+    const char *sel = "{\"matchLabels\":{\"app\":\"llama\"}}";
+    assert_true(selects(sel, "{\"app\":\"llama\",\"pod-template-hash\":\"5f8c\"}"));
+    assert_true(selects(sel, "{\"app\":\"llama\",\"pod-template-hash\":\"7d9f\"}"));
+}
+
+static void test_selector_empty_or_malformed_selects_nothing(void **state)
+{
+    const char *labels = "{\"app\":\"llama\"}";
+    assert_false(selects("null", labels));
+    assert_false(selects("{}", labels));
+    assert_false(selects("{\"matchLabels\":{}}", labels));
+    assert_false(selects("{\"matchLabels\":[]}", labels));
+    assert_false(selects("{\"matchLabels\":{\"app\":1}}", labels));
+    assert_false(selects("{\"matchExpressions\":{}}", labels));
+    assert_false(selects("{\"matchExpressions\":[{\"key\":\"app\",\"operator\":\"Like\","
+                         "\"values\":[\"llama\"]}]}",
+                         labels));
+    assert_false(selects("{\"matchExpressions\":[{\"key\":\"app\",\"operator\":\"In\"}]}", labels));
+    assert_false(selects("{\"matchExpressions\":[{\"key\":\"app\",\"operator\":\"In\","
+                         "\"values\":[]}]}",
+                         labels));
+    assert_false(selects("{\"matchExpressions\":[{\"key\":\"app\",\"operator\":\"Exists\","
+                         "\"values\":[\"llama\"]}]}",
+                         labels));
+    assert_false(selects("{\"matchExpressions\":[{\"operator\":\"Exists\"}]}", labels));
+    /* A malformed requirement spoils the selector even after one that fails. */
+    assert_false(selects("{\"matchLabels\":{\"app\":\"llama\"},\"matchExpressions\":["
+                         "{\"key\":\"x\",\"operator\":\"In\",\"values\":[1]}]}",
+                         labels));
+}
+
+static void test_pod_owner(void **state)
+{
+    cJSON *pod =
+        cJSON_Parse("{\"metadata\":{\"name\":\"llama-7d9f-x2\","
+                    "\"creationTimestamp\":\"2026-12-03T06:30:00Z\",\"ownerReferences\":["
+                    "{\"kind\":\"Node\",\"name\":\"n1\"},"
+                    "{\"kind\":\"ReplicaSet\",\"name\":\"llama-7d9f\",\"controller\":true}]}}");
+    struct k8s_pod_info pi;
+    assert_int_equal(k8s_pod_decode(pod, &pi), 0);
+    assert_string_equal(pi.owner, "llama-7d9f");
+    assert_string_equal(pi.created, "2026-12-03T06:30:00Z");
+    cJSON_Delete(pod);
+    pod = cJSON_Parse("{\"metadata\":{\"name\":\"bare\"}}");
+    assert_int_equal(k8s_pod_decode(pod, &pi), 0);
+    assert_string_equal(pi.owner, "");
+    assert_string_equal(pi.created, "");
+    cJSON_Delete(pod);
+}
+
+/* Totals per activator and per pod over pods x concurrency slots. */
+static void deal(uint32_t conc, unsigned n, size_t pods, uint32_t *per_activator, uint32_t *per_pod)
+{
+    for (unsigned r = 0; r < n; r++) {
+        per_activator[r] = 0;
+    }
+    for (size_t i = 0; i < pods; i++) {
+        per_pod[i] = 0;
+        for (unsigned r = 0; r < n; r++) {
+            uint32_t s = k8s_activator_share(conc, n, r, i);
+            per_activator[r] += s;
+            per_pod[i] += s;
+        }
+    }
+}
+
+static void test_activator_share(void **state)
+{
+    uint32_t act[8], pod[16];
+    /* 8 slots (4 pods x 2) over 3 activators: 3 + 3 + 2, no pod over 2. */
+    deal(2, 3, 4, act, pod);
+    assert_int_equal(act[0], 3);
+    assert_int_equal(act[1], 3);
+    assert_int_equal(act[2], 2);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(pod[i], 2);
+    }
+    /* Concurrency below the activator count: some get 0 on a pod, slots on others. */
+    deal(1, 2, 3, act, pod);
+    assert_int_equal(act[0], 2);
+    assert_int_equal(act[1], 1);
+    assert_int_equal(k8s_activator_share(1, 2, 0, 0), 1);
+    assert_int_equal(k8s_activator_share(1, 2, 1, 0), 0);
+    assert_int_equal(k8s_activator_share(1, 2, 1, 1), 1);
+    /* One pod, one slot, three activators: only the first holds it. */
+    deal(1, 3, 1, act, pod);
+    assert_int_equal(act[0], 1);
+    assert_int_equal(act[1] + act[2], 0);
+    /* Alone: everything. */
+    assert_int_equal(k8s_activator_share(5, 1, 0, 3), 5);
+    assert_int_equal(k8s_activator_share(5, 0, 0, 3), 5);
+    /* Every combination: each pod's slots are all dealt, totals within one. */
+    for (uint32_t c = 1; c <= 7; c++) {
+        for (unsigned n = 2; n <= 8; n++) {
+            for (size_t p = 1; p <= 16; p++) {
+                deal(c, n, p, act, pod);
+                uint32_t lo = UINT32_MAX, hi = 0;
+                for (unsigned r = 0; r < n; r++) {
+                    lo = act[r] < lo ? act[r] : lo;
+                    hi = act[r] > hi ? act[r] : hi;
+                    /* The remainder goes to the first activators. */
+                    assert_true(r == 0 || act[r] <= act[r - 1]);
+                }
+                assert_true(hi - lo <= 1);
+                for (size_t i = 0; i < p; i++) {
+                    assert_int_equal(pod[i], c);
+                }
+            }
+        }
+    }
 }
 
 struct seen {
@@ -815,11 +975,16 @@ int main(void)
         cmocka_unit_test(test_marker_label_names_the_model_after_its_deployment),
         cmocka_unit_test(test_knative_annotations_on_the_pod_template),
         cmocka_unit_test(test_unknown_and_unsupported_annotations_are_reported),
-        cmocka_unit_test(test_pod_owner_names_its_deployment),
         cmocka_unit_test(test_durations),
         cmocka_unit_test(test_out_of_range_numbers),
         cmocka_unit_test(test_watch_event_objects),
         cmocka_unit_test(test_pod_decoding),
+        cmocka_unit_test(test_pod_owner),
+        cmocka_unit_test(test_selector_match_labels),
+        cmocka_unit_test(test_selector_match_expressions),
+        cmocka_unit_test(test_selector_rollout_selects_both_replicasets),
+        cmocka_unit_test(test_selector_empty_or_malformed_selects_nothing),
+        cmocka_unit_test(test_activator_share),
         cmocka_unit_test(test_endpointslice_decoding),
         cmocka_unit_test(test_node_decoding),
         cmocka_unit_test(test_base64),

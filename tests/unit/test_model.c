@@ -48,6 +48,32 @@ static void test_least_loaded_with_free_slot(void **state)
     fleet_dispose(&f);
 }
 
+static void test_share_limits_this_activators_slots(void **state)
+{
+    struct fleet f;
+    struct queue_global g = {0, 100};
+    struct model *m = make(&f, &g, 3);
+    /* Another activator holds the rest of each replica's 3 slots. */
+    assert_int_equal(fleet_replica_ready_with(&f, m, "a", "127.0.0.1:9001", 2, -1), 0);
+    assert_int_equal(fleet_replica_ready_with(&f, m, "b", "127.0.0.1:9002", 0, -1), 0);
+    assert_int_equal(m->endpoints[0]->share, 2);
+    assert_int_equal(model_capacity(m), 2);
+    assert_string_equal(model_pick_endpoint(m, 0)->id, "a"); /* b: no share here */
+    m->endpoints[0]->inflight = 2;
+    assert_null(model_pick_endpoint(m, 0));
+    m->endpoints[1]->share = 1;
+    assert_string_equal(model_pick_endpoint(m, 0)->id, "b");
+    /* A share above max_concurrency is capped by it. */
+    m->endpoints[1]->share = 10;
+    assert_int_equal(model_capacity(m), 5);
+    /* Plain fleet_replica_ready: all the slots. */
+    fleet_replica_ready(&f, m, "c", "127.0.0.1:9003");
+    assert_int_equal(m->endpoints[2]->share, UINT32_MAX);
+    assert_int_equal(model_capacity(m), 8);
+    m->endpoints[0]->inflight = 0;
+    fleet_dispose(&f);
+}
+
 static void test_ejected_skipped_unless_all_are(void **state)
 {
     struct fleet f;
@@ -140,6 +166,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_least_loaded_with_free_slot),
+        cmocka_unit_test(test_share_limits_this_activators_slots),
         cmocka_unit_test(test_ejected_skipped_unless_all_are),
         cmocka_unit_test(test_replica_gone_keeps_referenced_endpoint),
         cmocka_unit_test(test_bad_address_rejected),

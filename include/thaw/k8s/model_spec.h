@@ -26,7 +26,7 @@
 
 struct k8s_model_spec {
     char name[254];       /* model name: K8S_MODEL_LABEL value, or the Deployment's */
-    char label[254];      /* the K8S_MODEL_LABEL value as written (pods carry it too) */
+    char label[254];      /* the K8S_MODEL_LABEL value as written */
     char deployment[254]; /* the Deployment's name */
     char namespace_[254];
     char service[254];

@@ -9,16 +9,18 @@
 
 #include <cjson/cJSON.h>
 
-/* The label that makes a Deployment a model and ties its pods to it; its
- * value is the model's name, or a marker ("true", "") that names the model
- * after its Deployment. The default kubernetes.label_selector. */
+/* The label that makes a Deployment a model; its value is the model's name.
+ * The default kubernetes.label_selector. A model's pods are the ones its
+ * Deployment's spec.selector selects (k8s_selector_matches), whatever other
+ * labels they carry. */
 #define K8S_MODEL_LABEL "thaw.dev/model"
 
 struct k8s_pod_info {
     char name[254];
     char namespace_[254];
     char model[254]; /* K8S_MODEL_LABEL label; "" when absent */
-    char deployment[254]; /* from its ReplicaSet owner's name; "" when none */
+    char owner[254]; /* the controlling ownerReference's name (a ReplicaSet); "" when none */
+    char created[32]; /* metadata.creationTimestamp (RFC 3339, sorts as text); "" when absent */
     char ip[64];     /* status.podIP; "" before it has one */
     char phase[16];
     bool running;       /* phase Running */
@@ -29,6 +31,16 @@ struct k8s_pod_info {
 
 /* 0, or -1 when obj has no name. */
 int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *out);
+
+/* Whether an object with these labels (metadata.labels; NULL: none) is
+ * selected by a LabelSelector: every matchLabels pair, and every
+ * matchExpressions requirement (In, NotIn, Exists, DoesNotExist), as the API
+ * server and every controller read it: NotIn and DoesNotExist hold for an
+ * object without the key. A null or empty selector, and one with an unknown
+ * operator or a malformed requirement (In/NotIn without values,
+ * Exists/DoesNotExist with some), select nothing: a Deployment's selector
+ * may be neither, and claiming every pod of a namespace is the worse error. */
+bool k8s_selector_matches(const cJSON *selector, const cJSON *labels);
 
 struct k8s_slice_endpoint {
     const char *pod; /* targetRef.name */

@@ -9,6 +9,7 @@
 #define THAW_K8S_PEERS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -28,6 +29,9 @@ struct k8s_peers {
     uint64_t poll_ms, timeout_ms;
     struct event timer;
     bool polling; /* only the leader polls */
+    /* Called when the set of activators changed (one joined or left). */
+    void (*on_change)(void *ud);
+    void *on_change_ud;
 };
 
 void k8s_peers_init(struct k8s_peers *p, struct k8s_client *c, struct event_base *base,
@@ -42,6 +46,23 @@ void k8s_peers_describe(struct k8s_peers *p, cJSON *out);
 /* The fewest milliseconds since a request for model key at any fresh peer
  * (as reported, plus the time since the report); UINT64_MAX when none says. */
 uint64_t k8s_peers_idle_ms(struct k8s_peers *p, const char *key);
+
+/* Where this activator stands among all of them (itself included), ordered
+ * by address so that every activator computes the same order without
+ * talking: *n activators, this one at *rank. Returns false when this one is
+ * not (yet) among them while others are, or before the first list (then *n
+ * is what is known and *rank is meaningless). No activator listed at all
+ * reads as alone (*n = 1, *rank = 0). */
+bool k8s_peers_place(const struct k8s_peers *p, unsigned *rank, unsigned *n);
+
+/* The slots activator rank of n holds on the pod_index-th ready pod (pods in
+ * a deterministic order), each pod taking concurrency requests at once. The
+ * slots of all pods, pod by pod, are dealt to the activators round-robin
+ * (Knative's activator splits the same total), so no pod gets more than
+ * concurrency from all activators together, the activators' totals differ
+ * by at most one, and the first ones hold the remainder (8 slots over 3
+ * activators: 3, 3, 2). Pure. */
+uint32_t k8s_activator_share(uint32_t concurrency, unsigned n, unsigned rank, size_t pod_index);
 /* A peer's demand report ({"identity": ..., "models": {key: [inflight,
  * queued, idle_ms]}}, idle_ms optional: ms since the model's last request
  * there) into demand (key -> (uintptr_t) demand + 1, replaced whole), idle

@@ -1,8 +1,9 @@
 /* Kubernetes backend: models are Deployments labelled K8S_MODEL_LABEL (objects.h).
  *
  * Four informers feed it: Deployments (the models and their settings),
- * EndpointSlices (replica readiness as the cluster sees it), Pods (IPs to
- * probe directly, ahead of the kubelet; Pending/Unschedulable pods) and
+ * EndpointSlices (replica readiness as the cluster sees it), Pods (those a
+ * model Deployment's spec.selector selects: IPs to probe directly, ahead of
+ * the kubelet; Pending/Unschedulable pods) and
  * Nodes (GPU capacity). A replica is a pod: it is reported ready the first
  * time either its EndpointSlice endpoint is ready or thaw's own probe of
  * podIP:port answers, and gone when it terminates, is deleted, or its
@@ -78,7 +79,6 @@ static void kube_free(struct backend *b)
     k8s_informer_dispose(&kb->nodes);
     strmap_each(&kb->models, free_model_cb, NULL);
     strmap_dispose(&kb->models);
-    strmap_dispose(&kb->by_label);
     strmap_dispose(&kb->by_svc);
     strmap_each(&kb->nodes_gpu, free_node, NULL);
     strmap_dispose(&kb->nodes_gpu);
@@ -121,7 +121,6 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
     kb->evbase = base;
     kb->cfg = cfg;
     strmap_init(&kb->models);
-    strmap_init(&kb->by_label);
     strmap_init(&kb->by_svc);
     strmap_init(&kb->nodes_gpu);
     kb->client = k8s_client_new(base, auth, err, errlen);
@@ -153,8 +152,9 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
                           &kube_deployment_ops, kb);
         k8s_informer_init(&kb->ns[i].slices, kb->client, base, "endpointslices", sp,
                           "kubernetes.io/service-name", &kube_slice_ops, kb);
-        k8s_informer_init(&kb->ns[i].pods, kb->client, base, "pods", pp, K8S_MODEL_LABEL,
-                          &kube_pod_ops, kb);
+        /* Every pod: a model's are those its Deployment's selector picks,
+         * which no single label selector can ask for (replicas.c). */
+        k8s_informer_init(&kb->ns[i].pods, kb->client, base, "pods", pp, NULL, &kube_pod_ops, kb);
     }
     k8s_informer_init(&kb->nodes, kb->client, base, "nodes", "/api/v1/nodes", NULL, &kube_node_ops,
                       kb);

@@ -75,6 +75,8 @@ void kube_ha_start(struct kube_backend *kb)
                        k->peers_namespace ? k->peers_namespace : lease_ns, k->peers_service,
                        (unsigned)k->peers_port, self_ip, k->peers_poll_ms, k->peers_timeout_ms);
         k8s_peers_set_polling(&kb->peers, kb->leading);
+        kb->peers.on_change = kube_peers_changed; /* the models' slots are split anew */
+        kb->peers.on_change_ud = kb;
         k8s_peers_start(&kb->peers);
     }
 }

@@ -48,8 +48,10 @@ struct kpod {
     bool probing;
     bool terminating;
     bool retired; /* thaw scaled to zero: not routed until scaled up again */
+    bool selected; /* the Deployment's selector picked it (not only its Service) */
     bool unschedulable;
     char phase[16];
+    char created[32]; /* creationTimestamp: the order slots are dealt in */
     struct probe probe;
 };
 
@@ -57,6 +59,7 @@ struct kmodel {
     struct kube_backend *kb;
     struct model *m;
     struct k8s_model_spec spec;
+    cJSON *selector; /* the Deployment's spec.selector: which pods are its */
     char key[600]; /* "ns/deployment" */
     struct strmap pods; /* pod name -> kpod */
     /* scaling */
@@ -97,7 +100,6 @@ struct kube_backend {
     unsigned synced_count, informer_count;
     size_t deployments_synced;
     struct strmap models;   /* "ns/deployment" -> kmodel */
-    struct strmap by_label; /* "ns/model name" -> kmodel (pods) */
     struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
     struct strmap nodes_gpu; /* node name -> struct k8s_node_info */
     struct event tick;
@@ -132,6 +134,11 @@ void kube_pod_ready(struct kpod *p, const char *via);
 void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);
 void kube_pod_gone(struct kpod *p, const char *why);
 void kube_kmodel_free(struct kmodel *km);
+/* This activator's share of each ready pod's slots, from the activators
+ * (peers) and the ready pods; waiting requests go when a share grew. */
+void kube_shares_update(struct kmodel *km);
+/* The set of activators changed: every model's shares move. */
+void kube_peers_changed(void *kb);
 
 /* backend_k8s_scale.c */
 void kube_scale_retry(evutil_socket_t fd, short what, void *arg);

@@ -1,8 +1,11 @@
-/* Kubernetes backend, replicas: Deployments labelled with K8S_MODEL_KEY are
- * models (their annotations the settings); a replica is a pod, reported
- * ready the first time either its EndpointSlice endpoint is ready or thaw's
- * own probe of podIP:port answers, and gone when it terminates, is deleted,
- * or its endpoint stops being ready. Nodes give the GPU capacity. */
+/* Kubernetes backend, replicas: Deployments labelled with K8S_MODEL_LABEL are
+ * models (their annotations the settings); a replica is a pod the
+ * Deployment's spec.selector selects (or its Service's EndpointSlice lists),
+ * reported ready the first time either its EndpointSlice endpoint is ready or
+ * thaw's own probe of podIP:port answers, and gone when it terminates, is
+ * deleted, stops matching the selector, or its endpoint stops being ready.
+ * With several activators each holds a share of every ready pod's slots.
+ * Nodes give the GPU capacity. */
 #include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
@@ -56,7 +59,11 @@ void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd)
         histogram_observe(&km->m->stats.cold_start, (double)ms / 1000.0);
         km->woken_ms = 0;
     }
-    fleet_replica_ready_conn(p->km->m->fleet, p->km->m, p->name, addr, conn_fd);
+    /* No slot until the shares are dealt with this pod counted in: another
+     * activator may already hold all of it. The probe's connection waits in
+     * the pool meanwhile. */
+    fleet_replica_ready_with(km->m->fleet, km->m, p->name, addr, 0, conn_fd);
+    kube_shares_update(km);
 }
 
 void kube_pod_gone(struct kpod *p, const char *why)
@@ -68,7 +75,81 @@ void kube_pod_gone(struct kpod *p, const char *why)
     if (p->reported) {
         p->reported = false;
         fleet_replica_gone(p->km->m->fleet, p->km->m, p->name, why);
+        kube_shares_update(p->km);
     }
+}
+
+/* ---- this activator's share of the slots ------------------------------------ */
+
+struct dealt {
+    struct endpoint *ep;
+    const char *created;
+};
+
+static int by_creation(const void *a, const void *b)
+{
+    const struct dealt *x = a, *y = b;
+    int c = strcmp(x->created, y->created);
+    return c ? c : strcmp(x->ep->id, y->ep->id);
+}
+
+void kube_shares_update(struct kmodel *km)
+{
+    struct model *m = km->m;
+    struct kube_backend *kb = km->kb;
+    unsigned rank = 0, n = 1;
+    /* Before the activators are known, or while this one is not among
+     * them, it takes nothing: the others may be using every slot. */
+    bool placed = !kb->have_peers || k8s_peers_place(&kb->peers, &rank, &n);
+    size_t count = m->n_endpoints;
+    struct dealt *order = count ? malloc(count * sizeof *order) : NULL;
+    if (!order) {
+        return;
+    }
+    /* Every activator deals the pods in the same order: oldest first, then
+     * by name. A scale-up's new pods come last and a scale-down takes the
+     * newest, so the pods already serving keep their shares (a share that
+     * moves off a pod with requests on it puts it over its limit until they
+     * finish). */
+    for (size_t i = 0; i < count; i++) {
+        const char *id = m->endpoints[i]->id;
+        const struct kpod *p = strmap_get(&km->pods, id, strlen(id));
+        order[i] = (struct dealt){m->endpoints[i], p ? p->created : ""};
+    }
+    qsort(order, count, sizeof *order, by_creation);
+    bool grew = false;
+    for (size_t i = 0; i < count; i++) {
+        struct endpoint *ep = order[i].ep;
+        uint32_t share = !placed  ? 0
+                         : n <= 1 ? UINT32_MAX
+                                  : k8s_activator_share(m->set.max_concurrency, n, rank, i);
+        grew = grew || share > ep->share;
+        ep->share = share;
+    }
+    free(order);
+    if (grew && m->fleet->on_capacity) {
+        m->fleet->on_capacity(m->fleet->cb_ud, m);
+    }
+}
+
+static void shares_update_cb(void *ud, const char *key, void *value)
+{
+    kube_shares_update(value);
+}
+
+void kube_peers_changed(void *kb)
+{
+    struct kube_backend *b = kb;
+    unsigned rank = 0, n = 1;
+    if (k8s_peers_place(&b->peers, &rank, &n)) {
+        LOGI("activators changed: the models' slots are split anew", "activators=%u rank=%u", n,
+             rank);
+    } else if (b->peers.slices.synced) {
+        LOGW("this activator is not among its Service's endpoints: it holds its requests and "
+             "takes no share of the pods' slots until it is",
+             "activators=%u self=%s", n, b->peers.self_ip);
+    }
+    strmap_each(&b->models, shares_update_cb, NULL);
 }
 
 static void on_pod_probe(struct probe *pr, void *ud)
@@ -225,12 +306,6 @@ static void apply_initial_scale(struct kmodel *km)
 static void index_model(struct kube_backend *kb, struct kmodel *km, bool add)
 {
     char k[600];
-    snprintf(k, sizeof k, "%s/%s", km->spec.namespace_, km->spec.label);
-    if (add) {
-        strmap_put(&kb->by_label, k, strlen(k), km);
-    } else if (strmap_get(&kb->by_label, k, strlen(k)) == km) {
-        strmap_del(&kb->by_label, k, strlen(k));
-    }
     snprintf(k, sizeof k, "%s/%s", km->spec.namespace_, km->spec.service);
     if (add) {
         strmap_put(&kb->by_svc, k, strlen(k), km);
@@ -255,6 +330,7 @@ void kube_kmodel_free(struct kmodel *km)
     k8s_call_cancel(km->idle_call);
     strmap_each(&km->pods, free_pod_cb, NULL);
     strmap_dispose(&km->pods);
+    cJSON_Delete(km->selector);
     free(km);
 }
 
@@ -291,6 +367,14 @@ static struct kmodel *kmodel_new(struct kube_backend *kb, const struct k8s_model
     return km;
 }
 
+/* Keeps the Deployment's spec.selector (immutable in apps/v1, but read anew). */
+static void set_selector(struct kmodel *km, const cJSON *deployment)
+{
+    cJSON *sel = cJSON_Duplicate(k8s_get(deployment, "spec.selector"), true);
+    cJSON_Delete(km->selector);
+    km->selector = sel;
+}
+
 static void deployment_upsert(void *ud, const cJSON *obj)
 {
     struct kube_backend *kb = ud;
@@ -312,6 +396,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         if (!km) {
             return;
         }
+        set_selector(km, obj);
         strmap_put(&kb->models, key, strlen(key), km);
         index_model(kb, km, true);
         kube_idle_observe(km, obj, true);
@@ -330,9 +415,11 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     char before[sizeof sp.errors];
     memcpy(before, km->spec.errors, sizeof before);
     km->spec = sp;
+    set_selector(km, obj);
     index_model(kb, km, true);
     report_annotation_errors(km, before);
     model_apply_settings(km->m, &cm);
+    kube_shares_update(km); /* max_concurrency may have changed */
     /* New annotations take effect; the autoscaler keeps its samples. */
     apply_scaling(km, kb->cfg);
     if (names_changed) {
@@ -366,24 +453,71 @@ static void deployment_remove(void *ud, const cJSON *obj)
 
 /* ---- pods ------------------------------------------------------------------ */
 
-/* The pod's Deployment, through its ReplicaSet owner, when that is a model
- * with the pod's label (several Deployments may carry the marker "true");
- * else the model its label names. */
-static struct kmodel *model_of_pod(struct kube_backend *kb, const struct k8s_pod_info *pi)
+struct pod_match {
+    const struct k8s_pod_info *pi;
+    const cJSON *labels;
+    struct kmodel *found;
+};
+
+/* Whether the pod's controller, its ReplicaSet, is km's Deployment's: the
+ * Deployment controller names it "<deployment>-<pod-template-hash>" and
+ * labels the pods with that hash. */
+static bool owned_by(const struct kmodel *km, const struct pod_match *pm)
 {
-    char k[600];
-    if (pi->deployment[0]) {
-        snprintf(k, sizeof k, "%s/%s", pi->namespace_, pi->deployment);
-        struct kmodel *km = strmap_get(&kb->models, k, strlen(k));
-        if (km && strcmp(km->spec.label, pi->model) == 0) {
-            return km;
-        }
+    const cJSON *hash = cJSON_GetObjectItemCaseSensitive(pm->labels, "pod-template-hash");
+    const char *owner = pm->pi->owner;
+    size_t n = strlen(km->spec.deployment);
+    if (strncmp(owner, km->spec.deployment, n) != 0 || owner[n] != '-') {
+        return false;
     }
-    if (!pi->model[0]) {
-        return NULL;
+    return !cJSON_IsString(hash) || strcmp(owner + n + 1, hash->valuestring) == 0;
+}
+
+static void match_model(void *ud, const char *key, void *value)
+{
+    struct pod_match *pm = ud;
+    struct kmodel *km = value;
+    if (strcmp(km->spec.namespace_, pm->pi->namespace_) != 0 ||
+        !k8s_selector_matches(km->selector, pm->labels)) {
+        return;
     }
-    snprintf(k, sizeof k, "%s/%s", pi->namespace_, pi->model);
-    return strmap_get(&kb->by_label, k, strlen(k));
+    /* Overlapping selectors (the API warns against them): the Deployment
+     * that owns the pod, else the first by key, so the choice is stable. */
+    struct kmodel *cur = pm->found;
+    bool mine = owned_by(km, pm);
+    bool theirs = cur && owned_by(cur, pm);
+    bool better = !cur || (mine && !theirs) || (mine == theirs && strcmp(km->key, cur->key) < 0);
+    if (better) {
+        pm->found = km;
+    }
+}
+
+/* The model whose Deployment's selector selects the pod, as the Deployment
+ * controller and kubectl count its pods; NULL when none does. */
+static struct kmodel *model_of_pod(struct kube_backend *kb, const cJSON *obj,
+                                   const struct k8s_pod_info *pi)
+{
+    struct pod_match pm = {pi, k8s_get(obj, "metadata.labels"), NULL};
+    strmap_each(&kb->models, match_model, &pm);
+    return pm.found;
+}
+
+struct unselect {
+    const struct k8s_pod_info *pi;
+    const struct kmodel *keep;
+};
+
+static void drop_if_unselected(void *ud, const char *key, void *value)
+{
+    struct unselect *u = ud;
+    struct kmodel *km = value;
+    if (km == u->keep || strcmp(km->spec.namespace_, u->pi->namespace_) != 0) {
+        return;
+    }
+    struct kpod *p = pod_get(km, u->pi->name, false);
+    if (p && p->selected) {
+        pod_free(km, p, "pod no longer matches the Deployment's selector");
+    }
 }
 
 static void pod_upsert(void *ud, const cJSON *obj)
@@ -393,12 +527,22 @@ static void pod_upsert(void *ud, const cJSON *obj)
     if (k8s_pod_decode(obj, &pi)) {
         return;
     }
-    struct kmodel *km = model_of_pod(kb, &pi);
+    struct kmodel *km = model_of_pod(kb, obj, &pi);
+    /* Relabelled out of a Deployment (its ReplicaSet lets go of it too). */
+    struct unselect u = {&pi, km};
+    strmap_each(&kb->models, drop_if_unselected, &u);
     struct kpod *p = km ? pod_get(km, pi.name, true) : NULL;
     if (!p) {
         return;
     }
+    p->selected = true;
     snprintf(p->phase, sizeof p->phase, "%s", pi.phase);
+    if (strcmp(p->created, pi.created) != 0) {
+        snprintf(p->created, sizeof p->created, "%s", pi.created);
+        if (p->reported) { /* ready by its EndpointSlice before this event */
+            kube_shares_update(km);
+        }
+    }
     p->unschedulable = pi.unschedulable;
     if (pi.terminating) {
         p->terminating = true;
@@ -435,7 +579,7 @@ static void pod_remove(void *ud, const cJSON *obj)
     /* After a relist the removed object may carry only its name and namespace
      * (see informer.c): look in every model of ns. */
     struct k8s_pod_info pi;
-    struct kmodel *km = k8s_pod_decode(obj, &pi) == 0 ? model_of_pod(kb, &pi) : NULL;
+    struct kmodel *km = k8s_pod_decode(obj, &pi) == 0 ? model_of_pod(kb, obj, &pi) : NULL;
     if (km) {
         struct kpod *p = pod_get(km, name, false);
         if (p) {

@@ -11,8 +11,21 @@
 
 struct describe_ctx {
     cJSON *arr;
+    const struct model *m;
     unsigned unschedulable;
 };
+
+/* The slots this activator may use on a ready pod; -1 when not routed. */
+static double pod_slots(const struct model *m, const char *pod)
+{
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        const struct endpoint *ep = m->endpoints[i];
+        if (strcmp(ep->id, pod) == 0) {
+            return ep->share < m->set.max_concurrency ? ep->share : m->set.max_concurrency;
+        }
+    }
+    return -1;
+}
 
 static void describe_pod(void *ud, const char *key, void *value)
 {
@@ -26,6 +39,7 @@ static void describe_pod(void *ud, const char *key, void *value)
     cJSON_AddBoolToObject(j, "probe_ok", p->probe_ok);
     cJSON_AddBoolToObject(j, "endpoint_ready", p->slice_ready);
     cJSON_AddBoolToObject(j, "terminating", p->terminating);
+    cJSON_AddNumberToObject(j, "slots", pod_slots(d->m, p->name));
     if (p->unschedulable) {
         cJSON_AddBoolToObject(j, "unschedulable", true);
         d->unschedulable++;
@@ -110,7 +124,14 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
     if (km->kb->have_peers) {
         cJSON_AddNumberToObject(dm, "peers", (double)k8s_peers_demand(&km->kb->peers, km->key));
     }
-    struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), 0};
+    unsigned rank = 0, n = 1;
+    bool placed = !km->kb->have_peers || k8s_peers_place(&km->kb->peers, &rank, &n);
+    cJSON *sl = cJSON_AddObjectToObject(out, "slots");
+    cJSON_AddNumberToObject(sl, "activators", n);
+    cJSON_AddNumberToObject(sl, "rank", rank);
+    cJSON_AddBoolToObject(sl, "placed", placed);
+    cJSON_AddNumberToObject(sl, "here", model_capacity(m));
+    struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), m, 0};
     strmap_each(&km->pods, describe_pod, &d);
     const char *state = m->n_endpoints       ? "ready"
                         : d.unschedulable    ? "waiting_for_capacity"
