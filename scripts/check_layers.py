@@ -21,7 +21,7 @@ import sys
 # (src/*.c is "top"); a header's layer is that of the source with its name.
 LAYERS = ["base", "config", "http", "k8s", "core", "scale", "backends", "proxy", "admin", "top"]
 # Headers with no source of the same name.
-HEADER_ONLY = {"list": "base", "backend": "backends", "runtime": "core"}
+HEADER_ONLY = {"list": "base", "backend": "backends"}
 # Layers that sit side by side: neither may include the other.
 SIDE_BY_SIDE = {frozenset({"http", "k8s"})}
 

@@ -186,37 +186,10 @@ static void keep_restart_only(struct server *srv, struct config *next)
 
 /* libevent keeps at most 256 common timeouts per loop (equal durations
  * share one); past that the running value stays rather than none. */
-static void set_common_timeout(struct event_base *base, const struct timeval **field, uint64_t ms)
-{
-    struct timeval tv = clock_timeval(ms);
-    const struct timeval *c = event_base_init_common_timeout(base, &tv);
-    if (c) {
-        *field = c;
-    } else {
-        LOGW("too many distinct timeouts: keeping the running one", "ms=%llu",
-             (unsigned long long)ms);
-    }
-}
-
-/* Limits and timeouts apply to what happens next: requests already read,
- * connections already armed keep what they had. */
+/* The log level applies at once; limits and timeouts with the new
+ * configuration (runtime_apply_config). */
 static void apply_thaw_settings(struct server *srv, const struct config *next)
 {
-    const struct config_limits *lim = &next->limits;
-    srv->rt.req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
-                                           lim->max_body_bytes};
-    srv->rt.resp_limits.max_head_bytes = next->upstream.max_response_header_bytes;
-    set_common_timeout(srv->rt.base, &srv->rt.net.tv_header, lim->header_timeout_ms);
-    set_common_timeout(srv->rt.base, &srv->rt.net.tv_body, lim->body_timeout_ms);
-    set_common_timeout(srv->rt.base, &srv->rt.net.tv_keepalive, lim->keepalive_timeout_ms);
-    set_common_timeout(srv->rt.base, &srv->rt.net.tv_send, lim->send_timeout_ms);
-    srv->rt.qglobal.max_total = lim->max_queue_total;
-    srv->rt.fleet.queue_aging_ms = lim->queue_aging_ms;
-    struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &srv->rt.fleet.models)
-    {
-        container_of(pos, struct model, node)->queue.aging_ms = lim->queue_aging_ms;
-    }
     log_init(next->log_level);
 }
 
@@ -402,8 +375,7 @@ void reload_apply(struct server *srv, struct config *next)
     keep_running_kinds(srv->rt.cfg, next);
     struct config *old = srv->rt.cfg;
     srv->rt.cfg = next;
-    server_apply_upstream_settings(srv);
-    srv->rt.requests.access_log = next->access_log;
+    runtime_apply_config(&srv->rt);
     struct backend *backends[ADMIN_MAX_BACKENDS];
     size_t n_backends = server_backends(srv, backends);
     for (size_t i = 0; i < n_backends; i++) {

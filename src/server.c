@@ -25,7 +25,6 @@
 #include <event2/event_struct.h>
 
 /* Lingering close: how long a closing connection's input is discarded. */
-#define LINGER_MS 2000
 /* Connections taken per accept event, so one busy listener cannot starve
  * the others. */
 #define ACCEPT_BATCH 64
@@ -36,42 +35,6 @@
 /* At most one "out of file descriptors" line per this many ms. */
 #define FD_LOG_INTERVAL_MS 1000
 
-static const struct timeval *common_timeout(struct event_base *base, uint64_t ms)
-{
-    struct timeval tv = clock_timeval(ms);
-    const struct timeval *c = event_base_init_common_timeout(base, &tv);
-    return c;
-}
-
-static void on_capacity(void *ud, struct model *m)
-{
-    proxy_dispatch(ud, m);
-}
-
-static void on_unavailable(void *ud, struct model *m, const char *reason, uint64_t retry_after_ms)
-{
-    proxy_flush_queue(ud, m, REJECT_START_FAILED, reason);
-}
-
-static void on_endpoint_gone(void *ud, struct endpoint *ep)
-{
-    upstream_close_idle(ep);
-}
-
-static void on_endpoint_conn(void *ud, struct endpoint *ep, int fd)
-{
-    struct runtime *rt = ud;
-    upstream_adopt(&rt->up, ep, fd);
-}
-
-static void on_removing(void *ud, struct model *m, const char *reason)
-{
-    LOGI("model removed", "model=%s reason=\"%s\"", m->name, reason);
-    proxy_model_removed(ud, m, reason);
-    for (size_t i = 0; i < m->n_endpoints; i++) {
-        upstream_close_idle(m->endpoints[i]);
-    }
-}
 
 static void on_accept(evutil_socket_t fd, short what, void *arg);
 
@@ -362,16 +325,6 @@ void server_begin_drain(struct server *srv)
     event_add(srv->drain_timer, &tv);
 }
 
-void server_apply_upstream_settings(struct server *srv)
-{
-    const struct config *cfg = srv->rt.cfg;
-    srv->rt.up.keepalive_per_endpoint = cfg->upstream.keepalive_per_endpoint;
-    srv->rt.up.keepalive_timeout_ms = cfg->upstream.keepalive_timeout_ms;
-    srv->rt.up.eject_ms = cfg->upstream.eject_ms;
-    srv->rt.net.body_timeout_ms = cfg->limits.body_timeout_ms;
-    srv->rt.net.body_total_timeout_ms = cfg->limits.body_total_timeout_ms;
-}
-
 static bool admin_is_ready(void *ud)
 {
     return server_is_ready(ud);
@@ -400,13 +353,9 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
                 const char *kubeconfig_flag)
 {
     memset(srv, 0, sizeof *srv);
-    srv->rt.cfg = cfg;
+    srv->rt.cfg = cfg; /* owned from here on, whatever happens */
     srv->port_file = port_file;
     srv->kubeconfig_flag = kubeconfig_flag;
-    srv->rt.started_ms = clock_now_ms();
-    list_init(&srv->rt.net.conns);
-    request_pool_init(&srv->rt.requests, &srv->rt.metrics, &srv->rt.inflight, &srv->rt.buffered_body_bytes);
-    srv->rt.requests.access_log = cfg->access_log;
     signal(SIGPIPE, SIG_IGN);
 
     struct rlimit rl;
@@ -415,42 +364,15 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
         setrlimit(RLIMIT_NOFILE, &rl);
     }
 
-    srv->rt.base = event_base_new();
-    srv->rt.net.scratch = malloc(CONN_SCRATCH_BYTES);
-    if (!srv->rt.base || !srv->rt.net.scratch) {
+    struct event_base *base = event_base_new();
+    if (!base || runtime_init(&srv->rt, cfg, base)) {
+        if (base) {
+            srv->rt.base = base;
+        }
         LOGE("out of memory at start-up", NULL);
         return -1;
     }
-    const struct config_limits *lim = &cfg->limits;
-    srv->rt.req_limits = (struct http_limits){lim->max_header_bytes, lim->max_headers,
-                                           lim->max_body_bytes};
-    srv->rt.resp_limits = (struct http_limits){cfg->upstream.max_response_header_bytes, 1000, 0};
-    srv->rt.admin_limits = (struct http_limits){16384, 64, 0};
-    srv->rt.net.tv_header = common_timeout(srv->rt.base, lim->header_timeout_ms);
-    srv->rt.net.tv_body = common_timeout(srv->rt.base, lim->body_timeout_ms);
-    srv->rt.net.tv_keepalive = common_timeout(srv->rt.base, lim->keepalive_timeout_ms);
-    srv->rt.net.tv_send = common_timeout(srv->rt.base, lim->send_timeout_ms);
-    srv->rt.net.tv_linger = common_timeout(srv->rt.base, LINGER_MS);
-
-    srv->rt.qglobal.max_total = lim->max_queue_total;
-    fleet_init(&srv->rt.fleet, &srv->rt.qglobal, lim->queue_aging_ms);
-    srv->rt.fleet.on_capacity = on_capacity;
-    srv->rt.fleet.on_removing = on_removing;
-    srv->rt.fleet.on_unavailable = on_unavailable;
-    srv->rt.fleet.on_endpoint_gone = on_endpoint_gone;
-    srv->rt.fleet.on_endpoint_conn = on_endpoint_conn;
-    srv->rt.fleet.cb_ud = &srv->rt;
-    srv->rt.net.base = srv->rt.base;
-    srv->rt.up = (struct upstream_ctx){
-        .base = srv->rt.base,
-        .scratch = srv->rt.net.scratch,
-        .resp_limits = &srv->rt.resp_limits,
-        .handler = &proxy_upstream_handler,
-        .ud = &srv->rt,
-        .metrics = &srv->rt.metrics,
-        .draining = &srv->rt.net.draining,
-    };
-    server_apply_upstream_settings(srv);
+    proxy_wire(&srv->rt);
     srv->admin = (struct admin_ctx){&srv->rt, srv, admin_is_ready, admin_backends};
 
     srv->static_backend = backend_static_new(&srv->rt.fleet);
@@ -558,7 +480,7 @@ void server_dispose(struct server *srv)
             backends[i]->ops->free(backends[i]);
         }
     }
-    request_pool_dispose(&srv->rt.requests);
+    runtime_dispose(&srv->rt);
     listener_close(&srv->proxy_l);
     listener_close(&srv->admin_l);
     if (srv->sig_term) {
@@ -579,7 +501,6 @@ void server_dispose(struct server *srv)
     if (srv->rt.base) {
         event_base_free(srv->rt.base);
     }
-    free(srv->rt.net.scratch);
     config_free(srv->rt.cfg);
 }
 

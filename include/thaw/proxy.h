@@ -54,6 +54,12 @@ void proxy_flush_queue(struct runtime *rt, struct model *m, enum reject_reason r
  * (or restart backoff) when it has no ready replica, else 1. */
 unsigned proxy_retry_after_s(const struct request *r);
 
+/* Makes the proxy the fleet's listener (dispatch on capacity, answer the
+ * queues of models removed or failing to start, close the pools of replicas
+ * gone, pool a new replica's first connection) and the handler of rt's
+ * replica connections. */
+void proxy_wire(struct runtime *rt);
+
 /* What the proxy port's connections call (see conn.h). */
 extern const struct conn_handler proxy_conn_handler;
 

@@ -53,4 +53,16 @@ struct runtime {
     uint64_t started_ms;
 };
 
+/* Sets up rt for cfg on base: the connection and upstream contexts, the
+ * request cache, the fleet, and the limits and timeouts of cfg. The caller
+ * then wires the handlers (proxy_wire). 0 or -ENOMEM. */
+int runtime_init(struct runtime *rt, struct config *cfg, struct event_base *base);
+/* Applies rt->cfg's limits, timeouts and upstream settings to what happens
+ * next (after a reload replaced rt->cfg): requests already read and
+ * connections already armed keep what they had. */
+void runtime_apply_config(struct runtime *rt);
+/* Frees the request cache and the read buffer (not the loop, the fleet or
+ * the configuration: their owner frees those). */
+void runtime_dispose(struct runtime *rt);
+
 #endif

@@ -71,8 +71,5 @@ void server_begin_drain(struct server *srv);
 /* The backends in use (static, process, kubernetes: those that exist), for
  * code that reaches them only through backend_ops. Returns how many. */
 size_t server_backends(const struct server *srv, struct backend **out);
-/* Copies the upstream and body-timeout settings of srv->rt.cfg to where the
- * connections read them (at start and after a reload). */
-void server_apply_upstream_settings(struct server *srv);
 
 #endif

@@ -798,3 +798,48 @@ const struct upstream_handler proxy_upstream_handler = {
     .give_slot = endpoint_give_slot,
     .capacity = upstream_capacity,
 };
+
+/* ---- wiring ------------------------------------------------------------------ */
+
+/* What the fleet reports, for the proxy and the replica connections. */
+static void fleet_capacity(void *ud, struct model *m)
+{
+    proxy_dispatch(ud, m);
+}
+
+static void fleet_unavailable(void *ud, struct model *m, const char *reason, uint64_t retry_after_ms)
+{
+    proxy_flush_queue(ud, m, REJECT_START_FAILED, reason);
+}
+
+static void fleet_endpoint_gone(void *ud, struct endpoint *ep)
+{
+    upstream_close_idle(ep);
+}
+
+static void fleet_endpoint_conn(void *ud, struct endpoint *ep, int fd)
+{
+    struct runtime *rt = ud;
+    upstream_adopt(&rt->up, ep, fd);
+}
+
+static void fleet_removing(void *ud, struct model *m, const char *reason)
+{
+    LOGI("model removed", "model=%s reason=\"%s\"", m->name, reason);
+    proxy_model_removed(ud, m, reason);
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        upstream_close_idle(m->endpoints[i]);
+    }
+}
+
+void proxy_wire(struct runtime *rt)
+{
+    rt->up.handler = &proxy_upstream_handler;
+    rt->up.ud = rt;
+    rt->fleet.cb_ud = rt;
+    rt->fleet.on_capacity = fleet_capacity;
+    rt->fleet.on_unavailable = fleet_unavailable;
+    rt->fleet.on_endpoint_gone = fleet_endpoint_gone;
+    rt->fleet.on_endpoint_conn = fleet_endpoint_conn;
+    rt->fleet.on_removing = fleet_removing;
+}

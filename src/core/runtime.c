@@ -1,0 +1,90 @@
+#include "thaw/runtime.h"
+#include "thaw/clock.h"
+#include "thaw/log.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+/* How long a rejected connection lingers (discarding input) before it closes. */
+#define RUNTIME_LINGER_MS 2000
+
+/* libevent's common timeouts: one queue per duration instead of a heap entry
+ * per connection. libevent allows a bounded number of distinct ones: past
+ * it, the running value is kept. */
+static void set_timeout(struct event_base *base, const struct timeval **field, uint64_t ms)
+{
+    struct timeval tv = clock_timeval(ms);
+    const struct timeval *c = event_base_init_common_timeout(base, &tv);
+    if (c) {
+        *field = c;
+    } else {
+        LOGW("too many distinct timeouts: keeping the running one", "ms=%llu",
+             (unsigned long long)ms);
+    }
+}
+
+int runtime_init(struct runtime *rt, struct config *cfg, struct event_base *base)
+{
+    rt->cfg = cfg;
+    rt->base = base;
+    rt->started_ms = clock_now_ms();
+    list_init(&rt->net.conns);
+    request_pool_init(&rt->requests, &rt->metrics, &rt->inflight, &rt->buffered_body_bytes);
+    rt->net.scratch = malloc(CONN_SCRATCH_BYTES);
+    if (!rt->net.scratch) {
+        return -ENOMEM;
+    }
+    const struct config_limits *lim = &cfg->limits;
+    rt->resp_limits = (struct http_limits){cfg->upstream.max_response_header_bytes, 1000, 0};
+    rt->admin_limits = (struct http_limits){16384, 64, 0};
+    rt->net.base = base;
+    set_timeout(base, &rt->net.tv_linger, RUNTIME_LINGER_MS);
+    if (!rt->net.tv_linger) {
+        return -ENOMEM;
+    }
+    fleet_init(&rt->fleet, &rt->qglobal, lim->queue_aging_ms);
+    rt->fleet.cb_ud = rt;
+    rt->up = (struct upstream_ctx){
+        .base = base,
+        .scratch = rt->net.scratch,
+        .resp_limits = &rt->resp_limits,
+        .ud = rt,
+        .metrics = &rt->metrics,
+        .draining = &rt->net.draining,
+    };
+    runtime_apply_config(rt);
+    return 0;
+}
+
+void runtime_apply_config(struct runtime *rt)
+{
+    const struct config *cfg = rt->cfg;
+    const struct config_limits *lim = &cfg->limits;
+    rt->req_limits =
+        (struct http_limits){lim->max_header_bytes, lim->max_headers, lim->max_body_bytes};
+    rt->resp_limits.max_head_bytes = cfg->upstream.max_response_header_bytes;
+    set_timeout(rt->base, &rt->net.tv_header, lim->header_timeout_ms);
+    set_timeout(rt->base, &rt->net.tv_body, lim->body_timeout_ms);
+    set_timeout(rt->base, &rt->net.tv_keepalive, lim->keepalive_timeout_ms);
+    set_timeout(rt->base, &rt->net.tv_send, lim->send_timeout_ms);
+    rt->net.body_timeout_ms = lim->body_timeout_ms;
+    rt->net.body_total_timeout_ms = lim->body_total_timeout_ms;
+    rt->up.keepalive_per_endpoint = cfg->upstream.keepalive_per_endpoint;
+    rt->up.keepalive_timeout_ms = cfg->upstream.keepalive_timeout_ms;
+    rt->up.eject_ms = cfg->upstream.eject_ms;
+    rt->qglobal.max_total = lim->max_queue_total;
+    rt->fleet.queue_aging_ms = lim->queue_aging_ms;
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &rt->fleet.models)
+    {
+        container_of(pos, struct model, node)->queue.aging_ms = lim->queue_aging_ms;
+    }
+    rt->requests.access_log = cfg->access_log;
+}
+
+void runtime_dispose(struct runtime *rt)
+{
+    request_pool_dispose(&rt->requests);
+    free(rt->net.scratch);
+    rt->net.scratch = NULL;
+}
