@@ -431,9 +431,9 @@ void conn_respond(struct conn *c, int status, const char *content_type, const ch
     if (c->state != CONN_HANDLING) {
         c->state = CONN_HANDLING;
     }
-    if (conn_write(c, head, (size_t)n) == 0 && !head_only && body_len) {
-        conn_write(c, body, body_len);
-    }
+    /* Head and body in one system call: one segment for small answers. */
+    struct iovec iov[2] = {{head, (size_t)n}, {(void *)body, body_len}};
+    conn_writev(c, iov, !head_only && body_len ? 2 : 1);
     conn_response_done(c);
 }
 
