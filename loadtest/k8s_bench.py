@@ -92,7 +92,7 @@ def api(d, port, method, path, body=None):
 
 
 def deployment(name, ns="models", annotations=None, tpl_annotations=None):
-    return {"metadata": {"name": name, "namespace": ns, "labels": {"thaw.dev/model": name},
+    return {"metadata": {"name": name, "namespace": ns, "labels": {"thaw.dev/model": "true"},
                          "annotations": annotations or {}},
             "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}},
                      "template": {"metadata": {"labels": {"app": name},
