@@ -353,21 +353,20 @@ static bool wants_stream(const struct request *r)
     return st == JSONSCAN_NO_MODEL && scan.key_is_true;
 }
 
+static void heartbeat_one(struct queue_item *it, void *ud)
+{
+    struct request *r = container_of(it, struct request, qi);
+    if (r->fwd.heartbeat) {
+        conn_write(r->conn, heartbeat_chunk, sizeof heartbeat_chunk - 1);
+        *(bool *)ud = true;
+    }
+}
+
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
 {
     struct model *m = arg;
     bool any = false;
-    for (int t = 0; t < TIER_COUNT; t++) {
-        struct list_node *pos, *tmp;
-        list_for_each_safe(pos, tmp, &m->queue.tiers[t])
-        {
-            struct request *r = container_of(pos, struct request, qi.node);
-            if (r->fwd.heartbeat) {
-                conn_write(r->conn, heartbeat_chunk, sizeof heartbeat_chunk - 1);
-                any = true;
-            }
-        }
-    }
+    queue_visit(&m->queue, heartbeat_one, &any);
     if (any) {
         uint64_t ms = m->set.loading_heartbeat_ms;
         struct timeval tv = clock_timeval(ms);
@@ -545,7 +544,7 @@ void proxy_flush_queue(struct runtime *rt, struct model *m, enum reject_reason r
                        const char *detail)
 {
     struct queue_item *it;
-    while ((it = queue_pop(&m->queue))) {
+    while ((it = queue_pop_any(&m->queue))) {
         struct request *r = container_of(it, struct request, qi);
         r->ex.state = REQ_ROUTED;
         conn_reject(r->conn, reason, detail);
