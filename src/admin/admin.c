@@ -308,6 +308,39 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
     buf_printf(o, "thaw_accept_paused_total %llu\n", (unsigned long long)sm->accept_paused);
 }
 
+/* Per tenant: cardinality is bounded by the tenants configured (ever, over
+ * reloads) plus "default". Rejections list only the reasons that happened. */
+static void tenant_families(const struct metrics_stream *ms, struct buf *o)
+{
+    const struct tenants *ts = &ms->adm->rt->tenants;
+    metrics_help_type(o, "thaw_tenant_requests_total", "counter",
+                      "Finished requests (any outcome), by tenant.");
+    for (size_t i = 0; i < ts->n; i++) {
+        buf_printf(o, "thaw_tenant_requests_total{tenant=\"%s\"} %llu\n", ts->all[i]->name,
+                   (unsigned long long)ts->all[i]->stats.requests);
+    }
+    metrics_help_type(o, "thaw_tenant_rejections_total", "counter",
+                      "Error responses from thaw, by tenant and reason.");
+    for (size_t i = 0; i < ts->n; i++) {
+        const struct tenant *t = ts->all[i];
+        for (int r = 0; r < REJECT_COUNT; r++) {
+            if (t->stats.rejections[r]) {
+                buf_printf(o, "thaw_tenant_rejections_total{tenant=\"%s\",reason=\"%s\"} %llu\n",
+                           t->name, reject_info((enum reject_reason)r)->name,
+                           (unsigned long long)t->stats.rejections[r]);
+            }
+        }
+    }
+    metrics_help_type(o, "thaw_tenant_queue_wait_seconds", "histogram",
+                      "Time requests waited for a replica slot, by tenant.");
+    for (size_t i = 0; i < ts->n; i++) {
+        char labels[300];
+        snprintf(labels, sizeof labels, "tenant=\"%s\"", ts->all[i]->name);
+        histogram_render(&ts->all[i]->stats.queue_wait, o, "thaw_tenant_queue_wait_seconds",
+                         labels);
+    }
+}
+
 static const struct family families[] = {
     {.whole = requests_totals},
     {"thaw_requests_total", "counter", "Finished requests by model and status code.", NULL,
@@ -340,6 +373,7 @@ static const struct family families[] = {
      NULL, pool_decisions},
     {.whole = pool_slices},
     {.whole = connections},
+    {.whole = tenant_families},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 

@@ -51,6 +51,11 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
                                       "thaw speaks HTTP/1.0 and HTTP/1.1 only"},
     [REJECT_MODEL_REMOVED] = {"model_removed", 503, false,
                               "the model was removed (from the configuration, or its Deployment deleted)"},
+    [REJECT_INVALID_API_KEY] = {"invalid_api_key", 401, false,
+                                "no valid API key was given (Authorization: Bearer KEY, or "
+                                "api-key: KEY)"},
+    [REJECT_TENANT_QUEUE_FULL] = {"tenant_queue_full", 429, true,
+                                  "too many of this tenant's requests are waiting for the model"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)
