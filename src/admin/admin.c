@@ -372,8 +372,8 @@ static const struct family families[] = {
      "preempt).",
      NULL, pool_decisions},
     {.whole = pool_slices},
-    {.whole = connections},
     {.whole = tenant_families},
+    {.whole = connections},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 
