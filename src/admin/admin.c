@@ -585,6 +585,42 @@ static void admin_on_abort(struct conn *c, struct exchange *x, enum abort_reason
     }
 }
 
+/* The configured tenants (and "default"): settings and totals. */
+static void status_tenants(const struct tenants *ts, cJSON *root)
+{
+    cJSON *arr = cJSON_AddArrayToObject(root, "tenants");
+    for (size_t i = 0; i < ts->n; i++) {
+        const struct tenant *t = ts->all[i];
+        cJSON *jt = cJSON_CreateObject();
+        cJSON_AddStringToObject(jt, "name", t->name);
+        cJSON_AddStringToObject(jt, "tier", tier_name(t->tier));
+        cJSON_AddNumberToObject(jt, "weight", t->weight);
+        if (t->max_concurrency != UINT64_MAX) {
+            cJSON_AddNumberToObject(jt, "max_concurrency", (double)t->max_concurrency);
+        }
+        if (t->max_queue != UINT64_MAX) {
+            cJSON_AddNumberToObject(jt, "max_queue", (double)t->max_queue);
+        }
+        cJSON_AddBoolToObject(jt, "removed", t->removed);
+        cJSON_AddNumberToObject(jt, "requests", (double)t->stats.requests);
+        cJSON_AddItemToArray(arr, jt);
+    }
+}
+
+/* A model's tenants with requests waiting or running there. */
+static void status_model_tenants(const struct tenants *ts, const struct model *m, cJSON *jq)
+{
+    cJSON *obj = cJSON_AddObjectToObject(jq, "tenants");
+    for (size_t i = 0; i < ts->n; i++) {
+        const struct queue_flow *f = queue_flow(&m->queue, ts->all[i]->id);
+        if (f && (f->queued || f->running)) {
+            cJSON *jt = cJSON_AddObjectToObject(obj, ts->all[i]->name);
+            cJSON_AddNumberToObject(jt, "waiting", (double)f->queued);
+            cJSON_AddNumberToObject(jt, "running", (double)f->running);
+        }
+    }
+}
+
 static void render_status(struct admin_ctx *adm, struct buf *out)
 {
     cJSON *root = cJSON_CreateObject();
@@ -604,6 +640,7 @@ static void render_status(struct admin_ctx *adm, struct buf *out)
             backends[i]->ops->describe_capacity(backends[i], root);
         }
     }
+    status_tenants(&adm->rt->tenants, root);
     cJSON *models = cJSON_AddArrayToObject(root, "models");
     struct model *m;
     FOR_EACH_MODEL(adm, m)
@@ -624,6 +661,7 @@ static void render_status(struct admin_ctx *adm, struct buf *out)
         }
         cJSON_AddNumberToObject(q, "max", (double)m->queue.max);
         cJSON_AddNumberToObject(q, "oldest_wait_ms", (double)queue_oldest_age(&m->queue, now));
+        status_model_tenants(&adm->rt->tenants, m, q);
         cJSON *reps = cJSON_AddArrayToObject(jm, "replicas");
         for (size_t i = 0; i < m->n_endpoints; i++) {
             struct endpoint *ep = m->endpoints[i];

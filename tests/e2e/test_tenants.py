@@ -208,6 +208,11 @@ def test_tenant_concurrency_cap_holds_and_others_pass(thaw_factory, upstream):
     # While the capped tenant's requests wait, the replica has free slots:
     # another tenant's request goes straight through.
     wait_for(lambda: queued(t) >= 5, what="capped requests waiting")
+    st = t.status()
+    at_model = st["models"][0]["queue"]["tenants"]["capped"]
+    assert at_model["running"] == 2 and at_model["waiting"] >= 5
+    assert {"name": "capped", "tier": "critical", "weight": 1, "max_concurrency": 2,
+            "removed": False, "requests": 0} in st["tenants"]
     start = time.monotonic()
     r = get(t, "/echo", key=KEYS["small"])
     assert r.status == 200 and time.monotonic() - start < 0.15
