@@ -7,8 +7,14 @@ it, in turn: thaw, nginx (1 worker, upstream keep-alive) and haproxy
 same connections; rounds alternate so drift hits all three alike. Prints
 req/s, p50 and p99 per proxy (best round by req/s) and thaw's ratios.
 
+Also CPU per request: the utime+stime the proxy's processes (workers
+included) spent during the round, divided by the requests served; it holds
+on a busy machine, where req/s does not.
+
 Environment: SMOKE=1 for a 2-second single round (CI), DURATION (s),
-CONNECTIONS, ROUNDS, THAW_BIN. Figures only: it never fails on time.
+CONNECTIONS, ROUNDS, THAW_BIN; THAW_BASELINE_BIN adds a second thaw
+("thaw-base", e.g. an older build) to the same alternating rounds. Figures
+only: it never fails on time.
 """
 
 import json
@@ -85,11 +91,40 @@ def parse_wrk(out):
             "socket_errors": sockerr.group(1) if sockerr else ""}
 
 
-def wrk(port, host):
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(root_pid):
+    """utime+stime of root_pid and every process below it."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                stats[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+            except (OSError, IndexError, ValueError):
+                pass
+    total, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+        todo.extend(p for p, (ppid, _) in stats.items() if ppid == pid)
+    return total / CLK_TCK
+
+
+def wrk(port, host, pid):
     cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{DURATION}s", "--latency",
            "-H", f"Host: {host}", f"http://127.0.0.1:{port}/v1/models"]
+    cpu0 = cpu_seconds(pid)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=DURATION + 60).stdout
-    return parse_wrk(out)
+    cpu = cpu_seconds(pid) - cpu0
+    r = parse_wrk(out)
+    requests = re.search(r"(\d+) requests in", out)
+    n = int(requests.group(1)) if requests else 0
+    r["cpu_us_per_req"] = cpu * 1e6 / n if n else float("nan")
+    return r
 
 
 def main():
@@ -115,7 +150,19 @@ def main():
                        "log": {"level": "warn"},
                        "models": [{"name": "bench", "endpoints": [f"127.0.0.1:{up}"],
                                    "max_concurrency": 4096}]}, f)
-        procs.append(start([THAW_BIN, "--config", f"{d}/thaw.json"]))
+        thaw_proc = start([THAW_BIN, "--config", f"{d}/thaw.json"])
+        procs.append(thaw_proc)
+        base_bin = os.environ.get("THAW_BASELINE_BIN")
+        base_port = base_proc = None
+        if base_bin:
+            base_port, base_admin = free_port(), free_port()
+            with open(f"{d}/thaw-base.json", "w") as f:
+                json.dump({"listen": f"127.0.0.1:{base_port}",
+                           "admin_listen": f"127.0.0.1:{base_admin}", "log": {"level": "warn"},
+                           "models": [{"name": "bench", "endpoints": [f"127.0.0.1:{up}"],
+                                       "max_concurrency": 4096}]}, f)
+            base_proc = start([base_bin, "--config", f"{d}/thaw-base.json"])
+            procs.append(base_proc)
 
         ngx_port = free_port()
         with open(f"{d}/proxy.conf", "w") as f:
@@ -124,7 +171,8 @@ def main():
                 server {{ listen 127.0.0.1:{ngx_port} backlog=4096;
                     location / {{ proxy_pass http://model; proxy_http_version 1.1;
                                   proxy_set_header Connection ""; proxy_buffering off; }} }}"""))
-        procs.append(start([nginx, "-c", f"{d}/proxy.conf", "-p", d]))
+        ngx_proc = start([nginx, "-c", f"{d}/proxy.conf", "-p", d])
+        procs.append(ngx_proc)
 
         hap_port = free_port()
         with open(f"{d}/haproxy.cfg", "w") as f:
@@ -143,31 +191,40 @@ frontend fe
 backend be
     server up 127.0.0.1:{up}
 """)
-        procs.append(start([haproxy, "-f", f"{d}/haproxy.cfg"]))
-        for p in (up, thaw_port, ngx_port, hap_port):
+        hap_proc = start([haproxy, "-f", f"{d}/haproxy.cfg"])
+        procs.append(hap_proc)
+        for p in (up, thaw_port, ngx_port, hap_port) + ((base_port,) if base_port else ()):
             wait_port(p)
 
-        targets = [("thaw", thaw_port, "bench"), ("nginx", ngx_port, "bench"),
-                   ("haproxy", hap_port, "bench")]
+        targets = [("thaw", thaw_port, "bench", thaw_proc.pid),
+                   ("nginx", ngx_port, "bench", ngx_proc.pid),
+                   ("haproxy", hap_port, "bench", hap_proc.pid)]
+        if base_proc:
+            targets.insert(1, ("thaw-base", base_port, "bench", base_proc.pid))
         best = {}
         for rnd in range(ROUNDS):
-            for name, port, host in targets:
-                r = wrk(port, host)
+            for name, port, host, pid in targets:
+                r = wrk(port, host, pid)
                 if name not in best or r["rps"] > best[name]["rps"]:
                     best[name] = r
         mode = "smoke" if SMOKE else "full"
         print(f"proxy benchmark ({mode}: wrk -t1 -c{CONNECTIONS} -d{DURATION}s, "
               f"{ROUNDS} round(s), best round shown; upstream: nginx, 1 worker)")
-        print(f"{'proxy':<8} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8}")
-        for name, _, _ in targets:
+        print(f"{'proxy':<10} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>11} "
+              f"{'non-2xx':>8}")
+        for name, *_ in targets:
             r = best[name]
-            print(f"{name:<8} {r['rps']:>10.0f} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
-                  f"{r['non2xx']:>8}")
+            print(f"{name:<10} {r['rps']:>10.0f} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
+                  f"{r['cpu_us_per_req']:>11.2f} {r['non2xx']:>8}")
         t = best["thaw"]
-        for peer in ("nginx", "haproxy"):
+        for peer in ("thaw-base", "nginx", "haproxy"):
+            if peer not in best:
+                continue
             p = best[peer]
             print(f"thaw/{peer}: req/s {t['rps'] / p['rps']:.2f}x, "
-                  f"p99 {t['p99_ms'] / p['p99_ms']:.2f}x (lower is better)")
+                  f"p99 {t['p99_ms'] / p['p99_ms']:.2f}x, "
+                  f"CPU per request {t['cpu_us_per_req'] / p['cpu_us_per_req']:.2f}x "
+                  "(lower is better)")
         print("BENCH_JSON " + json.dumps(best))
     finally:
         for p in procs:

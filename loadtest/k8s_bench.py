@@ -96,6 +96,8 @@ def deployment(name, ns="models", annotations=None, tpl_annotations=None):
                                   "spec": {"containers": [{
                                       "name": "server", "image": "vllm/vllm-openai",
                                       "ports": [{"containerPort": 8000}],
+                                      "readinessProbe": {"httpGet": {"path": "/health",
+                                                                     "port": 8000}},
                                       "resources": {"requests": {"nvidia.com/gpu": "1"}}}]}}}}
 
 
@@ -146,6 +148,11 @@ def cold_start(d, n):
                        tpl_annotations={"sim.thaw.dev/load-ms": "1500",
                                         "sim.thaw.dev/token-ms": "0",
                                         "sim.thaw.dev/ready-file": ready_file}))
+        # The Service whose EndpointSlices list the model's pods.
+        api(d, port, "POST", "/api/v1/namespaces/models/services",
+            {"metadata": {"name": "llama"},
+             "spec": {"selector": {"app": "llama"},
+                      "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]}})
         thaw, tport, admin = start_thaw(d, n)
         deadline = time.monotonic() + 30
         while not (ready(admin) and has_model(admin, "llama")) and time.monotonic() < deadline:

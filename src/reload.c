@@ -123,8 +123,19 @@ static void needs_restart(struct server *srv, const char *key)
 
 static bool same_gpus(const struct config *a, const struct config *b)
 {
-    return a->n_gpus == b->n_gpus &&
-           (a->n_gpus == 0 || memcmp(a->gpus, b->gpus, a->n_gpus * sizeof *a->gpus) == 0);
+    if (a->n_gpus != b->n_gpus || a->gpu_discovery != b->gpu_discovery ||
+        a->gpu_discovery_slices != b->gpu_discovery_slices) {
+        return false;
+    }
+    for (size_t i = 0; i < a->n_gpus; i++) {
+        const struct config_gpu *x = &a->gpus[i], *y = &b->gpus[i];
+        if (x->id != y->id || x->slices != y->slices || x->sharing != y->sharing ||
+            x->memory_bytes != y->memory_bytes || !same_str(x->mig, y->mig) ||
+            !same_str(x->profile, y->profile)) {
+            return false;
+        }
+    }
+    return true;
 }
 
 static bool same_kubernetes(const struct config_kubernetes *a, const struct config_kubernetes *b)
@@ -165,6 +176,8 @@ static void keep_restart_only(struct server *srv, struct config *next)
     }
     SWAP(cur->gpus, next->gpus);
     SWAP(cur->n_gpus, next->n_gpus);
+    SWAP(cur->gpu_discovery, next->gpu_discovery);
+    SWAP(cur->gpu_discovery_slices, next->gpu_discovery_slices);
     if (memcmp(&cur->autoscaler, &next->autoscaler, sizeof cur->autoscaler) != 0) {
         needs_restart(srv, "autoscaler");
     }

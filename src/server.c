@@ -383,7 +383,7 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
         if (cfg->models[i].n_command && !srv->process_backend) {
             srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, cfg);
             if (!srv->process_backend) {
-                LOGE("out of memory creating the process backend", NULL);
+                LOGE("cannot start the process backend (see the lines above)", NULL);
                 return -1;
             }
         }

@@ -69,6 +69,8 @@ struct config_model {
     uint64_t stop_grace_ms;
     uint64_t stop_drain_ms;
     uint64_t gpu_slices;
+    char *mig_profile;          /* a replica takes one MIG instance of this profile; NULL: none */
+    uint64_t gpu_memory_bytes;  /* GPU memory a replica needs (placement); 0: not declared */
     uint64_t loading_heartbeat_ms; /* 0: no SSE heartbeats while loading */
     uint64_t target;               /* autoscaler: concurrency per replica; 0: derived */
     uint64_t stable_window_ms;     /* autoscaler: 0: the global one */
@@ -84,10 +86,15 @@ struct config_model {
 
 enum gpu_sharing { GPU_TIME_SLICING = 0, GPU_MPS = 1 };
 
+/* A unit of GPU capacity for the process backend: a whole GPU (time-sliced
+ * or MPS) or, with `mig`, one MIG instance of GPU `id`. */
 struct config_gpu {
     uint64_t id;
     uint64_t slices;
     enum gpu_sharing sharing;
+    char *mig;             /* "MIG-<uuid>": a MIG instance; NULL: a whole GPU */
+    char *profile;         /* the MIG instance's profile ("1g.10gb") */
+    uint64_t memory_bytes; /* framebuffer; 0: not declared */
 };
 
 /* Autoscaler defaults (Knative's where it has one); models may override
@@ -178,6 +185,12 @@ struct config {
     size_t n_models;
     struct config_gpu *gpus;
     size_t n_gpus;
+    /* "gpus": "discover": the process backend lists the GPUs and MIG
+     * instances with gpu_discovery_command at start-up. */
+    bool gpu_discovery;
+    char **gpu_discovery_command; /* default: nvidia-smi -L */
+    size_t n_gpu_discovery_command;
+    uint64_t gpu_discovery_slices; /* replicas a discovered whole GPU takes (time-slicing) */
     struct config_kubernetes kubernetes;
     struct config_autoscaler autoscaler;
     struct config_warm_pool warm_pool;

@@ -23,6 +23,11 @@ struct scale_driver_ops {
     unsigned (*gpu_slices)(void *ud);
     /* Turns each planned model's target into starts and stops. */
     void (*apply)(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms);
+    /* Optional: the nodes. Fills c (resources, nodes) and each collected
+     * model's req, eligible and on_node, in arrays the backend keeps until
+     * the next call; false when it knows no node with a counted resource
+     * (then gpu_slices gives one capacity). */
+    bool (*nodes)(void *ud, struct scaler_model **sms, size_t n, struct wp_cluster *c);
 };
 
 struct scale_driver {
@@ -32,8 +37,9 @@ struct scale_driver {
 };
 
 void scale_driver_init(struct scale_driver *d, const struct scale_driver_ops *ops, void *ud);
-/* The slices to plan against: the hardware's, capped by warm_pool.capacity_slices
- * (which alone applies when the hardware count is unknown). 0: unlimited. */
+/* The slices to plan against when no nodes are known: the hardware's, capped
+ * by warm_pool.capacity_slices (which alone applies when the hardware count
+ * is unknown). 0: unlimited. With nodes, the cap applies on top of them. */
 unsigned scale_driver_capacity(unsigned gpu_slices, const struct config_warm_pool *wp);
 /* True once autoscaler.tick_ms has passed since the last planning step. */
 bool scale_driver_due(const struct scale_driver *d, uint64_t now_ms);

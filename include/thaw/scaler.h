@@ -32,6 +32,12 @@ struct scaler_model {
     /* in, per plan: what the model holds now and whether it may start */
     unsigned current, ready;
     bool hold_starts; /* a failed start is backing off */
+    /* in, per plan when the backend knows nodes (scale_driver_ops.nodes):
+     * the request per replica by the cluster's resource index, the nodes a
+     * replica may go to, and its replicas per node (backend-owned arrays) */
+    uint64_t req[WP_MAX_RES];
+    const bool *eligible;
+    unsigned *on_node;
 };
 
 /* target and window_ms 0: derived from max_concurrency / the global window. */
@@ -40,8 +46,10 @@ void scaler_model_init(struct scaler_model *sm, struct model *m, const struct co
                        unsigned max_replicas, uint64_t grace_ms, unsigned slices);
 /* One concurrency sample (in flight + queued). */
 void scaler_record(struct scaler_model *sm, uint64_t now_ms);
-/* Plans all models: fills each target (and warm). capacity 0: unlimited. */
-void scaler_plan(struct scaler_model **sms, size_t n, unsigned capacity, unsigned warm_budget,
+/* Plans all models: fills each target (and warm). c: the nodes (each
+ * model's req, eligible and on_node index them), or no nodes and a cap of
+ * slices (0: unlimited). */
+void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsigned warm_budget,
                  uint64_t now_ms);
 void scaler_describe(const struct scaler_model *sm, cJSON *out);
 

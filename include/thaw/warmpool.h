@@ -1,9 +1,10 @@
 /* The warm pool and GPU admission, as one pure planning step over all
- * models sharing a capacity of GPU slices.
+ * models sharing GPU capacity.
  *
  * In: each model's tier, slices per replica, replicas it holds now, the
  * autoscaler's wish, min_replicas, whether it is idle, and its value
- * (recent request rate x measured cold start, in seconds).
+ * (recent request rate x measured cold start, in seconds); and the capacity,
+ * either one number of slices or a set of nodes (below).
  * Out: each model's target replicas, and the decisions that led there:
  *  - keep warm: an idle model the autoscaler would take to zero keeps one
  *    replica while the warm budget (slices idle replicas may hold) has
@@ -14,19 +15,33 @@
  *    idle replica never blocks live demand of its own tier);
  *  - preempt: then running models of strictly lower priority shrink toward
  *    their min_replicas; never a model of equal or higher priority.
- * min_replicas is always kept. Models needing no slices are not limited. */
+ * min_replicas is always kept. Models needing no slices are not limited.
+ *
+ * Per node (struct wp_cluster): a node is a set of (resource -> what thaw's
+ * models may use of it) and a replica a set of (resource -> request). A
+ * replica is admitted only when one node it may go to (eligible) has room
+ * for its whole request; evictions and preemptions take only replicas on
+ * that same node, and only when their release makes the replica fit there.
+ * A model's replicas that are not placed on any node yet (current minus
+ * on_node) wait for a node the same way, before its new ones. One node
+ * holding every replica, with a single resource, is the single-capacity
+ * plan (warmpool_plan). */
 #ifndef THAW_WARMPOOL_H
 #define THAW_WARMPOOL_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "thaw/tier.h"
+
+#define WP_MAX_RES 16
+#define WP_NO_NODE ((size_t)-1)
 
 struct wp_model {
     const char *name;
     enum tier tier;
-    unsigned slices; /* per replica */
+    unsigned slices; /* per replica: what the warm budget and a slice cap count */
     unsigned current;
     unsigned desired;
     unsigned min_replicas;
@@ -35,6 +50,25 @@ struct wp_model {
     /* out */
     unsigned target;
     unsigned warm; /* replicas kept only by the warm pool */
+    /* per node (warmpool_plan_cluster only) */
+    uint64_t req[WP_MAX_RES]; /* per replica, by the cluster's resource index */
+    const bool *eligible;     /* per node: may a replica go there; NULL: everywhere */
+    unsigned *on_node;        /* per node: in, replicas placed; out, as planned */
+};
+
+struct wp_node {
+    const char *name;
+    uint64_t alloc[WP_MAX_RES]; /* what thaw's models may use, by resource index */
+    /* out */
+    uint64_t used[WP_MAX_RES]; /* by the planned replicas */
+};
+
+struct wp_cluster {
+    size_t n_res;
+    const char *res[WP_MAX_RES]; /* resource names, for messages */
+    struct wp_node *nodes;
+    size_t n_nodes;
+    unsigned cap_slices; /* a cap on all models' slices together; 0: none */
 };
 
 enum wp_action { WP_KEEP_WARM, WP_TO_ZERO, WP_ADMIT, WP_DENY, WP_EVICT, WP_PREEMPT };
@@ -43,7 +77,8 @@ struct wp_decision {
     size_t model;
     enum wp_action action;
     unsigned replicas;
-    size_t by; /* the model whose demand caused an evict/preempt; == model otherwise */
+    size_t by;   /* the model whose demand caused an evict/preempt; == model otherwise */
+    size_t node; /* where an admit, evict or preempt happened; WP_NO_NODE otherwise */
 };
 
 struct wp_plan {
@@ -51,11 +86,17 @@ struct wp_plan {
     size_t n;
     size_t dropped; /* decisions beyond the array */
     unsigned used_slices, capacity, warm_slices, warm_budget;
+    bool per_node; /* capacity was a set of nodes */
 };
 
 const char *wp_action_name(enum wp_action a);
 /* capacity 0 means unlimited. */
 void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned warm_budget,
                    struct wp_plan *out);
+/* Per node. c->n_nodes 0: no node limit (only cap_slices, 0: unlimited).
+ * Each model's on_node (when nodes are given) must have c->n_nodes entries.
+ * Fills each node's used. */
+void warmpool_plan_cluster(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned warm_budget,
+                           struct wp_plan *out);
 
 #endif

@@ -21,7 +21,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +59,7 @@ struct replica {
     int port;
     int gpu; /* index into backend gpus, -1: none */
     unsigned slices; /* GPU slices it holds (its model's may change on reload) */
+    uint64_t gpu_memory; /* GPU memory it holds, likewise */
     struct endpoint *drain_ep; /* R_DRAINING: its endpoint, referenced */
     uint64_t drain_until_ms;   /* R_DRAINING: stopped then even if busy */
     char id[48];
@@ -84,6 +87,9 @@ struct proc_model {
     size_t n_env;
     char *health_path;
     unsigned min_replicas, max_replicas, gpu_slices;
+    char *mig_profile;         /* one MIG instance of this profile per replica; NULL: none */
+    unsigned plan_on_node;     /* its replicas on the machine, for the warm pool */
+    uint64_t gpu_memory_bytes; /* per replica, for placement (and MPS's memory limit) */
     uint64_t idle_timeout_ms, startup_timeout_ms, stop_grace_ms, stop_drain_ms;
     struct list_node replicas;
     unsigned n_starting, n_ready, n_draining, n_stopping;
@@ -105,6 +111,9 @@ struct process_backend {
     struct event_base *evbase;
     struct gpu_slot *gpus;
     enum gpu_sharing *sharing;
+    char **gpu_device;  /* per slot: what CUDA_VISIBLE_DEVICES names (index or MIG UUID) */
+    char **gpu_profile; /* per slot: its MIG profile (gpus[i].profile points here), or NULL */
+    struct wp_node plan_node; /* the machine, for the warm pool (plan_nodes) */
     size_t n_gpus;
     struct list_node models;
     struct list_node retired; /* proc_models of removed models, draining */
@@ -259,7 +268,8 @@ static char **build_env(struct proc_model *pm, int port, int gpu)
     for (size_t i = 0; i < n; i++) {
         /* Drop what thaw sets itself. */
         if (strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) == 0 ||
-            strncmp(environ[i], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=", 34) == 0) {
+            strncmp(environ[i], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=", 34) == 0 ||
+            strncmp(environ[i], "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=", 33) == 0) {
             continue;
         }
         env[k++] = strdup(environ[i]);
@@ -268,13 +278,19 @@ static char **build_env(struct proc_model *pm, int port, int gpu)
         env[k++] = substitute(pm->env[i], port, gpu >= 0 ? pb->gpus[gpu].id : -1);
     }
     if (gpu >= 0) {
-        char tmp[64];
-        snprintf(tmp, sizeof tmp, "CUDA_VISIBLE_DEVICES=%d", pb->gpus[gpu].id);
+        char tmp[160];
+        snprintf(tmp, sizeof tmp, "CUDA_VISIBLE_DEVICES=%s", pb->gpu_device[gpu]);
         env[k++] = strdup(tmp);
         if (pb->sharing[gpu] == GPU_MPS) {
             snprintf(tmp, sizeof tmp, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%u",
                      procplan_mps_percentage(pm->gpu_slices, pb->gpus[gpu].slices));
             env[k++] = strdup(tmp);
+            if (pm->gpu_memory_bytes) {
+                /* Device 0 is the one CUDA_VISIBLE_DEVICES leaves it. */
+                snprintf(tmp, sizeof tmp, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%lluM",
+                         (unsigned long long)((pm->gpu_memory_bytes + (1 << 20) - 1) >> 20));
+                env[k++] = strdup(tmp);
+            }
         }
     }
     env[k] = NULL;
@@ -289,12 +305,16 @@ static int replica_start(struct proc_model *pm)
 {
     struct process_backend *pb = pm->pb;
     int gpu = -1;
-    if (pm->gpu_slices > 0) {
-        gpu = procplan_gpu_pick(pb->gpus, pb->n_gpus, pm->gpu_slices);
+    if (pm->gpu_slices > 0 || pm->mig_profile) {
+        struct gpu_need need = {pm->mig_profile ? 1 : pm->gpu_slices, pm->gpu_memory_bytes,
+                                pm->mig_profile};
+        gpu = procplan_gpu_place(pb->gpus, pb->n_gpus, &need);
         if (gpu < 0) {
             if (!pm->waiting_for_capacity) {
-                LOGI("waiting for GPU capacity", "model=%s slices_needed=%u", pm->m->name,
-                     pm->gpu_slices);
+                LOGI("waiting for GPU capacity", "model=%s slices_needed=%u mig_profile=%s "
+                     "memory_needed=%llu", pm->m->name, need.slices,
+                     pm->mig_profile ? pm->mig_profile : "-",
+                     (unsigned long long)pm->gpu_memory_bytes);
             }
             pm->waiting_for_capacity = true;
             return -ENOSPC;
@@ -379,8 +399,10 @@ static int replica_start(struct proc_model *pm)
     /* The last cold start says when to probe tightly. */
     probe_start(&r->probe, pm->last_cold_start_ms);
     if (gpu >= 0) {
-        pb->gpus[gpu].used += pm->gpu_slices;
-        r->slices = pm->gpu_slices;
+        r->slices = pm->mig_profile ? 1 : pm->gpu_slices;
+        r->gpu_memory = pm->gpu_memory_bytes;
+        pb->gpus[gpu].used += r->slices;
+        pb->gpus[gpu].memory_used += r->gpu_memory;
     }
     list_push_back(&pm->replicas, &r->node);
     pm->n_starting++;
@@ -451,6 +473,7 @@ static void replica_free(struct replica *r)
     }
     if (r->gpu >= 0) {
         pb->gpus[r->gpu].used -= r->slices;
+        pb->gpus[r->gpu].memory_used -= r->gpu_memory;
     }
     list_remove(&r->node);
     free(r);
@@ -684,11 +707,70 @@ static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_
     }
 }
 
+/* With MIG instances the machine is one node of several resources: whole-GPU
+ * slices, and the instances of each MIG profile, so the warm pool never
+ * admits a replica for a profile that has no instance free. Without MIG,
+ * one capacity in slices (gpu_slices) says the same. */
+static bool plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cluster *c)
+{
+    struct process_backend *pb = ud;
+    struct wp_node *node = &pb->plan_node;
+    memset(node, 0, sizeof *node);
+    node->name = "local";
+    size_t n_res = 1;
+    c->res[0] = "gpu-slices";
+    bool any_mig = false;
+    for (size_t g = 0; g < pb->n_gpus; g++) {
+        const struct gpu_slot *s = &pb->gpus[g];
+        size_t r = 0;
+        if (s->profile) {
+            any_mig = true;
+            for (r = 1; r < n_res && strcmp(c->res[r], s->profile) != 0; r++) {
+            }
+            if (r == n_res && n_res < WP_MAX_RES) {
+                c->res[n_res++] = s->profile;
+            }
+        }
+        if (r < n_res) {
+            node->alloc[r] += s->slices;
+        }
+    }
+    if (!any_mig) {
+        for (size_t i = 0; i < n; i++) {
+            memset(sms[i]->req, 0, sizeof sms[i]->req);
+            sms[i]->eligible = NULL;
+            sms[i]->on_node = NULL;
+        }
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct proc_model *pm = container_of(sms[i], struct proc_model, sc);
+        memset(sms[i]->req, 0, sizeof sms[i]->req);
+        if (pm->mig_profile) {
+            for (size_t r = 1; r < n_res; r++) {
+                if (strcmp(c->res[r], pm->mig_profile) == 0) {
+                    sms[i]->req[r] = 1;
+                }
+            }
+        } else {
+            sms[i]->req[0] = pm->gpu_slices;
+        }
+        sms[i]->eligible = NULL;
+        pm->plan_on_node = sms[i]->current; /* one node holds them all */
+        sms[i]->on_node = &pm->plan_on_node;
+    }
+    c->n_res = n_res;
+    c->nodes = node;
+    c->n_nodes = 1;
+    return true;
+}
+
 static const struct scale_driver_ops process_scale_ops = {
     .count = count_models,
     .collect = collect_models,
     .gpu_slices = gpu_slices,
     .apply = apply_targets,
+    .nodes = plan_nodes,
 };
 
 /* One planning step over every model (scale_driver.h), then start and stop. */
@@ -739,6 +821,7 @@ static void proc_model_free(struct proc_model *pm)
     }
     free(pm->env);
     free(pm->health_path);
+    free(pm->mig_profile);
     model_unref(pm->m);
     free(pm);
 }
@@ -900,7 +983,10 @@ static bool same_definition(const struct proc_model *pm, const struct config_mod
 {
     return same_strv(pm->argv, pm->argc, cm->command, cm->n_command) &&
            same_strv(pm->env, pm->n_env, cm->env, cm->n_env) &&
-           strcmp(pm->health_path, cm->health_path) == 0 && pm->gpu_slices == cm->gpu_slices;
+           strcmp(pm->health_path, cm->health_path) == 0 && pm->gpu_slices == cm->gpu_slices &&
+           pm->gpu_memory_bytes == cm->gpu_memory_bytes &&
+           !pm->mig_profile == !cm->mig_profile &&
+           (!pm->mig_profile || strcmp(pm->mig_profile, cm->mig_profile) == 0);
 }
 
 /* Copies cm's process settings into pm (replacing what it had). */
@@ -909,12 +995,17 @@ static int take_definition(struct proc_model *pm, const struct config_model *cm)
     char **argv = copy_strv(cm->command, cm->n_command);
     char **env = copy_strv(cm->env, cm->n_env);
     char *health = strdup(cm->health_path);
-    if (!argv || !env || !health) {
+    char *mig = cm->mig_profile ? strdup(cm->mig_profile) : NULL;
+    if (!argv || !env || !health || (cm->mig_profile && !mig)) {
         free_strv(argv);
         free_strv(env);
         free(health);
+        free(mig);
         return -ENOMEM;
     }
+    free(pm->mig_profile);
+    pm->mig_profile = mig;
+    pm->gpu_memory_bytes = cm->gpu_memory_bytes;
     free_strv(pm->argv);
     free_strv(pm->env);
     free(pm->health_path);
@@ -935,7 +1026,8 @@ static int take_definition(struct proc_model *pm, const struct config_model *cm)
      * window, which sizes its buckets, changed. */
     struct scaler_model fresh;
     scaler_model_init(&fresh, pm->m, pm->pb->cfg, cm->target, cm->stable_window_ms,
-                      pm->min_replicas, pm->max_replicas, pm->idle_timeout_ms, pm->gpu_slices);
+                      pm->min_replicas, pm->max_replicas, pm->idle_timeout_ms,
+                      pm->mig_profile ? 1 : pm->gpu_slices);
     if (!pm->sc.m || pm->sc.asc.stable_window_ms != fresh.asc.stable_window_ms) {
         pm->sc = fresh;
     } else {
@@ -1120,6 +1212,14 @@ static void process_describe_capacity(struct backend *b, cJSON *out)
         cJSON_AddStringToObject(g, "sharing", pb->sharing[i] == GPU_MPS ? "mps" : "time-slicing");
         cJSON_AddNumberToObject(g, "slices", pb->gpus[i].slices);
         cJSON_AddNumberToObject(g, "used", pb->gpus[i].used);
+        if (pb->gpus[i].profile) {
+            cJSON_AddStringToObject(g, "mig", pb->gpu_device[i]);
+            cJSON_AddStringToObject(g, "profile", pb->gpus[i].profile);
+        }
+        if (pb->gpus[i].memory_bytes) {
+            cJSON_AddNumberToObject(g, "memory_bytes", (double)pb->gpus[i].memory_bytes);
+            cJSON_AddNumberToObject(g, "memory_used", (double)pb->gpus[i].memory_used);
+        }
         cJSON_AddItemToArray(gpus, g);
     }
 }
@@ -1219,6 +1319,12 @@ static void process_free(struct backend *b)
     if (pb->tick) {
         event_free(pb->tick);
     }
+    for (size_t i = 0; i < pb->n_gpus; i++) {
+        free(pb->gpu_device ? pb->gpu_device[i] : NULL);
+        free(pb->gpu_profile ? pb->gpu_profile[i] : NULL);
+    }
+    free(pb->gpu_device);
+    free(pb->gpu_profile);
     free(pb->gpus);
     free(pb->sharing);
     free(pb);
@@ -1238,6 +1344,186 @@ static const struct backend_ops process_ops = {
     .free = process_free,
 };
 
+/* ---- GPUs -------------------------------------------------------------- */
+
+static int gpus_alloc(struct process_backend *pb, size_t n)
+{
+    pb->n_gpus = 0;
+    pb->gpus = calloc(n ? n : 1, sizeof *pb->gpus);
+    pb->sharing = calloc(n ? n : 1, sizeof *pb->sharing);
+    pb->gpu_device = calloc(n ? n : 1, sizeof *pb->gpu_device);
+    pb->gpu_profile = calloc(n ? n : 1, sizeof *pb->gpu_profile);
+    return pb->gpus && pb->sharing && pb->gpu_device && pb->gpu_profile ? 0 : -ENOMEM;
+}
+
+/* Appends a capacity unit: GPU id, or a MIG instance of it (mig UUID and
+ * profile). 0 or -ENOMEM. */
+static int gpu_add(struct process_backend *pb, int id, unsigned slices, enum gpu_sharing sharing,
+                   const char *mig, const char *profile, uint64_t memory_bytes)
+{
+    size_t i = pb->n_gpus;
+    char idbuf[16];
+    snprintf(idbuf, sizeof idbuf, "%d", id);
+    pb->gpu_device[i] = strdup(mig ? mig : idbuf);
+    pb->gpu_profile[i] = profile ? strdup(profile) : NULL;
+    if (!pb->gpu_device[i] || (profile && !pb->gpu_profile[i])) {
+        return -ENOMEM;
+    }
+    pb->gpus[i] = (struct gpu_slot){.id = id, .slices = mig ? 1 : slices,
+                                    .profile = pb->gpu_profile[i],
+                                    .memory_bytes = memory_bytes};
+    pb->sharing[i] = sharing;
+    pb->n_gpus++;
+    return 0;
+}
+
+static int declared_gpus(struct process_backend *pb, const struct config *cfg)
+{
+    if (gpus_alloc(pb, cfg->n_gpus)) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < cfg->n_gpus; i++) {
+        const struct config_gpu *g = &cfg->gpus[i];
+        if (gpu_add(pb, (int)g->id, (unsigned)g->slices, g->sharing, g->mig, g->profile,
+                    g->memory_bytes)) {
+            return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
+/* Runs argv (no shell) and reads its standard output, at most cap-1 bytes,
+ * for at most DISCOVERY_TIMEOUT_MS. 0, or -1 with the reason logged. */
+#define DISCOVERY_TIMEOUT_MS 5000
+static int run_capture(char *const argv[], char *out, size_t cap)
+{
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC)) {
+        return -1;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (rc) {
+        close(fds[0]);
+        LOGE("GPU discovery could not run its command", "command=%s error=\"%s\"", argv[0],
+             strerror(rc));
+        return -1;
+    }
+    size_t len = 0;
+    uint64_t deadline = clock_now_ms() + DISCOVERY_TIMEOUT_MS;
+    bool timed_out = false;
+    for (;;) {
+        uint64_t now = clock_now_ms();
+        if (now >= deadline) {
+            timed_out = true;
+            break;
+        }
+        struct pollfd pfd = {fds[0], POLLIN, 0};
+        if (poll(&pfd, 1, (int)(deadline - now)) <= 0) {
+            continue;
+        }
+        ssize_t n = read(fds[0], out + len, cap - 1 - len);
+        if (n <= 0 || (len += (size_t)n) == cap - 1) {
+            break;
+        }
+    }
+    out[len] = '\0';
+    close(fds[0]);
+    if (timed_out) {
+        kill(pid, SIGKILL);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (timed_out || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        LOGE("GPU discovery command failed", "command=%s timed_out=%d status=%d", argv[0],
+             timed_out, status);
+        return -1;
+    }
+    return 0;
+}
+
+/* "gpus": "discover": the GPUs and MIG instances nvidia-smi -L lists (or
+ * gpu_discovery_command). A GPU in MIG mode gives one unit per instance; the
+ * others one unit each, shared by time-slicing in gpu_discovery_slices. */
+#define DISCOVERY_MAX_DEVICES 256
+static int discover_gpus(struct process_backend *pb, const struct config *cfg)
+{
+    static char *const default_cmd[] = {"nvidia-smi", "-L", NULL};
+    char *argv[17];
+    char *const *cmd = default_cmd;
+    if (cfg->n_gpu_discovery_command) {
+        size_t n = cfg->n_gpu_discovery_command < 16 ? cfg->n_gpu_discovery_command : 16;
+        for (size_t i = 0; i < n; i++) {
+            argv[i] = cfg->gpu_discovery_command[i];
+        }
+        argv[n] = NULL;
+        cmd = argv;
+    }
+    char *out = malloc(65536);
+    struct smi_device *devs = calloc(DISCOVERY_MAX_DEVICES, sizeof *devs);
+    int rc = -1;
+    if (!out || !devs || run_capture(cmd, out, 65536)) {
+        goto done;
+    }
+    int n = procplan_parse_nvidia_smi(out, devs, DISCOVERY_MAX_DEVICES);
+    if (n < 0) {
+        LOGE("GPU discovery: the command's output is not nvidia-smi -L output", "command=%s",
+             cmd[0]);
+        goto done;
+    }
+    if (gpus_alloc(pb, (size_t)n)) {
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct smi_device *d = &devs[i];
+        if (d->has_mig) {
+            continue; /* its instances are the units */
+        }
+        if (gpu_add(pb, d->gpu, (unsigned)cfg->gpu_discovery_slices, GPU_TIME_SLICING,
+                    d->mig ? d->uuid : NULL, d->mig ? d->profile : NULL, 0)) {
+            goto done;
+        }
+        LOGI("GPU discovered", "gpu=%d %s%s%s", d->gpu, d->mig ? "mig_profile=" : "name=\"",
+             d->mig ? d->profile : d->name, d->mig ? "" : "\"");
+    }
+    rc = 0;
+done:
+    free(out);
+    free(devs);
+    return rc;
+}
+
+/* Every model's GPU needs fit some unit (the config checked declared GPUs;
+ * discovered ones are checked here). */
+static bool gpu_needs_fit(const struct process_backend *pb, const struct config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const struct config_model *m = &cfg->models[i];
+        if (!m->n_command || (!m->gpu_slices && !m->mig_profile)) {
+            continue;
+        }
+        bool fits = false;
+        for (size_t g = 0; g < pb->n_gpus && !fits; g++) {
+            const struct gpu_slot *s = &pb->gpus[g];
+            fits = m->mig_profile ? s->profile && strcmp(s->profile, m->mig_profile) == 0
+                                  : !s->profile && s->slices >= m->gpu_slices;
+        }
+        if (!fits) {
+            LOGE("a model's GPU needs fit on no GPU found", "model=%s gpu_slices=%llu "
+                 "mig_profile=%s gpus_found=%zu", m->name, (unsigned long long)m->gpu_slices,
+                 m->mig_profile ? m->mig_profile : "-", pb->n_gpus);
+            return false;
+        }
+    }
+    return true;
+}
+
 struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
                                     const struct config *cfg)
 {
@@ -1252,17 +1538,13 @@ struct backend *backend_process_new(struct fleet *fleet, struct event_base *base
     scale_driver_init(&pb->driver, &process_scale_ops, pb);
     list_init(&pb->models);
     list_init(&pb->retired);
-    pb->n_gpus = cfg->n_gpus;
-    pb->gpus = calloc(cfg->n_gpus ? cfg->n_gpus : 1, sizeof *pb->gpus);
-    pb->sharing = calloc(cfg->n_gpus ? cfg->n_gpus : 1, sizeof *pb->sharing);
-    if (!pb->gpus || !pb->sharing) {
+    if (cfg->gpu_discovery ? discover_gpus(pb, cfg) : declared_gpus(pb, cfg)) {
         process_free(&pb->base);
         return NULL;
     }
-    for (size_t i = 0; i < cfg->n_gpus; i++) {
-        pb->gpus[i].id = (int)cfg->gpus[i].id;
-        pb->gpus[i].slices = (unsigned)cfg->gpus[i].slices;
-        pb->sharing[i] = cfg->gpus[i].sharing;
+    if (cfg->gpu_discovery && !gpu_needs_fit(pb, cfg)) {
+        process_free(&pb->base);
+        return NULL;
     }
     pb->sigchld = evsignal_new(base, SIGCHLD, on_sigchld, pb);
     pb->tick = event_new(base, -1, EV_PERSIST, on_tick, pb);

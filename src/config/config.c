@@ -672,6 +672,8 @@ static const struct conf_key model_keys[] = {
     K_NUM(struct config_model, stop_grace_ms, 10000, 0, 600000),
     K_NUM(struct config_model, stop_drain_ms, 30000, 0, 3600000),
     K_NUM(struct config_model, gpu_slices, 0, 0, 64),
+    K_STRING(struct config_model, mig_profile, NULL, NULL),
+    K_NUM(struct config_model, gpu_memory_bytes, 0, 0, 1ull << 50),
     K_NUM(struct config_model, loading_heartbeat_ms, 0, 0, 600000),
     K_NUM(struct config_model, target, 0, 0, 100000),
     K_NUM(struct config_model, stable_window_ms, 0, 0, 3600000),
@@ -924,8 +926,26 @@ static int gpu_finish(struct parser *p, const cJSON *obj, const char *prefix, vo
     if (!cJSON_GetObjectItemCaseSensitive(obj, "id")) {
         return fail(p, obj, prefix, "\"id\" is required");
     }
+    if (cg->mig) {
+        if (strncmp(cg->mig, "MIG-", 4) != 0) {
+            return fail(p, obj, prefix, "\"mig\" must be a MIG device UUID (\"MIG-...\", "
+                        "as nvidia-smi -L prints it)");
+        }
+        if (!cg->profile) {
+            return fail(p, obj, prefix, "a MIG instance needs its \"profile\" (e.g. \"1g.10gb\")");
+        }
+        if (cg->slices != 1 || cg->sharing != GPU_TIME_SLICING) {
+            return fail(p, obj, prefix, "a MIG instance takes one replica: no \"slices\" or "
+                        "\"sharing\" (MPS does not apply to MIG devices)");
+        }
+    } else if (cg->profile) {
+        return fail(p, obj, prefix, "\"profile\" applies only to a MIG instance (\"mig\")");
+    }
     for (const struct config_gpu *g = p->cfg->gpus; g < cg; g++) {
-        if (g->id == cg->id) {
+        if (cg->mig && g->mig && strcmp(g->mig, cg->mig) == 0) {
+            return fail(p, obj, prefix, "MIG instance %s is declared twice", cg->mig);
+        }
+        if (!cg->mig && !g->mig && g->id == cg->id) {
             return fail(p, obj, prefix, "GPU id %llu is declared twice",
                         (unsigned long long)cg->id);
         }
@@ -939,14 +959,22 @@ static const struct conf_key gpu_keys[] = {
     {.name = "sharing", .type = KEY_ENUM, .offset = offsetof(struct config_gpu, sharing),
      .def = GPU_TIME_SLICING, .names = gpu_sharing_names,
      .n_names = (int)N_ELEMS(gpu_sharing_names), .enum_msg = "must be \"time-slicing\" or \"mps\""},
+    K_STRING(struct config_gpu, mig, NULL, NULL),
+    K_STRING(struct config_gpu, profile, NULL, NULL),
+    K_NUM(struct config_gpu, memory_bytes, 0, 0, 1ull << 50),
 };
 static const struct section gpu_section = SECTION(gpu_keys, gpu_finish);
 
 static int parse_gpus(struct parser *p, const cJSON *arr, const char *path, void *base)
 {
     struct config *cfg = base;
+    if (cJSON_IsString(arr) && strcmp(arr->valuestring, "discover") == 0) {
+        cfg->gpu_discovery = true;
+        return 0;
+    }
     if (!cJSON_IsArray(arr)) {
-        return fail(p, arr, path, "must be an array of {\"id\", \"slices\", \"sharing\"}");
+        return fail(p, arr, path, "must be an array of {\"id\", \"slices\", \"sharing\"} "
+                    "or {\"id\", \"mig\", \"profile\"}, or \"discover\"");
     }
     size_t n = (size_t)cJSON_GetArraySize(arr);
     cfg->gpus = calloc(n ? n : 1, sizeof *cfg->gpus);
@@ -1018,27 +1046,60 @@ static int parse_models(struct parser *p, const cJSON *models, struct config *cf
     return 0;
 }
 
-/* A model's gpu_slices needs a command and a GPU with that many slices. */
+/* A model's GPU needs (gpu_slices, gpu_memory_bytes, mig_profile) need a
+ * command and a declared GPU that can hold them (checked at start-up
+ * instead when the GPUs are discovered). */
+static int check_model_gpu(struct parser *p, const struct config *cfg, size_t i)
+{
+    const struct config_model *m = &cfg->models[i];
+    const char *key = m->mig_profile ? "mig_profile" : "gpu_slices";
+    char path[64];
+    snprintf(path, sizeof path, "models[%zu].%s", i, key);
+    if (m->n_command == 0) {
+        return fail(p, NULL, path, "applies only to models with a \"command\"");
+    }
+    if (m->mig_profile && m->gpu_slices) {
+        return fail(p, NULL, path, "a model takes a MIG instance or GPU slices, not both");
+    }
+    if (m->gpu_memory_bytes && !m->gpu_slices) {
+        snprintf(path, sizeof path, "models[%zu].gpu_memory_bytes", i);
+        return fail(p, NULL, path, "needs \"gpu_slices\" (a MIG instance has its own memory)");
+    }
+    if (cfg->gpu_discovery) {
+        return 0;
+    }
+    bool fits = false;
+    for (size_t g = 0; g < cfg->n_gpus; g++) {
+        const struct config_gpu *cg = &cfg->gpus[g];
+        if (m->mig_profile) {
+            fits |= cg->mig && strcmp(cg->profile, m->mig_profile) == 0;
+        } else {
+            fits |= !cg->mig && cg->slices >= m->gpu_slices &&
+                    (!cg->memory_bytes || cg->memory_bytes >= m->gpu_memory_bytes);
+        }
+    }
+    if (!fits && m->mig_profile) {
+        return fail(p, NULL, path, "no declared MIG instance has profile \"%s\" (see \"gpus\")",
+                    m->mig_profile);
+    }
+    if (!fits) {
+        return fail(p, NULL, path,
+                    "%llu slices%s do not fit on any declared GPU (see \"gpus\")",
+                    (unsigned long long)m->gpu_slices,
+                    m->gpu_memory_bytes ? " with their gpu_memory_bytes" : "");
+    }
+    return 0;
+}
+
 static int check_gpu_slices(struct parser *p, const struct config *cfg)
 {
     for (size_t i = 0; i < cfg->n_models; i++) {
         const struct config_model *m = &cfg->models[i];
-        if (m->gpu_slices == 0) {
-            continue;
-        }
-        char path[64];
-        snprintf(path, sizeof path, "models[%zu].gpu_slices", i);
-        if (m->n_command == 0) {
-            return fail(p, NULL, path, "applies only to models with a \"command\"");
-        }
-        bool fits = false;
-        for (size_t g = 0; g < cfg->n_gpus; g++) {
-            fits |= cfg->gpus[g].slices >= m->gpu_slices;
-        }
-        if (!fits) {
-            return fail(p, NULL, path,
-                        "%llu slices do not fit on any declared GPU (see \"gpus\")",
-                        (unsigned long long)m->gpu_slices);
+        if (m->gpu_slices || m->mig_profile || m->gpu_memory_bytes) {
+            int rc = check_model_gpu(p, cfg, i);
+            if (rc) {
+                return rc;
+            }
         }
     }
     return 0;
@@ -1061,6 +1122,8 @@ static const struct conf_key root_keys[] = {
     K_OBJECT(struct config, upstream, &upstream_section),
     {.name = "log", .type = KEY_OBJECT, .offset = 0, .sub = &log_section},
     {.name = "gpus", .type = KEY_CUSTOM, .parse = parse_gpus},
+    K_STRINGS(struct config, gpu_discovery_command, NULL),
+    K_NUM(struct config, gpu_discovery_slices, 1, 1, 64),
     K_OBJECT(struct config, kubernetes, &kubernetes_section),
     K_OBJECT(struct config, autoscaler, &autoscaler_section),
     K_OBJECT(struct config, warm_pool, &warm_pool_section),
@@ -1321,9 +1384,15 @@ void config_free(struct config *cfg)
         free_strings(m->command, m->n_command);
         free_strings(m->env, m->n_env);
         free(m->health_path);
+        free(m->mig_profile);
     }
     free(cfg->models);
+    for (size_t i = 0; i < cfg->n_gpus; i++) {
+        free(cfg->gpus[i].mig);
+        free(cfg->gpus[i].profile);
+    }
     free(cfg->gpus);
+    free_strings(cfg->gpu_discovery_command, cfg->n_gpu_discovery_command);
     config_tenant_free(&cfg->tenants.default_);
     for (size_t i = 0; i < cfg->tenants.n_list; i++) {
         config_tenant_free(&cfg->tenants.list[i]);

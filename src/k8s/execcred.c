@@ -1,5 +1,5 @@
 #include "thaw/k8s/execcred.h"
-#include "thaw/k8s/objects.h"
+#include "thaw/k8s/json.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
 

@@ -11,45 +11,6 @@
 static void start_list(struct k8s_informer *inf);
 static void start_watch(struct k8s_informer *inf);
 
-const cJSON *k8s_get(const cJSON *obj, const char *dotted)
-{
-    char part[128];
-    const char *p = dotted;
-    const cJSON *cur = obj;
-    while (cur && *p) {
-        const char *dot = strchr(p, '.');
-        size_t n = dot ? (size_t)(dot - p) : strlen(p);
-        if (n >= sizeof part) {
-            return NULL;
-        }
-        memcpy(part, p, n);
-        part[n] = '\0';
-        cur = cJSON_GetObjectItemCaseSensitive(cur, part);
-        p += n + (dot ? 1 : 0);
-        if (!dot) {
-            break;
-        }
-    }
-    return cur;
-}
-
-const char *k8s_get_string(const cJSON *obj, const char *dotted)
-{
-    const cJSON *v = k8s_get(obj, dotted);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
-uint64_t k8s_json_count(const cJSON *v)
-{
-    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) {
-        return 0;
-    }
-    if (v->valuedouble >= 18446744073709551616.0) { /* 2^64 */
-        return UINT64_MAX;
-    }
-    return (uint64_t)v->valuedouble;
-}
-
 void k8s_object_key(const cJSON *obj, char *out, size_t len)
 {
     const char *ns = k8s_get_string(obj, "metadata.namespace");

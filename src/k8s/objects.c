@@ -1,5 +1,5 @@
 #include "thaw/k8s/objects.h"
-#include "thaw/k8s/informer.h"
+#include "thaw/k8s/json.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,48 +9,6 @@
 static void copy(char *dst, size_t len, const char *src)
 {
     snprintf(dst, len, "%s", src ? src : "");
-}
-
-int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
-{
-    memset(o, 0, sizeof *o);
-    const char *name = k8s_get_string(obj, "metadata.name");
-    if (!name) {
-        return -1;
-    }
-    copy(o->name, sizeof o->name, name);
-    copy(o->namespace_, sizeof o->namespace_, k8s_get_string(obj, "metadata.namespace"));
-    const cJSON *ml =
-        cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "metadata.labels"), K8S_MODEL_LABEL);
-    copy(o->model, sizeof o->model, cJSON_IsString(ml) ? ml->valuestring : NULL);
-    copy(o->created, sizeof o->created, k8s_get_string(obj, "metadata.creationTimestamp"));
-    const cJSON *ref;
-    cJSON_ArrayForEach(ref, k8s_get(obj, "metadata.ownerReferences"))
-    {
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ref, "controller"))) {
-            copy(o->owner, sizeof o->owner, k8s_get_string(ref, "name"));
-            break;
-        }
-    }
-    copy(o->ip, sizeof o->ip, k8s_get_string(obj, "status.podIP"));
-    copy(o->phase, sizeof o->phase, k8s_get_string(obj, "status.phase"));
-    o->running = strcmp(o->phase, "Running") == 0;
-    o->terminating = k8s_get(obj, "metadata.deletionTimestamp") != NULL ||
-                     strcmp(o->phase, "Failed") == 0 || strcmp(o->phase, "Succeeded") == 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, k8s_get(obj, "status.conditions"))
-    {
-        const char *type = k8s_get_string(c, "type");
-        const char *status = k8s_get_string(c, "status");
-        const char *reason = k8s_get_string(c, "reason");
-        if (type && strcmp(type, "PodScheduled") == 0 && status && strcmp(status, "False") == 0 &&
-            reason && strcmp(reason, "Unschedulable") == 0) {
-            o->unschedulable = true;
-            copy(o->unschedulable_message, sizeof o->unschedulable_message,
-                 k8s_get_string(c, "message"));
-        }
-    }
-    return 0;
 }
 
 static const char *label_value(const cJSON *labels, const char *key)
@@ -182,6 +140,269 @@ static uint64_t num(const cJSON *v)
     return k8s_json_count(v);
 }
 
+/* ---- resources ----------------------------------------------------------- */
+
+uint64_t k8s_resources_get(const struct k8s_resources *rs, const char *name)
+{
+    for (size_t i = 0; i < rs->n; i++) {
+        if (strcmp(rs->r[i].name, name) == 0) {
+            return rs->r[i].amount;
+        }
+    }
+    return 0;
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return b > UINT64_MAX - a ? UINT64_MAX : a + b;
+}
+
+int k8s_resources_add(struct k8s_resources *rs, const char *name, uint64_t amount)
+{
+    for (size_t i = 0; i < rs->n; i++) {
+        if (strcmp(rs->r[i].name, name) == 0) {
+            rs->r[i].amount = sat_add(rs->r[i].amount, amount);
+            return 0;
+        }
+    }
+    if (rs->n == K8S_MAX_RESOURCES || strlen(name) >= sizeof rs->r[0].name) {
+        rs->truncated = true;
+        return -1;
+    }
+    copy(rs->r[rs->n].name, sizeof rs->r[rs->n].name, name);
+    rs->r[rs->n++].amount = amount;
+    return 0;
+}
+
+uint64_t k8s_resources_total(const struct k8s_resources *rs)
+{
+    uint64_t t = 0;
+    for (size_t i = 0; i < rs->n; i++) {
+        t = sat_add(t, rs->r[i].amount);
+    }
+    return t;
+}
+
+/* A resource name of the prefix, in the characters a qualified name allows
+ * (so it can go into a metric label as it is). */
+static bool counted_resource(const char *name)
+{
+    if (strncmp(name, K8S_RESOURCE_PREFIX, strlen(K8S_RESOURCE_PREFIX)) != 0) {
+        return false;
+    }
+    static const char qualified[] =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./";
+    return name[strspn(name, qualified)] == '\0';
+}
+
+/* The counted resources of a resource map (allocatable, requests, limits). */
+static void read_resources(const cJSON *map, struct k8s_resources *out)
+{
+    const cJSON *r;
+    cJSON_ArrayForEach(r, map)
+    {
+        if (r->string && counted_resource(r->string)) {
+            (void)k8s_resources_add(out, r->string, num(r));
+        }
+    }
+}
+
+/* One container's counted requests: requests, limits where a request is
+ * absent (the API server defaults an extended resource's request to its
+ * limit). */
+static void container_requests(const cJSON *c, struct k8s_resources *out)
+{
+    memset(out, 0, sizeof *out);
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(c, "resources");
+    const cJSON *req = k8s_get(res, "requests");
+    read_resources(req, out);
+    const cJSON *l;
+    cJSON_ArrayForEach(l, k8s_get(res, "limits"))
+    {
+        if (l->string && counted_resource(l->string) &&
+            !cJSON_GetObjectItemCaseSensitive(req, l->string)) {
+            (void)k8s_resources_add(out, l->string, num(l));
+        }
+    }
+}
+
+/* The pod's effective requests: the containers' sum, raised to any init
+ * container's own (init containers run one at a time, before the rest). */
+static void pod_requests(const cJSON *pod_spec, struct k8s_resources *out)
+{
+    memset(out, 0, sizeof *out);
+    struct k8s_resources one;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(pod_spec, "containers"))
+    {
+        container_requests(c, &one);
+        for (size_t i = 0; i < one.n; i++) {
+            (void)k8s_resources_add(out, one.r[i].name, one.r[i].amount);
+        }
+        out->truncated |= one.truncated;
+    }
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(pod_spec, "initContainers"))
+    {
+        container_requests(c, &one);
+        for (size_t i = 0; i < one.n; i++) {
+            uint64_t have = k8s_resources_get(out, one.r[i].name);
+            if (one.r[i].amount > have) {
+                (void)k8s_resources_add(out, one.r[i].name, one.r[i].amount - have);
+            }
+        }
+        out->truncated |= one.truncated;
+    }
+}
+
+/* ---- pods ---------------------------------------------------------------- */
+
+int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
+{
+    memset(o, 0, sizeof *o);
+    const char *name = k8s_get_string(obj, "metadata.name");
+    if (!name) {
+        return -1;
+    }
+    copy(o->name, sizeof o->name, name);
+    copy(o->namespace_, sizeof o->namespace_, k8s_get_string(obj, "metadata.namespace"));
+    const cJSON *ml =
+        cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "metadata.labels"), K8S_MODEL_LABEL);
+    copy(o->model, sizeof o->model, cJSON_IsString(ml) ? ml->valuestring : NULL);
+    copy(o->created, sizeof o->created, k8s_get_string(obj, "metadata.creationTimestamp"));
+    const cJSON *ref;
+    cJSON_ArrayForEach(ref, k8s_get(obj, "metadata.ownerReferences"))
+    {
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(ref, "controller"))) {
+            copy(o->owner, sizeof o->owner, k8s_get_string(ref, "name"));
+            break;
+        }
+    }
+    copy(o->ip, sizeof o->ip, k8s_get_string(obj, "status.podIP"));
+    copy(o->phase, sizeof o->phase, k8s_get_string(obj, "status.phase"));
+    copy(o->node_name, sizeof o->node_name, k8s_get_string(obj, "spec.nodeName"));
+    pod_requests(k8s_get(obj, "spec"), &o->requests);
+    o->running = strcmp(o->phase, "Running") == 0;
+    o->terminating = k8s_get(obj, "metadata.deletionTimestamp") != NULL ||
+                     strcmp(o->phase, "Failed") == 0 || strcmp(o->phase, "Succeeded") == 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, k8s_get(obj, "status.conditions"))
+    {
+        const char *type = k8s_get_string(c, "type");
+        const char *status = k8s_get_string(c, "status");
+        const char *reason = k8s_get_string(c, "reason");
+        if (type && strcmp(type, "PodScheduled") == 0 && status && strcmp(status, "False") == 0 &&
+            reason && strcmp(reason, "Unschedulable") == 0) {
+            o->unschedulable = true;
+            copy(o->unschedulable_message, sizeof o->unschedulable_message,
+                 k8s_get_string(c, "message"));
+        }
+    }
+    return 0;
+}
+
+/* ---- nodes --------------------------------------------------------------- */
+
+static char *dup_str(const char *s)
+{
+    return strdup(s ? s : "");
+}
+
+static void free_strings(char **v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++) {
+        free(v[i]);
+    }
+    free(v);
+}
+
+/* A JSON object of strings as key, value pairs (other values skipped). */
+static int read_pairs(const cJSON *map, char ***out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    int count = cJSON_IsObject(map) ? cJSON_GetArraySize(map) : 0;
+    if (count == 0) {
+        return 0;
+    }
+    char **v = calloc((size_t)count * 2, sizeof *v);
+    if (!v) {
+        return -1;
+    }
+    *out = v;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, map)
+    {
+        if (!e->string || !cJSON_IsString(e)) {
+            continue;
+        }
+        v[2 * *n] = dup_str(e->string);
+        v[2 * *n + 1] = dup_str(e->valuestring);
+        if (!v[2 * *n] || !v[2 * *n + 1]) {
+            free(v[2 * *n]);
+            free(v[2 * *n + 1]);
+            return -1;
+        }
+        (*n)++;
+    }
+    return 0;
+}
+
+static const char *pair_value(char *const *pairs, size_t n, const char *key)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(pairs[2 * i], key) == 0) {
+            return pairs[2 * i + 1];
+        }
+    }
+    return NULL;
+}
+
+static enum k8s_taint_effect effect_of(const char *s)
+{
+    if (!s || !*s) {
+        return K8S_EFFECT_ANY;
+    }
+    if (strcmp(s, "NoSchedule") == 0) {
+        return K8S_NO_SCHEDULE;
+    }
+    if (strcmp(s, "PreferNoSchedule") == 0) {
+        return K8S_PREFER_NO_SCHEDULE;
+    }
+    if (strcmp(s, "NoExecute") == 0) {
+        return K8S_NO_EXECUTE;
+    }
+    return K8S_EFFECT_OTHER;
+}
+
+static int read_taints(const cJSON *arr, struct k8s_node_info *o)
+{
+    int count = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
+    if (count == 0) {
+        return 0;
+    }
+    o->taints = calloc((size_t)count, sizeof *o->taints);
+    if (!o->taints) {
+        return -1;
+    }
+    const cJSON *t;
+    cJSON_ArrayForEach(t, arr)
+    {
+        const char *key = k8s_get_string(t, "key");
+        if (!key) {
+            continue;
+        }
+        struct k8s_taint *x = &o->taints[o->n_taints];
+        x->key = dup_str(key);
+        x->value = dup_str(k8s_get_string(t, "value"));
+        x->effect = effect_of(k8s_get_string(t, "effect"));
+        o->n_taints++;
+        if (!x->key || !x->value) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int k8s_node_decode(const cJSON *obj, struct k8s_node_info *o)
 {
     memset(o, 0, sizeof *o);
@@ -190,62 +411,319 @@ int k8s_node_decode(const cJSON *obj, struct k8s_node_info *o)
         return -1;
     }
     copy(o->name, sizeof o->name, name);
-    o->gpu_allocatable =
-        num(cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "status.allocatable"), "nvidia.com/gpu"));
+    const cJSON *alloc = k8s_get(obj, "status.allocatable");
+    o->gpu_allocatable = num(cJSON_GetObjectItemCaseSensitive(alloc, "nvidia.com/gpu"));
+    read_resources(alloc, &o->allocatable);
     const cJSON *labels = k8s_get(obj, "metadata.labels");
     o->gpu_count = num(cJSON_GetObjectItemCaseSensitive(labels, "nvidia.com/gpu.count"));
     o->gpu_replicas = num(cJSON_GetObjectItemCaseSensitive(labels, "nvidia.com/gpu.replicas"));
     const cJSON *prod = cJSON_GetObjectItemCaseSensitive(labels, "nvidia.com/gpu.product");
     copy(o->gpu_product, sizeof o->gpu_product, cJSON_IsString(prod) ? prod->valuestring : NULL);
+    o->unschedulable = cJSON_IsTrue(k8s_get(obj, "spec.unschedulable"));
+    if (read_pairs(labels, &o->labels, &o->n_labels) ||
+        read_taints(k8s_get(obj, "spec.taints"), o)) {
+        return -1;
+    }
     return 0;
 }
 
-int k8s_time_parse_ms(const char *s, int64_t *out_ms)
+void k8s_node_info_dispose(struct k8s_node_info *ni)
 {
-    struct tm tm = {0};
-    int n = 0;
-    if (!s || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
-                     &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &n) != 6) {
+    free_strings(ni->labels, ni->n_labels * 2);
+    for (size_t i = 0; i < ni->n_taints; i++) {
+        free(ni->taints[i].key);
+        free(ni->taints[i].value);
+    }
+    free(ni->taints);
+    ni->labels = NULL;
+    ni->taints = NULL;
+    ni->n_labels = ni->n_taints = 0;
+}
+
+const char *k8s_node_label(const struct k8s_node_info *ni, const char *key)
+{
+    return pair_value(ni->labels, ni->n_labels, key);
+}
+
+/* ---- pod templates ------------------------------------------------------- */
+
+static int read_tolerations(const cJSON *arr, struct k8s_pod_template *o)
+{
+    int count = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
+    if (count == 0) {
+        return 0;
+    }
+    o->tolerations = calloc((size_t)count, sizeof *o->tolerations);
+    if (!o->tolerations) {
         return -1;
     }
-    if (tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 ||
-        tm.tm_min > 59 || tm.tm_sec > 60) {
-        return -1;
-    }
-    tm.tm_year -= 1900;
-    tm.tm_mon -= 1;
-    const char *p = s + n;
-    int64_t ms = 0;
-    if (*p == '.') {
-        int digits = 0;
-        for (p++; *p >= '0' && *p <= '9'; p++, digits++) {
-            if (digits < 3) {
-                ms = ms * 10 + (*p - '0');
-            }
-        }
-        if (digits == 0) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, arr)
+    {
+        struct k8s_toleration *x = &o->tolerations[o->n_tolerations++];
+        const char *op = k8s_get_string(t, "operator");
+        x->op = op && strcmp(op, "Exists") == 0 ? K8S_TOL_EXISTS : K8S_TOL_EQUAL;
+        x->key = dup_str(k8s_get_string(t, "key"));
+        x->value = dup_str(k8s_get_string(t, "value"));
+        x->effect = effect_of(k8s_get_string(t, "effect"));
+        if (!x->key || !x->value) {
             return -1;
         }
-        for (; digits < 3; digits++) {
-            ms *= 10;
-        }
     }
-    long offset = 0;
-    if ((*p == '+' || *p == '-') && strlen(p) == 6 && p[3] == ':') {
-        offset = (long)(atoi(p + 1) * 3600 + atoi(p + 4) * 60) * (*p == '-' ? -1 : 1);
-    } else if (strcmp(p, "Z") != 0 && strcmp(p, "z") != 0) {
-        return -1;
-    }
-    *out_ms = ((int64_t)timegm(&tm) - offset) * 1000 + ms;
     return 0;
 }
 
-void k8s_time_format_ms(int64_t ms, char *out, size_t len)
+static enum k8s_selector_op selector_op(const char *s)
 {
-    time_t t = (time_t)(ms / 1000);
-    struct tm tm;
-    gmtime_r(&t, &tm);
-    char base[32];
-    strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(out, len, "%s.%03dZ", base, (int)(ms % 1000));
+    static const char *const names[] = {"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"};
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            return (enum k8s_selector_op)i;
+        }
+    }
+    return K8S_SEL_INVALID;
+}
+
+static int read_requirement(const cJSON *e, bool field, struct k8s_node_requirement *r)
+{
+    r->field = field;
+    r->key = dup_str(k8s_get_string(e, "key"));
+    r->op = selector_op(k8s_get_string(e, "operator"));
+    const cJSON *vals = cJSON_GetObjectItemCaseSensitive(e, "values");
+    int count = cJSON_IsArray(vals) ? cJSON_GetArraySize(vals) : 0;
+    if (!r->key || (count && !(r->values = calloc((size_t)count, sizeof *r->values)))) {
+        return -1;
+    }
+    const cJSON *v;
+    cJSON_ArrayForEach(v, vals)
+    {
+        if (cJSON_IsString(v) && !(r->values[r->n_values++] = dup_str(v->valuestring))) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int read_term(const cJSON *term, struct k8s_node_term *t)
+{
+    const cJSON *exprs = cJSON_GetObjectItemCaseSensitive(term, "matchExpressions");
+    const cJSON *fields = cJSON_GetObjectItemCaseSensitive(term, "matchFields");
+    int count = (cJSON_IsArray(exprs) ? cJSON_GetArraySize(exprs) : 0) +
+                (cJSON_IsArray(fields) ? cJSON_GetArraySize(fields) : 0);
+    if (count == 0) {
+        return 0; /* an empty term matches no node */
+    }
+    t->reqs = calloc((size_t)count, sizeof *t->reqs);
+    if (!t->reqs) {
+        return -1;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, exprs)
+    {
+        if (read_requirement(e, false, &t->reqs[t->n_reqs++])) {
+            return -1;
+        }
+    }
+    cJSON_ArrayForEach(e, fields)
+    {
+        if (read_requirement(e, true, &t->reqs[t->n_reqs++])) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int read_affinity(const cJSON *pod_spec, struct k8s_pod_template *o)
+{
+    const cJSON *terms = k8s_get(
+        pod_spec,
+        "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms");
+    int count = cJSON_IsArray(terms) ? cJSON_GetArraySize(terms) : 0;
+    if (count == 0) {
+        return 0;
+    }
+    o->terms = calloc((size_t)count, sizeof *o->terms);
+    if (!o->terms) {
+        return -1;
+    }
+    const cJSON *t;
+    cJSON_ArrayForEach(t, terms)
+    {
+        if (read_term(t, &o->terms[o->n_terms++])) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int k8s_pod_template_decode(const cJSON *pod_spec, struct k8s_pod_template *o)
+{
+    memset(o, 0, sizeof *o);
+    pod_requests(pod_spec, &o->requests);
+    if (read_pairs(cJSON_GetObjectItemCaseSensitive(pod_spec, "nodeSelector"), &o->node_selector,
+                   &o->n_node_selector) ||
+        read_tolerations(cJSON_GetObjectItemCaseSensitive(pod_spec, "tolerations"), o) ||
+        read_affinity(pod_spec, o)) {
+        return -1;
+    }
+    return 0;
+}
+
+void k8s_pod_template_dispose(struct k8s_pod_template *t)
+{
+    free_strings(t->node_selector, t->n_node_selector * 2);
+    for (size_t i = 0; i < t->n_tolerations; i++) {
+        free(t->tolerations[i].key);
+        free(t->tolerations[i].value);
+    }
+    free(t->tolerations);
+    for (size_t i = 0; i < t->n_terms; i++) {
+        for (size_t j = 0; j < t->terms[i].n_reqs; j++) {
+            free(t->terms[i].reqs[j].key);
+            free_strings(t->terms[i].reqs[j].values, t->terms[i].reqs[j].n_values);
+        }
+        free(t->terms[i].reqs);
+    }
+    free(t->terms);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- fit ----------------------------------------------------------------- */
+
+const char *k8s_fit_name(enum k8s_fit f)
+{
+    static const char *const names[] = {"fits",          "cordoned", "taint",
+                                        "node_selector", "affinity", "resources"};
+    return names[f];
+}
+
+bool k8s_tolerates(const struct k8s_toleration *tol, const struct k8s_taint *taint)
+{
+    if (tol->effect != K8S_EFFECT_ANY && tol->effect != taint->effect) {
+        return false;
+    }
+    if (tol->key[0] && strcmp(tol->key, taint->key) != 0) {
+        return false;
+    }
+    if (tol->op == K8S_TOL_EXISTS) {
+        return true;
+    }
+    /* Equal with an empty key is invalid (the API rejects it): no match. */
+    return tol->key[0] && strcmp(tol->value, taint->value) == 0;
+}
+
+static bool tolerated(const struct k8s_pod_template *t, const struct k8s_taint *taint)
+{
+    for (size_t i = 0; i < t->n_tolerations; i++) {
+        if (k8s_tolerates(&t->tolerations[i], taint)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool parse_int(const char *s, long long *out)
+{
+    char *end;
+    if (!s || !*s) {
+        return false;
+    }
+    *out = strtoll(s, &end, 10);
+    return *end == '\0';
+}
+
+static bool requirement_matches(const struct k8s_node_info *n, const struct k8s_node_requirement *r)
+{
+    const char *v = r->field ? (strcmp(r->key, "metadata.name") == 0 ? n->name : NULL)
+                             : k8s_node_label(n, r->key);
+    bool in = false;
+    for (size_t i = 0; v && i < r->n_values; i++) {
+        in |= strcmp(v, r->values[i]) == 0;
+    }
+    long long have, bound;
+    switch (r->op) {
+    case K8S_SEL_IN:
+        return in;
+    case K8S_SEL_NOT_IN:
+        return !in;
+    case K8S_SEL_EXISTS:
+        return v != NULL;
+    case K8S_SEL_DOES_NOT_EXIST:
+        return v == NULL;
+    case K8S_SEL_GT:
+    case K8S_SEL_LT:
+        if (r->n_values != 1 || !parse_int(v, &have) || !parse_int(r->values[0], &bound)) {
+            return false;
+        }
+        return r->op == K8S_SEL_GT ? have > bound : have < bound;
+    default:
+        return false;
+    }
+}
+
+static bool term_matches(const struct k8s_node_info *n, const struct k8s_node_term *t)
+{
+    if (t->n_reqs == 0) {
+        return false;
+    }
+    for (size_t i = 0; i < t->n_reqs; i++) {
+        if (!requirement_matches(n, &t->reqs[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+enum k8s_fit k8s_node_admits(const struct k8s_node_info *node, const struct k8s_pod_template *t)
+{
+    if (node->unschedulable) {
+        struct k8s_taint cordon = {(char *)K8S_UNSCHEDULABLE_TAINT, (char *)"", K8S_NO_SCHEDULE};
+        if (!tolerated(t, &cordon)) {
+            return K8S_FIT_CORDONED;
+        }
+    }
+    for (size_t i = 0; i < node->n_taints; i++) {
+        const struct k8s_taint *x = &node->taints[i];
+        bool blocks = x->effect == K8S_NO_SCHEDULE || x->effect == K8S_NO_EXECUTE;
+        if (blocks && !tolerated(t, x)) {
+            return K8S_FIT_TAINT;
+        }
+    }
+    for (size_t i = 0; i < t->n_node_selector; i++) {
+        const char *v = k8s_node_label(node, t->node_selector[2 * i]);
+        if (!v || strcmp(v, t->node_selector[2 * i + 1]) != 0) {
+            return K8S_FIT_NODE_SELECTOR;
+        }
+    }
+    if (t->n_terms) {
+        bool any = false;
+        for (size_t i = 0; i < t->n_terms && !any; i++) {
+            any = term_matches(node, &t->terms[i]);
+        }
+        if (!any) {
+            return K8S_FIT_AFFINITY;
+        }
+    }
+    return K8S_FITS;
+}
+
+enum k8s_fit k8s_node_fits(const struct k8s_node_info *node, const struct k8s_pod_template *t,
+                           const struct k8s_resources *used)
+{
+    enum k8s_fit f = k8s_node_admits(node, t);
+    if (f != K8S_FITS) {
+        return f;
+    }
+    for (size_t i = 0; i < t->requests.n; i++) {
+        const struct k8s_resource *want = &t->requests.r[i];
+        if (want->amount == 0) {
+            continue;
+        }
+        uint64_t have = k8s_resources_get(&node->allocatable, want->name);
+        uint64_t taken = used ? k8s_resources_get(used, want->name) : 0;
+        if (taken >= have || have - taken < want->amount) {
+            return K8S_FIT_RESOURCES;
+        }
+    }
+    return K8S_FITS;
 }

@@ -25,7 +25,8 @@ bool scale_driver_due(const struct scale_driver *d, uint64_t now_ms)
 }
 
 /* The autoscaler's wish per model, then the warm pool and admission across
- * the GPU slices, then the backend applies each target. */
+ * the nodes (or one capacity of slices), then the backend applies each
+ * target. */
 void scale_driver_plan(struct scale_driver *d, const struct config *cfg)
 {
     size_t cap = d->ops->count(d->ud);
@@ -35,8 +36,14 @@ void scale_driver_plan(struct scale_driver *d, const struct config *cfg)
     }
     uint64_t now = clock_now_ms();
     size_t n = d->ops->collect(d->ud, now, sms, cap);
-    unsigned capacity = scale_driver_capacity(d->ops->gpu_slices(d->ud), &cfg->warm_pool);
-    scaler_plan(sms, n, capacity, (unsigned)cfg->warm_pool.budget_slices, now);
+    struct wp_cluster c = {0};
+    if (d->ops->nodes && d->ops->nodes(d->ud, sms, n, &c)) {
+        c.cap_slices = (unsigned)cfg->warm_pool.capacity_slices;
+    } else {
+        c = (struct wp_cluster){0};
+        c.cap_slices = scale_driver_capacity(d->ops->gpu_slices(d->ud), &cfg->warm_pool);
+    }
+    scaler_plan(sms, n, &c, (unsigned)cfg->warm_pool.budget_slices, now);
     d->ops->apply(d->ud, sms, n, now);
     free(sms);
     d->next_plan_ms = now + cfg->autoscaler.tick_ms;

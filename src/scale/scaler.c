@@ -51,12 +51,17 @@ static void update_rate(struct scaler_model *sm, uint64_t now_ms)
     sm->rate_ms = now_ms;
 }
 
+static const char *node_name(const struct wp_cluster *c, size_t node)
+{
+    return node < c->n_nodes && c->nodes[node].name ? c->nodes[node].name : "";
+}
+
 static const char *tier_of(const struct scaler_model *sm)
 {
     return tier_name(sm->m->set.priority);
 }
 
-void scaler_plan(struct scaler_model **sms, size_t n, unsigned capacity, unsigned warm_budget,
+void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsigned warm_budget,
                  uint64_t now_ms)
 {
     if (n == 0) {
@@ -88,9 +93,12 @@ void scaler_plan(struct scaler_model **sms, size_t n, unsigned capacity, unsigne
             .min_replicas = sm->min_replicas,
             .idle = m->inflight == 0 && m->queue.count == 0,
             .value = sm->rate * (cold_s > 0 ? cold_s : 1),
+            .eligible = sm->eligible,
+            .on_node = sm->on_node,
         };
+        memcpy(wm[i].req, sm->req, sizeof wm[i].req);
     }
-    warmpool_plan(wm, n, capacity, warm_budget, plan);
+    warmpool_plan_cluster(wm, n, c, warm_budget, plan);
     for (size_t i = 0; i < n; i++) {
         sms[i]->target = wm[i].target;
         sms[i]->warm = wm[i].warm > 0;
@@ -102,6 +110,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, unsigned capacity, unsigne
         const struct wp_decision *d = &plan->d[i];
         struct scaler_model *sm = sms[d->model];
         struct scaler_model *by = sms[d->by];
+        const char *on_node = d->node < c->n_nodes ? " on node " : "";
         char why[160];
         switch (d->action) {
         case WP_KEEP_WARM:
@@ -116,16 +125,24 @@ void scaler_plan(struct scaler_model **sms, size_t n, unsigned capacity, unsigne
             snprintf(why, sizeof why, "%s", sm->last.why);
             break;
         case WP_DENY:
-            snprintf(why, sizeof why, "no GPU slices free (%u/%u used) and nothing of lower "
-                     "priority to take them from", plan->used_slices, capacity);
+            if (plan->per_node) {
+                snprintf(why, sizeof why,
+                         "no node it may use has room for its request and "
+                         "nothing of lower priority on one node to take it from");
+            } else {
+                snprintf(why, sizeof why,
+                         "no GPU slices free (%u/%u used) and nothing of lower "
+                         "priority to take them from",
+                         plan->used_slices, plan->capacity);
+            }
             break;
         case WP_EVICT:
-            snprintf(why, sizeof why, "idle warm replica evicted for %s (%s)", by->m->name,
-                     tier_of(by));
+            snprintf(why, sizeof why, "idle warm replica evicted for %s (%s)%s%s", by->m->name,
+                     tier_of(by), on_node, node_name(c, d->node));
             break;
         case WP_PREEMPT:
-            snprintf(why, sizeof why, "shrunk toward min for %s (%s, higher priority)",
-                     by->m->name, tier_of(by));
+            snprintf(why, sizeof why, "shrunk toward min for %s (%s, higher priority)%s%s",
+                     by->m->name, tier_of(by), on_node, node_name(c, d->node));
             break;
         }
         sm->m->stats.pool_decisions[d->action]++;

@@ -11,11 +11,11 @@ const char *wp_action_name(enum wp_action a)
     return action_names[a];
 }
 
-static void record(struct wp_plan *p, size_t model, enum wp_action a, unsigned replicas,
-                   size_t by)
+static void record(struct wp_plan *p, size_t model, enum wp_action a, unsigned replicas, size_t by,
+                   size_t node)
 {
     if (p->n < sizeof p->d / sizeof p->d[0]) {
-        p->d[p->n++] = (struct wp_decision){model, a, replicas, by};
+        p->d[p->n++] = (struct wp_decision){model, a, replicas, by, node};
     } else {
         p->dropped++;
     }
@@ -58,25 +58,324 @@ static int order(const struct wp_model *m, size_t n, size_t *idx)
     return 0;
 }
 
-void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned warm_budget,
-                   struct wp_plan *out)
-{
-    memset(out, 0, sizeof *out);
-    out->capacity = capacity;
-    out->warm_budget = warm_budget;
-    size_t *idx = malloc((n ? n : 1) * sizeof *idx);
-    if (!idx || order(m, n, idx)) {
-        free(idx);
-        for (size_t i = 0; i < n; i++) {
-            m[i].target = m[i].current; /* no plan: change nothing */
-        }
-        return;
-    }
+/* ---- the state of one planning step ----------------------------------- */
 
-    /* 1. Scale-downs and the warm pool, best models first. */
-    unsigned warm_used = 0;
-    for (size_t k = 0; k < n; k++) {
-        struct wp_model *x = &m[idx[k]];
+struct step {
+    struct wp_model *m;
+    size_t n;
+    size_t *idx;       /* service order */
+    unsigned *pending; /* per model: replicas in target not placed on a node */
+    struct wp_cluster *c;
+    struct wp_plan *out;
+    unsigned used_slices, warm_used;
+};
+
+static bool unlimited(const struct step *s)
+{
+    return s->c->n_nodes == 0 && s->c->cap_slices == 0;
+}
+
+static bool needs_nothing(const struct step *s, const struct wp_model *x)
+{
+    if (x->slices) {
+        return false;
+    }
+    for (size_t r = 0; r < s->c->n_res; r++) {
+        if (x->req[r]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return b > UINT64_MAX - a ? UINT64_MAX : a + b;
+}
+
+/* One replica of model i in (sign 1) or out of (-1) node k. */
+static void move(struct step *s, size_t i, size_t k, int sign)
+{
+    struct wp_model *x = &s->m[i];
+    struct wp_node *nd = &s->c->nodes[k];
+    for (size_t r = 0; r < s->c->n_res; r++) {
+        nd->used[r] = sign > 0 ? sat_add(nd->used[r], x->req[r])
+                               : (nd->used[r] > x->req[r] ? nd->used[r] - x->req[r] : 0);
+    }
+    x->on_node[k] = sign > 0 ? x->on_node[k] + 1 : x->on_node[k] - 1;
+}
+
+/* A replica going away: from the node holding most of the model's replicas
+ * (as a ReplicaSet picks, all else equal). */
+static void release_one(struct step *s, size_t i)
+{
+    struct wp_model *x = &s->m[i];
+    size_t best = WP_NO_NODE;
+    for (size_t k = 0; k < s->c->n_nodes; k++) {
+        if (x->on_node[k] && (best == WP_NO_NODE || x->on_node[k] > x->on_node[best])) {
+            best = k;
+        }
+    }
+    if (best != WP_NO_NODE) {
+        move(s, i, best, -1);
+    }
+}
+
+/* Replicas leave: unplaced ones first (a ReplicaSet deletes pending pods
+ * first), then placed ones. */
+static void drop_replicas(struct step *s, size_t i, unsigned count)
+{
+    unsigned p = count < s->pending[i] ? count : s->pending[i];
+    s->pending[i] -= p;
+    for (unsigned j = p; j < count; j++) {
+        release_one(s, i);
+    }
+}
+
+/* What x still lacks of resource r on node k once `freed` is released there. */
+static uint64_t short_of(const struct step *s, const struct wp_model *x, size_t k, size_t r,
+                         const uint64_t *freed)
+{
+    const struct wp_node *nd = &s->c->nodes[k];
+    uint64_t have = sat_add(nd->alloc[r], freed ? freed[r] : 0);
+    uint64_t avail = have > nd->used[r] ? have - nd->used[r] : 0;
+    return x->req[r] > avail ? x->req[r] - avail : 0;
+}
+
+static bool node_room(const struct step *s, const struct wp_model *x, size_t k,
+                      const uint64_t *freed)
+{
+    for (size_t r = 0; r < s->c->n_res; r++) {
+        if (x->req[r] && short_of(s, x, k, r, freed)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool cap_room(const struct step *s, const struct wp_model *x, bool is_new,
+                     unsigned freed_slices)
+{
+    if (!is_new || !s->c->cap_slices) {
+        return true;
+    }
+    unsigned used = s->used_slices > freed_slices ? s->used_slices - freed_slices : 0;
+    return used + x->slices <= s->c->cap_slices;
+}
+
+static bool eligible(const struct wp_model *x, size_t k)
+{
+    return !x->eligible || x->eligible[k];
+}
+
+/* The eligible node with room whose room is smallest (packing leaves big
+ * nodes for big replicas); WP_NO_NODE when none has room. */
+static size_t best_fit(const struct step *s, const struct wp_model *x, bool is_new)
+{
+    if (!cap_room(s, x, is_new, 0)) {
+        return WP_NO_NODE;
+    }
+    size_t best = WP_NO_NODE;
+    uint64_t best_left = 0;
+    for (size_t k = 0; k < s->c->n_nodes; k++) {
+        if (!eligible(x, k) || !node_room(s, x, k, NULL)) {
+            continue;
+        }
+        uint64_t left = 0;
+        for (size_t r = 0; r < s->c->n_res; r++) {
+            const struct wp_node *nd = &s->c->nodes[k];
+            if (x->req[r]) {
+                left = sat_add(left, nd->alloc[r] - nd->used[r] - x->req[r]);
+            }
+        }
+        if (best == WP_NO_NODE || left < best_left) {
+            best = k;
+            best_left = left;
+        }
+    }
+    return best;
+}
+
+/* ---- making room on one node ------------------------------------------- */
+
+struct victim {
+    size_t model;
+    enum wp_action action;
+    unsigned on_node; /* replicas it gives up on the node */
+    unsigned drop;    /* its target goes down by this (unplaced replicas go first) */
+};
+
+struct room {
+    struct victim *v; /* at most 2 per model */
+    size_t nv;
+    unsigned preempted, evicted, worst_rank;
+};
+
+/* x may take v's warm replica: lower priority, or equal and worth less. */
+static bool may_evict(const struct wp_model *v, const struct wp_model *x)
+{
+    return v->tier > x->tier || (v->tier == x->tier && v->value < x->value);
+}
+
+/* v's release gives x something it lacks on node k. */
+static bool helps(const struct step *s, const struct wp_model *v, const struct wp_model *x,
+                  size_t k, const uint64_t *freed, bool cap_short)
+{
+    if (cap_short && v->slices) {
+        return true;
+    }
+    for (size_t r = 0; r < s->c->n_res; r++) {
+        if (v->req[r] && x->req[r] && short_of(s, x, k, r, freed)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void take(struct step *s, const struct wp_model *v, uint64_t *freed, unsigned *freed_slices,
+                 unsigned on_node, unsigned drop)
+{
+    for (size_t r = 0; r < s->c->n_res; r++) {
+        freed[r] = sat_add(freed[r], v->req[r] * on_node);
+    }
+    *freed_slices += v->slices * drop;
+}
+
+/* Which replicas on node k x would take, in the order of today's victims:
+ * idle warm replicas (lowest priority, then lowest value, first), then
+ * running ones of strictly lower priority toward their min. True when
+ * their release makes x fit there; room says at what cost. */
+static bool plan_room(struct step *s, size_t xi, size_t k, bool is_new, struct room *room)
+{
+    const struct wp_model *x = &s->m[xi];
+    uint64_t freed[WP_MAX_RES] = {0};
+    unsigned freed_slices = 0;
+    room->nv = 0;
+    room->preempted = room->evicted = room->worst_rank = 0;
+    for (size_t j = s->n; j-- > 0;) {
+        if (node_room(s, x, k, freed) && cap_room(s, x, is_new, freed_slices)) {
+            return true;
+        }
+        struct wp_model *v = &s->m[s->idx[j]];
+        if (v == x || !v->warm || !v->on_node[k] || !may_evict(v, x) ||
+            !helps(s, v, x, k, freed, !cap_room(s, x, is_new, freed_slices))) {
+            continue;
+        }
+        take(s, v, freed, &freed_slices, 1, 1);
+        room->v[room->nv++] = (struct victim){s->idx[j], WP_EVICT, 1, 1};
+        room->evicted++;
+        room->worst_rank = (unsigned)(s->n - 1 - j);
+    }
+    for (size_t j = s->n; j-- > 0;) {
+        struct wp_model *v = &s->m[s->idx[j]];
+        if (v == x || v->tier <= x->tier || v->warm || !v->on_node[k]) {
+            continue;
+        }
+        struct victim vic = {s->idx[j], WP_PREEMPT, 0, 0};
+        unsigned pending = s->pending[s->idx[j]];
+        while (!(node_room(s, x, k, freed) && cap_room(s, x, is_new, freed_slices)) &&
+               vic.on_node < v->on_node[k] &&
+               v->target >= vic.drop + pending + 1 + v->min_replicas &&
+               helps(s, v, x, k, freed, !cap_room(s, x, is_new, freed_slices))) {
+            take(s, v, freed, &freed_slices, 1, pending + 1);
+            vic.on_node++;
+            vic.drop += pending + 1;
+            pending = 0;
+        }
+        if (vic.on_node) {
+            room->v[room->nv++] = vic;
+            room->preempted += vic.drop;
+            room->worst_rank = (unsigned)(2 * s->n - 1 - j);
+        }
+    }
+    return node_room(s, x, k, freed) && cap_room(s, x, is_new, freed_slices);
+}
+
+static bool cheaper(const struct room *a, const struct room *b)
+{
+    if (a->preempted != b->preempted) {
+        return a->preempted < b->preempted;
+    }
+    if (a->evicted != b->evicted) {
+        return a->evicted < b->evicted;
+    }
+    return a->worst_rank < b->worst_rank;
+}
+
+static void commit_room(struct step *s, size_t xi, size_t k, const struct room *room)
+{
+    for (size_t i = 0; i < room->nv; i++) {
+        const struct victim *vic = &room->v[i];
+        struct wp_model *v = &s->m[vic->model];
+        unsigned unplaced = vic->drop - vic->on_node;
+        s->pending[vic->model] -=
+            unplaced < s->pending[vic->model] ? unplaced : s->pending[vic->model];
+        for (unsigned j = 0; j < vic->on_node; j++) {
+            move(s, vic->model, k, -1);
+        }
+        v->target -= vic->drop;
+        s->used_slices -= v->slices * vic->drop;
+        if (vic->action == WP_EVICT) {
+            v->warm--;
+            s->warm_used -= v->slices;
+        }
+        record(s->out, vic->model, vic->action, vic->drop, xi, k);
+    }
+}
+
+/* The node where taking the fewest (and least valuable) replicas makes x
+ * fit; WP_NO_NODE, taking nothing, when no single node can. */
+static size_t make_room(struct step *s, size_t xi, bool is_new)
+{
+    struct room try = {calloc(2 * s->n + 1, sizeof(struct victim)), 0, 0, 0, 0};
+    struct room best = {calloc(2 * s->n + 1, sizeof(struct victim)), 0, 0, 0, 0};
+    size_t where = WP_NO_NODE;
+    if (try.v && best.v) {
+        for (size_t k = 0; k < s->c->n_nodes; k++) {
+            if (!eligible(&s->m[xi], k) || !plan_room(s, xi, k, is_new, &try)) {
+                continue;
+            }
+            if (where == WP_NO_NODE || cheaper(&try, &best)) {
+                struct victim *keep = best.v;
+                best = try;
+                try.v = keep;
+                where = k;
+            }
+        }
+        if (where != WP_NO_NODE) {
+            commit_room(s, xi, where, &best);
+        }
+    }
+    free(try.v);
+    free(best.v);
+    return where;
+}
+
+/* ---- the planning step -------------------------------------------------- */
+
+/* Placed replicas beyond what the model holds are on their way out. */
+static void settle_placement(struct step *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        struct wp_model *x = &s->m[i];
+        unsigned placed = 0;
+        for (size_t k = 0; k < s->c->n_nodes; k++) {
+            placed += x->on_node[k];
+        }
+        while (placed > x->current) {
+            release_one(s, i);
+            placed--;
+        }
+        s->pending[i] = s->c->n_nodes ? x->current - placed : 0;
+    }
+}
+
+/* 1. Scale-downs and the warm pool, best models first. */
+static void scale_downs(struct step *s, unsigned warm_budget)
+{
+    for (size_t k = 0; k < s->n; k++) {
+        size_t xi = s->idx[k];
+        struct wp_model *x = &s->m[xi];
         x->warm = 0;
         unsigned want = x->desired > x->min_replicas ? x->desired : x->min_replicas;
         if (want >= x->current) {
@@ -85,84 +384,178 @@ void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned war
         }
         x->target = want;
         if (x->idle && want == 0 && x->current > 0 && x->slices > 0) {
-            if (warm_used + x->slices <= warm_budget) {
-                warm_used += x->slices;
+            if (s->warm_used + x->slices <= warm_budget) {
+                s->warm_used += x->slices;
                 x->target = 1;
                 x->warm = 1;
-                record(out, idx[k], WP_KEEP_WARM, 1, idx[k]);
+                record(s->out, xi, WP_KEEP_WARM, 1, xi, WP_NO_NODE);
             } else {
-                record(out, idx[k], WP_TO_ZERO, x->current, idx[k]);
+                record(s->out, xi, WP_TO_ZERO, x->current, xi, WP_NO_NODE);
             }
         }
+        if (s->c->n_nodes) {
+            drop_replicas(s, xi, x->current - x->target);
+        }
     }
-    unsigned used = 0;
-    for (size_t i = 0; i < n; i++) {
-        used += m[i].target * m[i].slices;
-    }
+}
 
-    /* 2. Scale-ups in priority order, making room from below. */
-    for (size_t k = 0; k < n; k++) {
-        size_t xi = idx[k];
-        struct wp_model *x = &m[xi];
-        unsigned want = x->desired > x->min_replicas ? x->desired : x->min_replicas;
-        if (want <= x->target) {
-            continue;
-        }
-        unsigned more = want - x->target;
-        if (x->slices == 0 || capacity == 0) {
+/* A replica of x onto a node, making room if it must. */
+static size_t place_one(struct step *s, size_t xi, bool is_new)
+{
+    size_t k = best_fit(s, &s->m[xi], is_new);
+    if (k == WP_NO_NODE) {
+        k = make_room(s, xi, is_new);
+    }
+    if (k != WP_NO_NODE) {
+        move(s, xi, k, 1);
+    }
+    return k;
+}
+
+/* 2. Scale-ups in priority order, making room from below: first the
+ * model's replicas waiting for a node, then its new ones. */
+static void scale_up(struct step *s, size_t xi)
+{
+    struct wp_model *x = &s->m[xi];
+    unsigned want = x->desired > x->min_replicas ? x->desired : x->min_replicas;
+    unsigned more = want > x->target ? want - x->target : 0;
+    unsigned waiting = s->pending[xi];
+    if (more == 0 && waiting == 0) {
+        return;
+    }
+    if (unlimited(s) || needs_nothing(s, x)) {
+        if (more) {
             x->target = want;
-            used += more * x->slices;
-            record(out, xi, WP_ADMIT, more, xi);
+            s->used_slices += more * x->slices;
+            record(s->out, xi, WP_ADMIT, more, xi, WP_NO_NODE);
+        }
+        return;
+    }
+    unsigned admitted = 0, unplaced = 0;
+    size_t node = WP_NO_NODE;
+    for (unsigned r = 0; r < waiting + more; r++) {
+        bool is_new = r >= waiting;
+        size_t k = place_one(s, xi, is_new);
+        if (k == WP_NO_NODE) {
+            unplaced = is_new ? 0 : waiting - r;
+            break;
+        }
+        if (!is_new) {
+            s->pending[xi]--;
             continue;
         }
-        while (used + more * x->slices > capacity) {
-            /* a. idle warm replicas: lowest priority, then lowest value */
-            size_t victim = (size_t)-1;
-            for (size_t j = n; j-- > 0;) {
-                struct wp_model *v = &m[idx[j]];
-                if (v == x || v->warm == 0) {
-                    continue;
-                }
-                if (v->tier > x->tier || (v->tier == x->tier && v->value < x->value)) {
-                    victim = idx[j];
-                    break;
-                }
-            }
-            if (victim != (size_t)-1) {
-                m[victim].warm--;
-                m[victim].target--;
-                used -= m[victim].slices;
-                warm_used -= m[victim].slices;
-                record(out, victim, WP_EVICT, 1, xi);
-                continue;
-            }
-            /* b. running models of strictly lower priority, toward their min */
-            for (size_t j = n; j-- > 0;) {
-                struct wp_model *v = &m[idx[j]];
-                if (v->tier > x->tier && v->target > v->min_replicas && v->slices > 0) {
-                    victim = idx[j];
-                    break;
-                }
-            }
-            if (victim == (size_t)-1) {
-                break;
-            }
-            m[victim].target--;
-            used -= m[victim].slices;
-            record(out, victim, WP_PREEMPT, 1, xi);
+        x->target++;
+        s->used_slices += x->slices;
+        node = admitted == 0 || node == k ? k : WP_NO_NODE;
+        admitted++;
+    }
+    if (admitted) {
+        record(s->out, xi, WP_ADMIT, admitted, xi, node);
+    }
+    if (admitted < more || unplaced) {
+        record(s->out, xi, WP_DENY, more - admitted + unplaced, xi, WP_NO_NODE);
+    }
+}
+
+static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned warm_budget,
+                 struct wp_plan *out)
+{
+    struct step s = {
+        m, n, malloc((n ? n : 1) * sizeof(size_t)), calloc(n ? n : 1, sizeof(unsigned)), c, out,
+        0, 0};
+    if (!s.idx || !s.pending || order(m, n, s.idx)) {
+        for (size_t i = 0; i < n; i++) {
+            m[i].target = m[i].current; /* no plan: change nothing */
         }
-        unsigned fit = used >= capacity ? 0 : (capacity - used) / x->slices;
-        unsigned admit = more < fit ? more : fit;
-        if (admit) {
-            x->target += admit;
-            used += admit * x->slices;
-            record(out, xi, WP_ADMIT, admit, xi);
-        }
-        if (admit < more) {
-            record(out, xi, WP_DENY, more - admit, xi);
+        free(s.idx);
+        free(s.pending);
+        return;
+    }
+    for (size_t k = 0; k < c->n_nodes; k++) {
+        memset(c->nodes[k].used, 0, sizeof c->nodes[k].used);
+        for (size_t i = 0; i < n; i++) {
+            for (size_t r = 0; r < c->n_res; r++) {
+                c->nodes[k].used[r] = sat_add(c->nodes[k].used[r], m[i].req[r] * m[i].on_node[k]);
+            }
         }
     }
-    out->used_slices = used;
-    out->warm_slices = warm_used;
-    free(idx);
+    settle_placement(&s);
+    scale_downs(&s, warm_budget);
+    for (size_t i = 0; i < n; i++) {
+        s.used_slices += m[i].target * m[i].slices;
+    }
+    for (size_t k = 0; k < n; k++) {
+        scale_up(&s, s.idx[k]);
+    }
+    out->used_slices = s.used_slices;
+    out->warm_slices = s.warm_used;
+    free(s.idx);
+    free(s.pending);
+}
+
+static void plan_init(struct wp_plan *out, unsigned warm_budget)
+{
+    memset(out, 0, sizeof *out);
+    out->warm_budget = warm_budget;
+}
+
+/* One capacity of slices: one node holding every replica. */
+void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned warm_budget,
+                   struct wp_plan *out)
+{
+    plan_init(out, warm_budget);
+    out->capacity = capacity;
+    struct wp_cluster unbounded = {0};
+    if (capacity == 0) {
+        plan(m, n, &unbounded, warm_budget, out);
+        return;
+    }
+    struct wp_model *one = calloc(n ? n : 1, sizeof *one);
+    unsigned *on = calloc(n ? n : 1, sizeof *on);
+    if (!one || !on) {
+        free(one);
+        free(on);
+        for (size_t i = 0; i < n; i++) {
+            m[i].target = m[i].current;
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        one[i] = m[i];
+        memset(one[i].req, 0, sizeof one[i].req);
+        one[i].req[0] = m[i].slices;
+        one[i].eligible = NULL;
+        on[i] = m[i].current;
+        one[i].on_node = &on[i];
+    }
+    struct wp_node node = {.name = "all", .alloc = {capacity}};
+    struct wp_cluster c = {.n_res = 1, .res = {"slices"}, .nodes = &node, .n_nodes = 1};
+    plan(one, n, &c, warm_budget, out);
+    for (size_t i = 0; i < n; i++) {
+        m[i].target = one[i].target;
+        m[i].warm = one[i].warm;
+    }
+    free(one);
+    free(on);
+}
+
+void warmpool_plan_cluster(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned warm_budget,
+                           struct wp_plan *out)
+{
+    if (c->n_nodes == 0) {
+        warmpool_plan(m, n, c->cap_slices, warm_budget, out);
+        return;
+    }
+    plan_init(out, warm_budget);
+    out->per_node = true;
+    uint64_t total = 0;
+    for (size_t k = 0; k < c->n_nodes; k++) {
+        for (size_t r = 0; r < c->n_res; r++) {
+            total = sat_add(total, c->nodes[k].alloc[r]);
+        }
+    }
+    out->capacity = c->cap_slices && c->cap_slices < total ? c->cap_slices
+                    : total > UINT32_MAX                   ? UINT32_MAX
+                                                           : (unsigned)total;
+    plan(m, n, c, warm_budget, out);
 }

@@ -115,8 +115,7 @@ def test_exactly_one_leader(fleet):
 def test_two_activators_poking_at_zero_scale_up_once(fleet):
     f = fleet(2, load_ms=800)
     f.one_leader()
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-               deployment("llama", annotations={"thaw.dev/target": "100"}))
+    f.sim.create_deployment(deployment("llama", annotations={"thaw.dev/target": "100"}))
     for t in f.thaws:
         wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
                  what="model seen")
@@ -136,8 +135,7 @@ def test_two_activators_poking_at_zero_scale_up_once(fleet):
 def test_leader_killed_during_a_cold_start(fleet):
     f = fleet(3, load_ms=2500)
     leader = f.one_leader()
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-               deployment("llama", annotations={"thaw.dev/target": "100"}))
+    f.sim.create_deployment(deployment("llama", annotations={"thaw.dev/target": "100"}))
     survivors = [t for t in f.thaws if t is not leader]
     for t in f.thaws:
         wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
@@ -170,7 +168,7 @@ def test_leader_killed_during_a_cold_start(fleet):
 def test_demand_split_across_activators_scales_like_one(fleet):
     f = fleet(2, load_ms=300)
     f.one_leader()
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment(
+    f.sim.create_deployment(deployment(
         "llama", gpus=0, annotations={"thaw.dev/target": "1", "thaw.dev/max-concurrency": "1",
                                       "thaw.dev/max-scale": "8"},
         load_ms=300))
@@ -217,7 +215,7 @@ LAST_REQUEST = "thaw.dev/last-request-at"
 
 
 def warm_llama(f, idle_timeout):
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment(
+    f.sim.create_deployment(deployment(
         "llama", annotations={"thaw.dev/target": "100", "thaw.dev/idle-timeout": idle_timeout}))
     for t in f.thaws:
         wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
@@ -275,11 +273,10 @@ def test_requests_only_at_a_follower_keep_the_model_warm(fleet):
 
 def pod_stats(sim, name="llama"):
     """Each ready pod's GET /stats (thaw-model-sim): peak in-flight, completions."""
-    _, pods = sim.call("GET", "/api/v1/namespaces/models/pods")
+    # The Deployment's pods: the ones its selector selects.
+    _, pods = sim.call("GET", f"/api/v1/namespaces/models/pods?labelSelector=app%3D{name}")
     out = {}
     for p in pods["items"]:
-        if p["metadata"].get("labels", {}).get("sim.thaw.dev/deployment") != name:
-            continue
         st = httpc.request(p["status"]["podIP"], 8000, "GET", "/stats", {}, b"", timeout=5)
         out[p["metadata"]["name"]] = json.loads(st.body)
     return out
@@ -299,7 +296,7 @@ def test_a_pods_concurrency_holds_across_activators(fleet, activators, concurren
                                 "thaw.dev/max-scale": str(pods)})
     # Each request holds its slot for 4 x 60 ms: the burst overlaps.
     d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "60"
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+    f.sim.create_deployment(d)
 
     def settled(t):
         m = next((x for x in t.status()["models"] if x["name"] == "llama"), None)
@@ -337,7 +334,7 @@ def test_shares_move_when_an_activator_leaves(fleet):
     leaves thaw's Service, the other takes the slot and serves its held
     request."""
     f = fleet(2, load_ms=100)
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment(
+    f.sim.create_deployment(deployment(
         "llama", replicas=1, gpus=0, load_ms=100,
         annotations={"thaw.dev/max-concurrency": "1", "thaw.dev/min-scale": "1",
                      "thaw.dev/max-scale": "1"}))
@@ -378,7 +375,7 @@ def test_a_scale_up_under_load_keeps_the_serving_pods_shares(fleet):
                    annotations={"thaw.dev/max-concurrency": "1", "thaw.dev/min-scale": "2",
                                 "thaw.dev/max-scale": "2"})
     d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "40"
-    f.sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+    f.sim.create_deployment(d)
 
     def ready(t, n):
         m = next((x for x in t.status()["models"] if x["name"] == "llama"), None)

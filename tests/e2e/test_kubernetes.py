@@ -57,8 +57,9 @@ class KubeSim:
         args = [sys.executable if sys.executable.startswith("/usr/bin/") else "/usr/bin/python3",
                 SIM, "--port", "0", "--port-file", self.port_file, "--cert", f"{pki}/srv.crt",
                 "--key", f"{pki}/srv.key", "--token", token, "--model-sim", MODEL_SIM,
-                "--kubelet-period-ms", str(kubelet_ms), "--load-ms", str(load_ms),
-                "--bookmark-s", "1"]
+                "--load-ms", str(load_ms), "--bookmark-s", "1"]
+        if kubelet_ms is not None:  # None: each probe's own periodSeconds (10 s by default)
+            args += ["--kubelet-period-ms", str(kubelet_ms)]
         if nodes:
             args += ["--nodes", json.dumps(nodes)]
         if state:
@@ -97,6 +98,24 @@ class KubeSim:
                 return r.status, json.loads(r.read() or b"null")
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null")
+
+    def create_deployment(self, body, token=None):
+        """Creates a Deployment and, as a cluster's manifests would, the Service
+        in front of it: named by thaw.dev/service (default the Deployment's
+        name), selecting the Deployment's pods, on its container port."""
+        md = body["metadata"]
+        ns = md.get("namespace", "models")
+        code, made = self.call("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", body,
+                               token=token)
+        svc = (md.get("annotations") or {}).get("thaw.dev/service", md["name"])
+        ports = [{"name": "http", "port": p["containerPort"], "targetPort": p["containerPort"]}
+                 for c in body["spec"]["template"]["spec"]["containers"][:1]
+                 for p in c.get("ports", [])[:1]]
+        self.call("POST", f"/api/v1/namespaces/{ns}/services", {
+            "metadata": {"name": svc, "namespace": ns},
+            "spec": {"selector": body["spec"]["selector"]["matchLabels"], "ports": ports}},
+            token=token)
+        return code, made
 
     def faults(self, **kw):
         return self.call("POST", "/_sim/faults", kw)
@@ -167,8 +186,7 @@ def synced_llama(cluster, thaw_factory, tmp_path, annotations=None, sim_kw=None,
                  **thaw_kw):
     """A simulated cluster with the one model Deployment "llama", and thaw synced to it."""
     sim = cluster(**(sim_kw or {}))
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", annotations=annotations, **(deploy_kw or {})))
+    sim.create_deployment(deployment("llama", annotations=annotations, **(deploy_kw or {})))
     t = start_thaw(thaw_factory, sim, tmp_path, **thaw_kw)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
     return sim, t
@@ -201,7 +219,7 @@ def test_kubectl_get_scale_and_watch(cluster, tmp_path):
         pytest.skip("kubectl not installed (scripts/setup.sh installs it)")
     sim = cluster()
     kc = sim.kubeconfig(str(tmp_path / "kc"))
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    sim.create_deployment(deployment("llama"))
 
     def kubectl(*args, **kw):
         return subprocess.run([KUBECTL, "--kubeconfig", kc, *args], capture_output=True,
@@ -312,11 +330,11 @@ def test_pods_found_by_the_deployments_selector_are_probed_directly(cluster, tha
     labels.pop("thaw.dev/model")
     assert labels == {"app": "llama"} and d["spec"]["selector"] == {"matchLabels": labels}
     d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/ready-file"] = ready_file
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+    sim.create_deployment(d)
     # Unrelated pods in the namespace (not selected) stay out of the model.
     other = deployment("other", replicas=1, gpus=0)
     other["metadata"]["labels"] = {}
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", other)
+    sim.create_deployment(other)
     t = start_thaw(thaw_factory, sim, tmp_path)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
     start = time.monotonic()
@@ -398,7 +416,7 @@ def synced_with_plugin(cluster, thaw_factory, tmp_path, valid_s):
     """thaw synced to a cluster that only takes the exec plugin's token."""
     sim = cluster(load_ms=50)
     sim.faults(tokens=["plugin-t0k3n"])
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"),
+    sim.create_deployment(deployment("llama"),
              token="plugin-t0k3n")
     t = start_thaw(thaw_factory, sim, tmp_path,
                    kc={"exec_": exec_plugin(tmp_path, "plugin-t0k3n", valid_s)})
@@ -414,7 +432,7 @@ def test_exec_credential_plugin(cluster, thaw_factory, tmp_path):
     # The credential rotates: the API server's 401 makes thaw run the plugin again.
     (tmp_path / "token").write_text("n3w-plugin-t0k3n")
     sim.faults(tokens=["n3w-plugin-t0k3n"], drop_watches=True)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("qwen"),
+    sim.create_deployment(deployment("qwen"),
              token="n3w-plugin-t0k3n")
     wait_for(lambda: any(m["name"] == "qwen" for m in t.status()["models"]), timeout=30,
              what="new model seen with the plugin's new token")
@@ -435,7 +453,7 @@ def test_exec_credential_plugin_refreshes_before_expiry(cluster, thaw_factory, t
     time.sleep(3)
     assert plugin_runs(tmp_path) == n  # retried every 10 s, not in a loop
     assert complete(t).status == 200
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("qwen"),
+    sim.create_deployment(deployment("qwen"),
              token="plugin-t0k3n")
     wait_for(lambda: any(m["name"] == "qwen" for m in t.status()["models"]), timeout=10,
              what="the API still reachable with the token kept")
@@ -466,14 +484,14 @@ def test_token_rotation(cluster, thaw_factory, tmp_path):
     sim = cluster(load_ms=100)
     tok = tmp_path / "token"
     tok.write_text("t0k3n\n")
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    sim.create_deployment(deployment("llama"))
     t = start_thaw(thaw_factory, sim, tmp_path, kc={"token_file": str(tok)})
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
     before = sim.state()["counters"].get("unauthorized", 0)
     tok.write_text("n3w-t0k3n\n")
     sim.faults(tokens=["n3w-t0k3n"], drop_watches=True)
     # A new model appears only if thaw talks to the API with the new token.
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("qwen"),
+    sim.create_deployment(deployment("qwen"),
              token="n3w-t0k3n")
     wait_for(lambda: any(m["name"] == "qwen" for m in t.status()["models"]), timeout=30,
              what="new model seen with the rotated token")
@@ -514,8 +532,8 @@ def test_pending_for_gpu_capacity_then_scheduled(cluster, thaw_factory, tmp_path
     other = deployment("training-job", replicas=1)  # not a model: it just holds the GPU
     del other["metadata"]["labels"]["thaw.dev/model"]
     del other["spec"]["template"]["metadata"]["labels"]["thaw.dev/model"]
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", other)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    sim.create_deployment(other)
+    sim.create_deployment(deployment("llama"))
     t = start_thaw(thaw_factory, sim, tmp_path)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
     wait_for(lambda: sim.call("GET", "/api/v1/namespaces/models/pods")[1]["items"] and all(
@@ -573,7 +591,7 @@ def test_deleted_deployment_answers_requests_still_sending_their_body(cluster, t
 
 def test_annotations_and_bad_values(cluster, thaw_factory, tmp_path):
     sim = cluster(load_ms=50)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment(
+    sim.create_deployment(deployment(
         "llama", annotations={"thaw.dev/max-concurrency": "lots", "thaw.dev/priority": "critical",
                               "thaw.dev/aliases": "meta-llama/Llama-3.1-8B, llama3",
                               "thaw.dev/hosts": "llm.example.com",
@@ -684,7 +702,7 @@ def test_api_server_restart_during_a_cold_start(cluster, thaw_factory, tmp_path)
 
 def test_config_models_and_cluster_models_together(cluster, thaw_factory, tmp_path, upstream):
     sim = cluster(load_ms=50)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    sim.create_deployment(deployment("llama"))
     t = start_thaw(thaw_factory, sim, tmp_path, extra={
         "models": [{"name": "static-one", "endpoints": [upstream.address]}]})
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
@@ -697,7 +715,7 @@ def test_config_models_and_cluster_models_together(cluster, thaw_factory, tmp_pa
 def test_reload_keeps_cluster_models_and_applies_file_settings(cluster, thaw_factory, tmp_path,
                                                               upstream, upstream2):
     sim = cluster(load_ms=50)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    sim.create_deployment(deployment("llama"))
     t = start_thaw(thaw_factory, sim, tmp_path, extra={
         "models": [{"name": "static-one", "endpoints": [upstream.address]}]})
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
@@ -777,8 +795,7 @@ def test_restart_without_a_recorded_request_starts_the_clock_at_sync(cluster, th
     """A model already warm (say a Deployment installed with one replica) that thaw has
     never recorded a request for: its idle clock starts when thaw syncs, not at "never"."""
     sim = cluster(load_ms=50)
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("llama", replicas=1, annotations={"thaw.dev/idle-timeout": "5s"}))
+    sim.create_deployment(deployment("llama", replicas=1, annotations={"thaw.dev/idle-timeout": "5s"}))
     wait_for(lambda: get_llama(sim).get("status", {}).get("readyReplicas") == 1,
              what="pod ready")
     t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST_PLANS)

@@ -58,6 +58,15 @@ static void decode_all(const cJSON *obj)
     (void)k8s_slice_each(obj, on_endpoint, &total);
     struct k8s_node_info node;
     (void)k8s_node_decode(obj, &node);
+    struct k8s_pod_template tpl;
+    (void)k8s_pod_template_decode(k8s_get(obj, "spec.template.spec"), &tpl);
+    (void)k8s_node_fits(&node, &tpl, &pod.requests);
+    struct k8s_pod_template own;
+    (void)k8s_pod_template_decode(k8s_get(obj, "spec"), &own);
+    (void)k8s_node_fits(&node, &own, NULL);
+    k8s_pod_template_dispose(&own);
+    k8s_pod_template_dispose(&tpl);
+    k8s_node_info_dispose(&node);
 
     struct k8s_lease lease;
     k8s_lease_init(&lease, NULL, base, "thaw", "default", "thaw-0", 15000, 2000, 10000,

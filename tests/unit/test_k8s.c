@@ -212,6 +212,7 @@ static void test_out_of_range_numbers(void **state)
     struct k8s_node_info ni;
     assert_int_equal(k8s_node_decode(node, &ni), 0);
     assert_true(ni.gpu_allocatable == UINT64_MAX);
+    k8s_node_info_dispose(&ni);
     cJSON_Delete(node);
 
     struct k8s_lease lease;
@@ -534,10 +535,12 @@ static void test_node_decoding(void **state)
     assert_int_equal(ni.gpu_count, 8);
     assert_int_equal(ni.gpu_replicas, 4);
     assert_string_equal(ni.gpu_product, "NVIDIA-A100-SXM4-80GB-SHARED");
+    k8s_node_info_dispose(&ni);
     cJSON_Delete(node);
     node = cJSON_Parse("{\"metadata\":{\"name\":\"cpu-only\"},\"status\":{\"allocatable\":{}}}");
     assert_int_equal(k8s_node_decode(node, &ni), 0);
     assert_int_equal(ni.gpu_allocatable, 0);
+    k8s_node_info_dispose(&ni);
     cJSON_Delete(node);
 }
 

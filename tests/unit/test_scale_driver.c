@@ -56,7 +56,7 @@ static void apply(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms
     s->applied_n = n;
 }
 
-static const struct scale_driver_ops ops = {count, collect, gpus, apply};
+static const struct scale_driver_ops ops = {count, collect, gpus, apply, NULL};
 
 static void test_one_step_and_cadence(void **state)
 {
@@ -76,11 +76,97 @@ static void test_one_step_and_cadence(void **state)
     assert_true(scale_driver_due(&d, now + 60000 + 1000));
 }
 
+/* A backend that knows nodes: two nodes with one free slice each and a
+ * model whose replica needs two. The driver plans per node (denied), where
+ * one number (the slices summed) would have admitted it. */
+struct two_nodes {
+    struct scaler_model sm;
+    struct model m;
+    struct wp_node nodes[2];
+    bool eligible[2];
+    unsigned on_node[2];
+    unsigned total_slices; /* what gpu_slices would say */
+    bool per_node;
+};
+
+static size_t tn_count(void *ud)
+{
+    return 1;
+}
+
+static size_t tn_collect(void *ud, uint64_t now_ms, struct scaler_model **sms, size_t max)
+{
+    struct two_nodes *tn = ud;
+    tn->sm.current = 0;
+    tn->sm.ready = 0;
+    sms[0] = &tn->sm;
+    return 1;
+}
+
+static unsigned tn_gpus(void *ud)
+{
+    return ((struct two_nodes *)ud)->total_slices;
+}
+
+static void tn_apply(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms) {}
+
+static bool tn_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cluster *c)
+{
+    struct two_nodes *tn = ud;
+    if (!tn->per_node) {
+        return false;
+    }
+    for (size_t k = 0; k < 2; k++) {
+        tn->nodes[k] = (struct wp_node){.name = k ? "b" : "a", .alloc = {1}};
+        tn->eligible[k] = true;
+        tn->on_node[k] = 0;
+    }
+    memset(sms[0]->req, 0, sizeof sms[0]->req);
+    sms[0]->req[0] = 2;
+    sms[0]->eligible = tn->eligible;
+    sms[0]->on_node = tn->on_node;
+    c->n_res = 1;
+    c->res[0] = "nvidia.com/gpu";
+    c->nodes = tn->nodes;
+    c->n_nodes = 2;
+    return true;
+}
+
+static const struct scale_driver_ops tn_ops = {tn_count, tn_collect, tn_gpus, tn_apply, tn_nodes};
+
+static void test_nodes_hook_plans_per_node(void **state)
+{
+    struct config *cfg = config_new_default();
+    assert_non_null(cfg);
+    struct two_nodes tn;
+    memset(&tn, 0, sizeof tn);
+    tn.m.name = "big";
+    tn.m.set.max_concurrency = 1;
+    scaler_model_init(&tn.sm, &tn.m, cfg, 1, 0, 0, 4, 60000, 2);
+    tn.total_slices = 2;
+    struct scale_driver d;
+    scale_driver_init(&d, &tn_ops, &tn);
+    uint64_t now = clock_now_ms();
+    for (int i = 0; i < 3; i++) {
+        as_record(&tn.sm.ass, now, 1); /* one request waits: one replica wanted */
+    }
+    tn.per_node = true;
+    scale_driver_plan(&d, cfg);
+    assert_int_equal(tn.sm.target, 0);
+    assert_string_equal(tn.sm.last_action, "deny");
+    /* Without nodes, the summed slices admit it. */
+    tn.per_node = false;
+    scale_driver_plan(&d, cfg);
+    assert_int_equal(tn.sm.target, 1);
+    config_free(cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_capacity_cap),
         cmocka_unit_test(test_one_step_and_cadence),
+        cmocka_unit_test(test_nodes_hook_plans_per_node),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

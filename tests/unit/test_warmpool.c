@@ -13,7 +13,13 @@
 static struct wp_model M(const char *name, enum tier t, unsigned slices, unsigned cur,
                          unsigned want, bool idle, double value)
 {
-    struct wp_model m = {name, t, slices, cur, want, 0, idle, value, 0, 0};
+    struct wp_model m = {.name = name,
+                         .tier = t,
+                         .slices = slices,
+                         .current = cur,
+                         .desired = want,
+                         .idle = idle,
+                         .value = value};
     return m;
 }
 
@@ -147,6 +153,232 @@ static void test_unlimited_capacity(void **state)
     assert_int_equal(m[0].target, 10);
 }
 
+/* ---- per node ---------------------------------------------------------- */
+
+#define GPU 0
+
+static struct wp_node N(const char *name, uint64_t gpus) {
+    struct wp_node n = {.name = name, .alloc = {gpus}};
+    return n;
+}
+
+/* A model placed per node: req nvidia.com/gpu = slices. */
+static void
+place(struct wp_model *m, unsigned *on_node, size_t n_nodes, const unsigned *counts)
+{
+    m->req[GPU] = m->slices;
+    m->on_node = on_node;
+    for (size_t k = 0; k < n_nodes; k++) {
+        on_node[k] = counts[k];
+    }
+}
+
+static struct wp_cluster C(struct wp_node *nodes, size_t n) {
+    struct wp_cluster c = {.n_res = 1, .res = {"nvidia.com/gpu"}, .nodes = nodes, .n_nodes = n};
+    return c;
+}
+
+static void
+test_two_nodes_one_free_each_do_not_fit_two_slices(void **state)
+{
+    /* Two nodes of 2, each with one slice held by a busy critical model: 2
+     * slices are free in all, but no node has 2. */
+    struct wp_node nodes[] = {N("a", 2), N("b", 2)};
+    struct wp_model m[] = {
+        M("busy", TIER_CRITICAL, 1, 2, 2, false, 1),
+        M("big", TIER_STANDARD, 2, 0, 1, false, 1),
+    };
+    unsigned on0[2], on1[2];
+    place(&m[0], on0, 2, (unsigned[]){1, 1});
+    place(&m[1], on1, 2, (unsigned[]){0, 0});
+    struct wp_cluster c = C(nodes, 2);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 2, &c, 0, &p);
+    assert_int_equal(m[1].target, 0);
+    assert_int_equal(count(&p, WP_DENY, 1), 1);
+    assert_true(p.per_node);
+
+    /* The same free slices as one capacity: admitted (what one number says). */
+    struct wp_model q[] = {
+        M("busy", TIER_CRITICAL, 1, 2, 2, false, 1),
+        M("big", TIER_STANDARD, 2, 0, 1, false, 1),
+    };
+    warmpool_plan(q, 2, 4, 0, &p);
+    assert_int_equal(q[1].target, 1);
+
+    /* A node with room: admitted there. */
+    struct wp_node three[] = {N("a", 2), N("b", 2), N("c", 2)};
+    unsigned on2[3], on3[3];
+    place(&m[0], on2, 3, (unsigned[]){1, 1, 0});
+    place(&m[1], on3, 3, (unsigned[]){0, 0, 0});
+    c = C(three, 3);
+    warmpool_plan_cluster(m, 2, &c, 0, &p);
+    assert_int_equal(m[1].target, 1);
+    assert_int_equal(on3[2], 1);
+    assert_int_equal(three[2].used[GPU], 2);
+}
+
+static void test_eviction_frees_the_node_where_the_replica_fits(void **state)
+{
+    /* a: warm w-a (worth more). b: warm w-b (worth less) beside a busy
+     * model. Evicting w-b (first by value) would leave b one slice short;
+     * only evicting w-a makes room for the 2-slice critical replica. */
+    struct wp_node nodes[] = {N("a", 2), N("b", 2)};
+    struct wp_model m[] = {
+        M("w-a", TIER_BATCH, 1, 1, 0, true, 5),
+        M("w-b", TIER_BATCH, 1, 1, 0, true, 1),
+        M("busy", TIER_CRITICAL, 1, 1, 1, false, 1),
+        M("big", TIER_CRITICAL, 2, 0, 1, false, 0),
+    };
+    unsigned on[4][2];
+    place(&m[0], on[0], 2, (unsigned[]){1, 0});
+    place(&m[1], on[1], 2, (unsigned[]){0, 1});
+    place(&m[2], on[2], 2, (unsigned[]){0, 1});
+    place(&m[3], on[3], 2, (unsigned[]){0, 0});
+    struct wp_cluster c = C(nodes, 2);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 4, &c, 4, &p);
+    assert_int_equal(m[3].target, 1);
+    assert_int_equal(on[3][0], 1);    /* on node a */
+    assert_int_equal(m[0].target, 0); /* w-a evicted */
+    assert_int_equal(m[1].target, 1); /* w-b kept: its going would not help */
+    assert_int_equal(count(&p, WP_EVICT, 0), 1);
+    assert_int_equal(count(&p, WP_EVICT, 1), 0);
+    for (size_t i = 0; i < p.n; i++) {
+        if (p.d[i].action == WP_EVICT) {
+            assert_int_equal(p.d[i].node, 0);
+            assert_int_equal(p.d[i].by, 3);
+        }
+    }
+    assert_int_equal(nodes[0].used[GPU], 2);
+    assert_int_equal(nodes[1].used[GPU], 2);
+}
+
+static void test_no_victims_taken_when_no_node_can_fit(void **state)
+{
+    /* Evicting both warm replicas would free a slice on each node: still no
+     * node with 2, so nothing is evicted for nothing. */
+    struct wp_node nodes[] = {N("a", 2), N("b", 2)};
+    struct wp_model m[] = {
+        M("w-a", TIER_BATCH, 1, 1, 0, true, 1),
+        M("w-b", TIER_BATCH, 1, 1, 0, true, 1),
+        M("busy", TIER_CRITICAL, 1, 2, 2, false, 1),
+        M("big", TIER_CRITICAL, 2, 0, 1, false, 0),
+    };
+    unsigned on[4][2];
+    place(&m[0], on[0], 2, (unsigned[]){1, 0});
+    place(&m[1], on[1], 2, (unsigned[]){0, 1});
+    place(&m[2], on[2], 2, (unsigned[]){1, 1});
+    place(&m[3], on[3], 2, (unsigned[]){0, 0});
+    struct wp_cluster c = C(nodes, 2);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 4, &c, 4, &p);
+    assert_int_equal(m[3].target, 0);
+    assert_int_equal(m[0].target, 1);
+    assert_int_equal(m[1].target, 1);
+    assert_int_equal(count(&p, WP_EVICT, 0) + count(&p, WP_EVICT, 1), 0);
+    assert_int_equal(count(&p, WP_DENY, 3), 1);
+}
+
+static void test_ineligible_nodes_are_not_used(void **state)
+{
+    /* Node a is empty but the model may not go there (cordoned, or a taint
+     * it does not tolerate: the backend says which nodes are eligible). */
+    struct wp_node nodes[] = {N("a", 4), N("b", 2)};
+    struct wp_model m[] = {
+        M("w-b", TIER_BATCH, 2, 1, 0, true, 1),
+        M("new", TIER_STANDARD, 2, 0, 1, false, 1),
+    };
+    unsigned on[2][2];
+    place(&m[0], on[0], 2, (unsigned[]){0, 1});
+    place(&m[1], on[1], 2, (unsigned[]){0, 0});
+    bool only_b[] = {false, true};
+    m[1].eligible = only_b;
+    struct wp_cluster c = C(nodes, 2);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 2, &c, 2, &p);
+    assert_int_equal(m[1].target, 1);
+    assert_int_equal(on[1][1], 1); /* on b, after evicting w-b there */
+    assert_int_equal(on[1][0], 0);
+    assert_int_equal(count(&p, WP_EVICT, 0), 1);
+
+    /* Eligible nowhere: denied, nothing evicted. */
+    struct wp_model q[] = {
+        M("w-b", TIER_BATCH, 2, 1, 0, true, 1),
+        M("new", TIER_STANDARD, 2, 0, 1, false, 1),
+    };
+    place(&q[0], on[0], 2, (unsigned[]){0, 1});
+    place(&q[1], on[1], 2, (unsigned[]){0, 0});
+    bool none[] = {false, false};
+    q[1].eligible = none;
+    warmpool_plan_cluster(q, 2, &c, 2, &p);
+    assert_int_equal(q[1].target, 0);
+    assert_int_equal(q[0].target, 1);
+    assert_int_equal(count(&p, WP_DENY, 1), 1);
+}
+
+static void test_unplaced_replicas_wait_for_a_node_and_make_room(void **state)
+{
+    /* The cluster already has the critical model's pod (scaled from zero by
+     * a request) but no node for it: the warm batch replica on the only node
+     * goes, and the model's target stays. */
+    struct wp_node nodes[] = {N("a", 2)};
+    struct wp_model m[] = {
+        M("warm", TIER_BATCH, 1, 1, 0, true, 1),
+        M("batch-busy", TIER_BATCH, 1, 1, 1, false, 1),
+        M("crit", TIER_CRITICAL, 2, 1, 1, false, 0),
+    };
+    unsigned on[3][1];
+    place(&m[0], on[0], 1, (unsigned[]){1});
+    place(&m[1], on[1], 1, (unsigned[]){1});
+    place(&m[2], on[2], 1, (unsigned[]){0}); /* pending */
+    struct wp_cluster c = C(nodes, 1);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 3, &c, 2, &p);
+    assert_int_equal(m[2].target, 1);
+    assert_int_equal(on[2][0], 1);
+    assert_int_equal(m[0].target, 0); /* evicted */
+    assert_int_equal(m[1].target, 0); /* and batch preempted (min 0) */
+    assert_int_equal(count(&p, WP_EVICT, 0), 1);
+    assert_int_equal(count(&p, WP_PREEMPT, 1), 1);
+    assert_int_equal(count(&p, WP_ADMIT, 2), 0); /* not a new replica */
+}
+
+static void test_several_resources_fit_on_one_node(void **state)
+{
+    /* MIG profiles: a replica asks one 1g.10gb and nothing else; node a has
+     * whole GPUs only, node b has the profile. */
+    struct wp_node nodes[] = {{.name = "a", .alloc = {4, 0}}, {.name = "b", .alloc = {0, 7}}};
+    struct wp_model m[] = {M("mig", TIER_STANDARD, 1, 0, 2, false, 1)};
+    unsigned on[2] = {0, 0};
+    m[0].req[1] = 1;
+    m[0].on_node = on;
+    struct wp_cluster c = {.n_res = 2,
+                           .res = {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"},
+                           .nodes = nodes,
+                           .n_nodes = 2};
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 1, &c, 0, &p);
+    assert_int_equal(m[0].target, 2);
+    assert_int_equal(on[1], 2);
+    assert_int_equal(nodes[1].used[1], 2);
+    assert_int_equal(nodes[0].used[0], 0);
+}
+
+static void test_cap_applies_on_top_of_nodes(void **state)
+{
+    struct wp_node nodes[] = {N("a", 8)};
+    struct wp_model m[] = {M("a", TIER_STANDARD, 2, 0, 4, false, 1)};
+    unsigned on[1];
+    place(&m[0], on, 1, (unsigned[]){0});
+    struct wp_cluster c = C(nodes, 1);
+    c.cap_slices = 5;
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 1, &c, 0, &p);
+    assert_int_equal(m[0].target, 2);
+    assert_int_equal(count(&p, WP_DENY, 0), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -157,6 +389,13 @@ int main(void)
         cmocka_unit_test(test_equal_tier_evicts_idle_warm_of_lower_value_only),
         cmocka_unit_test(test_partial_admission_and_no_gpu_models),
         cmocka_unit_test(test_unlimited_capacity),
+        cmocka_unit_test(test_two_nodes_one_free_each_do_not_fit_two_slices),
+        cmocka_unit_test(test_eviction_frees_the_node_where_the_replica_fits),
+        cmocka_unit_test(test_no_victims_taken_when_no_node_can_fit),
+        cmocka_unit_test(test_ineligible_nodes_are_not_used),
+        cmocka_unit_test(test_unplaced_replicas_wait_for_a_node_and_make_room),
+        cmocka_unit_test(test_several_resources_fit_on_one_node),
+        cmocka_unit_test(test_cap_applies_on_top_of_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

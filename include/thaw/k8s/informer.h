@@ -17,6 +17,7 @@
 #include <event2/event_struct.h>
 
 #include "thaw/k8s/client.h"
+#include "thaw/k8s/json.h"
 #include "thaw/strmap.h"
 
 struct k8s_informer_ops {
@@ -58,12 +59,5 @@ int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t l
 int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t len);
 /* "namespace/name" of an object into out. */
 void k8s_object_key(const cJSON *obj, char *out, size_t len);
-/* Dotted lookup ("metadata.name"); NULL when absent. */
-const cJSON *k8s_get(const cJSON *obj, const char *dotted);
-const char *k8s_get_string(const cJSON *obj, const char *dotted);
-/* A JSON number read as a count: 0 for non-numbers, negatives and NaN,
- * UINT64_MAX for anything larger (converting an out-of-range double to an
- * integer is undefined, and the API server's numbers are outside input). */
-uint64_t k8s_json_count(const cJSON *v);
 
 #endif

@@ -1,5 +1,7 @@
 /* Decoding of the Kubernetes objects thaw watches besides Deployments (see
- * model_spec.h): Pods, EndpointSlices and Nodes, into plain structs. Pure. */
+ * model_spec.h): Pods, EndpointSlices and Nodes, into plain structs, and what
+ * the scheduler would say of a pod template on a node (taints, cordon,
+ * nodeSelector, required node affinity, extended resources). Pure. */
 #ifndef THAW_K8S_OBJECTS_H
 #define THAW_K8S_OBJECTS_H
 
@@ -9,11 +11,37 @@
 
 #include <cjson/cJSON.h>
 
+#include "thaw/k8s/json.h"
+
 /* The label that makes a Deployment a model; its value is the model's name.
  * The default kubernetes.label_selector. A model's pods are the ones its
  * Deployment's spec.selector selects (k8s_selector_matches), whatever other
  * labels they carry. */
 #define K8S_MODEL_LABEL "thaw.dev/model"
+
+/* Extended resources counted per node: every resource whose name starts with
+ * this (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb, ...). */
+#define K8S_RESOURCE_PREFIX "nvidia.com/"
+#define K8S_MAX_RESOURCES 16
+
+struct k8s_resource {
+    char name[96];
+    uint64_t amount;
+};
+
+/* A set of (resource name -> amount); names unique. */
+struct k8s_resources {
+    size_t n;
+    bool truncated; /* more names than K8S_MAX_RESOURCES; the rest were dropped */
+    struct k8s_resource r[K8S_MAX_RESOURCES];
+};
+
+/* The amount of name; 0 when absent. */
+uint64_t k8s_resources_get(const struct k8s_resources *rs, const char *name);
+/* Adds amount to name (saturating); -1 when the set is full (truncated set). */
+int k8s_resources_add(struct k8s_resources *rs, const char *name, uint64_t amount);
+/* The sum over every resource (saturating). */
+uint64_t k8s_resources_total(const struct k8s_resources *rs);
 
 struct k8s_pod_info {
     char name[254];
@@ -27,6 +55,8 @@ struct k8s_pod_info {
     bool terminating;   /* deletionTimestamp set, or Failed/Succeeded */
     bool unschedulable; /* PodScheduled=False, reason Unschedulable */
     char unschedulable_message[256];
+    char node_name[254];           /* spec.nodeName; "" while not scheduled */
+    struct k8s_resources requests; /* K8S_RESOURCE_PREFIX resources (see k8s_pod_template) */
 };
 
 /* 0, or -1 when obj has no name. */
@@ -56,20 +86,118 @@ const char *k8s_slice_service(const cJSON *slice);
 size_t k8s_slice_each(const cJSON *slice, void (*fn)(void *ud, const struct k8s_slice_endpoint *e),
                       void *ud);
 
+enum k8s_taint_effect {
+    K8S_EFFECT_ANY, /* a toleration with no effect: tolerates every effect */
+    K8S_NO_SCHEDULE,
+    K8S_PREFER_NO_SCHEDULE,
+    K8S_NO_EXECUTE,
+    K8S_EFFECT_OTHER,
+};
+
+struct k8s_taint {
+    char *key, *value;
+    enum k8s_taint_effect effect;
+};
+
+/* The taint a cordoned node carries; a pod tolerating it may still go there. */
+#define K8S_UNSCHEDULABLE_TAINT "node.kubernetes.io/unschedulable"
+
+/* A decoded Node; owns its labels and taints (k8s_node_info_dispose). */
 struct k8s_node_info {
     char name[254];
     uint64_t gpu_allocatable; /* nvidia.com/gpu (time-slicing replicas counted) */
     uint64_t gpu_count;       /* label nvidia.com/gpu.count, 0 when absent */
     uint64_t gpu_replicas;    /* label nvidia.com/gpu.replicas, 0 when absent */
     char gpu_product[128];    /* label nvidia.com/gpu.product */
+    struct k8s_resources allocatable; /* status.allocatable, K8S_RESOURCE_PREFIX names */
+    bool unschedulable;               /* spec.unschedulable: cordoned */
+    char **labels;                    /* key, value, key, value ... */
+    size_t n_labels;
+    struct k8s_taint *taints;
+    size_t n_taints;
 };
 
+/* 0, or -1 when obj has no name (or memory ran out). out must be disposed
+ * either way. */
 int k8s_node_decode(const cJSON *obj, struct k8s_node_info *out);
+void k8s_node_info_dispose(struct k8s_node_info *ni);
+/* The value of label key on the node, or NULL. */
+const char *k8s_node_label(const struct k8s_node_info *ni, const char *key);
 
-/* RFC 3339 ("2026-12-02T15:04:05Z"; an optional fraction, read to the
- * millisecond; Z or +hh:mm) as milliseconds since the epoch. 0, or -1. */
-int k8s_time_parse_ms(const char *s, int64_t *out_ms);
-/* ms since the epoch (not negative) as RFC 3339 UTC: "2026-12-02T15:04:05.123Z". */
-void k8s_time_format_ms(int64_t ms, char *out, size_t len);
+enum k8s_toleration_op { K8S_TOL_EQUAL, K8S_TOL_EXISTS };
+
+struct k8s_toleration {
+    char *key; /* "" with Exists: every key */
+    enum k8s_toleration_op op;
+    char *value;
+    enum k8s_taint_effect effect; /* K8S_EFFECT_ANY when empty */
+};
+
+enum k8s_selector_op {
+    K8S_SEL_IN,
+    K8S_SEL_NOT_IN,
+    K8S_SEL_EXISTS,
+    K8S_SEL_DOES_NOT_EXIST,
+    K8S_SEL_GT,
+    K8S_SEL_LT,
+    K8S_SEL_INVALID, /* matches nothing */
+};
+
+/* One matchExpressions (or matchFields, on metadata.name) requirement. */
+struct k8s_node_requirement {
+    char *key;
+    bool field; /* matchFields: key is metadata.name */
+    enum k8s_selector_op op;
+    char **values;
+    size_t n_values;
+};
+
+/* A nodeSelectorTerm: its requirements ANDed. */
+struct k8s_node_term {
+    struct k8s_node_requirement *reqs;
+    size_t n_reqs;
+};
+
+/* What the scheduler reads of a pod (or a Deployment's pod template) to
+ * place it; owns everything (k8s_pod_template_dispose). */
+struct k8s_pod_template {
+    /* Per replica: each container's requests (limits where a request is
+     * absent), summed; an init container's if larger (it runs alone). */
+    struct k8s_resources requests;
+    char **node_selector; /* key, value, key, value ... */
+    size_t n_node_selector;
+    /* requiredDuringSchedulingIgnoredDuringExecution: terms ORed; none: any node */
+    struct k8s_node_term *terms;
+    size_t n_terms;
+    struct k8s_toleration *tolerations;
+    size_t n_tolerations;
+};
+
+/* Decodes a pod spec (a Pod's spec or a Deployment's spec.template.spec;
+ * NULL gives an empty template). 0, or -1 when memory ran out. out must be
+ * disposed either way. */
+int k8s_pod_template_decode(const cJSON *pod_spec, struct k8s_pod_template *out);
+void k8s_pod_template_dispose(struct k8s_pod_template *t);
+
+/* Why a node would not take a pod, the scheduler's checks in its order. */
+enum k8s_fit {
+    K8S_FITS,
+    K8S_FIT_CORDONED,      /* spec.unschedulable, not tolerated */
+    K8S_FIT_TAINT,         /* a NoSchedule/NoExecute taint the pod does not tolerate */
+    K8S_FIT_NODE_SELECTOR, /* nodeSelector */
+    K8S_FIT_AFFINITY,      /* required node affinity */
+    K8S_FIT_RESOURCES,     /* not enough of a requested resource left */
+};
+
+const char *k8s_fit_name(enum k8s_fit f);
+/* Everything but resources: may the pod go to this node at all? */
+enum k8s_fit k8s_node_admits(const struct k8s_node_info *node, const struct k8s_pod_template *t);
+/* As k8s_node_admits, then: for every resource the template requests,
+ * allocatable - used >= request. used may be NULL (nothing used). */
+enum k8s_fit k8s_node_fits(const struct k8s_node_info *node, const struct k8s_pod_template *t,
+                           const struct k8s_resources *used);
+/* Does a toleration tolerate a taint (the scheduler's rule)? */
+bool k8s_tolerates(const struct k8s_toleration *tol, const struct k8s_taint *taint);
+
 
 #endif

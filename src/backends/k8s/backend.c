@@ -54,7 +54,7 @@ bool kube_synced(struct backend *b)
 
 static void free_node(void *ud, const char *key, void *value)
 {
-    free(value);
+    kube_node_free(value);
 }
 
 static void kube_stop(struct backend *b)
@@ -82,6 +82,7 @@ static void kube_free(struct backend *b)
     strmap_dispose(&kb->by_svc);
     strmap_each(&kb->nodes_gpu, free_node, NULL);
     strmap_dispose(&kb->nodes_gpu);
+    kube_placement_dispose(&kb->placement);
     k8s_events_dispose(&kb->events);
     k8s_client_free(kb->client);
     free(kb);

@@ -6,6 +6,7 @@
  *                          scale PATCHes (conditional from zero), Events
  *   backend_k8s_ha.c       identity, leader lease, peers, the /demand answer
  *   backend_k8s_status.c   describe, capacity, metrics
+ *   placement.c            nodes and pod templates -> the warm pool's per-node view
  *   idle.c                 the idle clock kept on the Deployment across restarts */
 #ifndef THAW_BACKEND_K8S_INT_H
 #define THAW_BACKEND_K8S_INT_H
@@ -51,6 +52,8 @@ struct kpod {
     bool selected; /* the Deployment's selector picked it (not only its Service) */
     bool unschedulable;
     char phase[16];
+    char node[254];                /* spec.nodeName; "" while not scheduled */
+    struct k8s_resources requests; /* its counted extended resources */
     char created[32]; /* creationTimestamp: the order slots are dealt in */
     struct probe probe;
 };
@@ -74,6 +77,7 @@ struct kmodel {
     char last_scale_error[200];
     struct scaler_model sc;
     uint64_t woken_ms; /* when a scale from zero landed; 0: not waking */
+    struct k8s_pod_template tpl; /* what the scheduler reads of its pods */
     /* the idle clock on the Deployment (idle.c) */
     uint64_t requests_seen;      /* proxied + rejected + aborted at the last tick */
     uint64_t traffic_ms;         /* last request here (or at a peer, when leading); 0: none */
@@ -82,6 +86,19 @@ struct kmodel {
     uint64_t writing_traffic_ms; /* traffic_ms of the write in flight */
     uint64_t last_write_ms;      /* when the last write was sent */
     struct k8s_call *idle_call;
+};
+
+/* The per-node view handed to the warm pool each planning step; arrays
+ * reused from step to step. */
+struct kube_placement {
+    struct wp_node *nodes;
+    const struct k8s_node_info **info; /* per node */
+    size_t n_nodes, cap_nodes;
+    bool *eligible; /* model-major: models x nodes */
+    unsigned *on_node;
+    size_t cap_cells;
+    char res[WP_MAX_RES][96];
+    size_t n_res;
 };
 
 struct informer_set {
@@ -100,7 +117,8 @@ struct kube_backend {
     size_t deployments_synced;
     struct strmap models;   /* "ns/deployment" -> kmodel */
     struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
-    struct strmap nodes_gpu; /* node name -> struct k8s_node_info */
+    struct strmap nodes_gpu; /* node name -> struct k8s_node_info (heap, owns its parts) */
+    struct kube_placement placement;
     struct event tick;
     struct scale_driver driver;
     /* several activators */
@@ -133,6 +151,7 @@ void kube_pod_ready(struct kpod *p, const char *via);
 void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);
 void kube_pod_gone(struct kpod *p, const char *why);
 void kube_kmodel_free(struct kmodel *km);
+void kube_node_free(struct k8s_node_info *ni);
 /* This activator's share of each ready pod's slots, from the activators
  * (peers) and the ready pods; waiting requests go when a share grew. */
 void kube_shares_update(struct kmodel *km);
@@ -152,6 +171,20 @@ void kube_ha_start(struct kube_backend *kb);
 void kube_ha_dispose(struct kube_backend *kb);
 void kube_ha_describe(struct kube_backend *kb, cJSON *k);
 void kube_demand(struct backend *b, cJSON *out);
+
+/* placement.c */
+/* The model's pod template from its Deployment (keeps the old one when it
+ * cannot be read); sets the slices the warm budget counts per replica. */
+void kube_model_template(struct kmodel *km, const cJSON *deployment);
+/* The scaling driver's nodes hook (scale_driver_ops.nodes). */
+bool kube_plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cluster *c);
+void kube_placement_dispose(struct kube_placement *pl);
+/* Counted resources held per node by thaw's model pods (not terminating):
+ * node name -> struct k8s_resources (heap; kube_node_usage_free). */
+void kube_node_usage(struct kube_backend *kb, struct strmap *out);
+void kube_node_usage_free(struct strmap *usage);
+/* A node that carries a counted resource (the warm pool's nodes). */
+bool kube_gpu_node(const struct k8s_node_info *ni);
 
 /* idle.c */
 /* The annotation on a Deployment seen (discovered: first seen): it starts or

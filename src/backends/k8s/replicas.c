@@ -5,7 +5,7 @@
  * thaw's own probe of podIP:port answers, and gone when it terminates, is
  * deleted, stops matching the selector, or its endpoint stops being ready.
  * With several activators each holds a share of every ready pod's slots.
- * Nodes give the GPU capacity. */
+ * Nodes give the GPU capacity per node (placement.c). */
 #include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
@@ -239,6 +239,7 @@ void kube_kmodel_free(struct kmodel *km)
     k8s_call_cancel(km->idle_call);
     strmap_each(&km->pods, free_pod_cb, NULL);
     strmap_dispose(&km->pods);
+    k8s_pod_template_dispose(&km->tpl);
     cJSON_Delete(km->selector);
     free(km);
 }
@@ -308,6 +309,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         scaler_model_init(&km->sc, km->m, kb->cfg, sp.target, sp.window_ms,
                           (unsigned)sp.min_scale, (unsigned)sp.max_scale, sp.idle_timeout_ms,
                           (unsigned)sp.gpu_slices);
+        kube_model_template(km, obj);
         strmap_put(&kb->models, key, strlen(key), km);
         index_model(kb, km, true);
         kube_idle_observe(km, obj, true);
@@ -331,6 +333,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     km->sc.asc.max_scale = (unsigned)sp.max_scale;
     km->sc.asc.scale_to_zero_grace_ms = sp.idle_timeout_ms;
     km->sc.slices = (unsigned)sp.gpu_slices;
+    kube_model_template(km, obj);
     if (sp.target) {
         km->sc.asc.target = (double)sp.target;
     }
@@ -456,6 +459,8 @@ static void pod_upsert(void *ud, const cJSON *obj)
         }
     }
     p->unschedulable = pi.unschedulable;
+    snprintf(p->node, sizeof p->node, "%s", pi.node_name);
+    p->requests = pi.requests;
     if (pi.terminating) {
         p->terminating = true;
         kube_pod_gone(p, "pod terminating");
@@ -567,17 +572,33 @@ static void node_upsert(void *ud, const cJSON *obj)
     struct kube_backend *kb = ud;
     struct k8s_node_info ni;
     if (k8s_node_decode(obj, &ni)) {
+        k8s_node_info_dispose(&ni);
         return;
     }
     struct k8s_node_info *cur = strmap_get(&kb->nodes_gpu, ni.name, strlen(ni.name));
+    bool known = cur != NULL;
     if (!cur) {
-        cur = malloc(sizeof *cur);
-        if (!cur) {
+        cur = calloc(1, sizeof *cur);
+        if (!cur || strmap_put(&kb->nodes_gpu, ni.name, strlen(ni.name), cur)) {
+            free(cur);
+            k8s_node_info_dispose(&ni);
             return;
         }
-        strmap_put(&kb->nodes_gpu, ni.name, strlen(ni.name), cur);
     }
+    if (known && (ni.unschedulable != cur->unschedulable || ni.n_taints != cur->n_taints)) {
+        LOGI("node scheduling changed", "node=%s cordoned=%d taints=%zu", ni.name, ni.unschedulable,
+             ni.n_taints);
+    }
+    k8s_node_info_dispose(cur);
     *cur = ni;
+}
+
+void kube_node_free(struct k8s_node_info *ni)
+{
+    if (ni) {
+        k8s_node_info_dispose(ni);
+        free(ni);
+    }
 }
 
 static void node_remove(void *ud, const cJSON *obj)
@@ -585,7 +606,7 @@ static void node_remove(void *ud, const cJSON *obj)
     struct kube_backend *kb = ud;
     const char *name = k8s_get_string(obj, "metadata.name");
     if (name) {
-        free(strmap_del(&kb->nodes_gpu, name, strlen(name)));
+        kube_node_free(strmap_del(&kb->nodes_gpu, name, strlen(name)));
     }
 }
 

@@ -257,8 +257,9 @@ static void model_tick(void *ud, const char *key, void *value)
 }
 
 /* ---- scaling driver hooks: the autoscaler and the warm pool over every
- * model, against the GPU slices the Nodes offer (or the configured cap);
- * each change is one scale PATCH. */
+ * model, against the GPU Nodes one by one (placement.c; the configured cap
+ * on top), or the configured cap alone without GPU Nodes; each change is
+ * one scale PATCH. */
 
 struct collect {
     struct scaler_model **sms;
@@ -326,6 +327,7 @@ static const struct scale_driver_ops kube_scale_ops = {
     .collect = collect_models,
     .gpu_slices = gpu_slices,
     .apply = apply_targets,
+    .nodes = kube_plan_nodes,
 };
 
 static void on_tick(evutil_socket_t fd, short what, void *arg)

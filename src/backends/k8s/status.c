@@ -1,6 +1,7 @@
 /* Kubernetes backend, status: a model's describe (spec, scaling, demand,
- * pods, state), the capacity view (API client, Events, informers, nodes,
- * leadership) and the backend's metrics. */
+ * pods, placement, state), the capacity view (API client, Events,
+ * informers, nodes with what thaw's replicas hold on each, leadership) and
+ * the backend's metrics. */
 #include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/metrics.h"
@@ -39,12 +40,55 @@ static void describe_pod(void *ud, const char *key, void *value)
     cJSON_AddBoolToObject(j, "probe_ok", p->probe_ok);
     cJSON_AddBoolToObject(j, "endpoint_ready", p->slice_ready);
     cJSON_AddBoolToObject(j, "terminating", p->terminating);
+    cJSON_AddStringToObject(j, "node", p->node);
     cJSON_AddNumberToObject(j, "slots", pod_slots(d->m, p->name));
     if (p->unschedulable) {
         cJSON_AddBoolToObject(j, "unschedulable", true);
         d->unschedulable++;
     }
     cJSON_AddItemToArray(d->arr, j);
+}
+
+static cJSON *resources_json(const struct k8s_resources *rs)
+{
+    cJSON *j = cJSON_CreateObject();
+    for (size_t i = 0; i < rs->n; i++) {
+        cJSON_AddNumberToObject(j, rs->r[i].name, (double)rs->r[i].amount);
+    }
+    return j;
+}
+
+struct fit_ctx {
+    const struct k8s_pod_template *tpl;
+    const struct strmap *usage;
+    cJSON *arr;
+};
+
+static void node_fit(void *ud, const char *key, void *value)
+{
+    struct fit_ctx *f = ud;
+    const struct k8s_node_info *ni = value;
+    if (!kube_gpu_node(ni)) {
+        return;
+    }
+    const struct k8s_resources *used = strmap_get(f->usage, ni->name, strlen(ni->name));
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "name", ni->name);
+    cJSON_AddStringToObject(j, "fit", k8s_fit_name(k8s_node_fits(ni, f->tpl, used)));
+    cJSON_AddItemToArray(f->arr, j);
+}
+
+/* Its request per replica and, per GPU node, whether one more replica
+ * would fit there now or what stops it. */
+static void describe_placement(struct kmodel *km, cJSON *out)
+{
+    cJSON *pl = cJSON_AddObjectToObject(out, "placement");
+    cJSON_AddItemToObject(pl, "requests", resources_json(&km->tpl.requests));
+    struct strmap usage;
+    kube_node_usage(km->kb, &usage);
+    struct fit_ctx f = {&km->tpl, &usage, cJSON_AddArrayToObject(pl, "nodes")};
+    strmap_each(&km->kb->nodes_gpu, node_fit, &f);
+    kube_node_usage_free(&usage);
 }
 
 /* How long the model has been idle, as the scale-to-zero decision sees it,
@@ -104,6 +148,7 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
     cJSON_AddNumberToObject(sl, "here", model_capacity(m));
     struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), m, 0};
     strmap_each(&km->pods, describe_pod, &d);
+    describe_placement(km, out);
     const char *state = m->n_endpoints       ? "ready"
                         : d.unschedulable    ? "waiting_for_capacity"
                         : km->spec.replicas  ? "starting"
@@ -129,8 +174,22 @@ static void add_informer(cJSON *arr, const struct k8s_informer *inf, const char 
     cJSON_AddItemToArray(arr, j);
 }
 
+struct nodes_ctx {
+    struct kube_backend *kb;
+    const struct strmap *usage;
+    struct strmap by_name; /* node name -> its "replicas" array */
+    cJSON *arr;
+};
+
+static const char *effect_name(enum k8s_taint_effect e)
+{
+    static const char *const names[] = {"", "NoSchedule", "PreferNoSchedule", "NoExecute", "other"};
+    return names[e];
+}
+
 static void add_node(void *ud, const char *key, void *value)
 {
+    struct nodes_ctx *c = ud;
     const struct k8s_node_info *ni = value;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "name", key);
@@ -140,7 +199,66 @@ static void add_node(void *ud, const char *key, void *value)
     if (ni->gpu_product[0]) {
         cJSON_AddStringToObject(j, "product", ni->gpu_product);
     }
-    cJSON_AddItemToArray(ud, j);
+    cJSON_AddBoolToObject(j, "cordoned", ni->unschedulable);
+    cJSON *taints = cJSON_AddArrayToObject(j, "taints");
+    for (size_t i = 0; i < ni->n_taints; i++) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddStringToObject(t, "key", ni->taints[i].key);
+        if (ni->taints[i].value[0]) {
+            cJSON_AddStringToObject(t, "value", ni->taints[i].value);
+        }
+        cJSON_AddStringToObject(t, "effect", effect_name(ni->taints[i].effect));
+        cJSON_AddItemToArray(taints, t);
+    }
+    cJSON_AddItemToObject(j, "allocatable", resources_json(&ni->allocatable));
+    const struct k8s_resources *used = strmap_get(c->usage, ni->name, strlen(ni->name));
+    struct k8s_resources none = {0};
+    cJSON_AddItemToObject(j, "used", resources_json(used ? used : &none));
+    cJSON *reps = cJSON_AddArrayToObject(j, "replicas");
+    strmap_put(&c->by_name, ni->name, strlen(ni->name), reps);
+    cJSON_AddItemToArray(c->arr, j);
+}
+
+struct replica_ctx {
+    struct nodes_ctx *nodes;
+    const struct kmodel *km;
+};
+
+static void add_replica(void *ud, const char *key, void *value)
+{
+    struct replica_ctx *r = ud;
+    const struct kpod *p = value;
+    cJSON *reps = p->node[0] && !p->terminating
+                      ? strmap_get(&r->nodes->by_name, p->node, strlen(p->node))
+                      : NULL;
+    if (!reps) {
+        return;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", r->km->m->name);
+    cJSON_AddStringToObject(j, "pod", p->name);
+    cJSON_AddItemToObject(j, "requests", resources_json(&p->requests));
+    cJSON_AddItemToArray(reps, j);
+}
+
+static void add_model_replicas(void *ud, const char *key, void *value)
+{
+    struct replica_ctx r = {ud, value};
+    strmap_each(&r.km->pods, add_replica, &r);
+}
+
+/* Every node: its GPUs, whether thaw may place there, what it offers of the
+ * counted resources, what thaw's replicas hold and which replicas. */
+static void describe_nodes(struct kube_backend *kb, cJSON *k)
+{
+    struct strmap usage;
+    kube_node_usage(kb, &usage);
+    struct nodes_ctx c = {kb, &usage, {0}, cJSON_AddArrayToObject(k, "nodes")};
+    strmap_init(&c.by_name);
+    strmap_each(&kb->nodes_gpu, add_node, &c);
+    strmap_each(&kb->models, add_model_replicas, &c);
+    strmap_dispose(&c.by_name);
+    kube_node_usage_free(&usage);
 }
 
 void kube_describe_capacity(struct backend *b, cJSON *out)
@@ -166,9 +284,66 @@ void kube_describe_capacity(struct backend *b, cJSON *out)
         add_informer(infs, &kb->ns[i].pods, ns);
     }
     add_informer(infs, &kb->nodes, NULL);
-    cJSON *nodes = cJSON_AddArrayToObject(k, "nodes");
-    strmap_each(&kb->nodes_gpu, add_node, nodes);
+    describe_nodes(kb, k);
     kube_ha_describe(kb, k);
+}
+
+struct node_metrics_ctx {
+    const struct strmap *usage;
+    struct buf *o;
+    bool used; /* the pass: allocatable, then used */
+};
+
+/* A node name as the API validates it (DNS subdomain): safe in a label. */
+static bool plain_name(const char *s)
+{
+    return s[strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789-.")] == '\0';
+}
+
+static void node_metric(void *ud, const char *key, void *value)
+{
+    struct node_metrics_ctx *c = ud;
+    const struct k8s_node_info *ni = value;
+    if (!kube_gpu_node(ni) || !plain_name(ni->name)) {
+        return;
+    }
+    const struct k8s_resources *used = strmap_get(c->usage, ni->name, strlen(ni->name));
+    for (size_t i = 0; i < ni->allocatable.n; i++) {
+        const char *res = ni->allocatable.r[i].name;
+        uint64_t v =
+            c->used ? (used ? k8s_resources_get(used, res) : 0) : ni->allocatable.r[i].amount;
+        buf_printf(c->o, "%s{node=\"%s\",resource=\"%s\"} %llu\n",
+                   c->used ? "thaw_node_used" : "thaw_node_allocatable", ni->name, res,
+                   (unsigned long long)v);
+    }
+}
+
+static void node_schedulable(void *ud, const char *key, void *value)
+{
+    const struct k8s_node_info *ni = value;
+    if (kube_gpu_node(ni) && plain_name(ni->name)) {
+        buf_printf(ud, "thaw_node_cordoned{node=\"%s\"} %d\n", ni->name, ni->unschedulable);
+    }
+}
+
+/* Per GPU node: what it offers of each counted resource, what thaw's model
+ * pods hold of it, and whether it is cordoned. Node and resource names are
+ * DNS-1123 names and qualified names: nothing in them needs escaping. */
+static void render_node_metrics(struct kube_backend *kb, struct buf *o)
+{
+    struct strmap usage;
+    kube_node_usage(kb, &usage);
+    struct node_metrics_ctx c = {&usage, o, false};
+    metrics_help_type(o, "thaw_node_allocatable", "gauge",
+                      "What a GPU node offers of each counted extended resource.");
+    strmap_each(&kb->nodes_gpu, node_metric, &c);
+    c.used = true;
+    metrics_help_type(o, "thaw_node_used", "gauge",
+                      "What thaw's model pods (not terminating) hold of it on the node.");
+    strmap_each(&kb->nodes_gpu, node_metric, &c);
+    metrics_help_type(o, "thaw_node_cordoned", "gauge", "1 while a GPU node is cordoned.");
+    strmap_each(&kb->nodes_gpu, node_schedulable, o);
+    kube_node_usage_free(&usage);
 }
 
 /* API client and informer counters, leadership and peers, sync. */
@@ -214,4 +389,5 @@ void kube_render_metrics(struct backend *b, struct buf *o)
                (unsigned long long)kb->idle_write_errors);
     metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
     buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
+    render_node_metrics(kb, o);
 }

@@ -1,0 +1,256 @@
+/* Kubernetes backend, placement: what the warm pool needs to decide per
+ * node. Nodes with a counted extended resource (K8S_RESOURCE_PREFIX) are
+ * the warm pool's nodes, each a set of (resource -> allocatable); a model's
+ * replica is its pod template's set of (resource -> request), eligible on a
+ * node when the scheduler's checks other than resources pass (cordon,
+ * taints against tolerations, nodeSelector, required node affinity); its
+ * replicas per node are its pods that are scheduled and not terminating
+ * (a terminating pod's resources count as free: they are on their way, and
+ * counting them would take a second victim for the same room). Only thaw's
+ * model pods are watched, so resources held by other workloads are not
+ * seen. */
+#include "internal.h"
+#include "thaw/log.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kube_model_template(struct kmodel *km, const cJSON *deployment)
+{
+    struct k8s_pod_template t;
+    if (k8s_pod_template_decode(k8s_get(deployment, "spec.template.spec"), &t)) {
+        k8s_pod_template_dispose(&t);
+        LOGW("cannot read a model's pod template (out of memory); placement keeps the old one",
+             "deployment=%s", km->key);
+        return;
+    }
+    k8s_pod_template_dispose(&km->tpl);
+    km->tpl = t;
+    uint64_t slices = k8s_resources_total(&t.requests);
+    km->sc.slices = slices > UINT32_MAX ? UINT32_MAX : (unsigned)slices;
+}
+
+bool kube_gpu_node(const struct k8s_node_info *ni)
+{
+    for (size_t i = 0; i < ni->allocatable.n; i++) {
+        if (ni->allocatable.r[i].amount) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ---- usage per node ----------------------------------------------------- */
+
+static void pod_usage(void *ud, const char *key, void *value)
+{
+    struct strmap *out = ud;
+    const struct kpod *p = value;
+    if (!p->node[0] || p->terminating) {
+        return;
+    }
+    struct k8s_resources *u = strmap_get(out, p->node, strlen(p->node));
+    if (!u) {
+        u = calloc(1, sizeof *u);
+        if (!u || strmap_put(out, p->node, strlen(p->node), u)) {
+            free(u);
+            return;
+        }
+    }
+    for (size_t i = 0; i < p->requests.n; i++) {
+        (void)k8s_resources_add(u, p->requests.r[i].name, p->requests.r[i].amount);
+    }
+}
+
+static void model_usage(void *ud, const char *key, void *value)
+{
+    strmap_each(&((struct kmodel *)value)->pods, pod_usage, ud);
+}
+
+void kube_node_usage(struct kube_backend *kb, struct strmap *out)
+{
+    strmap_init(out);
+    strmap_each(&kb->models, model_usage, out);
+}
+
+static void free_value(void *ud, const char *key, void *value)
+{
+    free(value);
+}
+
+void kube_node_usage_free(struct strmap *usage)
+{
+    strmap_each(usage, free_value, NULL);
+    strmap_dispose(usage);
+}
+
+/* ---- the scaling driver's nodes hook ------------------------------------ */
+
+/* The index of resource name, added when new; -1 when the table is full. */
+static int res_index(struct kube_placement *pl, const char *name)
+{
+    for (size_t r = 0; r < pl->n_res; r++) {
+        if (strcmp(pl->res[r], name) == 0) {
+            return (int)r;
+        }
+    }
+    if (pl->n_res == WP_MAX_RES) {
+        return -1;
+    }
+    snprintf(pl->res[pl->n_res], sizeof pl->res[0], "%s", name);
+    return (int)pl->n_res++;
+}
+
+static void add_node(void *ud, const char *key, void *value)
+{
+    struct kube_placement *pl = ud;
+    const struct k8s_node_info *ni = value;
+    if (!kube_gpu_node(ni) || pl->n_nodes == pl->cap_nodes) {
+        return;
+    }
+    size_t k = pl->n_nodes++;
+    struct wp_node *nd = &pl->nodes[k];
+    memset(nd, 0, sizeof *nd);
+    nd->name = ni->name;
+    pl->info[k] = ni;
+    for (size_t i = 0; i < ni->allocatable.n; i++) {
+        int r = res_index(pl, ni->allocatable.r[i].name);
+        if (r >= 0) {
+            nd->alloc[r] = ni->allocatable.r[i].amount;
+        }
+    }
+}
+
+static size_t node_index(const struct kube_placement *pl, const char *name)
+{
+    for (size_t k = 0; k < pl->n_nodes; k++) {
+        if (strcmp(pl->nodes[k].name, name) == 0) {
+            return k;
+        }
+    }
+    return WP_NO_NODE;
+}
+
+struct count_ctx {
+    const struct kube_placement *pl;
+    unsigned *on_node;
+};
+
+static void count_pod(void *ud, const char *key, void *value)
+{
+    struct count_ctx *c = ud;
+    const struct kpod *p = value;
+    if (!p->node[0] || p->terminating) {
+        return;
+    }
+    size_t k = node_index(c->pl, p->node);
+    if (k != WP_NO_NODE) {
+        c->on_node[k]++;
+    }
+}
+
+/* One model's request, eligibility and pods per node. */
+static void model_row(struct kube_placement *pl, struct kmodel *km, bool *eligible,
+                      unsigned *on_node)
+{
+    struct scaler_model *sm = &km->sc;
+    memset(sm->req, 0, sizeof sm->req);
+    bool all_known = !km->tpl.requests.truncated;
+    for (size_t i = 0; i < km->tpl.requests.n; i++) {
+        int r = res_index(pl, km->tpl.requests.r[i].name);
+        if (r < 0) {
+            all_known = false; /* a resource past the table: place it nowhere */
+        } else {
+            sm->req[r] = km->tpl.requests.r[i].amount;
+        }
+    }
+    for (size_t k = 0; k < pl->n_nodes; k++) {
+        eligible[k] = all_known && k8s_node_admits(pl->info[k], &km->tpl) == K8S_FITS;
+        on_node[k] = 0;
+    }
+    struct count_ctx c = {pl, on_node};
+    strmap_each(&km->pods, count_pod, &c);
+    sm->eligible = eligible;
+    sm->on_node = on_node;
+}
+
+/* Room for want nodes and want_cells model x node cells. */
+static int reserve(struct kube_placement *pl, size_t want, size_t want_cells)
+{
+    if (want > pl->cap_nodes) {
+        struct wp_node *nodes = realloc(pl->nodes, want * sizeof *nodes);
+        if (nodes) {
+            pl->nodes = nodes;
+        }
+        const struct k8s_node_info **info = realloc(pl->info, want * sizeof *info);
+        if (info) {
+            pl->info = info;
+        }
+        if (!nodes || !info) {
+            return -1;
+        }
+        pl->cap_nodes = want;
+    }
+    if (want_cells > pl->cap_cells) {
+        bool *el = realloc(pl->eligible, want_cells * sizeof *el);
+        if (el) {
+            pl->eligible = el;
+        }
+        unsigned *on = realloc(pl->on_node, want_cells * sizeof *on);
+        if (on) {
+            pl->on_node = on;
+        }
+        if (!el || !on) {
+            return -1;
+        }
+        pl->cap_cells = want_cells;
+    }
+    return 0;
+}
+
+static bool no_nodes(struct scaler_model **sms, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        memset(sms[i]->req, 0, sizeof sms[i]->req);
+        sms[i]->eligible = NULL;
+        sms[i]->on_node = NULL;
+    }
+    return false;
+}
+
+bool kube_plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cluster *c)
+{
+    struct kube_backend *kb = ud;
+    struct kube_placement *pl = &kb->placement;
+    size_t nodes = kb->nodes_gpu.count;
+    if (nodes == 0 || reserve(pl, nodes, (n ? n : 1) * nodes)) {
+        return no_nodes(sms, n);
+    }
+    pl->n_nodes = 0;
+    pl->n_res = 0;
+    strmap_each(&kb->nodes_gpu, add_node, pl);
+    if (pl->n_nodes == 0) {
+        return no_nodes(sms, n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct kmodel *km = container_of(sms[i], struct kmodel, sc);
+        model_row(pl, km, pl->eligible + i * pl->n_nodes, pl->on_node + i * pl->n_nodes);
+    }
+    c->n_res = pl->n_res;
+    for (size_t r = 0; r < pl->n_res; r++) {
+        c->res[r] = pl->res[r];
+    }
+    c->nodes = pl->nodes;
+    c->n_nodes = pl->n_nodes;
+    return true;
+}
+
+void kube_placement_dispose(struct kube_placement *pl)
+{
+    free(pl->nodes);
+    free(pl->info);
+    free(pl->eligible);
+    free(pl->on_node);
+    memset(pl, 0, sizeof *pl);
+}

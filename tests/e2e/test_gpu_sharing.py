@@ -1,0 +1,150 @@
+"""GPU sharing in the process backend: MIG instances, MPS shares with a
+memory limit, memory-bound packing, and discovery from nvidia-smi -L.
+
+Model processes are thaw-model-sim; what a replica was given is read back
+from its environment (/proc/PID/environ)."""
+
+import os
+import stat
+import threading
+import time
+
+import pytest
+
+from conftest import wait_for
+from test_process import complete, environ_of, model_status, sim_model
+
+GB = 1000000000
+MIG_A = "MIG-4c5f0a12-aaaa-5b6c-8d9e-222222222222"
+MIG_B = "MIG-8a7b6c5d-bbbb-5e4f-9a8b-333333333333"
+MIG_BIG = "MIG-1f2e3d4c-cccc-5b6a-8978-444444444444"
+
+# As nvidia-smi -L prints it: GPU 0 in MIG mode (two 1g.5gb and one 3g.20gb
+# instance), GPU 1 a whole L4.
+NVIDIA_SMI_L = f"""GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5f0d2f6a-7c0e-1a2b-9d3e-111111111111)
+  MIG 3g.20gb     Device  0: (UUID: {MIG_BIG})
+  MIG 1g.5gb      Device  1: (UUID: {MIG_A})
+  MIG 1g.5gb      Device  2: (UUID: {MIG_B})
+GPU 1: NVIDIA L4 (UUID: GPU-9e8d7c6b-dddd-4a3b-2c1d-555555555555)
+"""
+
+
+def processes(t, name):
+    return [p for p in model_status(t, name)["processes"]]
+
+
+def devices_of(t, name):
+    return sorted(environ_of(p["pid"])["CUDA_VISIBLE_DEVICES"] for p in processes(t, name))
+
+
+def test_mig_instances_are_capacity_units_of_their_profile(thaw_factory):
+    """Each MIG instance takes one replica, of a model asking for its
+    profile; the replica sees only its instance (CUDA_VISIBLE_DEVICES=MIG-...).
+    A third 1g replica waits although a 3g instance is free."""
+    t = thaw_factory({
+        "gpus": [{"id": 0, "mig": MIG_A, "profile": "1g.5gb"},
+                 {"id": 0, "mig": MIG_B, "profile": "1g.5gb"},
+                 {"id": 0, "mig": MIG_BIG, "profile": "3g.20gb"}],
+        "models": [sim_model("small", load_ms=50, mig_profile="1g.5gb", min_replicas=3,
+                             max_replicas=3),
+                   sim_model("big", load_ms=50, mig_profile="3g.20gb")]})
+    wait_for(lambda: len(processes(t, "small")) == 2, what="two 1g replicas")
+    time.sleep(0.5)
+    assert devices_of(t, "small") == sorted([MIG_A, MIG_B])
+    assert len(processes(t, "small")) == 2
+    assert complete(t, "big").status == 200
+    assert devices_of(t, "big") == [MIG_BIG]
+    gpus = {g["mig"]: g for g in t.status()["gpus"]}
+    assert gpus[MIG_A]["profile"] == "1g.5gb" and gpus[MIG_A]["used"] == 1
+    assert gpus[MIG_BIG]["used"] == 1
+
+
+def test_mps_share_and_memory_limit_reach_the_replica(thaw_factory):
+    t = thaw_factory({
+        "gpus": [{"id": 1, "slices": 4, "sharing": "mps", "memory_bytes": 24 * GB}],
+        "models": [sim_model(load_ms=50, gpu_slices=1, gpu_memory_bytes=10 * GB)]})
+    assert complete(t).status == 200
+    env = environ_of(processes(t, "llama")[0]["pid"])
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=9537M"
+
+
+def test_memory_bound_gpu_refuses_a_third_replica(thaw_factory):
+    """A time-sliced 24 GB GPU with four slices: two 10 GB replicas share it,
+    a third would overcommit its memory and waits instead."""
+    t = thaw_factory({
+        "gpus": [{"id": 0, "slices": 4, "memory_bytes": 24 * GB}],
+        "models": [sim_model(load_ms=50, gpu_slices=1, gpu_memory_bytes=10 * GB,
+                             min_replicas=3, max_replicas=3)]})
+    wait_for(lambda: len(processes(t, "llama")) == 2, what="two replicas")
+    wait_for(lambda: model_status(t)["state"] in ("waiting_for_capacity", "ready"),
+             what="settled")
+    time.sleep(0.5)
+    assert len(processes(t, "llama")) == 2
+    g = t.status()["gpus"][0]
+    assert g["used"] == 2 and g["memory_used"] == 20 * GB
+
+
+@pytest.mark.parametrize("gpus,model,error", [
+    ('[{"id": 0, "mig": "GPU-1234", "profile": "1g.5gb"}]', '"gpu_slices": 1',
+     'gpus[0].: "mig" must be a MIG device UUID'),
+    ('[{"id": 0, "mig": "MIG-1234"}]', '"gpu_slices": 1',
+     'gpus[0].: a MIG instance needs its "profile"'),
+    ('[{"id": 0, "mig": "MIG-1234", "profile": "1g.5gb", "sharing": "mps"}]',
+     '"mig_profile": "1g.5gb"', "MPS does not apply to MIG devices"),
+    ('[{"id": 0, "mig": "MIG-1234", "profile": "1g.5gb"}]', '"mig_profile": "3g.20gb"',
+     'models[0].mig_profile: no declared MIG instance has profile "3g.20gb"'),
+    ('[{"id": 0, "slices": 2, "memory_bytes": 16000000000}]',
+     '"gpu_slices": 1, "gpu_memory_bytes": 20000000000',
+     "models[0].gpu_slices: 1 slices with their gpu_memory_bytes do not fit"),
+    ('[{"id": 0, "slices": 2}]', '"gpu_memory_bytes": 1000',
+     'models[0].gpu_memory_bytes: needs "gpu_slices"'),
+])
+def test_config_refuses_gpu_needs_it_cannot_meet(gpus, model, error):
+    from test_cli import run, write
+    path = write('{"gpus": %s,\n "models": [{"name": "m", "command": ["x", "{port}"], %s}]}'
+                 % (gpus, model))
+    r = run("--check-config", path)
+    assert r.returncode == 1 and error in r.stderr, r.stderr
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path):
+    def make(output, status=0):
+        path = tmp_path / "nvidia-smi"
+        path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}EOF\nexit {status}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+        return str(path)
+    return make
+
+
+def test_discovered_mig_instances_and_gpus(thaw_factory, fake_nvidia_smi):
+    smi = fake_nvidia_smi(NVIDIA_SMI_L)
+    t = thaw_factory({
+        "gpus": "discover", "gpu_discovery_command": [smi, "-L"], "gpu_discovery_slices": 2,
+        "models": [sim_model("small", load_ms=50, mig_profile="1g.5gb"),
+                   sim_model("whole", load_ms=50, gpu_slices=2)]})
+    assert complete(t, "small").status == 200
+    assert devices_of(t, "small")[0] in (MIG_A, MIG_B)
+    assert complete(t, "whole").status == 200
+    assert devices_of(t, "whole") == ["1"]  # the L4: GPU 0 is split into MIG instances
+    kinds = sorted((g.get("profile") or "whole", g["slices"]) for g in t.status()["gpus"])
+    assert kinds == [("1g.5gb", 1), ("1g.5gb", 1), ("3g.20gb", 1), ("whole", 2)]
+
+
+def test_failed_discovery_is_a_clear_start_up_error(thaw_factory, fake_nvidia_smi):
+    smi = fake_nvidia_smi("NVIDIA-SMI has failed because it couldn't communicate with the "
+                          "NVIDIA driver.\n", status=9)
+    with pytest.raises(AssertionError) as e:
+        thaw_factory({"gpus": "discover", "gpu_discovery_command": [smi, "-L"],
+                      "models": [sim_model("small", mig_profile="1g.5gb")]})
+    assert "GPU discovery command failed" in str(e.value)
+
+
+def test_discovered_gpus_without_the_profile_asked_for(thaw_factory, fake_nvidia_smi):
+    smi = fake_nvidia_smi(NVIDIA_SMI_L)
+    with pytest.raises(AssertionError) as e:
+        thaw_factory({"gpus": "discover", "gpu_discovery_command": [smi, "-L"],
+                      "models": [sim_model("huge", mig_profile="7g.40gb")]})
+    assert "fit on no GPU found" in str(e.value) and "7g.40gb" in str(e.value)

@@ -1,0 +1,155 @@
+"""End-to-end: per-node GPU placement in the Kubernetes backend, against the
+API simulator (its scheduler places a pod on the first node, by name, with
+enough nvidia.com/gpu; it does not read cordons, taints or selectors)."""
+
+import threading
+
+from conftest import wait_for
+from test_kubernetes import (  # noqa: F401  (pki and cluster are fixtures)
+    cluster, complete, deployment, kmodel, pki, start_thaw, urllib_status)
+
+FAST = {"autoscaler": {"tick_ms": 200}, "warm_pool": {"budget_slices": 8}}
+
+
+def pods_of(sim, name):
+    _, pods = sim.call("GET", "/api/v1/namespaces/models/pods")
+    return [p for p in pods["items"]
+            if p["metadata"]["labels"].get("sim.thaw.dev/deployment") == name
+            and "deletionTimestamp" not in p["metadata"]]
+
+
+def node_of(sim, name):
+    ps = pods_of(sim, name)
+    return ps[0]["spec"].get("nodeName") if ps else None
+
+
+def replicas(sim, name):
+    return sim.call("GET", f"/apis/apps/v1/namespaces/models/deployments/{name}")[1][
+        "spec"]["replicas"]
+
+
+def status_node(t, name):
+    return next(n for n in t.status()["kubernetes"]["nodes"] if n["name"] == name)
+
+
+def test_two_slice_replica_evicts_a_warm_replica_to_fit_on_one_node(cluster, thaw_factory,
+                                                                     tmp_path):
+    """Two nodes of 3 slices, each with a warm idle 2-slice batch replica: 2
+    slices are free in all but no node has 2. A critical 2-slice model wakes:
+    thaw must evict one warm replica so the new pod fits on that node, not
+    count the two free slices as room (the pod would stay Pending)."""
+    sim = cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 3},
+                         {"name": "gpu-b", "gpus": 1, "replicas": 3}], load_ms=100)
+    idle = {"thaw.dev/priority": "batch", "thaw.dev/idle-timeout": "1s"}
+    for name, node in (("warm-a", "gpu-a"), ("warm-b", "gpu-b")):
+        sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+                 deployment(name, replicas=1, gpus=2, annotations=idle))
+        wait_for(lambda name=name, node=node: node_of(sim, name) == node, timeout=20,
+                 what=f"{name} on {node}")
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
+             deployment("big", gpus=2, annotations={"thaw.dev/priority": "critical"},
+                        load_ms=100))
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    for name in ("warm-a", "warm-b"):
+        wait_for(lambda name=name: kmodel(t, name)["pool"]["warm"], timeout=20,
+                 what=f"{name} kept warm")
+    out = {}
+    th = threading.Thread(target=lambda: out.__setitem__("r", complete(t, host="big.models",
+                                                                       timeout=40)))
+    th.start()
+    th.join(45)
+    assert "r" in out and out["r"].status == 200
+    # Exactly one warm replica went, and big runs where it was.
+    gone = [n for n in ("warm-a", "warm-b") if replicas(sim, n) == 0]
+    assert len(gone) == 1, gone
+    kept = "warm-b" if gone == ["warm-a"] else "warm-a"
+    assert replicas(sim, kept) == 1
+    assert node_of(sim, "big") == {"warm-a": "gpu-a", "warm-b": "gpu-b"}[gone[0]]
+    for name in ("gpu-a", "gpu-b"):
+        n = status_node(t, name)
+        assert n["allocatable"] == {"nvidia.com/gpu": 3}
+        assert n["used"] == {"nvidia.com/gpu": 2}
+        assert t.metric("thaw_node_used", node=name, resource="nvidia.com/gpu") == 2
+    on_node = status_node(t, node_of(sim, "big"))["replicas"]
+    assert [(r["model"], r["requests"]) for r in on_node] == [("big", {"nvidia.com/gpu": 2})]
+    evicted = kmodel(t, gone[0])["pool"]
+    assert evicted["last_decision"] == "evict"
+    assert "for big" in evicted["reason"] and "on node gpu-" in evicted["reason"]
+    big = kmodel(t, "big")
+    assert {n["name"]: n["fit"] for n in big["placement"]["nodes"]} == {
+        "gpu-a": "resources", "gpu-b": "resources"}  # both nodes now hold 2 of 3
+    assert big["placement"]["requests"] == {"nvidia.com/gpu": 2}
+
+
+def test_cordoned_and_tainted_nodes_in_status(cluster, thaw_factory, tmp_path):
+    """A cordoned node and a node with a taint the model does not tolerate are
+    not places for its replicas: /status says so per node, and a model that
+    tolerates the taint may go there."""
+    sim = cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 2},
+                         {"name": "gpu-b", "gpus": 1, "replicas": 2},
+                         {"name": "gpu-c", "gpus": 1, "replicas": 2,
+                          "product": "NVIDIA-H100-80GB-HBM3"}])
+    sim.call("PATCH", "/api/v1/nodes/gpu-a", {"spec": {"unschedulable": True}},
+             ctype="application/merge-patch+json")
+    sim.call("PATCH", "/api/v1/nodes/gpu-b", {"spec": {"taints": [
+        {"key": "dedicated", "value": "training", "effect": "NoSchedule"}]}},
+        ctype="application/merge-patch+json")
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    tolerant = deployment("tolerant")
+    spec = tolerant["spec"]["template"]["spec"]
+    spec["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{
+            "key": "nvidia.com/gpu.product", "operator": "NotIn",
+            "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}}}
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", tolerant)
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    wait_for(lambda: status_node(t, "gpu-b")["taints"], what="the taint seen")
+    a, b = status_node(t, "gpu-a"), status_node(t, "gpu-b")
+    assert a["cordoned"] and not b["cordoned"]
+    assert b["taints"] == [{"key": "dedicated", "value": "training", "effect": "NoSchedule"}]
+    assert t.metric("thaw_node_cordoned", node="gpu-a") == 1
+    fits = {n["name"]: n["fit"] for n in kmodel(t, "llama")["placement"]["nodes"]}
+    assert fits == {"gpu-a": "cordoned", "gpu-b": "taint", "gpu-c": "fits"}
+    fits = {n["name"]: n["fit"] for n in kmodel(t, "tolerant")["placement"]["nodes"]}
+    assert fits == {"gpu-a": "cordoned", "gpu-b": "fits", "gpu-c": "affinity"}
+
+
+def test_scale_up_is_denied_when_only_cordoned_or_tainted_nodes_have_room(cluster, thaw_factory,
+                                                                          tmp_path):
+    """The model's one replica fills gpu-a; gpu-b (cordoned) and gpu-c (a
+    taint it does not tolerate) are empty. Demand for more replicas must be
+    denied, not admitted against the slices of nodes it may not use."""
+    sim = cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 1},
+                         {"name": "gpu-b", "gpus": 1, "replicas": 2},
+                         {"name": "gpu-c", "gpus": 1, "replicas": 2}], load_ms=100)
+    d = deployment("llama", replicas=1, annotations={
+        "thaw.dev/target": "1", "thaw.dev/max-concurrency": "1", "thaw.dev/max-scale": "4"},
+        load_ms=100)
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "400"
+    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
+    wait_for(lambda: node_of(sim, "llama") == "gpu-a", timeout=20, what="llama on gpu-a")
+    sim.call("PATCH", "/api/v1/nodes/gpu-b", {"spec": {"unschedulable": True}},
+             ctype="application/merge-patch+json")
+    sim.call("PATCH", "/api/v1/nodes/gpu-c", {"spec": {"taints": [
+        {"key": "dedicated", "value": "training", "effect": "NoExecute"}]}},
+        ctype="application/merge-patch+json")
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    wait_for(lambda: kmodel(t)["state"] == "ready", timeout=20, what="llama ready")
+    res = []
+    ths = [threading.Thread(target=lambda: res.append(complete(t, timeout=60)))
+           for _ in range(3)]
+    for th in ths:
+        th.start()
+    wait_for(lambda: kmodel(t)["autoscaler"]["desired"] >= 2, timeout=20, what="more wanted")
+    wait_for(lambda: kmodel(t)["pool"].get("last_decision") == "deny", timeout=10,
+             what="denied")
+    assert "no node it may use has room" in kmodel(t)["pool"]["reason"]
+    for th in ths:
+        th.join(60)
+    assert [r.status for r in res] == [200] * 3
+    assert [n for name, n in sim.state()["scale_log"] if name == "llama"] == []
+    assert replicas(sim, "llama") == 1
