@@ -166,8 +166,8 @@ struct config_tenant {
 
 /* "tenants": optional; without it every request is the default tenant's. */
 struct config_tenants {
-    bool required;       /* unknown or missing key: 401 (else the default tenant) */
-    char *header;        /* a gateway's header naming the tenant; NULL: none */
+    bool required;                 /* unknown or missing key: 401 (else the default tenant) */
+    char *header;                  /* a gateway's header naming the tenant; NULL: none */
     struct config_tenant default_; /* name "default", no keys */
     struct config_tenant *list;
     size_t n_list;

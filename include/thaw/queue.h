@@ -72,9 +72,9 @@ struct queue {
     size_t max;
     uint64_t aging_ms;
     struct queue_global *global;
-    struct queue_flow flow0;    /* the default flow, always there */
-    struct queue_flow **flows;  /* flows[i] for i >= 1, allocated on first use */
-    uint32_t n_flows;           /* slots in flows (flows[0] unused) */
+    struct queue_flow flow0;   /* the default flow, always there */
+    struct queue_flow **flows; /* flows[i] for i >= 1, allocated on first use */
+    uint32_t n_flows;          /* slots in flows (flows[0] unused) */
 };
 
 void queue_init(struct queue *q, size_t max, uint64_t aging_ms, struct queue_global *global);
@@ -83,8 +83,7 @@ void queue_dispose(struct queue *q);
 /* Gives an item its tier, enqueue time and deadline without queueing it: a
  * request sent straight to a replica carries them in case it comes back
  * (queue_push_front after a failed connect keeps them). */
-void queue_item_stamp(struct queue_item *it, enum tier tier, uint64_t now_ms,
-                      uint64_t deadline_ms);
+void queue_item_stamp(struct queue_item *it, enum tier tier, uint64_t now_ms, uint64_t deadline_ms);
 /* Creates flow id (if new) and sets its weight (0 counts as 1) and caps.
  * 0 or -ENOMEM. */
 int queue_flow_set(struct queue *q, uint32_t id, uint32_t weight, uint64_t max_running,

@@ -124,8 +124,7 @@ void queue_flow_finished(struct queue *q, uint32_t id)
     }
 }
 
-void queue_item_stamp(struct queue_item *it, enum tier tier, uint64_t now_ms,
-                      uint64_t deadline_ms)
+void queue_item_stamp(struct queue_item *it, enum tier tier, uint64_t now_ms, uint64_t deadline_ms)
 {
     it->tier = tier;
     it->enqueued_ms = now_ms;

@@ -108,13 +108,13 @@ static void access_log(const struct request_pool *pool, struct request *r, const
     http_target_log_path(&r->ex.head, &t, &len);
     char path[200];
     log_quote(path, sizeof path, t, len, 120);
-    LOGI("request", "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "
+    LOGI("request",
+         "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "
          "ms=%llu client=%s tenant=%s",
          r->model && r->model_resolved ? r->model->name : "-", tier_name(r->tier),
-         r->ex.head.method_known ? llhttp_method_name((llhttp_method_t)r->ex.head.method) : "-", path,
-         status, outcome, reason,
-         (unsigned long long)(clock_now_ms() - r->start_ms), r->conn->peer_ip,
-         r->tenant ? r->tenant->name : "-");
+         r->ex.head.method_known ? llhttp_method_name((llhttp_method_t)r->ex.head.method) : "-",
+         path, status, outcome, reason, (unsigned long long)(clock_now_ms() - r->start_ms),
+         r->conn->peer_ip, r->tenant ? r->tenant->name : "-");
 }
 
 void request_hold_tenant_slot(struct request *r)

@@ -492,7 +492,8 @@ static void test_tenant_cap_is_skipped_then_released(void **state)
     assert_int_equal(queue_flow(&e->m->queue, a->id)->running, 1);
     replica_answer(e, where(e, "b1"), "B1");
     replica_answer(e, where(e, "a3"), "A3");
-    assert_true(RUN_UNTIL(loopnet_has(&e->clients[c2], "B1") && loopnet_has(&e->clients[c3], "A3")));
+    assert_true(
+        RUN_UNTIL(loopnet_has(&e->clients[c2], "B1") && loopnet_has(&e->clients[c3], "A3")));
     assert_int_equal(queue_flow(&e->m->queue, a->id)->running, 0);
     assert_int_equal(a->stats.requests, 3);
     assert_int_equal(e->m->stats.aborted, 1);

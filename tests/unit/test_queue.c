@@ -187,7 +187,6 @@ static void test_remove_from_middle(void **state)
     assert_int_equal(q.count, 0);
 }
 
-
 /* ---- flows (tenants) ---- */
 
 static void push_flow(struct queue *q, struct item *it, uint32_t flow, enum tier t, uint64_t now,

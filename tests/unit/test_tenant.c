@@ -44,7 +44,8 @@ static void test_digest_matches_sha256sum(void **state)
     char d[80];
     key_hash("sk-alpha", d);
     /* printf %s sk-alpha | sha256sum */
-    assert_string_equal(d, "sha256:2179e632e89277f18aa600491b68ad55121fd6caa045e047fdeb426088a5a5f1");
+    assert_string_equal(d,
+                        "sha256:2179e632e89277f18aa600491b68ad55121fd6caa045e047fdeb426088a5a5f1");
     unsigned char bytes[TENANT_DIGEST_BYTES];
     assert_int_equal(tenant_parse_digest(d, bytes), 0);
     assert_int_equal(bytes[0], 0x21);
@@ -181,8 +182,7 @@ static void test_config_errors(void **state)
                      "tenant \"a\" is already defined");
     config_error_for("{\"header\": \"Authorization\"}", "tenants.header");
     config_error_for("{\"header\": \"x tenant\"}", "must be an HTTP header name");
-    config_error_for("{\"list\": [{\"name\": \"a\", \"tier\": \"gold\"}]}",
-                     "tenants.list[0].tier");
+    config_error_for("{\"list\": [{\"name\": \"a\", \"tier\": \"gold\"}]}", "tenants.list[0].tier");
     config_error_for("{\"list\": [{\"name\": \"a\", \"weight\": 0}]}",
                      "tenants.list[0].weight: must be between 1 and 100");
     config_error_for("{\"list\": [{\"name\": \"a\", \"models\": {\"m\": {\"max_queue\": -1}}}]}",
