@@ -122,6 +122,7 @@ def test_unknown_key_is_401_in_openai_shape_when_required(thaw_factory, upstream
                     {"Authorization": "Basic c2stc21hbGw="}):
         r = get(t, "/echo", headers=headers)
         assert r.status == 401, headers
+        assert r.header("www-authenticate") == "Bearer"
         assert error_reason(r) == "invalid_api_key"
         assert "sk-nobody" not in r.body.decode()
     assert upstream.requests == 0
