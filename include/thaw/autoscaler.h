@@ -8,11 +8,12 @@
  * (ready x target) and lasts until a whole stable window has passed without
  * that; in panic the autoscaler only scales up. Per decision the count moves
  * at most by max_scale_up_rate x ready up and ready / max_scale_down_rate
- * down; with a scale-down delay the highest recommendation of that long is
- * kept. From zero it asks at least activation_scale. A model with no demand
- * at all (nothing in flight or queued) for scale_to_zero_grace_ms goes to
- * zero (then min_scale) at once, whatever the averages still say; before
- * that it keeps at least one replica. Defaults are Knative's. */
+ * down. From zero it asks at least activation_scale. A model with no
+ * demand at all (nothing in flight or queued) for scale_to_zero_grace_ms
+ * goes to zero (then min_scale) at once, whatever the averages still say;
+ * before that it keeps at least one replica. With a scale-down delay the
+ * highest recommendation of that long is kept, going to zero included.
+ * Defaults are Knative's. */
 #ifndef THAW_AUTOSCALER_H
 #define THAW_AUTOSCALER_H
 
@@ -50,10 +51,9 @@ struct as_state {
     uint64_t last_demand_ms; /* last sample with demand > 0 */
     bool ever_demand;
     struct {
-        uint64_t at;
+        uint64_t at; /* slice number + 1 (see as_decide); 0: unused */
         unsigned desired;
     } delay[AS_DELAY_SLOTS];
-    unsigned delay_next;
 };
 
 struct as_decision {

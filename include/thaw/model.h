@@ -67,6 +67,7 @@ struct model {
     struct event *eject_timer;     /* set by the proxy: retry when an ejection ends */
     uint64_t cold_start_ms;    /* last measured, 0 when never */
     bool fixed_replicas;       /* the backend cannot replace replicas (static) */
+    bool namespaced;           /* a cluster's: metrics carry its namespace */
     unsigned replicas_desired; /* what the backend is asked to hold */
     unsigned pool_slices;      /* GPU slices its replicas hold (backends with capacity) */
     bool pool_warm;            /* held only by the warm pool */

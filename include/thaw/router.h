@@ -1,8 +1,12 @@
 /* Request -> model. In order: the Host header (a configured host name, the
  * model's name, or name.namespace[.svc[.cluster.local]]), the path prefix
- * /models/<name>/ (stripped before proxying), then the "model" field of an
- * OpenAI-style JSON body on /v1/chat/completions, /v1/completions and
- * /v1/embeddings. Targets are opaque pointers the router does not own. */
+ * /models/<name>/ or /models/<namespace>/<name>/ (stripped before
+ * proxying), then the "model" field of an OpenAI-style JSON body on
+ * /v1/chat/completions, /v1/completions and /v1/embeddings (a name, an
+ * alias, or namespace/name). A bare name that models in several namespaces
+ * have is ambiguous: it routes nowhere (ROUTE_AMBIGUOUS) and the
+ * qualified forms must be used. Targets are opaque pointers the router does
+ * not own. */
 #ifndef THAW_ROUTER_H
 #define THAW_ROUTER_H
 
@@ -16,7 +20,10 @@
 
 struct router {
     struct strmap by_host; /* lower-case host names */
-    struct strmap by_name; /* names and aliases, for paths and bodies */
+    struct strmap by_name; /* names, namespace/name and aliases, for paths and bodies */
+    /* Bare model names (exact, and lower-cased as hosts) -> the models of
+     * every namespace that have it (struct route_claims). */
+    struct strmap name_claims, host_claims;
 };
 
 struct route_names {
@@ -34,6 +41,7 @@ enum route_status {
     ROUTE_NOT_FOUND,
     ROUTE_BAD_JSON,     /* body is not a JSON object */
     ROUTE_NO_MODEL_FIELD, /* JSON object without a string "model" */
+    ROUTE_AMBIGUOUS,    /* a bare name several namespaces have (see route.ambiguous) */
 };
 
 enum route_via { ROUTE_VIA_HOST, ROUTE_VIA_PATH, ROUTE_VIA_BODY };
@@ -45,6 +53,11 @@ struct route {
      * with a '/' in front when add_slash. */
     size_t path_off, path_len;
     bool add_slash;
+    /* ROUTE_AMBIGUOUS from the head: the name as the request wrote it (it
+     * points into the head) and whether it was the Host. */
+    const char *ambiguous;
+    size_t ambiguous_len;
+    bool ambiguous_host;
 };
 
 void router_init(struct router *r);
@@ -65,8 +78,13 @@ enum route_status router_resolve_body(const struct router *r, const char *body, 
  * than any), ROUTE_NO_MODEL_FIELD or ROUTE_BAD_JSON. */
 enum route_status router_resolve_scan(const struct router *r, enum jsonscan_status scanned,
                                       const struct jsonscan *scan, struct route *out);
-/* The model named (exactly) name or alias, or NULL. */
+/* The model named (exactly) name, namespace/name or alias, or NULL (also
+ * when the name is ambiguous). */
 void *router_lookup_name(const struct router *r, const char *name, size_t len);
+/* The models a bare name could mean, "ns/name, ns/name", into out (as a
+ * Host when host). Returns how many. */
+size_t router_candidates(const struct router *r, const char *name, size_t len, bool host,
+                         char *out, size_t outlen);
 /* Is this request-target one whose JSON body names the model? */
 bool router_is_body_routed_path(const char *path, size_t len);
 

@@ -37,7 +37,8 @@ static struct admin_ctx *adm_of(struct conn *c)
  * may come and go while the answer is written, and every family then
  * shows the same models with the same values. */
 struct model_snap {
-    const char *name; /* in metrics_stream.names */
+    const char *name;   /* in metrics_stream.names */
+    const char *labels; /* model="name", and namespace="ns" for cluster models; in names */
     struct model_stats stats;
     size_t queue_len[TIER_COUNT];
     size_t n_endpoints;
@@ -140,7 +141,7 @@ static void requests_by_code(const struct model_snap *m, struct buf *o)
 {
     const struct code_counts *cc = &m->stats.codes;
     for (int i = 0; i < CODE_SLOTS && cc->code[i]; i++) {
-        buf_printf(o, "thaw_requests_total{model=\"%s\",code=\"%u\"} %llu\n", m->name, cc->code[i],
+        buf_printf(o, "thaw_requests_total{%s,code=\"%u\"} %llu\n", m->labels, cc->code[i],
                    (unsigned long long)cc->n[i]);
     }
 }
@@ -171,7 +172,7 @@ static void reasons(const struct metrics_stream *ms, struct buf *o)
 static void queue_depth(const struct model_snap *m, struct buf *o)
 {
     for (int t = 0; t < TIER_COUNT; t++) {
-        buf_printf(o, "thaw_queue_depth{model=\"%s\",tier=\"%s\"} %zu\n", m->name,
+        buf_printf(o, "thaw_queue_depth{%s,tier=\"%s\"} %zu\n", m->labels,
                    tier_name((enum tier)t), m->queue_len[t]);
     }
 }
@@ -184,37 +185,35 @@ static void queue_depth_all(const struct metrics_stream *ms, struct buf *o)
 
 static void upstream_inflight(const struct model_snap *m, struct buf *o)
 {
-    buf_printf(o, "thaw_upstream_inflight{model=\"%s\"} %u\n", m->name, m->inflight);
+    buf_printf(o, "thaw_upstream_inflight{%s} %u\n", m->labels, m->inflight);
 }
 
 static void replicas_ready(const struct model_snap *m, struct buf *o)
 {
-    buf_printf(o, "thaw_replicas_ready{model=\"%s\"} %zu\n", m->name, m->n_endpoints);
+    buf_printf(o, "thaw_replicas_ready{%s} %zu\n", m->labels, m->n_endpoints);
 }
 
 static void replicas_desired(const struct model_snap *m, struct buf *o)
 {
-    buf_printf(o, "thaw_replicas_desired{model=\"%s\"} %u\n", m->name, m->replicas_desired);
+    buf_printf(o, "thaw_replicas_desired{%s} %u\n", m->labels, m->replicas_desired);
 }
 
 static void upstream_errors(const struct model_snap *m, struct buf *o)
 {
-    buf_printf(o, "thaw_upstream_errors_total{model=\"%s\"} %llu\n", m->name,
+    buf_printf(o, "thaw_upstream_errors_total{%s} %llu\n", m->labels,
                (unsigned long long)m->stats.upstream_errors);
 }
 
 static void upstream_response_seconds(const struct model_snap *m, struct buf *o)
 {
-    char labels[300];
-    snprintf(labels, sizeof labels, "model=\"%s\"", m->name);
-    histogram_render(&m->stats.upstream_ttfb, o, "thaw_upstream_response_seconds", labels);
+    histogram_render(&m->stats.upstream_ttfb, o, "thaw_upstream_response_seconds", m->labels);
 }
 
 static void queue_wait_seconds(const struct model_snap *m, struct buf *o)
 {
     for (int t = 0; t < TIER_COUNT; t++) {
-        char labels[300];
-        snprintf(labels, sizeof labels, "model=\"%s\",tier=\"%s\"", m->name,
+        char labels[600];
+        snprintf(labels, sizeof labels, "%s,tier=\"%s\"", m->labels,
                  tier_name((enum tier)t));
         histogram_render(&m->stats.queue_wait[t], o, "thaw_queue_wait_seconds", labels);
     }
@@ -222,9 +221,7 @@ static void queue_wait_seconds(const struct model_snap *m, struct buf *o)
 
 static void cold_start_seconds(const struct model_snap *m, struct buf *o)
 {
-    char labels[300];
-    snprintf(labels, sizeof labels, "model=\"%s\"", m->name);
-    histogram_render(&m->stats.cold_start, o, "thaw_cold_start_seconds", labels);
+    histogram_render(&m->stats.cold_start, o, "thaw_cold_start_seconds", m->labels);
 }
 
 /* Each backend's own families (the Kubernetes client's, leadership). */
@@ -243,7 +240,7 @@ static void pool_decisions(const struct model_snap *m, struct buf *o)
 {
     for (int a = 0; a < 6; a++) {
         if (m->stats.pool_decisions[a]) {
-            buf_printf(o, "thaw_pool_decisions_total{model=\"%s\",action=\"%s\"} %llu\n", m->name,
+            buf_printf(o, "thaw_pool_decisions_total{%s,action=\"%s\"} %llu\n", m->labels,
                        wp_action_name((enum wp_action)a),
                        (unsigned long long)m->stats.pool_decisions[a]);
         }
@@ -386,7 +383,7 @@ static int snapshot_models(struct metrics_stream *ms)
     FOR_EACH_MODEL(adm, m)
     {
         n++;
-        name_bytes += strlen(m->name) + 1;
+        name_bytes += 2 * strlen(m->name) + strlen(m->namespace_) + 32;
     }
     ms->models = calloc(n ? n : 1, sizeof *ms->models);
     ms->names = malloc(name_bytes ? name_bytes : 1);
@@ -401,6 +398,13 @@ static int snapshot_models(struct metrics_stream *ms)
         memcpy(at, m->name, len);
         s->name = at;
         at += len;
+        /* Cluster models are named within a namespace: the same name may be
+         * in two, so their series carry it. */
+        int w = m->namespaced ? sprintf(at, "model=\"%s\",namespace=\"%s\"", m->name,
+                                        m->namespace_)
+                              : sprintf(at, "model=\"%s\"", m->name);
+        s->labels = at;
+        at += w + 1;
         s->stats = m->stats;
         for (int t = 0; t < TIER_COUNT; t++) {
             s->queue_len[t] = m->queue.len[t];

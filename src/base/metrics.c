@@ -51,6 +51,9 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
                                       "thaw speaks HTTP/1.0 and HTTP/1.1 only"},
     [REJECT_MODEL_REMOVED] = {"model_removed", 503, false,
                               "the model was removed (from the configuration, or its Deployment deleted)"},
+    [REJECT_AMBIGUOUS_MODEL] = {"ambiguous_model", 409, false,
+                                "models in several namespaces have this name; name one as "
+                                "namespace/name (path or body) or name.namespace (Host)"},
     [REJECT_INVALID_API_KEY] = {"invalid_api_key", 401, false,
                                 "no valid API key was given (Authorization: Bearer KEY, or "
                                 "api-key: KEY)"},

@@ -621,6 +621,17 @@ static int check_health_path(struct parser *p, const cJSON *item, const char *pa
     return s[0] == '/' ? 0 : fail(p, item, path, "must start with '/'");
 }
 
+#define QUEUE_TIMEOUT_DEFAULT_MS 300000
+
+/* A request held for a process-backed model waits out a whole start: the
+ * startup timeout and a minute (so a start that fails is answered by the
+ * startup timeout, 503 start_failed, not by a 504). Never below 5 minutes. */
+static uint64_t default_queue_timeout(const struct config_model *m)
+{
+    uint64_t ms = m->n_command ? m->startup_timeout_ms + 60000 : 0;
+    return ms > QUEUE_TIMEOUT_DEFAULT_MS ? ms : QUEUE_TIMEOUT_DEFAULT_MS;
+}
+
 static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
 {
     struct config_model *m = base;
@@ -642,10 +653,14 @@ static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, 
     if (m->max_queue == UINT64_MAX) {
         m->max_queue = p->cfg->limits.max_queue_per_model;
     }
+    if (m->queue_timeout_ms == UINT64_MAX) {
+        m->queue_timeout_ms = default_queue_timeout(m);
+    }
     return 0;
 }
 
-/* max_queue's default is limits.max_queue_per_model; UINT64_MAX marks "unset". */
+/* max_queue's default is limits.max_queue_per_model, queue_timeout_ms's
+ * default_queue_timeout(); UINT64_MAX marks "unset". */
 static const struct conf_key model_keys[] = {
     K_STRING(struct config_model, name, NULL, check_name_value),
     {.name = "namespace", .type = KEY_STRING, .offset = offsetof(struct config_model, namespace_),
@@ -661,7 +676,7 @@ static const struct conf_key model_keys[] = {
      .enum_msg = "must be one of \"critical\", \"standard\", \"batch\""},
     K_NUM(struct config_model, max_concurrency, 8, 1, 100000),
     K_NUM(struct config_model, max_queue, UINT64_MAX, 0, 1000000),
-    K_NUM(struct config_model, queue_timeout_ms, 300000, 1, 86400000),
+    K_NUM(struct config_model, queue_timeout_ms, UINT64_MAX, 1, 86400000),
     K_NUM(struct config_model, connect_timeout_ms, 5000, 1, 600000),
     K_NUM(struct config_model, first_byte_timeout_ms, 300000, 1, 86400000),
     K_NUM(struct config_model, upstream_idle_timeout_ms, 300000, 1, 86400000),
@@ -686,6 +701,7 @@ void config_model_defaults(struct config_model *m, const struct config_limits *l
     /* No strings: callers point name and namespace at their own. */
     set_defaults(&model_section, m, false);
     m->max_queue = lim->max_queue_per_model;
+    m->queue_timeout_ms = QUEUE_TIMEOUT_DEFAULT_MS;
 }
 
 static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct config_model *m)

@@ -3,33 +3,172 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+static size_t normalise_host(const char *h, size_t n, char *out, size_t outlen);
+
+/* What by_host and by_name hold for a bare name several namespaces have. */
+static char ambiguous_marker;
+#define AMBIGUOUS ((void *)&ambiguous_marker)
+
+struct route_claim {
+    void *target;
+    char qualified[512]; /* "namespace/name" */
+};
+
+struct route_claims {
+    size_t n, cap;
+    struct route_claim *v;
+};
 
 void router_init(struct router *r)
 {
     strmap_init(&r->by_host);
     strmap_init(&r->by_name);
+    strmap_init(&r->name_claims);
+    strmap_init(&r->host_claims);
+}
+
+static void free_claims(void *ud, const char *key, void *value)
+{
+    struct route_claims *c = value;
+    free(c->v);
+    free(c);
 }
 
 void router_dispose(struct router *r)
 {
     strmap_dispose(&r->by_host);
     strmap_dispose(&r->by_name);
+    strmap_each(&r->name_claims, free_claims, NULL);
+    strmap_each(&r->host_claims, free_claims, NULL);
+    strmap_dispose(&r->name_claims);
+    strmap_dispose(&r->host_claims);
+}
+
+/* key lower-cased into out (of 512); 0 when it does not fit. */
+static size_t lower(const char *key, char *out)
+{
+    size_t n = strlen(key);
+    if (n >= 512) {
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out[i] = (char)tolower((unsigned char)key[i]);
+    }
+    out[n] = '\0';
+    return n;
+}
+
+static bool claims_have(const struct route_claims *c, const void *target)
+{
+    for (size_t i = 0; c && i < c->n; i++) {
+        if (c->v[i].target == target) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A bare name: the model's while no other namespace has it, AMBIGUOUS once
+ * one does. The same name twice in one namespace, or a name some other
+ * model has as an alias or host, stays with the first (a conflict). */
+static int claim(struct strmap *map, struct strmap *claims, const char *key, size_t klen,
+                 void *target, const char *qualified, size_t *conflicts)
+{
+    void *cur = strmap_get(map, key, klen);
+    struct route_claims *c = strmap_get(claims, key, klen);
+    if (claims_have(c, target)) {
+        return 0;
+    }
+    bool mine = !cur || cur == AMBIGUOUS || claims_have(c, cur);
+    for (size_t i = 0; mine && c && i < c->n; i++) {
+        mine = strcmp(c->v[i].qualified, qualified) != 0;
+    }
+    if (!mine) {
+        if (conflicts) {
+            (*conflicts)++;
+        }
+        return 0;
+    }
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (!c || strmap_put(claims, key, klen, c)) {
+            free(c);
+            return -ENOMEM;
+        }
+    }
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 2;
+        struct route_claim *v = realloc(c->v, cap * sizeof *v);
+        if (!v) {
+            return -ENOMEM;
+        }
+        c->v = v;
+        c->cap = cap;
+    }
+    c->v[c->n].target = target;
+    snprintf(c->v[c->n].qualified, sizeof c->v[c->n].qualified, "%s", qualified);
+    c->n++;
+    return strmap_put(map, key, klen, c->n == 1 ? target : AMBIGUOUS);
+}
+
+struct unclaim {
+    void *target;
+    struct strmap *map, *claims;
+    char (*keys)[512];
+    size_t n, cap;
+};
+
+static void collect_claimed(void *ud, const char *key, void *value)
+{
+    struct unclaim *u = ud;
+    if (claims_have(value, u->target) && u->n < u->cap) {
+        snprintf(u->keys[u->n++], 512, "%s", key);
+    }
+}
+
+/* target gives up its bare names; a name left to one model is its again. */
+static void unclaim_all(struct strmap *map, struct strmap *claims, void *target)
+{
+    struct unclaim u = {target, map, claims, NULL, 0, claims->count};
+    if (!u.cap || !(u.keys = malloc(u.cap * sizeof *u.keys))) {
+        return;
+    }
+    strmap_each(claims, collect_claimed, &u);
+    for (size_t k = 0; k < u.n; k++) {
+        const char *key = u.keys[k];
+        size_t klen = strlen(key);
+        struct route_claims *c = strmap_get(claims, key, klen);
+        size_t j = 0;
+        for (size_t i = 0; i < c->n; i++) {
+            if (c->v[i].target != target) {
+                c->v[j++] = c->v[i];
+            }
+        }
+        c->n = j;
+        if (c->n == 0) {
+            if (strmap_get(map, key, klen) == AMBIGUOUS) {
+                strmap_del(map, key, klen);
+            }
+            strmap_del(claims, key, klen);
+            free_claims(NULL, key, c);
+        } else if (c->n == 1) {
+            strmap_put(map, key, klen, c->v[0].target);
+        }
+    }
+    free(u.keys);
 }
 
 static int put_lower(struct strmap *m, const char *key, void *target, size_t *conflicts)
 {
     char tmp[512];
-    size_t n = strlen(key);
-    if (n >= sizeof tmp) {
+    size_t n = lower(key, tmp);
+    if (!n) {
         return 0;
     }
-    for (size_t i = 0; i < n; i++) {
-        tmp[i] = (char)tolower((unsigned char)key[i]);
-    }
-    tmp[n] = '\0';
     void *cur = strmap_get(m, tmp, n);
     if (cur && cur != target) {
         if (conflicts) {
@@ -42,7 +181,12 @@ static int put_lower(struct strmap *m, const char *key, void *target, size_t *co
 
 int router_add(struct router *r, void *target, const struct route_names *nm, size_t *conflicts)
 {
-    int rc = put_lower(&r->by_host, nm->name, target, conflicts);
+    char qualified[512];
+    snprintf(qualified, sizeof qualified, "%s/%s", nm->namespace_ ? nm->namespace_ : "",
+             nm->name);
+    char low[512];
+    size_t ln = lower(nm->name, low);
+    int rc = ln ? claim(&r->by_host, &r->host_claims, low, ln, target, qualified, conflicts) : 0;
     if (!rc && nm->namespace_) {
         static const char *const suffixes[] = {"", ".svc", ".svc.cluster.local"};
         for (size_t i = 0; i < 3 && !rc; i++) {
@@ -56,13 +200,17 @@ int router_add(struct router *r, void *target, const struct route_names *nm, siz
     }
     /* Names and aliases match exactly (OpenAI model ids are case-sensitive). */
     if (!rc) {
-        void *cur = strmap_get(&r->by_name, nm->name, strlen(nm->name));
+        rc = claim(&r->by_name, &r->name_claims, nm->name, strlen(nm->name), target, qualified,
+                   conflicts);
+    }
+    if (!rc && nm->namespace_) {
+        void *cur = strmap_get(&r->by_name, qualified, strlen(qualified));
         if (cur && cur != target) {
             if (conflicts) {
                 (*conflicts)++;
             }
         } else {
-            rc = strmap_put(&r->by_name, nm->name, strlen(nm->name), target);
+            rc = strmap_put(&r->by_name, qualified, strlen(qualified), target);
         }
     }
     for (size_t i = 0; i < nm->n_aliases && !rc; i++) {
@@ -83,6 +231,31 @@ void router_remove(struct router *r, void *target)
 {
     strmap_del_value(&r->by_host, target);
     strmap_del_value(&r->by_name, target);
+    unclaim_all(&r->by_host, &r->host_claims, target);
+    unclaim_all(&r->by_name, &r->name_claims, target);
+}
+
+size_t router_candidates(const struct router *r, const char *name, size_t len, bool host,
+                         char *out, size_t outlen)
+{
+    char key[512];
+    size_t klen = len < sizeof key ? len : 0;
+    if (host) {
+        klen = normalise_host(name, len, key, sizeof key);
+    } else if (klen) {
+        memcpy(key, name, len);
+        key[len] = '\0';
+    }
+    const struct route_claims *c = klen ? strmap_get(host ? &r->host_claims : &r->name_claims,
+                                                     key, klen)
+                                        : NULL;
+    size_t used = 0;
+    out[0] = '\0';
+    for (size_t i = 0; c && i < c->n && used < outlen; i++) {
+        int w = snprintf(out + used, outlen - used, "%s%s", i ? ", " : "", c->v[i].qualified);
+        used += w > 0 ? (size_t)w : 0;
+    }
+    return c ? c->n : 0;
 }
 
 static const char *const body_paths[] = {"/v1/chat/completions", "/v1/completions",
@@ -158,6 +331,8 @@ enum route_status router_resolve_head(const struct router *r, const struct http_
         }
     }
     out->target = NULL;
+    out->ambiguous = NULL;
+    out->ambiguous_len = 0;
     out->path_off = path_off;
     out->path_len = tlen - path_off;
     out->add_slash = out->path_len == 0;
@@ -166,6 +341,12 @@ enum route_status router_resolve_head(const struct router *r, const struct http_
         char norm[512];
         size_t n = normalise_host(host, host_len, norm, sizeof norm);
         void *t = n ? strmap_get(&r->by_host, norm, n) : NULL;
+        if (t == AMBIGUOUS) {
+            out->ambiguous = host;
+            out->ambiguous_len = host_len;
+            out->ambiguous_host = true;
+            return ROUTE_AMBIGUOUS;
+        }
         if (t) {
             out->target = t;
             out->via = ROUTE_VIA_HOST;
@@ -182,7 +363,25 @@ enum route_status router_resolve_head(const struct router *r, const struct http_
         while (i < plen && path[i] != '/' && path[i] != '?') {
             i++;
         }
+        /* /models/<namespace>/<name>/ first, then /models/<name>/. */
+        size_t j = i;
+        if (j < plen && path[j] == '/') {
+            j++;
+            while (j < plen && path[j] != '/' && path[j] != '?') {
+                j++;
+            }
+            void *t = strmap_get(&r->by_name, path + pl, j - pl);
+            if (t && t != AMBIGUOUS && j > i + 1) {
+                i = j;
+            }
+        }
         void *t = strmap_get(&r->by_name, path + pl, i - pl);
+        if (t == AMBIGUOUS) {
+            out->ambiguous = path + pl;
+            out->ambiguous_len = i - pl;
+            out->ambiguous_host = false;
+            return ROUTE_AMBIGUOUS;
+        }
         if (t) {
             out->target = t;
             out->via = ROUTE_VIA_PATH;
@@ -201,7 +400,8 @@ enum route_status router_resolve_head(const struct router *r, const struct http_
 
 void *router_lookup_name(const struct router *r, const char *name, size_t len)
 {
-    return strmap_get(&r->by_name, name, len);
+    void *t = strmap_get(&r->by_name, name, len);
+    return t == AMBIGUOUS ? NULL : t;
 }
 
 enum route_status router_resolve_scan(const struct router *r, enum jsonscan_status scanned,
@@ -211,7 +411,10 @@ enum route_status router_resolve_scan(const struct router *r, enum jsonscan_stat
     case JSONSCAN_MODEL: {
         size_t len;
         const char *name = jsonscan_model(scan, &len);
-        void *t = router_lookup_name(r, name, len);
+        void *t = strmap_get(&r->by_name, name, len);
+        if (t == AMBIGUOUS) {
+            return ROUTE_AMBIGUOUS;
+        }
         if (!t) {
             return ROUTE_NOT_FOUND;
         }

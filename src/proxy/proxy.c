@@ -226,9 +226,9 @@ int proxy_on_head(struct conn *c, struct request *r)
             return REJECT_INTERNAL;
         }
         jsonscan_init(r->scan);
-    } else {
+    } else if (st != ROUTE_AMBIGUOUS) {
         return REJECT_UNKNOWN_MODEL;
-    }
+    } /* ambiguous: answered once the body is read (proxy_on_request) */
     /* A declared length is reserved whole at the head, so a body that
      * cannot be held is refused before any of it is read. */
     return r->ex.head.has_length ? reserve_body(rt, r, r->ex.head.content_length) : REJECT_COUNT;
@@ -256,6 +256,14 @@ static int reserve_body(struct runtime *rt, struct request *r, uint64_t bytes)
     rt->buffered_body_bytes += more;
     r->body_reserved = bytes;
     return REJECT_COUNT;
+}
+
+/* 409 naming the models a bare name could mean. */
+static void reject_ambiguous(struct conn *c, const char *name, size_t len, bool host)
+{
+    char candidates[400];
+    router_candidates(&rt_of(c)->fleet.router, name, len, host, candidates, sizeof candidates);
+    conn_reject(c, REJECT_AMBIGUOUS_MODEL, candidates);
 }
 
 /* Takes the model the body named (early, while the body still arrives). */
@@ -290,6 +298,14 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
     char why[160];
     if (st == ROUTE_BAD_JSON) {
         jsonscan_error(scan, why, sizeof why);
+    }
+    if (st == ROUTE_AMBIGUOUS) {
+        size_t len;
+        const char *name = jsonscan_model(scan, &len);
+        reject_ambiguous(c, name, len, false);
+        free(r->scan);
+        r->scan = NULL;
+        return false;
     }
     free(r->scan);
     r->scan = NULL;
@@ -572,6 +588,10 @@ void proxy_on_request(struct conn *c, struct request *r)
         return;
     }
     if (r->scan && !scan_body(c, r, true)) {
+        return;
+    }
+    if (r->route.ambiguous) {
+        reject_ambiguous(c, r->route.ambiguous, r->route.ambiguous_len, r->route.ambiguous_host);
         return;
     }
     r->ex.state = REQ_ROUTED;

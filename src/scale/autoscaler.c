@@ -150,20 +150,6 @@ void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, u
         }
     }
 
-    /* Scale-down delay: the highest recommendation of the last delay. */
-    if (c->scale_down_delay_ms) {
-        s->delay[s->delay_next].at = now_ms;
-        s->delay[s->delay_next].desired = (unsigned)want;
-        s->delay_next = (s->delay_next + 1) % AS_DELAY_SLOTS;
-        for (int i = 0; i < AS_DELAY_SLOTS; i++) {
-            if (s->delay[i].at && now_ms - s->delay[i].at < c->scale_down_delay_ms &&
-                s->delay[i].desired > want) {
-                want = s->delay[i].desired;
-                out->why = "scale-down delay";
-            }
-        }
-    }
-
     /* Zero after the grace period with nothing in flight or queued, whatever
      * the averages still say; never sooner. */
     bool idle_long = as_idle_ms(s, now_ms) >= c->scale_to_zero_grace_ms;
@@ -175,6 +161,31 @@ void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, u
     } else if (want < 1 && ready > 0) {
         want = 1;
         out->why = "scale-to-zero grace";
+    }
+
+    /* Scale-down delay: the highest recommendation of the last delay, going
+     * to zero included (as Knative's: replicas stay that long to spare a
+     * cold start). Each slot keeps the highest of a slice delay/(slots-1)
+     * long, so a delay of an hour fits whatever the decision rate. */
+    if (c->scale_down_delay_ms) {
+        uint64_t width = c->scale_down_delay_ms / (AS_DELAY_SLOTS - 1) + 1;
+        uint64_t slice = now_ms / width + 1; /* 0 marks an unused slot */
+        unsigned i = (unsigned)(slice % AS_DELAY_SLOTS);
+        if (s->delay[i].at != slice) {
+            s->delay[i].at = slice;
+            s->delay[i].desired = (unsigned)want;
+        } else if (want > s->delay[i].desired) {
+            s->delay[i].desired = (unsigned)want;
+        }
+        uint64_t oldest = now_ms >= c->scale_down_delay_ms
+                              ? (now_ms - c->scale_down_delay_ms) / width + 1
+                              : 1;
+        for (int j = 0; j < AS_DELAY_SLOTS; j++) {
+            if (s->delay[j].at >= oldest && s->delay[j].desired > want) {
+                want = s->delay[j].desired;
+                out->why = "scale-down delay";
+            }
+        }
     }
     /* From zero: the activation scale. */
     if (ready == 0 && want > 0 && want < c->activation_scale) {

@@ -182,6 +182,7 @@ def test_model_chart_shape():
     anns = d["metadata"]["annotations"]
     assert anns["thaw.dev/aliases"] == "meta-llama/Llama-3.1-8B"
     assert anns["thaw.dev/service"] == "rel-private"
+    assert anns["thaw.dev/startup-timeout"] == "900s"  # as long as the startup probe allows
     c = d["spec"]["template"]["spec"]["containers"][0]
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "1"
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600

@@ -1,6 +1,6 @@
 """End-to-end: per-node GPU placement in the Kubernetes backend, against the
-API simulator (its scheduler places a pod on the first node, by name, with
-enough nvidia.com/gpu; it does not read cordons, taints or selectors)."""
+API simulator, whose scheduler fits pods per node as kube-scheduler does
+(resources, cordons, taints, selectors)."""
 
 import threading
 
@@ -14,7 +14,7 @@ FAST = {"autoscaler": {"tick_ms": 200}, "warm_pool": {"budget_slices": 8}}
 def pods_of(sim, name):
     _, pods = sim.call("GET", "/api/v1/namespaces/models/pods")
     return [p for p in pods["items"]
-            if p["metadata"]["labels"].get("sim.thaw.dev/deployment") == name
+            if p["metadata"]["labels"].get("app") == name
             and "deletionTimestamp" not in p["metadata"]]
 
 
@@ -42,12 +42,10 @@ def test_two_slice_replica_evicts_a_warm_replica_to_fit_on_one_node(cluster, tha
                          {"name": "gpu-b", "gpus": 1, "replicas": 3}], load_ms=100)
     idle = {"thaw.dev/priority": "batch", "thaw.dev/idle-timeout": "1s"}
     for name, node in (("warm-a", "gpu-a"), ("warm-b", "gpu-b")):
-        sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-                 deployment(name, replicas=1, gpus=2, annotations=idle))
+        sim.create_deployment(deployment(name, replicas=1, gpus=2, annotations=idle))
         wait_for(lambda name=name, node=node: node_of(sim, name) == node, timeout=20,
                  what=f"{name} on {node}")
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments",
-             deployment("big", gpus=2, annotations={"thaw.dev/priority": "critical"},
+    sim.create_deployment(deployment("big", gpus=2, annotations={"thaw.dev/priority": "critical"},
                         load_ms=100))
     t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
@@ -95,7 +93,7 @@ def test_cordoned_and_tainted_nodes_in_status(cluster, thaw_factory, tmp_path):
     sim.call("PATCH", "/api/v1/nodes/gpu-b", {"spec": {"taints": [
         {"key": "dedicated", "value": "training", "effect": "NoSchedule"}]}},
         ctype="application/merge-patch+json")
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", deployment("llama"))
+    sim.create_deployment(deployment("llama"))
     tolerant = deployment("tolerant")
     spec = tolerant["spec"]["template"]["spec"]
     spec["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
@@ -103,7 +101,7 @@ def test_cordoned_and_tainted_nodes_in_status(cluster, thaw_factory, tmp_path):
         "nodeSelectorTerms": [{"matchExpressions": [{
             "key": "nvidia.com/gpu.product", "operator": "NotIn",
             "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}}}
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", tolerant)
+    sim.create_deployment(tolerant)
     t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
     wait_for(lambda: status_node(t, "gpu-b")["taints"], what="the taint seen")
@@ -129,13 +127,14 @@ def test_scale_up_is_denied_when_only_cordoned_or_tainted_nodes_have_room(cluste
         "thaw.dev/target": "1", "thaw.dev/max-concurrency": "1", "thaw.dev/max-scale": "4"},
         load_ms=100)
     d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "400"
-    sim.call("POST", "/apis/apps/v1/namespaces/models/deployments", d)
-    wait_for(lambda: node_of(sim, "llama") == "gpu-a", timeout=20, what="llama on gpu-a")
+    # gpu-b cordoned and gpu-c tainted first: the scheduler then has only gpu-a.
     sim.call("PATCH", "/api/v1/nodes/gpu-b", {"spec": {"unschedulable": True}},
              ctype="application/merge-patch+json")
     sim.call("PATCH", "/api/v1/nodes/gpu-c", {"spec": {"taints": [
         {"key": "dedicated", "value": "training", "effect": "NoExecute"}]}},
         ctype="application/merge-patch+json")
+    sim.create_deployment(d)
+    wait_for(lambda: node_of(sim, "llama") == "gpu-a", timeout=20, what="llama on gpu-a")
     t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
     wait_for(lambda: kmodel(t)["state"] == "ready", timeout=20, what="llama ready")

@@ -67,11 +67,11 @@ kubelets of every node):
 - Kubelet: a bound pod's container starts at once: the pod is Running with a
   loopback pod IP (127.N.x.y) while the server inside is still loading. The
   server is thaw-model-sim ("c", the default) or the counterpart
-  tests/counterparts/asyncio_server.py ("asyncio"), as the pod annotation
-  sim.thaw.dev/server says; sim.thaw.dev/loading is bind-late (the default:
+  tests/counterparts/asyncio_server.py ("asyncio") or loadtest/asyncio_model.py
+  ("asyncio-model"), as the pod annotation sim.thaw.dev/server says; sim.thaw.dev/loading is bind-late (the default:
   not listening until loaded) or 503 (listening, 503 while loading);
   sim.thaw.dev/load-ms the load time (default --load-ms),
-  sim.thaw.dev/token-ms the time per token, sim.thaw.dev/ready-file (c only)
+  sim.thaw.dev/token-ms the time per token, sim.thaw.dev/ready-file (c and asyncio-model)
   a file the server writes when loaded. The model name is the pod's
   thaw.dev/model label ("sim" without one). Probes run as the kubelet runs them: readiness once
   when the container starts and then every periodSeconds (default 10 s;
@@ -2094,7 +2094,14 @@ class Cluster:
                     self.args.asyncio_server, "--port", str(port),
                     "--load-seconds", str(int(load_ms) / 1000), "--loading-mode", loading,
                     "--token-delay-ms", token_ms, "--tokens", "4", "--model", model]
-        raise ValueError(f'sim.thaw.dev/server: "{kind}" is not c or asyncio')
+        if kind == "asyncio-model":
+            cmd = [sys.executable, self.args.asyncio_model, "--host", ip, "--port", str(port),
+                   "--load-ms", load_ms, "--loading-mode", loading, "--token-ms", token_ms,
+                   "--tokens", "4"]
+            if anns.get("sim.thaw.dev/ready-file"):
+                cmd += ["--ready-file", anns["sim.thaw.dev/ready-file"]]
+            return cmd
+        raise ValueError(f'sim.thaw.dev/server: "{kind}" is not c, asyncio or asyncio-model')
 
     # -- endpointslice controller --
     def sync_endpointslices(self, svcs, pods, slices, nodes=None):
@@ -2895,6 +2902,9 @@ def main():
     ap.add_argument("--asyncio-server", default=os.path.join(
         ROOT, "tests", "counterparts", "asyncio_server.py"),
         help="the server of sim.thaw.dev/server: asyncio")
+    ap.add_argument("--asyncio-model", default=os.path.join(ROOT, "loadtest", "asyncio_model.py"),
+                    help="the server of sim.thaw.dev/server: asyncio-model (the benchmarks' "
+                         "asyncio server, which can write a ready file)")
     ap.add_argument("--load-ms", type=int, default=500,
                     help="model load time when a pod has no sim.thaw.dev/load-ms")
     ap.add_argument("--kubelet-period-ms", type=int, default=None,

@@ -142,6 +142,31 @@ static void test_scale_down_delay(void **state)
     assert_int_equal(decide(&s, &c, t, 5, &d), 1);
 }
 
+/* As Knative's: the delay also keeps replicas past the scale-to-zero grace,
+ * and a delay of an hour holds over many more decisions than there are
+ * slots. */
+static void test_scale_down_delay_holds_before_zero(void **state)
+{
+    struct as_config c;
+    as_config_defaults(&c, 10);
+    c.stable_window_ms = 6000;
+    c.scale_to_zero_grace_ms = 1000;
+    c.scale_down_delay_ms = 3600000;
+    struct as_state s;
+    as_init(&s, &c);
+    struct as_decision d;
+    uint64_t t = feed(&s, 1000000, 6, 5);
+    assert_int_equal(decide(&s, &c, t, 1, &d), 1);
+    for (int i = 0; i < 1700; i++) { /* 56 minutes of decisions every 2 s, no demand */
+        t = feed(&s, t, 2, 0);
+        assert_int_equal(decide(&s, &c, t, 1, &d), 1);
+    }
+    assert_string_equal(d.why, "scale-down delay");
+    t = feed(&s, t, 300, 0); /* past the hour */
+    assert_int_equal(decide(&s, &c, t, 1, &d), 0);
+    assert_string_equal(d.why, "idle past the scale-to-zero grace");
+}
+
 static void test_activation_scale_from_zero(void **state)
 {
     struct as_config c;
@@ -201,6 +226,7 @@ int main(void)
         cmocka_unit_test(test_grace_keeps_one_when_the_average_drops_early),
         cmocka_unit_test(test_rate_limits_and_bounds),
         cmocka_unit_test(test_scale_down_delay),
+        cmocka_unit_test(test_scale_down_delay_holds_before_zero),
         cmocka_unit_test(test_activation_scale_from_zero),
         cmocka_unit_test(test_no_demand_ever_stays_at_zero),
         cmocka_unit_test(test_noted_demand_starts_the_idle_clock),

@@ -54,6 +54,27 @@ static void test_defaults(void **state)
     assert_int_equal(m->priority, TIER_STANDARD);
     assert_int_equal(m->max_queue, 1000);
     assert_true(m->first_byte_timeout_ms >= 60000); /* LLM first tokens can take minutes */
+    assert_int_equal(m->queue_timeout_ms, 300000);
+    config_free(cfg);
+}
+
+/* A request held for a process-backed model waits out a whole start unless
+ * a queue timeout is set; one that is set is kept, shorter or not. */
+static void test_queue_timeout_covers_a_process_models_start(void **state)
+{
+    struct config_error err;
+    struct config *cfg = parse("{\"models\": [{\"name\": \"a\", \"command\": [\"srv\"]},"
+                               "{\"name\": \"b\", \"command\": [\"srv\"], "
+                               "\"startup_timeout_ms\": 1200000},"
+                               "{\"name\": \"c\", \"command\": [\"srv\"], "
+                               "\"queue_timeout_ms\": 30000},"
+                               "{\"name\": \"d\", \"endpoints\": [\"127.0.0.1:1\"]}]}",
+                               &err);
+    assert_non_null(cfg);
+    assert_int_equal(cfg->models[0].queue_timeout_ms, 660000);  /* 10 minutes + 1 */
+    assert_int_equal(cfg->models[1].queue_timeout_ms, 1260000); /* 20 minutes + 1 */
+    assert_int_equal(cfg->models[2].queue_timeout_ms, 30000);
+    assert_int_equal(cfg->models[3].queue_timeout_ms, 300000); /* nothing to start */
     config_free(cfg);
 }
 
@@ -299,6 +320,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_full_model),
+        cmocka_unit_test(test_queue_timeout_covers_a_process_models_start),
         cmocka_unit_test(test_errors_name_file_line_and_key),
         cmocka_unit_test(test_process_models),
         cmocka_unit_test(test_syntax_error_line),

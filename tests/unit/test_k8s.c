@@ -155,6 +155,133 @@ static void test_bad_values_keep_defaults_and_say_why(void **state)
     assert_non_null(strstr(s.errors, "above max-scale"));
 }
 
+/* A Deployment with the model label value, Deployment annotations and pod
+ * template annotations given as JSON object texts. */
+static void parse_custom(const char *label, const char *anns, const char *tpl_anns,
+                         struct k8s_model_spec *out)
+{
+    char text[4096];
+    snprintf(text, sizeof text,
+             "{\"metadata\":{\"name\":\"chat\",\"namespace\":\"team-a\",\"generation\":1,"
+             "\"labels\":{\"thaw.dev/model\":\"%s\"},\"annotations\":%s},"
+             "\"spec\":{\"template\":{\"metadata\":{\"annotations\":%s},"
+             "\"spec\":{\"containers\":[{\"name\":\"s\"}]}}}}",
+             label, anns, tpl_anns);
+    cJSON *obj = cJSON_Parse(text);
+    assert_non_null(obj);
+    struct k8s_model_spec d = defaults();
+    assert_int_equal(k8s_model_spec_parse(obj, &d, out), 0);
+    cJSON_Delete(obj);
+}
+
+/* Every per-model setting a config model has, as an annotation. */
+static void test_every_setting_as_an_annotation(void **state)
+{
+    struct k8s_model_spec s;
+    parse_custom("chat",
+                 "{\"thaw.dev/max-queue\":\"7\",\"thaw.dev/queue-timeout\":\"90s\","
+                 "\"thaw.dev/connect-timeout\":\"2s\",\"thaw.dev/first-byte-timeout\":\"15m\","
+                 "\"thaw.dev/upstream-idle-timeout\":\"1h\","
+                 "\"thaw.dev/loading-heartbeat\":\"250ms\",\"thaw.dev/startup-timeout\":\"20m\"}",
+                 "{}", &s);
+    assert_string_equal(s.errors, "");
+    assert_int_equal(s.max_queue, 7);
+    assert_int_equal(s.queue_timeout_ms, 90000);
+    assert_true(s.queue_timeout_set);
+    assert_int_equal(s.connect_timeout_ms, 2000);
+    assert_int_equal(s.first_byte_timeout_ms, 900000);
+    assert_int_equal(s.upstream_idle_timeout_ms, 3600000);
+    assert_int_equal(s.loading_heartbeat_ms, 250);
+    assert_int_equal(s.startup_timeout_ms, 1200000);
+    assert_int_equal(s.generation, 1);
+}
+
+/* Without a queue timeout, a held request waits out a whole start. */
+static void test_queue_timeout_covers_the_startup_timeout(void **state)
+{
+    struct k8s_model_spec s;
+    parse_custom("chat", "{\"thaw.dev/startup-timeout\":\"15m\"}", "{}", &s);
+    assert_false(s.queue_timeout_set);
+    assert_true(s.queue_timeout_ms > s.startup_timeout_ms);
+    assert_int_equal(s.queue_timeout_ms, 960000);
+    parse_custom("chat", "{}", "{}", &s); /* the defaults' 10 minutes */
+    assert_int_equal(s.queue_timeout_ms, 660000);
+    assert_int_equal(k8s_default_queue_timeout_ms(1000), 300000); /* never below 5 minutes */
+    /* Shorter, when asked. */
+    parse_custom("chat", "{\"thaw.dev/queue-timeout\":\"30s\"}", "{}", &s);
+    assert_int_equal(s.queue_timeout_ms, 30000);
+}
+
+static void test_marker_label_names_the_model_after_its_deployment(void **state)
+{
+    struct k8s_model_spec s;
+    parse_custom("true", "{}", "{}", &s);
+    assert_string_equal(s.name, "chat");
+    assert_string_equal(s.label, "true");
+    parse_custom("", "{}", "{}", &s);
+    assert_string_equal(s.name, "chat");
+    parse_custom("llama", "{}", "{}", &s);
+    assert_string_equal(s.name, "llama");
+    assert_true(k8s_model_label_is_marker("true") && k8s_model_label_is_marker(""));
+    assert_false(k8s_model_label_is_marker("True") || k8s_model_label_is_marker("llama"));
+}
+
+static void test_knative_annotations_on_the_pod_template(void **state)
+{
+    struct k8s_model_spec s;
+    parse_custom("chat",
+                 "{\"autoscaling.knative.dev/max-scale\":\"3\"}",
+                 "{\"autoscaling.knative.dev/max-scale\":\"9\","
+                 "\"autoscaling.knative.dev/scale-down-delay\":\"15m\","
+                 "\"autoscaling.knative.dev/initial-scale\":\"2\","
+                 "\"autoscaling.knative.dev/activation-scale\":\"3\","
+                 "\"autoscaling.knative.dev/target-utilization-percentage\":\"50\","
+                 "\"autoscaling.knative.dev/panic-window-percentage\":\"20\","
+                 "\"autoscaling.knative.dev/panic-threshold-percentage\":\"300\","
+                 "\"autoscaling.knative.dev/metric\":\"concurrency\","
+                 "\"autoscaling.knative.dev/class\":\"kpa.autoscaling.knative.dev\"}",
+                 &s);
+    assert_string_equal(s.errors, "");
+    assert_int_equal(s.max_scale, 3); /* the Deployment's wins */
+    assert_int_equal(s.scale_down_delay_ms, 900000);
+    assert_true(s.scale_down_delay_set);
+    assert_int_equal(s.initial_scale, 2);
+    assert_true(s.initial_scale_set);
+    assert_int_equal(s.activation_scale, 3);
+    assert_int_equal(s.target_utilization_pct, 50);
+    assert_int_equal(s.panic_window_pct, 20);
+    assert_int_equal(s.panic_threshold_pct, 300);
+}
+
+static void test_unknown_and_unsupported_annotations_are_reported(void **state)
+{
+    struct k8s_model_spec s;
+    parse_custom("chat",
+                 "{\"thaw.dev/idle-timout\":\"5m\",\"autoscaling.knative.dev/metric\":\"rps\","
+                 "\"autoscaling.knative.dev/minScale\":\"1\",\"other.io/x\":\"y\","
+                 "\"autoscaling.knative.dev/class\":\"hpa.autoscaling.knative.dev\","
+                 "\"autoscaling.knative.dev/target-burst-capacity\":\"200\","
+                 "\"thaw.dev/scale-down-delay\":\"2h\",\"thaw.dev/window\":\"1s\","
+                 "\"thaw.dev/last-request-at\":\"2026-01-01T00:00:00.000Z\"}",
+                 "{\"thaw.dev/typo\":\"1\",\"sim.thaw.dev/load-ms\":\"5\"}", &s);
+    assert_non_null(strstr(s.errors, "thaw.dev/idle-timout: \"5m\" is not an annotation thaw knows"));
+    assert_non_null(strstr(s.errors, "autoscaling.knative.dev/metric: \"rps\" is not supported"));
+    assert_non_null(strstr(s.errors, "autoscaling.knative.dev/minScale: \"1\" is not a Knative"));
+    assert_non_null(strstr(s.errors, "autoscaling.knative.dev/class: \"hpa.autoscaling"));
+    assert_non_null(strstr(s.errors, "target-burst-capacity: \"200\" is not supported"));
+    assert_non_null(strstr(s.errors, "thaw.dev/scale-down-delay: \"2h\" is out of range"));
+    assert_non_null(strstr(s.errors, "thaw.dev/window: \"1s\" is out of range"));
+    assert_non_null(strstr(s.errors, "thaw.dev/typo"));
+    assert_null(strstr(s.errors, "other.io"));
+    assert_null(strstr(s.errors, "load-ms"));
+    assert_null(strstr(s.errors, "last-request-at")); /* thaw's own record */
+    assert_int_equal(s.scale_down_delay_ms, 0);
+    assert_false(s.scale_down_delay_set);
+    /* Unprintable bytes in a value are masked before they reach a log. */
+    parse_custom("chat", "{\"thaw.dev/port\":\"8\\u001b[31m\"}", "{}", &s);
+    assert_non_null(strstr(s.errors, "thaw.dev/port: \"8?[31m\" is not a whole number"));
+}
+
 static void test_not_a_deployment(void **state)
 {
     cJSON *obj = cJSON_Parse("{\"kind\":\"Status\",\"code\":410}");
@@ -846,6 +973,11 @@ int main(void)
         cmocka_unit_test(test_knative_aliases_and_precedence),
         cmocka_unit_test(test_bad_values_keep_defaults_and_say_why),
         cmocka_unit_test(test_not_a_deployment),
+        cmocka_unit_test(test_every_setting_as_an_annotation),
+        cmocka_unit_test(test_queue_timeout_covers_the_startup_timeout),
+        cmocka_unit_test(test_marker_label_names_the_model_after_its_deployment),
+        cmocka_unit_test(test_knative_annotations_on_the_pod_template),
+        cmocka_unit_test(test_unknown_and_unsupported_annotations_are_reported),
         cmocka_unit_test(test_durations),
         cmocka_unit_test(test_out_of_range_numbers),
         cmocka_unit_test(test_watch_event_objects),

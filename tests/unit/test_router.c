@@ -187,6 +187,65 @@ static void test_remove(void **state)
     assert_int_equal(resolve("GET /x HTTP/1.1\r\nHost: llama\r\n\r\n", &rt, NULL, 0), ROUTE_FOUND);
 }
 
+/* One name in two namespaces: the bare name routes nowhere and says which
+ * models it could mean; the qualified forms always work; when one of the
+ * two goes, the bare name is the other's again. */
+static void test_same_name_in_two_namespaces(void **state)
+{
+    struct router rt;
+    router_init(&rt);
+    static int in_a, in_b, dup;
+    struct route_names a = {"llama", "team-a", NULL, 0, NULL, 0};
+    struct route_names b = {"llama", "team-b", NULL, 0, NULL, 0};
+    size_t conflicts = 0;
+    assert_int_equal(router_add(&rt, &in_a, &a, &conflicts), 0);
+    assert_int_equal(router_add(&rt, &in_b, &b, &conflicts), 0);
+    assert_int_equal(conflicts, 0);
+    /* The same name twice in one namespace is a conflict: the first keeps it. */
+    assert_int_equal(router_add(&rt, &dup, &a, &conflicts), 0);
+    assert_true(conflicts > 0);
+
+    struct route r;
+    assert_int_equal(router_resolve_body(&rt, "{\"model\":\"llama\"}", 17, &r), ROUTE_AMBIGUOUS);
+    char cands[200];
+    assert_int_equal(router_candidates(&rt, "llama", 5, false, cands, sizeof cands), 2);
+    assert_string_equal(cands, "team-a/llama, team-b/llama");
+    assert_int_equal(router_candidates(&rt, "LLAMA:8000", 10, true, cands, sizeof cands), 2);
+    assert_null(router_lookup_name(&rt, "llama", 5));
+    assert_int_equal(router_resolve_body(&rt, "{\"model\":\"team-b/llama\"}", 24, &r),
+                     ROUTE_FOUND);
+    assert_ptr_equal(r.target, &in_b);
+
+    struct http_head h;
+    parse(&h, "POST /v1/completions HTTP/1.1\r\nHost: llama\r\n\r\n");
+    assert_int_equal(router_resolve_head(&rt, &h, &r), ROUTE_AMBIGUOUS);
+    assert_true(r.ambiguous_host && r.ambiguous_len == 5);
+    http_head_dispose(&h);
+    parse(&h, "POST /v1/completions HTTP/1.1\r\nHost: llama.team-a.svc\r\n\r\n");
+    assert_int_equal(router_resolve_head(&rt, &h, &r), ROUTE_FOUND);
+    assert_ptr_equal(r.target, &in_a);
+    http_head_dispose(&h);
+    parse(&h, "GET /models/llama/v1/models HTTP/1.1\r\nHost: thaw\r\n\r\n");
+    assert_int_equal(router_resolve_head(&rt, &h, &r), ROUTE_AMBIGUOUS);
+    assert_false(r.ambiguous_host);
+    http_head_dispose(&h);
+    parse(&h, "GET /models/team-b/llama/v1/models HTTP/1.1\r\nHost: thaw\r\n\r\n");
+    assert_int_equal(router_resolve_head(&rt, &h, &r), ROUTE_FOUND);
+    assert_ptr_equal(r.target, &in_b);
+    assert_int_equal(r.path_len, strlen("/v1/models"));
+    http_head_dispose(&h);
+
+    router_remove(&rt, &in_a);
+    assert_ptr_equal(router_lookup_name(&rt, "llama", 5), &in_b);
+    parse(&h, "GET / HTTP/1.1\r\nHost: llama\r\n\r\n");
+    assert_int_equal(router_resolve_head(&rt, &h, &r), ROUTE_FOUND);
+    assert_ptr_equal(r.target, &in_b);
+    http_head_dispose(&h);
+    router_remove(&rt, &in_b);
+    assert_null(router_lookup_name(&rt, "llama", 5));
+    router_dispose(&rt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -198,6 +257,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_body_routed_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_body_model_field, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
+        cmocka_unit_test(test_same_name_in_two_namespaces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

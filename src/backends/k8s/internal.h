@@ -77,6 +77,7 @@ struct kmodel {
     char last_scale_error[200];
     struct scaler_model sc;
     uint64_t woken_ms; /* when a scale from zero landed; 0: not waking */
+    uint64_t initial_hold_until_ms; /* initial-scale holds the count until then */
     struct k8s_pod_template tpl; /* what the scheduler reads of its pods */
     /* the idle clock on the Deployment (idle.c) */
     uint64_t requests_seen;      /* proxied + rejected + aborted at the last tick */
@@ -160,6 +161,11 @@ void kube_peers_changed(void *kb);
 
 /* backend_k8s_scale.c */
 void kube_scale_retry(evutil_socket_t fd, short what, void *arg);
+/* An Event on the model's Deployment (when kubernetes.events is on). */
+void kube_post_event(struct kmodel *km, const char *type, const char *reason,
+                     const char *message);
+/* Asks for n replicas (capped at max-scale): one PATCH at a time. */
+void kube_want_replicas(struct kmodel *km, int64_t n);
 /* 0 -> activation scale, only if still 0 (any activator may). */
 void kube_scale_from_zero(struct kmodel *km);
 /* The model tick and the scaling driver, started last. */

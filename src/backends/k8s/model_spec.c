@@ -64,63 +64,111 @@ int k8s_parse_duration_ms(const char *s, uint64_t *out)
 static void add_error(struct k8s_model_spec *o, const char *key, const char *value,
                       const char *what)
 {
+    /* The value as written, cut short and with anything unprintable masked:
+     * it goes to logs and Events. */
+    char shown[64];
+    size_t i = 0;
+    for (; value[i] && i < sizeof shown - 1; i++) {
+        unsigned char ch = (unsigned char)value[i];
+        shown[i] = ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\' ? (char)ch : '?';
+    }
+    shown[i] = '\0';
     size_t n = strlen(o->errors);
-    snprintf(o->errors + n, sizeof o->errors - n, "%s%s: \"%.60s\" %s", n ? "; " : "", key, value,
+    snprintf(o->errors + n, sizeof o->errors - n, "%s%s: \"%s\" %s", n ? "; " : "", key, shown,
              what);
 }
 
-static const char *annotation(const cJSON *anns, const char *key, const char *alias,
+/* Where annotations are read: the Deployment's, then its pod template's
+ * (where Knative users put them, on the revision template). */
+struct ann_src {
+    const cJSON *dep, *tpl;
+};
+
+static const char *ann_lookup(const struct ann_src *a, const char *key)
+{
+    const cJSON *objs[2] = {a->dep, a->tpl};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *item =
+            cJSON_IsObject(objs[i]) ? cJSON_GetObjectItemCaseSensitive(objs[i], key) : NULL;
+        if (cJSON_IsString(item)) {
+            return item->valuestring;
+        }
+    }
+    return NULL;
+}
+
+/* thaw's key wins over its Knative alias; *used names the one found. */
+static const char *annotation(const struct ann_src *a, const char *key, const char *alias,
                               const char **used)
 {
-    const cJSON *item = cJSON_IsObject(anns) ? cJSON_GetObjectItemCaseSensitive(anns, key) : NULL;
-    const char *v = cJSON_IsString(item) ? item->valuestring : NULL;
+    const char *v = ann_lookup(a, key);
     *used = key;
     if (!v && alias) {
-        item = cJSON_IsObject(anns) ? cJSON_GetObjectItemCaseSensitive(anns, alias) : NULL;
-        v = cJSON_IsString(item) ? item->valuestring : NULL;
+        v = ann_lookup(a, alias);
         *used = alias;
     }
     return v;
 }
 
-static void read_uint(const cJSON *anns, const char *key, const char *alias, uint64_t min,
-                      uint64_t max, uint64_t *field, struct k8s_model_spec *o)
+static const char *out_of_range(char *what, size_t len, uint64_t min, uint64_t max,
+                                 bool duration)
+{
+    if (duration) {
+        snprintf(what, len, "is out of range %llums..%llums; using the default",
+                 (unsigned long long)min, (unsigned long long)max);
+    } else {
+        snprintf(what, len, "is out of range %llu..%llu; using the default",
+                 (unsigned long long)min, (unsigned long long)max);
+    }
+    return what;
+}
+
+/* true when the annotation was given and valid (and stored). */
+static bool read_uint(const struct ann_src *anns, const char *key, const char *alias,
+                      uint64_t min, uint64_t max, uint64_t *field, struct k8s_model_spec *o)
 {
     const char *used;
     const char *v = annotation(anns, key, alias, &used);
     if (!v) {
-        return;
+        return false;
     }
     char *end;
     unsigned long long n = strtoull(v, &end, 10);
-    if (*end || !*v || v[0] == '-') {
+    if (*end || !*v || !isdigit((unsigned char)v[0])) {
         add_error(o, used, v, "is not a whole number; using the default");
-        return;
+        return false;
     }
     if (n < min || n > max) {
         char what[96];
-        snprintf(what, sizeof what, "is out of range %llu..%llu; using the default",
-                 (unsigned long long)min, (unsigned long long)max);
-        add_error(o, used, v, what);
-        return;
+        add_error(o, used, v, out_of_range(what, sizeof what, min, max, false));
+        return false;
     }
     *field = n;
+    return true;
 }
 
-static void read_duration(const cJSON *anns, const char *key, const char *alias, uint64_t *field,
+static bool read_duration(const struct ann_src *anns, const char *key, const char *alias,
+                          uint64_t min_ms, uint64_t max_ms, uint64_t *field,
                           struct k8s_model_spec *o)
 {
     const char *used;
     const char *v = annotation(anns, key, alias, &used);
     if (!v) {
-        return;
+        return false;
     }
     uint64_t ms;
     if (k8s_parse_duration_ms(v, &ms)) {
-        add_error(o, used, v, "is not a duration (like 30s, 5m, 1h); using the default");
-        return;
+        add_error(o, used, v, "is not a duration (like 90s, 15m, 1h30m, or seconds); "
+                              "using the default");
+        return false;
+    }
+    if (ms < min_ms || ms > max_ms) {
+        char what[96];
+        add_error(o, used, v, out_of_range(what, sizeof what, min_ms, max_ms, true));
+        return false;
     }
     *field = ms;
+    return true;
 }
 
 static void copy_str(char *dst, size_t len, const char *src)
@@ -156,6 +204,195 @@ static uint64_t gpu_slices(const cJSON *pod_spec)
     return total;
 }
 
+#define H (3600ull * 1000)
+#define DAY (24 * H)
+
+bool k8s_model_label_is_marker(const char *value)
+{
+    return !value || !*value || strcmp(value, "true") == 0;
+}
+
+uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms)
+{
+    /* A minute past the startup timeout: a request that arrives as a start
+     * begins is still held when a pod gets ready at the last moment, and a
+     * start that fails is answered 503 start_failed (by the startup timeout)
+     * rather than 504. Never below the config models' default of 5 minutes. */
+    uint64_t ms = startup_timeout_ms + 60000;
+    return ms < 300000 ? 300000 : ms;
+}
+
+static const char THAW_PREFIX[] = "thaw.dev/";
+static const char KNATIVE_PREFIX[] = "autoscaling.knative.dev/";
+
+/* Every annotation read below, without its prefix; and last-request-at,
+ * which thaw itself writes (the idle clock, idle.c), not a setting. */
+static const char *const thaw_keys[] = {
+    "last-request-at",
+    "priority", "max-concurrency", "max-queue", "queue-timeout", "connect-timeout",
+    "first-byte-timeout", "upstream-idle-timeout", "loading-heartbeat", "min-scale", "max-scale",
+    "initial-scale", "activation-scale", "target", "target-utilization-percentage", "window",
+    "panic-window-percentage", "panic-threshold-percentage", "scale-down-delay", "idle-timeout",
+    "startup-timeout", "port", "health-path", "service", "hosts", "aliases", NULL};
+static const char *const knative_keys[] = {
+    "class", "metric", "container-concurrency", "min-scale", "max-scale", "initial-scale",
+    "activation-scale", "target", "target-utilization-percentage", "window",
+    "panic-window-percentage", "panic-threshold-percentage", "scale-down-delay",
+    "scale-to-zero-pod-retention-period", "target-burst-capacity", NULL};
+
+static bool in_list(const char *const *list, const char *key)
+{
+    for (; *list; list++) {
+        if (strcmp(*list, key) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Annotations under thaw's or Knative's prefix that nothing reads are
+ * reported, not dropped without a word (a typo would otherwise pass). */
+static void report_unknown(const cJSON *anns, const cJSON *shadow, struct k8s_model_spec *o)
+{
+    const cJSON *a;
+    cJSON_ArrayForEach(a, anns)
+    {
+        const char *k = a->string;
+        if (!k || (shadow && cJSON_GetObjectItemCaseSensitive(shadow, k))) {
+            continue; /* reported once, for the Deployment's copy */
+        }
+        const char *v = cJSON_IsString(a) ? a->valuestring : "";
+        if (strncmp(k, THAW_PREFIX, sizeof THAW_PREFIX - 1) == 0) {
+            const char *rest = k + sizeof THAW_PREFIX - 1;
+            if (strcmp(rest, "model") == 0) {
+                add_error(o, k, v, "is read from the labels, not the annotations; ignored");
+            } else if (!in_list(thaw_keys, rest)) {
+                add_error(o, k, v, "is not an annotation thaw knows; ignored");
+            }
+        } else if (strncmp(k, KNATIVE_PREFIX, sizeof KNATIVE_PREFIX - 1) == 0) {
+            const char *rest = k + sizeof KNATIVE_PREFIX - 1;
+            if (strcmp(rest, "target-burst-capacity") == 0) {
+                add_error(o, k, v, "is not supported (thaw always stays in the request path "
+                                   "and queues); ignored");
+            } else if (!in_list(knative_keys, rest)) {
+                add_error(o, k, v, "is not a Knative autoscaling annotation thaw supports; "
+                                   "ignored");
+            }
+        }
+    }
+}
+
+/* class and metric: thaw's autoscaler is Knative's KPA on concurrency. */
+static void read_knative_mode(const struct ann_src *anns, struct k8s_model_spec *o)
+{
+    const char *v = ann_lookup(anns, "autoscaling.knative.dev/class");
+    if (v && strcmp(v, "kpa.autoscaling.knative.dev") != 0) {
+        add_error(o, "autoscaling.knative.dev/class", v,
+                  "is not supported (thaw's autoscaler is kpa.autoscaling.knative.dev); "
+                  "using it anyway");
+    }
+    v = ann_lookup(anns, "autoscaling.knative.dev/metric");
+    if (v && strcmp(v, "concurrency") != 0) {
+        add_error(o, "autoscaling.knative.dev/metric", v,
+                  strcmp(v, "rps") == 0
+                      ? "is not supported (thaw scales on concurrency: requests in flight and "
+                        "queued); using concurrency"
+                      : "is not supported (only concurrency); using concurrency");
+    }
+}
+
+static void read_settings(const struct ann_src *anns, struct k8s_model_spec *o)
+{
+    const char *used;
+    const char *v = annotation(anns, "thaw.dev/priority", NULL, &used);
+    if (v && tier_parse(v, strlen(v), &o->priority)) {
+        add_error(o, used, v, "is not critical, standard or batch; using the default");
+    }
+    read_uint(anns, "thaw.dev/max-concurrency", "autoscaling.knative.dev/container-concurrency", 1,
+              100000, &o->max_concurrency, o);
+    read_uint(anns, "thaw.dev/max-queue", NULL, 0, 1000000, &o->max_queue, o);
+    o->queue_timeout_set =
+        read_duration(anns, "thaw.dev/queue-timeout", NULL, 1, DAY, &o->queue_timeout_ms, o);
+    read_duration(anns, "thaw.dev/connect-timeout", NULL, 1, 10 * 60000, &o->connect_timeout_ms,
+                  o);
+    read_duration(anns, "thaw.dev/first-byte-timeout", NULL, 1, DAY, &o->first_byte_timeout_ms,
+                  o);
+    read_duration(anns, "thaw.dev/upstream-idle-timeout", NULL, 1, DAY,
+                  &o->upstream_idle_timeout_ms, o);
+    read_duration(anns, "thaw.dev/loading-heartbeat", NULL, 0, 10 * 60000,
+                  &o->loading_heartbeat_ms, o);
+    read_duration(anns, "thaw.dev/idle-timeout",
+                  "autoscaling.knative.dev/scale-to-zero-pod-retention-period", 0, DAY,
+                  &o->idle_timeout_ms, o);
+    read_duration(anns, "thaw.dev/startup-timeout", NULL, 1, DAY, &o->startup_timeout_ms, o);
+}
+
+static void read_scaling(const struct ann_src *anns, struct k8s_model_spec *o)
+{
+    read_uint(anns, "thaw.dev/min-scale", "autoscaling.knative.dev/min-scale", 0, 1000,
+              &o->min_scale, o);
+    read_uint(anns, "thaw.dev/max-scale", "autoscaling.knative.dev/max-scale", 1, 1000,
+              &o->max_scale, o);
+    o->initial_scale_set = read_uint(anns, "thaw.dev/initial-scale",
+                                     "autoscaling.knative.dev/initial-scale", 0, 1000,
+                                     &o->initial_scale, o);
+    read_uint(anns, "thaw.dev/activation-scale", "autoscaling.knative.dev/activation-scale", 1,
+              1000, &o->activation_scale, o);
+    read_uint(anns, "thaw.dev/target", "autoscaling.knative.dev/target", 1, 100000, &o->target, o);
+    read_uint(anns, "thaw.dev/target-utilization-percentage",
+              "autoscaling.knative.dev/target-utilization-percentage", 1, 100,
+              &o->target_utilization_pct, o);
+    read_duration(anns, "thaw.dev/window", "autoscaling.knative.dev/window", 6000, H,
+                  &o->window_ms, o);
+    read_uint(anns, "thaw.dev/panic-window-percentage",
+              "autoscaling.knative.dev/panic-window-percentage", 1, 100, &o->panic_window_pct, o);
+    read_uint(anns, "thaw.dev/panic-threshold-percentage",
+              "autoscaling.knative.dev/panic-threshold-percentage", 110, 1000,
+              &o->panic_threshold_pct, o);
+    o->scale_down_delay_set =
+        read_duration(anns, "thaw.dev/scale-down-delay", "autoscaling.knative.dev/scale-down-delay",
+                      0, H, &o->scale_down_delay_ms, o);
+    read_knative_mode(anns, o);
+}
+
+static void read_routing(const struct ann_src *anns, struct k8s_model_spec *o)
+{
+    const char *used;
+    uint64_t port = (uint64_t)o->port;
+    read_uint(anns, "thaw.dev/port", NULL, 1, 65535, &port, o);
+    o->port = (int)port;
+    const char *v = annotation(anns, "thaw.dev/health-path", NULL, &used);
+    if (v) {
+        if (v[0] != '/') {
+            add_error(o, used, v, "does not start with '/'; using the default");
+        } else {
+            copy_str(o->health_path, sizeof o->health_path, v);
+        }
+    }
+    v = annotation(anns, "thaw.dev/service", NULL, &used);
+    if (v && *v) {
+        copy_str(o->service, sizeof o->service, v);
+    }
+    v = annotation(anns, "thaw.dev/hosts", NULL, &used);
+    copy_str(o->hosts, sizeof o->hosts, v);
+    v = annotation(anns, "thaw.dev/aliases", NULL, &used);
+    copy_str(o->aliases, sizeof o->aliases, v);
+}
+
+/* Settings that depend on one another, once all are read. */
+static void reconcile(struct k8s_model_spec *o)
+{
+    if (o->min_scale > o->max_scale) {
+        char mv[32];
+        snprintf(mv, sizeof mv, "%llu", (unsigned long long)o->min_scale);
+        add_error(o, "thaw.dev/min-scale", mv, "is above max-scale; using 0");
+        o->min_scale = 0;
+    }
+    if (!o->queue_timeout_set) {
+        o->queue_timeout_ms = k8s_default_queue_timeout_ms(o->startup_timeout_ms);
+    }
+}
+
 int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
                          struct k8s_model_spec *o)
 {
@@ -169,12 +406,16 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
     copy_str(o->namespace_, sizeof o->namespace_, k8s_get_string(dep, "metadata.namespace"));
     copy_str(o->resource_version, sizeof o->resource_version,
              k8s_get_string(dep, "metadata.resourceVersion"));
+    const cJSON *gen = k8s_get(dep, "metadata.generation");
+    o->generation = cJSON_IsNumber(gen) ? (int64_t)k8s_json_count(gen) : 0;
     const cJSON *labels = k8s_get(dep, "metadata.labels");
     const cJSON *ml = cJSON_GetObjectItemCaseSensitive(labels, K8S_MODEL_LABEL);
-    copy_str(o->name, sizeof o->name,
-             cJSON_IsString(ml) && ml->valuestring[0] ? ml->valuestring : name);
+    copy_str(o->label, sizeof o->label, cJSON_IsString(ml) ? ml->valuestring : "");
+    /* A marker value ("true", "") names the model after its Deployment. */
+    copy_str(o->name, sizeof o->name, k8s_model_label_is_marker(o->label) ? name : o->label);
     copy_str(o->service, sizeof o->service, name);
-    const cJSON *anns = k8s_get(dep, "metadata.annotations");
+    struct ann_src anns = {k8s_get(dep, "metadata.annotations"),
+                           k8s_get(dep, "spec.template.metadata.annotations")};
     const cJSON *replicas = k8s_get(dep, "spec.replicas");
     o->replicas = replica_count(replicas);
     o->ready_replicas = replica_count(k8s_get(dep, "status.readyReplicas"));
@@ -204,48 +445,11 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
             }
         }
     }
-
-    const char *used;
-    const char *v = annotation(anns, "thaw.dev/priority", NULL, &used);
-    if (v && tier_parse(v, strlen(v), &o->priority)) {
-        add_error(o, used, v, "is not critical, standard or batch; using the default");
-    }
-    read_uint(anns, "thaw.dev/max-concurrency", "autoscaling.knative.dev/container-concurrency", 1,
-              100000, &o->max_concurrency, o);
-    read_uint(anns, "thaw.dev/min-scale", "autoscaling.knative.dev/min-scale", 0, 1000,
-              &o->min_scale, o);
-    read_uint(anns, "thaw.dev/max-scale", "autoscaling.knative.dev/max-scale", 1, 1000,
-              &o->max_scale, o);
-    read_uint(anns, "thaw.dev/target", "autoscaling.knative.dev/target", 1, 100000, &o->target, o);
-    read_duration(anns, "thaw.dev/window", "autoscaling.knative.dev/window", &o->window_ms, o);
-    read_duration(anns, "thaw.dev/idle-timeout",
-                  "autoscaling.knative.dev/scale-to-zero-pod-retention-period",
-                  &o->idle_timeout_ms, o);
-    read_duration(anns, "thaw.dev/startup-timeout", NULL, &o->startup_timeout_ms, o);
-    uint64_t port = (uint64_t)o->port;
-    read_uint(anns, "thaw.dev/port", NULL, 1, 65535, &port, o);
-    o->port = (int)port;
-    v = annotation(anns, "thaw.dev/health-path", NULL, &used);
-    if (v) {
-        if (v[0] != '/') {
-            add_error(o, used, v, "does not start with '/'; using the default");
-        } else {
-            copy_str(o->health_path, sizeof o->health_path, v);
-        }
-    }
-    v = annotation(anns, "thaw.dev/service", NULL, &used);
-    if (v && *v) {
-        copy_str(o->service, sizeof o->service, v);
-    }
-    v = annotation(anns, "thaw.dev/hosts", NULL, &used);
-    copy_str(o->hosts, sizeof o->hosts, v);
-    v = annotation(anns, "thaw.dev/aliases", NULL, &used);
-    copy_str(o->aliases, sizeof o->aliases, v);
-    if (o->min_scale > o->max_scale) {
-        char mv[32];
-        snprintf(mv, sizeof mv, "%llu", (unsigned long long)o->min_scale);
-        add_error(o, "thaw.dev/min-scale", mv, "is above max-scale; using 0");
-        o->min_scale = 0;
-    }
+    read_settings(&anns, o);
+    read_scaling(&anns, o);
+    read_routing(&anns, o);
+    report_unknown(anns.dep, NULL, o);
+    report_unknown(anns.tpl, anns.dep, o);
+    reconcile(o);
     return 0;
 }

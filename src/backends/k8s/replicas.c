@@ -210,6 +210,96 @@ static void to_config_model(const struct k8s_model_spec *sp, const struct config
     cm->aliases = aliases;
     cm->max_concurrency = sp->max_concurrency;
     cm->priority = sp->priority;
+    cm->max_queue = sp->max_queue;
+    cm->queue_timeout_ms = sp->queue_timeout_ms;
+    cm->connect_timeout_ms = sp->connect_timeout_ms;
+    cm->first_byte_timeout_ms = sp->first_byte_timeout_ms;
+    cm->upstream_idle_timeout_ms = sp->upstream_idle_timeout_ms;
+    cm->loading_heartbeat_ms = sp->loading_heartbeat_ms;
+}
+
+/* What a cluster model gets without annotations: the config models'
+ * defaults, except a startup timeout as long as the thaw-model chart's
+ * startup probe allows (15 minutes) and loading heartbeats on. */
+static void spec_defaults(const struct kube_backend *kb, struct k8s_model_spec *d)
+{
+    struct config_model dm;
+    config_model_defaults(&dm, &kb->cfg->limits);
+    memset(d, 0, sizeof *d);
+    d->max_concurrency = dm.max_concurrency;
+    d->priority = dm.priority;
+    d->max_queue = dm.max_queue;
+    d->connect_timeout_ms = dm.connect_timeout_ms;
+    d->first_byte_timeout_ms = dm.first_byte_timeout_ms;
+    d->upstream_idle_timeout_ms = dm.upstream_idle_timeout_ms;
+    d->loading_heartbeat_ms = K8S_DEFAULT_LOADING_HEARTBEAT_MS;
+    d->min_scale = 0;
+    d->max_scale = 1000;
+    d->idle_timeout_ms = dm.idle_timeout_ms;
+    d->startup_timeout_ms = K8S_DEFAULT_STARTUP_TIMEOUT_MS;
+    d->target = 0;
+    d->port = (int)kb->cfg->kubernetes.default_port;
+    snprintf(d->health_path, sizeof d->health_path, "/health");
+}
+
+/* The annotations' autoscaler settings over the global ones. */
+static void apply_scaling(struct kmodel *km, const struct config *cfg)
+{
+    const struct k8s_model_spec *sp = &km->spec;
+    struct as_config *asc = &km->sc.asc;
+    asc->min_scale = km->sc.min_replicas = (unsigned)sp->min_scale;
+    asc->max_scale = (unsigned)sp->max_scale;
+    asc->scale_to_zero_grace_ms = sp->idle_timeout_ms;
+    /* Knative: the target is aimed at target-utilization-percentage of it. */
+    double target = sp->target ? (double)sp->target : (double)sp->max_concurrency;
+    if (sp->target_utilization_pct) {
+        target = target * (double)sp->target_utilization_pct / 100.0;
+    } else if (!sp->target) {
+        target = target * (double)cfg->autoscaler.target_utilization_pct / 100.0;
+    }
+    asc->target = target < 1 ? 1 : target;
+    asc->stable_window_ms = sp->window_ms >= 6000 ? sp->window_ms
+                                                   : cfg->autoscaler.stable_window_ms;
+    asc->panic_window_pct = (double)(sp->panic_window_pct ? sp->panic_window_pct
+                                                          : cfg->autoscaler.panic_window_pct);
+    asc->panic_threshold = (double)(sp->panic_threshold_pct ? sp->panic_threshold_pct
+                                                            : cfg->autoscaler.panic_threshold_pct) /
+                           100.0;
+    asc->scale_down_delay_ms = sp->scale_down_delay_set ? sp->scale_down_delay_ms
+                                                        : cfg->autoscaler.scale_down_delay_ms;
+    asc->activation_scale = (unsigned)(sp->activation_scale ? sp->activation_scale
+                                                            : cfg->autoscaler.activation_scale);
+}
+
+/* Bad or unknown annotations: a warning naming the Deployment and each
+ * annotation with its value, and a Warning Event on the Deployment, each
+ * time the set of problems changes. */
+static void report_annotation_errors(struct kmodel *km, const char *before)
+{
+    const struct k8s_model_spec *sp = &km->spec;
+    if (!sp->errors[0] || strcmp(before, sp->errors) == 0) {
+        return;
+    }
+    LOGW("bad annotations on a model Deployment (defaults used)",
+         "deployment=%s/%s errors=\"%s\"", sp->namespace_, sp->deployment, sp->errors);
+    kube_post_event(km, "Warning", "InvalidAnnotations", sp->errors);
+}
+
+/* initial-scale: right after the Deployment is created (its spec never
+ * changed since: generation 1), scale it to that, as Knative does a new
+ * revision, and hold it there for idle-timeout; then the autoscaler
+ * decides (with no requests, back to min-scale). */
+static void apply_initial_scale(struct kmodel *km)
+{
+    const struct k8s_model_spec *sp = &km->spec;
+    if (!sp->initial_scale_set || sp->generation > 1 ||
+        sp->replicas >= (int64_t)sp->initial_scale) {
+        return;
+    }
+    km->initial_hold_until_ms = clock_now_ms() + sp->idle_timeout_ms;
+    LOGI("initial scale", "model=%s deployment=%s replicas=%llu", km->m->name, km->key,
+         (unsigned long long)sp->initial_scale);
+    kube_want_replicas(km, (int64_t)sp->initial_scale);
 }
 
 static void index_model(struct kube_backend *kb, struct kmodel *km, bool add)
@@ -244,6 +334,39 @@ void kube_kmodel_free(struct kmodel *km)
     free(km);
 }
 
+static struct kmodel *kmodel_new(struct kube_backend *kb, const struct k8s_model_spec *sp,
+                                 const char *key, const struct config_model *cm)
+{
+    struct kmodel *km = calloc(1, sizeof *km);
+    if (!km) {
+        return NULL;
+    }
+    km->kb = kb;
+    km->spec = *sp;
+    km->scale_want = -1;
+    snprintf(km->key, sizeof km->key, "%s", key);
+    strmap_init(&km->pods);
+    event_assign(&km->scale_retry, kb->evbase, -1, 0, kube_scale_retry, km);
+    size_t conflicts = 0;
+    km->m = fleet_add_model(kb->base.fleet, cm, &conflicts);
+    if (!km->m) {
+        kube_kmodel_free(km);
+        return NULL;
+    }
+    if (conflicts) {
+        LOGW("model names already taken by another model are ignored",
+             "model=%s deployment=%s conflicts=%zu", sp->name, key, conflicts);
+    }
+    km->m->backend = &kb->base;
+    km->m->backend_data = km;
+    km->m->namespaced = true;
+    scaler_model_init(&km->sc, km->m, kb->cfg, sp->target, sp->window_ms,
+                      (unsigned)sp->min_scale, (unsigned)sp->max_scale, sp->idle_timeout_ms,
+                      (unsigned)sp->gpu_slices);
+    apply_scaling(km, kb->cfg);
+    return km;
+}
+
 /* Keeps the Deployment's spec.selector (immutable in apps/v1, but read anew). */
 static void set_selector(struct kmodel *km, const cJSON *deployment)
 {
@@ -255,18 +378,8 @@ static void set_selector(struct kmodel *km, const cJSON *deployment)
 static void deployment_upsert(void *ud, const cJSON *obj)
 {
     struct kube_backend *kb = ud;
-    struct k8s_model_spec defaults = {0};
-    struct config_model dm;
-    config_model_defaults(&dm, &kb->cfg->limits);
-    defaults.max_concurrency = dm.max_concurrency;
-    defaults.priority = dm.priority;
-    defaults.min_scale = 0;
-    defaults.max_scale = 1000;
-    defaults.idle_timeout_ms = dm.idle_timeout_ms;
-    defaults.startup_timeout_ms = dm.startup_timeout_ms;
-    defaults.target = 0;
-    defaults.port = (int)kb->cfg->kubernetes.default_port;
-    snprintf(defaults.health_path, sizeof defaults.health_path, "/health");
+    struct k8s_model_spec defaults;
+    spec_defaults(kb, &defaults);
     struct k8s_model_spec sp;
     if (k8s_model_spec_parse(obj, &defaults, &sp)) {
         return;
@@ -278,43 +391,20 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     char *hosts[32], *aliases[32];
     struct config_model cm;
     to_config_model(&sp, &kb->cfg->limits, &cm, hosts_buf, aliases_buf, hosts, aliases);
-    if (sp.errors[0] && (!km || strcmp(km->spec.errors, sp.errors) != 0)) {
-        LOGW("bad annotations on a model Deployment (defaults used)",
-             "deployment=%s errors=\"%s\"", key, sp.errors);
-    }
     if (!km) {
-        km = calloc(1, sizeof *km);
+        km = kmodel_new(kb, &sp, key, &cm);
         if (!km) {
             return;
         }
-        km->kb = kb;
-        km->spec = sp;
-        km->scale_want = -1;
-        snprintf(km->key, sizeof km->key, "%s", key);
-        strmap_init(&km->pods);
-        event_assign(&km->scale_retry, kb->evbase, -1, 0, kube_scale_retry, km);
-        size_t conflicts = 0;
-        km->m = fleet_add_model(kb->base.fleet, &cm, &conflicts);
-        if (!km->m) {
-            kube_kmodel_free(km);
-            return;
-        }
-        if (conflicts) {
-            LOGW("model names already taken by another model are ignored",
-                 "model=%s deployment=%s conflicts=%zu", sp.name, key, conflicts);
-        }
-        km->m->backend = &kb->base;
-        km->m->backend_data = km;
         set_selector(km, obj);
-        scaler_model_init(&km->sc, km->m, kb->cfg, sp.target, sp.window_ms,
-                          (unsigned)sp.min_scale, (unsigned)sp.max_scale, sp.idle_timeout_ms,
-                          (unsigned)sp.gpu_slices);
         kube_model_template(km, obj);
         strmap_put(&kb->models, key, strlen(key), km);
         index_model(kb, km, true);
         kube_idle_observe(km, obj, true);
         LOGI("model discovered", "model=%s deployment=%s replicas=%lld gpu_slices=%llu",
              sp.name, key, (long long)sp.replicas, (unsigned long long)sp.gpu_slices);
+        report_annotation_errors(km, "");
+        apply_initial_scale(km);
         return;
     }
     index_model(kb, km, false);
@@ -323,20 +413,17 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     if (km->scale_inflight) {
         sp.replicas = km->spec.replicas;
     }
+    char before[sizeof sp.errors];
+    memcpy(before, km->spec.errors, sizeof before);
     km->spec = sp;
     set_selector(km, obj);
     index_model(kb, km, true);
+    report_annotation_errors(km, before);
     model_apply_settings(km->m, &cm);
     kube_shares_update(km); /* max_concurrency may have changed */
     /* New annotations take effect; the autoscaler keeps its samples. */
-    km->sc.asc.min_scale = km->sc.min_replicas = (unsigned)sp.min_scale;
-    km->sc.asc.max_scale = (unsigned)sp.max_scale;
-    km->sc.asc.scale_to_zero_grace_ms = sp.idle_timeout_ms;
-    km->sc.slices = (unsigned)sp.gpu_slices;
-    kube_model_template(km, obj);
-    if (sp.target) {
-        km->sc.asc.target = (double)sp.target;
-    }
+    apply_scaling(km, kb->cfg);
+    kube_model_template(km, obj); /* after: it sets the slices a replica takes */
     if (names_changed) {
         fleet_reroute_model(kb->base.fleet, km->m, &cm, NULL);
     }

@@ -14,7 +14,7 @@
 
 /* ---- events -------------------------------------------------------------- */
 
-static void post_event(struct kmodel *km, const char *type, const char *reason,
+void kube_post_event(struct kmodel *km, const char *type, const char *reason,
                        const char *message)
 {
     struct kube_backend *kb = km->kb;
@@ -96,10 +96,10 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
             km->scale_ups++;
             km->woken_ms = clock_now_ms();
             strmap_each(&km->pods, unretire_pod, NULL);
-            post_event(km, "Normal", "ScaledFromZero", msg);
+            kube_post_event(km, "Normal", "ScaledFromZero", msg);
         } else if (want == 0) {
             km->scale_downs++;
-            post_event(km, "Normal", "ScaledToZero", msg);
+            kube_post_event(km, "Normal", "ScaledToZero", msg);
             /* Every pod goes now: send them nothing more, even before the
              * watch reports them terminating. */
             strmap_each(&km->pods, retire_pod, NULL);
@@ -115,7 +115,7 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
          "retry_in_ms=%llu", km->m->name, km->spec.namespace_, km->spec.deployment, status,
          err ? err : "", (unsigned long long)ms);
     if (km->scale_failures == 1 || km->scale_failures % 10 == 0) {
-        post_event(km, "Warning", "ScaleFailed", km->last_scale_error);
+        kube_post_event(km, "Warning", "ScaleFailed", km->last_scale_error);
     }
     struct timeval tv = clock_timeval(ms);
     event_add(&km->scale_retry, &tv);
@@ -143,7 +143,7 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
     km->scale_call = NULL;
     km->scale_inflight = false;
     if (status == 200) {
-        int64_t to = (int64_t)km->kb->cfg->autoscaler.activation_scale;
+        int64_t to = (int64_t)km->sc.asc.activation_scale;
         km->spec.replicas = to;
         km->woken_ms = clock_now_ms();
         strmap_each(&km->pods, unretire_pod, NULL);
@@ -154,7 +154,7 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
                  km->spec.deployment, (long long)to);
         LOGI("scaled deployment from zero", "model=%s deployment=%s/%s to=%lld", km->m->name,
              km->spec.namespace_, km->spec.deployment, (long long)to);
-        post_event(km, "Normal", "ScaledFromZero", msg);
+        kube_post_event(km, "Normal", "ScaledFromZero", msg);
     } else if (status == 409) {
         /* Another activator got there first: the informer will say so. */
         km->kb->conditional_conflicts++;
@@ -179,12 +179,11 @@ void kube_scale_from_zero(struct kmodel *km)
     char body[200];
     snprintf(body, sizeof body,
              "{\"metadata\":{\"resourceVersion\":\"%s\"},\"spec\":{\"replicas\":%llu}}",
-             km->spec.resource_version,
-             (unsigned long long)km->kb->cfg->autoscaler.activation_scale);
+             km->spec.resource_version, (unsigned long long)km->sc.asc.activation_scale);
     patch_scale(km, body, on_scaled_from_zero);
 }
 
-static void kube_want_replicas(struct kmodel *km, int64_t n)
+void kube_want_replicas(struct kmodel *km, int64_t n)
 {
     if (n > (int64_t)km->spec.max_scale) {
         n = (int64_t)km->spec.max_scale;
@@ -250,7 +249,7 @@ static void model_tick(void *ud, const char *key, void *value)
         snprintf(why, sizeof why, "no pod became ready within startup-timeout (%llu ms)",
                  (unsigned long long)km->spec.startup_timeout_ms);
         LOGW("model did not become ready", "model=%s deployment=%s", m->name, km->key);
-        post_event(km, "Warning", "StartupTimeout", why);
+        kube_post_event(km, "Warning", "StartupTimeout", why);
         km->waiting_since_ms = now;
         fleet_model_unavailable(m->fleet, m, why, 0);
     }
@@ -313,6 +312,9 @@ static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_
         struct kmodel *km = container_of(sms[i], struct kmodel, sc);
         if (hold_down && km->sc.target < km->sc.current) {
             km->sc.target = km->sc.current;
+        }
+        if (now_ms < km->initial_hold_until_ms && km->sc.target < km->spec.initial_scale) {
+            km->sc.target = (unsigned)km->spec.initial_scale;
         }
         if (km->sc.current == 0 && km->sc.target > 0) {
             kube_scale_from_zero(km); /* conditional, as every activator does it */

@@ -49,6 +49,34 @@ static void describe_pod(void *ud, const char *key, void *value)
     cJSON_AddItemToArray(d->arr, j);
 }
 
+/* The effective settings (annotations over defaults), as thaw uses them. */
+static void describe_settings(const struct kmodel *km, cJSON *out)
+{
+    const struct model_settings *set = &km->m->set;
+    const struct as_config *asc = &km->sc.asc;
+    cJSON *s = cJSON_AddObjectToObject(out, "settings");
+    cJSON_AddNumberToObject(s, "max_queue", (double)set->max_queue);
+    cJSON_AddNumberToObject(s, "queue_timeout_ms", (double)set->queue_timeout_ms);
+    cJSON_AddNumberToObject(s, "connect_timeout_ms", (double)set->connect_timeout_ms);
+    cJSON_AddNumberToObject(s, "first_byte_timeout_ms", (double)set->first_byte_timeout_ms);
+    cJSON_AddNumberToObject(s, "upstream_idle_timeout_ms",
+                            (double)set->upstream_idle_timeout_ms);
+    cJSON_AddNumberToObject(s, "loading_heartbeat_ms", (double)set->loading_heartbeat_ms);
+    cJSON_AddNumberToObject(s, "startup_timeout_ms", (double)km->spec.startup_timeout_ms);
+    cJSON_AddNumberToObject(s, "idle_timeout_ms", (double)km->spec.idle_timeout_ms);
+    cJSON_AddNumberToObject(s, "min_scale", (double)asc->min_scale);
+    cJSON_AddNumberToObject(s, "max_scale", (double)asc->max_scale);
+    cJSON_AddNumberToObject(s, "initial_scale",
+                            km->spec.initial_scale_set ? (double)km->spec.initial_scale : 0);
+    cJSON_AddNumberToObject(s, "activation_scale", (double)asc->activation_scale);
+    cJSON_AddNumberToObject(s, "target", asc->target);
+    cJSON_AddNumberToObject(s, "stable_window_ms", (double)asc->stable_window_ms);
+    cJSON_AddNumberToObject(s, "panic_window_pct", asc->panic_window_pct);
+    cJSON_AddNumberToObject(s, "panic_threshold_pct", asc->panic_threshold * 100.0);
+    cJSON_AddNumberToObject(s, "scale_down_delay_ms", (double)asc->scale_down_delay_ms);
+    cJSON_AddStringToObject(s, "metric", "concurrency");
+}
+
 static cJSON *resources_json(const struct k8s_resources *rs)
 {
     cJSON *j = cJSON_CreateObject();
@@ -124,6 +152,7 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
     cJSON_AddNumberToObject(out, "min_scale", (double)km->spec.min_scale);
     cJSON_AddNumberToObject(out, "max_scale", (double)km->spec.max_scale);
     cJSON_AddNumberToObject(out, "idle_timeout_ms", (double)km->spec.idle_timeout_ms);
+    describe_settings(km, out);
     cJSON_AddNumberToObject(out, "scale_ups", (double)km->scale_ups);
     cJSON_AddNumberToObject(out, "scale_downs", (double)km->scale_downs);
     if (km->spec.errors[0]) {
