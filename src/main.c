@@ -3,6 +3,7 @@
 #include "thaw/log.h"
 #include "thaw/reload.h"
 #include "thaw/server.h"
+#include "thaw/tenant.h"
 
 #include <getopt.h>
 #include <malloc.h>
@@ -21,6 +22,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: thaw --config FILE [options]\n"
             "       thaw --check-config FILE\n"
+            "       thaw hash-key < KEYFILE\n"
             "\n"
             "A scale-to-zero activator for GPU model servers.\n"
             "\n"
@@ -40,7 +42,35 @@ static void usage(FILE *f)
             "Port 0 in an address lets the kernel choose; --port-file tells which it chose.\n"
             "SIGTERM or SIGINT: stop accepting, finish in-flight requests (up to\n"
             "limits.drain_timeout_ms), exit 0.\n"
-            "SIGHUP: reload the --config file; a file that does not load changes nothing.\n");
+            "SIGHUP: reload the --config file; a file that does not load changes nothing.\n"
+            "hash-key: reads an API key on standard input (one trailing newline is dropped)\n"
+            "and prints the \"sha256:...\" form tenants.list[].api_keys takes.\n");
+}
+
+/* thaw hash-key: the key comes on stdin, not argv, so it stays out of shell
+ * history and the process list. */
+static int hash_key_main(void)
+{
+    char key[4097];
+    size_t n = fread(key, 1, sizeof key, stdin);
+    if (n == sizeof key) {
+        fprintf(stderr, "thaw: hash-key: the key is longer than 4096 bytes\n");
+        return 1;
+    }
+    if (n && key[n - 1] == '\n') {
+        n--;
+        if (n && key[n - 1] == '\r') {
+            n--;
+        }
+    }
+    if (n == 0) {
+        fprintf(stderr, "thaw: hash-key: no key on standard input\n");
+        return 1;
+    }
+    char out[80];
+    tenant_format_digest(key, n, out, sizeof out);
+    printf("%s\n", out);
+    return 0;
 }
 
 /* Request bodies are buffered whole (up to limits.max_body_bytes). A fixed
@@ -57,6 +87,9 @@ static void return_large_buffers_to_the_system(void)
 int main(int argc, char **argv)
 {
     return_large_buffers_to_the_system();
+    if (argc == 2 && strcmp(argv[1], "hash-key") == 0) {
+        return hash_key_main();
+    }
     enum { OPT_CHECK = 1000, OPT_LISTEN, OPT_ADMIN, OPT_PORTFILE, OPT_LOGLEVEL, OPT_KUBECONFIG };
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},

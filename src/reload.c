@@ -388,7 +388,8 @@ void reload_apply(struct server *srv, struct config *next)
     keep_running_kinds(srv->rt.cfg, next);
     struct config *old = srv->rt.cfg;
     srv->rt.cfg = next;
-    runtime_apply_config(&srv->rt);
+    runtime_apply_config(&srv->rt); /* tenants too: keys, caps, tiers, weights */
+    proxy_tenants_changed(&srv->rt);
     struct backend *backends[ADMIN_MAX_BACKENDS];
     size_t n_backends = server_backends(srv, backends);
     for (size_t i = 0; i < n_backends; i++) {
@@ -399,9 +400,9 @@ void reload_apply(struct server *srv, struct config *next)
     config_free(old);
     LOGI("configuration reloaded",
          "file=%s models=%zu added=%u removed=%u changed=%u unchanged=%u failed=%u "
-         "restart_needed=%u",
+         "restart_needed=%u tenants=%zu",
          next->path, srv->rt.fleet.n_models, n.added, n.removed, n.changed, n.unchanged, n.failed,
-         srv->rt.reload.restart_needed);
+         srv->rt.reload.restart_needed, next->tenants.n_list);
 }
 
 static void record_failure(struct server *srv, const char *msg)

@@ -142,6 +142,37 @@ struct config_kubernetes {
     uint64_t peers_timeout_ms; /* a peer silent this long drops out of the sum */
 };
 
+/* A tenant's caps on one model (UINT64_MAX: the tenant's own). */
+struct config_tenant_model {
+    char *model;
+    uint64_t max_concurrency;
+    uint64_t max_queue;
+};
+
+/* A client of thaw: known by API key (SHA-256, never the key itself) or by
+ * the value of the trusted gateway header. Caps apply per model. */
+struct config_tenant {
+    char *name;
+    char **api_keys; /* "sha256:<64 hex>" */
+    size_t n_api_keys;
+    enum tier tier;           /* the highest tier its requests run at */
+    uint64_t max_concurrency; /* at one model's replicas; UINT64_MAX: no cap */
+    uint64_t max_queue;       /* waiting at one model; UINT64_MAX: no cap */
+    uint64_t weight;          /* turns in its tier's round robin */
+    struct config_tenant_model *models;
+    size_t n_models;
+    int line;
+};
+
+/* "tenants": optional; without it every request is the default tenant's. */
+struct config_tenants {
+    bool required;                 /* unknown or missing key: 401 (else the default tenant) */
+    char *header;                  /* a gateway's header naming the tenant; NULL: none */
+    struct config_tenant default_; /* name "default", no keys */
+    struct config_tenant *list;
+    size_t n_list;
+};
+
 struct config {
     char *path;
     char *listen;
@@ -163,6 +194,7 @@ struct config {
     struct config_kubernetes kubernetes;
     struct config_autoscaler autoscaler;
     struct config_warm_pool warm_pool;
+    struct config_tenants tenants;
 };
 
 struct config_error {

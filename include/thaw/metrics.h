@@ -41,6 +41,8 @@ enum reject_reason {
     REJECT_VERSION_NOT_SUPPORTED,
     REJECT_MODEL_REMOVED,
     REJECT_AMBIGUOUS_MODEL,
+    REJECT_INVALID_API_KEY,   /* tenants.required and no tenant claims the request */
+    REJECT_TENANT_QUEUE_FULL, /* the tenant's max_queue at this model */
     REJECT_COUNT
 };
 

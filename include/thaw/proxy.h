@@ -42,6 +42,9 @@ void proxy_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
  * slot frees. */
 extern const struct upstream_handler proxy_upstream_handler;
 
+/* A reload changed the tenants: every model's flows take their new caps and
+ * weights, then dispatch. */
+void proxy_tenants_changed(struct runtime *rt);
 /* A model gained capacity: dispatch what waits. */
 void proxy_dispatch(struct runtime *rt, struct model *m);
 /* m is being removed: answers its queued requests and those still reading

@@ -20,6 +20,7 @@
 #include "thaw/model.h"
 #include "thaw/queue.h"
 #include "thaw/router.h"
+#include "thaw/tenant.h"
 #include "thaw/upstream.h"
 
 struct conn;
@@ -38,6 +39,11 @@ struct request {
     enum tier tier;
     enum tier asked_tier; /* the thaw-priority header's, when has_asked_tier */
     bool has_asked_tier;
+    /* Who it is for (NULL until the head is read, or when no tenant
+     * claimed it); while tenant_running, it holds one of its tenant's
+     * running slots at r->model (see request_release_tenant_slot). */
+    struct tenant *tenant;
+    bool tenant_running;
     uint64_t start_ms, queued_ms;
     bool counted;          /* its outcome has been counted */
     bool model_resolved;
@@ -82,6 +88,11 @@ static inline struct request *request_of_fwd(struct upstream_req *f)
 }
 /* Frees r (or caches it). r must not be queued or at an upstream. */
 void request_free(struct request_pool *pool, struct request *r);
+
+/* Takes (or gives back) one of r's tenant's running slots at r->model; the
+ * second call of either is a no-op. Counting an outcome gives it back. */
+void request_hold_tenant_slot(struct request *r);
+void request_release_tenant_slot(struct request *r);
 
 /* Outcome accounting (proxy-port requests only; admin ones are not counted). */
 void request_count_proxied(struct request_pool *pool, struct request *r, int status);

@@ -19,6 +19,7 @@
 #include "thaw/model.h"
 #include "thaw/queue.h"
 #include "thaw/request.h"
+#include "thaw/tenant.h"
 #include "thaw/upstream.h"
 
 /* The outcome of configuration reloads, as /status and /metrics report it. */
@@ -51,6 +52,7 @@ struct runtime {
     struct http_limits req_limits, resp_limits, admin_limits;
     struct reload_status reload;
     uint64_t started_ms;
+    struct tenants tenants; /* from cfg->tenants (runtime_apply_config) */
 };
 
 /* Sets up rt for cfg on base: the connection and upstream contexts, the

@@ -305,6 +305,39 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
     buf_printf(o, "thaw_accept_paused_total %llu\n", (unsigned long long)sm->accept_paused);
 }
 
+/* Per tenant: cardinality is bounded by the tenants configured (ever, over
+ * reloads) plus "default". Rejections list only the reasons that happened. */
+static void tenant_families(const struct metrics_stream *ms, struct buf *o)
+{
+    const struct tenants *ts = &ms->adm->rt->tenants;
+    metrics_help_type(o, "thaw_tenant_requests_total", "counter",
+                      "Finished requests (any outcome), by tenant.");
+    for (size_t i = 0; i < ts->n; i++) {
+        buf_printf(o, "thaw_tenant_requests_total{tenant=\"%s\"} %llu\n", ts->all[i]->name,
+                   (unsigned long long)ts->all[i]->stats.requests);
+    }
+    metrics_help_type(o, "thaw_tenant_rejections_total", "counter",
+                      "Error responses from thaw, by tenant and reason.");
+    for (size_t i = 0; i < ts->n; i++) {
+        const struct tenant *t = ts->all[i];
+        for (int r = 0; r < REJECT_COUNT; r++) {
+            if (t->stats.rejections[r]) {
+                buf_printf(o, "thaw_tenant_rejections_total{tenant=\"%s\",reason=\"%s\"} %llu\n",
+                           t->name, reject_info((enum reject_reason)r)->name,
+                           (unsigned long long)t->stats.rejections[r]);
+            }
+        }
+    }
+    metrics_help_type(o, "thaw_tenant_queue_wait_seconds", "histogram",
+                      "Time requests waited for a replica slot, by tenant.");
+    for (size_t i = 0; i < ts->n; i++) {
+        char labels[300];
+        snprintf(labels, sizeof labels, "tenant=\"%s\"", ts->all[i]->name);
+        histogram_render(&ts->all[i]->stats.queue_wait, o, "thaw_tenant_queue_wait_seconds",
+                         labels);
+    }
+}
+
 static const struct family families[] = {
     {.whole = requests_totals},
     {"thaw_requests_total", "counter", "Finished requests by model and status code.", NULL,
@@ -336,6 +369,7 @@ static const struct family families[] = {
      "preempt).",
      NULL, pool_decisions},
     {.whole = pool_slices},
+    {.whole = tenant_families},
     {.whole = connections},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
@@ -555,6 +589,42 @@ static void admin_on_abort(struct conn *c, struct exchange *x, enum abort_reason
     }
 }
 
+/* The configured tenants (and "default"): settings and totals. */
+static void status_tenants(const struct tenants *ts, cJSON *root)
+{
+    cJSON *arr = cJSON_AddArrayToObject(root, "tenants");
+    for (size_t i = 0; i < ts->n; i++) {
+        const struct tenant *t = ts->all[i];
+        cJSON *jt = cJSON_CreateObject();
+        cJSON_AddStringToObject(jt, "name", t->name);
+        cJSON_AddStringToObject(jt, "tier", tier_name(t->tier));
+        cJSON_AddNumberToObject(jt, "weight", t->weight);
+        if (t->max_concurrency != UINT64_MAX) {
+            cJSON_AddNumberToObject(jt, "max_concurrency", (double)t->max_concurrency);
+        }
+        if (t->max_queue != UINT64_MAX) {
+            cJSON_AddNumberToObject(jt, "max_queue", (double)t->max_queue);
+        }
+        cJSON_AddBoolToObject(jt, "removed", t->removed);
+        cJSON_AddNumberToObject(jt, "requests", (double)t->stats.requests);
+        cJSON_AddItemToArray(arr, jt);
+    }
+}
+
+/* A model's tenants with requests waiting or running there. */
+static void status_model_tenants(const struct tenants *ts, const struct model *m, cJSON *jq)
+{
+    cJSON *obj = cJSON_AddObjectToObject(jq, "tenants");
+    for (size_t i = 0; i < ts->n; i++) {
+        const struct queue_flow *f = queue_flow(&m->queue, ts->all[i]->id);
+        if (f && (f->queued || f->running)) {
+            cJSON *jt = cJSON_AddObjectToObject(obj, ts->all[i]->name);
+            cJSON_AddNumberToObject(jt, "waiting", (double)f->queued);
+            cJSON_AddNumberToObject(jt, "running", (double)f->running);
+        }
+    }
+}
+
 static void render_status(struct admin_ctx *adm, struct buf *out)
 {
     cJSON *root = cJSON_CreateObject();
@@ -574,6 +644,7 @@ static void render_status(struct admin_ctx *adm, struct buf *out)
             backends[i]->ops->describe_capacity(backends[i], root);
         }
     }
+    status_tenants(&adm->rt->tenants, root);
     cJSON *models = cJSON_AddArrayToObject(root, "models");
     struct model *m;
     FOR_EACH_MODEL(adm, m)
@@ -594,6 +665,7 @@ static void render_status(struct admin_ctx *adm, struct buf *out)
         }
         cJSON_AddNumberToObject(q, "max", (double)m->queue.max);
         cJSON_AddNumberToObject(q, "oldest_wait_ms", (double)queue_oldest_age(&m->queue, now));
+        status_model_tenants(&adm->rt->tenants, m, q);
         cJSON *reps = cJSON_AddArrayToObject(jm, "replicas");
         for (size_t i = 0; i < m->n_endpoints; i++) {
             struct endpoint *ep = m->endpoints[i];

@@ -54,6 +54,11 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_AMBIGUOUS_MODEL] = {"ambiguous_model", 409, false,
                                 "models in several namespaces have this name; name one as "
                                 "namespace/name (path or body) or name.namespace (Host)"},
+    [REJECT_INVALID_API_KEY] = {"invalid_api_key", 401, false,
+                                "no valid API key was given (Authorization: Bearer KEY, or "
+                                "api-key: KEY)"},
+    [REJECT_TENANT_QUEUE_FULL] = {"tenant_queue_full", 429, true,
+                                  "too many of this tenant's requests are waiting for the model"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cjson/cJSON.h>
 
@@ -718,6 +719,219 @@ static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct co
     return parse_section(p, &model_section, obj, prefix, m);
 }
 
+/* ---- tenants ---- */
+
+#define TENANTS_MAX 1000
+#define TENANT_KEYS_MAX 64
+
+/* "sha256:" and 64 hex digits: the key itself never goes in the file. */
+static int check_key_hash(const char *s)
+{
+    if (strncmp(s, "sha256:", 7) != 0 || strlen(s) != 7 + 64) {
+        return -1;
+    }
+    for (const char *c = s + 7; *c; c++) {
+        if (!isxdigit((unsigned char)*c)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int check_api_keys(struct parser *p, const cJSON *item, const char *path, void *field)
+{
+    const struct config_tenant *t = (const struct config_tenant *)((const char *)field -
+                                                                   offsetof(struct config_tenant,
+                                                                            api_keys));
+    if (t->n_api_keys > TENANT_KEYS_MAX) {
+        return fail(p, item, path, "at most %d keys per tenant", TENANT_KEYS_MAX);
+    }
+    size_t i = 0;
+    for (const cJSON *e = item->child; e; e = e->next, i++) {
+        if (check_key_hash(t->api_keys[i])) {
+            char epath[300];
+            snprintf(epath, sizeof epath, "%s[%zu]", path, i);
+            return fail(p, e, epath,
+                        "must be \"sha256:\" and the key's 64-digit hex SHA-256, not the key "
+                        "(thaw hash-key, or: printf %%s KEY | sha256sum)");
+        }
+    }
+    return 0;
+}
+
+/* An HTTP field name (RFC 9110 token), not one thaw reads for itself. */
+static int check_tenant_header(struct parser *p, const cJSON *item, const char *path, void *field)
+{
+    const char *s = *(char **)field;
+    if (strlen(s) > 64) {
+        return fail(p, item, path, "is longer than 64 characters");
+    }
+    for (const char *c = s; *c; c++) {
+        if (!isalnum((unsigned char)*c) && !strchr("!#$%&'*+-.^_`|~", *c)) {
+            return fail(p, item, path, "must be an HTTP header name");
+        }
+    }
+    static const char *const reserved[] = {"authorization", "api-key", "host", "thaw-priority",
+                                           "content-length", "transfer-encoding"};
+    for (size_t i = 0; i < N_ELEMS(reserved); i++) {
+        if (strcasecmp(s, reserved[i]) == 0) {
+            return fail(p, item, path, "\"%s\" cannot name tenants", s);
+        }
+    }
+    return 0;
+}
+
+static const struct conf_key tenant_model_keys[] = {
+    K_NUM(struct config_tenant_model, max_concurrency, UINT64_MAX, 1, 100000),
+    K_NUM(struct config_tenant_model, max_queue, UINT64_MAX, 0, 1000000),
+};
+static const struct section tenant_model_section = SECTION(tenant_model_keys, NULL);
+
+/* "models": {"NAME": {"max_concurrency": N, "max_queue": N}, ...} */
+static int parse_tenant_models(struct parser *p, const cJSON *obj, const char *path, void *base)
+{
+    struct config_tenant *t = base;
+    if (!cJSON_IsObject(obj)) {
+        return fail(p, obj, path, "must be an object of model names to {\"max_concurrency\", "
+                                  "\"max_queue\"}");
+    }
+    char prefix[300];
+    snprintf(prefix, sizeof prefix, "%s.", path);
+    int rc = check_duplicates(p, obj, prefix);
+    if (rc) {
+        return rc;
+    }
+    size_t n = (size_t)cJSON_GetArraySize(obj);
+    t->models = calloc(n ? n : 1, sizeof *t->models);
+    if (!t->models) {
+        return fail(p, obj, path, "out of memory");
+    }
+    for (const cJSON *e = obj->child; e; e = e->next) {
+        char epath[300];
+        snprintf(epath, sizeof epath, "%s.%s", path, e->string);
+        if (check_name(e->string)) {
+            return fail(p, e, epath, "is not a model name");
+        }
+        struct config_tenant_model *tm = &t->models[t->n_models++];
+        set_defaults(&tenant_model_section, tm, false);
+        if (!(tm->model = strdup(e->string))) {
+            return fail(p, e, epath, "out of memory");
+        }
+        rc = parse_object(p, &tenant_model_section, e, epath, tm);
+        if (rc) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+#define TENANT_CAP_KEYS                                                                            \
+    {.name = "tier", .type = KEY_ENUM, .offset = offsetof(struct config_tenant, tier),             \
+     .def = TIER_CRITICAL, .lookup = lookup_tier,                                                  \
+     .enum_msg = "must be one of \"critical\", \"standard\", \"batch\""},                          \
+        K_NUM(struct config_tenant, max_concurrency, UINT64_MAX, 1, 100000),                       \
+        K_NUM(struct config_tenant, max_queue, UINT64_MAX, 0, 1000000),                            \
+        K_NUM(struct config_tenant, weight, 1, 1, 100),                                            \
+    {                                                                                              \
+        .name = "models", .type = KEY_CUSTOM, .parse = parse_tenant_models                         \
+    }
+
+static int tenant_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
+{
+    const struct config_tenant *t = base;
+    if (!t->name) {
+        return fail(p, obj, prefix, "\"name\" is required");
+    }
+    if (strcmp(t->name, "default") == 0) {
+        return fail(p, cJSON_GetObjectItemCaseSensitive(obj, "name"), prefix,
+                    "\"default\" is the tenant of requests no other tenant claims; "
+                    "set it in tenants.default");
+    }
+    return 0;
+}
+
+static const struct conf_key tenant_keys[] = {
+    K_STRING(struct config_tenant, name, NULL, check_name_value),
+    {.name = "api_keys", .type = KEY_STRINGS, .offset = offsetof(struct config_tenant, api_keys),
+     .count_offset = offsetof(struct config_tenant, n_api_keys), .check = check_api_keys},
+    TENANT_CAP_KEYS,
+};
+static const struct section tenant_section = SECTION(tenant_keys, tenant_finish);
+
+static const struct conf_key default_tenant_keys[] = {TENANT_CAP_KEYS};
+static const struct section default_tenant_section = SECTION(default_tenant_keys, NULL);
+
+/* Names and keys are unique across tenants: a key that named two tenants
+ * would be a configuration mistake that charges one tenant for the other. */
+static int check_tenant_unique(struct parser *p, const cJSON *elem, const char *prefix,
+                               const struct config_tenants *ts, size_t i)
+{
+    const struct config_tenant *t = &ts->list[i];
+    for (size_t j = 0; j < i; j++) {
+        const struct config_tenant *o = &ts->list[j];
+        if (strcmp(o->name, t->name) == 0) {
+            return fail(p, cJSON_GetObjectItemCaseSensitive(elem, "name"), prefix,
+                        "tenant \"%s\" is already defined at line %d", t->name, o->line);
+        }
+        for (size_t a = 0; a < t->n_api_keys; a++) {
+            for (size_t b = 0; b < o->n_api_keys; b++) {
+                if (strcasecmp(t->api_keys[a], o->api_keys[b]) == 0) {
+                    char path[300];
+                    snprintf(path, sizeof path, "%sapi_keys[%zu]", prefix, a);
+                    return fail(p, elem, path, "the same key is given to tenant \"%s\" (line %d)",
+                                o->name, o->line);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+static int parse_tenant_list(struct parser *p, const cJSON *arr, const char *path, void *base)
+{
+    struct config_tenants *ts = base;
+    if (!cJSON_IsArray(arr)) {
+        return fail(p, arr, path, "must be an array of tenant objects");
+    }
+    size_t n = (size_t)cJSON_GetArraySize(arr);
+    if (n > TENANTS_MAX) {
+        return fail(p, arr, path, "at most %d tenants (got %zu)", TENANTS_MAX, n);
+    }
+    ts->list = calloc(n ? n : 1, sizeof *ts->list);
+    if (!ts->list) {
+        return fail(p, arr, path, "out of memory");
+    }
+    size_t i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "tenants.list[%zu].", i);
+        struct config_tenant *t = &ts->list[i];
+        ts->n_list = i + 1;
+        set_defaults(&tenant_section, t, false);
+        t->line = jsonpos_line(&p->pos, e);
+        if (!cJSON_IsObject(e)) {
+            return fail(p, e, prefix, "must be an object");
+        }
+        int rc = parse_section(p, &tenant_section, e, prefix, t);
+        if (!rc) {
+            rc = check_tenant_unique(p, e, prefix, ts, i);
+        }
+        if (rc) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static const struct conf_key tenants_keys[] = {
+    K_BOOL(struct config_tenants, required, false),
+    K_STRING(struct config_tenants, header, NULL, check_tenant_header),
+    {.name = "default", .type = KEY_OBJECT, .offset = offsetof(struct config_tenants, default_),
+     .sub = &default_tenant_section},
+    {.name = "list", .type = KEY_CUSTOM, .parse = parse_tenant_list},
+};
+static const struct section tenants_section = SECTION(tenants_keys, NULL);
+
 /* ---- gpus ---- */
 
 static const char *const gpu_sharing_names[] = {"time-slicing", "mps"};
@@ -929,6 +1143,7 @@ static const struct conf_key root_keys[] = {
     K_OBJECT(struct config, kubernetes, &kubernetes_section),
     K_OBJECT(struct config, autoscaler, &autoscaler_section),
     K_OBJECT(struct config, warm_pool, &warm_pool_section),
+    K_OBJECT(struct config, tenants, &tenants_section),
     {.name = "models", .type = KEY_CUSTOM, .parse = check_models_array},
 };
 static const struct section root_section = SECTION(root_keys, root_finish);
@@ -1160,6 +1375,16 @@ static void free_strings(char **arr, size_t n)
     free(arr);
 }
 
+static void config_tenant_free(struct config_tenant *t)
+{
+    free(t->name);
+    free_strings(t->api_keys, t->n_api_keys);
+    for (size_t i = 0; i < t->n_models; i++) {
+        free(t->models[i].model);
+    }
+    free(t->models);
+}
+
 void config_free(struct config *cfg)
 {
     if (!cfg) {
@@ -1184,6 +1409,12 @@ void config_free(struct config *cfg)
     }
     free(cfg->gpus);
     free_strings(cfg->gpu_discovery_command, cfg->n_gpu_discovery_command);
+    config_tenant_free(&cfg->tenants.default_);
+    for (size_t i = 0; i < cfg->tenants.n_list; i++) {
+        config_tenant_free(&cfg->tenants.list[i]);
+    }
+    free(cfg->tenants.list);
+    free(cfg->tenants.header);
     free_strings(cfg->kubernetes.namespaces, cfg->kubernetes.n_namespaces);
     free(cfg->kubernetes.label_selector);
     free(cfg->kubernetes.kubeconfig);

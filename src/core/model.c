@@ -212,6 +212,7 @@ void model_unref(struct model *m)
     if (--m->refs > 0) {
         return;
     }
+    queue_dispose(&m->queue);
     free(m->endpoints);
     free(m->name);
     free(m->namespace_);

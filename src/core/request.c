@@ -53,6 +53,9 @@ struct request *request_new(struct request_pool *pool, struct conn *c)
     r->metrics_stream = NULL;
     r->tier = TIER_STANDARD;
     r->has_asked_tier = false;
+    r->tenant = NULL;
+    r->tenant_running = false;
+    r->qi.flow = 0;
     return r;
 }
 
@@ -60,6 +63,7 @@ void request_free(struct request_pool *pool, struct request *r)
 {
     assert(!list_linked(&r->qi.node));
     assert(r->fwd.up == NULL);
+    request_release_tenant_slot(r);
     if (r->model) {
         model_unref(r->model);
         r->model = NULL;
@@ -104,18 +108,39 @@ static void access_log(const struct request_pool *pool, struct request *r, const
     http_target_log_path(&r->ex.head, &t, &len);
     char path[200];
     log_quote(path, sizeof path, t, len, 120);
-    LOGI("request", "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "
-         "ms=%llu client=%s",
+    LOGI("request",
+         "model=%s tier=%s method=%s path=%s status=%d outcome=%s reason=%s "
+         "ms=%llu client=%s tenant=%s",
          r->model && r->model_resolved ? r->model->name : "-", tier_name(r->tier),
-         r->ex.head.method_known ? llhttp_method_name((llhttp_method_t)r->ex.head.method) : "-", path,
-         status, outcome, reason,
-         (unsigned long long)(clock_now_ms() - r->start_ms), r->conn->peer_ip);
+         r->ex.head.method_known ? llhttp_method_name((llhttp_method_t)r->ex.head.method) : "-",
+         path, status, outcome, reason, (unsigned long long)(clock_now_ms() - r->start_ms),
+         r->conn->peer_ip, r->tenant ? r->tenant->name : "-");
+}
+
+void request_hold_tenant_slot(struct request *r)
+{
+    if (!r->tenant_running && r->tenant && r->model) {
+        queue_flow_started(&r->model->queue, r->tenant->id);
+        r->tenant_running = true;
+    }
+}
+
+void request_release_tenant_slot(struct request *r)
+{
+    if (r->tenant_running) {
+        queue_flow_finished(&r->model->queue, r->tenant->id);
+        r->tenant_running = false;
+    }
 }
 
 static void finish(struct request_pool *pool, struct request *r)
 {
     assert(!r->counted);
     r->counted = true;
+    request_release_tenant_slot(r);
+    if (r->tenant) {
+        r->tenant->stats.requests++;
+    }
     (*pool->inflight)--;
 }
 
@@ -140,6 +165,9 @@ void request_count_rejected(struct request_pool *pool, struct request *r, enum r
     }
     pool->metrics->requests_rejected++;
     pool->metrics->rejections[reason]++;
+    if (r->tenant) {
+        r->tenant->stats.rejections[reason]++;
+    }
     int status = reject_info(reason)->status;
     if (r->model && r->model_resolved) {
         r->model->stats.rejected++;

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* How long a rejected connection lingers (discarding input) before it closes. */
 #define RUNTIME_LINGER_MS 2000
@@ -29,6 +30,9 @@ int runtime_init(struct runtime *rt, struct config *cfg, struct event_base *base
     rt->base = base;
     rt->started_ms = clock_now_ms();
     list_init(&rt->net.conns);
+    if (tenants_init(&rt->tenants)) {
+        return -ENOMEM;
+    }
     request_pool_init(&rt->requests, &rt->metrics, &rt->inflight, &rt->buffered_body_bytes);
     rt->net.scratch = malloc(CONN_SCRATCH_BYTES);
     if (!rt->net.scratch) {
@@ -80,10 +84,15 @@ void runtime_apply_config(struct runtime *rt)
         container_of(pos, struct model, node)->queue.aging_ms = lim->queue_aging_ms;
     }
     rt->requests.access_log = cfg->access_log;
+    int rc = tenants_apply(&rt->tenants, &cfg->tenants);
+    if (rc) {
+        LOGE("tenants not applied; keeping the running ones", "error=\"%s\"", strerror(-rc));
+    }
 }
 
 void runtime_dispose(struct runtime *rt)
 {
+    tenants_dispose(&rt->tenants);
     request_pool_dispose(&rt->requests);
     free(rt->net.scratch);
     rt->net.scratch = NULL;

@@ -460,6 +460,10 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
         snprintf(extra, sizeof extra, "Retry-After: %u\r\n",
                  r && c->handler->retry_after_s ? c->handler->retry_after_s(r) : 1);
     }
+    if (ri->status == 401) {
+        /* RFC 9110 15.5.2: a 401 names the scheme it wants. */
+        snprintf(extra, sizeof extra, "WWW-Authenticate: Bearer\r\n");
+    }
     conn_respond(c, ri->status, "application/json", body.data, body.len, extra);
     buf_dispose(&body);
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <event2/event.h>
 
@@ -103,6 +104,100 @@ static enum tier effective_tier(const struct runtime *rt, const struct request *
     }
 }
 
+/* ---- tenants ---------------------------------------------------------------- */
+
+/* The credential a request carries: "Authorization: Bearer KEY", else
+ * "api-key: KEY" (Azure OpenAI's). false when it has neither. */
+static bool request_api_key(const struct request *r, const char **key, size_t *len)
+{
+    const struct http_head *h = &r->ex.head;
+    const struct http_header *x = http_head_find(h, "authorization");
+    if (x) {
+        const char *v = http_hvalue(h, x);
+        size_t n = x->value_len;
+        if (n > 7 && strncasecmp(v, "bearer ", 7) == 0) {
+            v += 7;
+            n -= 7;
+            while (n && *v == ' ') {
+                v++;
+                n--;
+            }
+            *key = v;
+            *len = n;
+            return n > 0;
+        }
+    }
+    x = http_head_find(h, "api-key");
+    if (x && x->value_len) {
+        *key = http_hvalue(h, x);
+        *len = x->value_len;
+        return true;
+    }
+    return false;
+}
+
+/* Who the request is for: the trusted gateway's header when configured and
+ * present, else its API key; unclaimed requests are the default tenant's
+ * unless tenants are required. REJECT_COUNT, or REJECT_INVALID_API_KEY. */
+static int identify_tenant(struct runtime *rt, struct request *r)
+{
+    struct tenants *ts = &rt->tenants;
+    struct tenant *t = NULL;
+    const struct http_header *gw = ts->header ? http_head_find(&r->ex.head, ts->header) : NULL;
+    const char *key;
+    size_t len;
+    if (gw) {
+        t = tenants_find_name(ts, http_hvalue(&r->ex.head, gw), gw->value_len);
+    } else if (ts->n_keys && request_api_key(r, &key, &len)) {
+        t = tenants_find_key(ts, key, len);
+    }
+    if (!t && ts->required) {
+        return REJECT_INVALID_API_KEY;
+    }
+    r->tenant = t ? t : ts->all[0];
+    return REJECT_COUNT;
+}
+
+/* The tier a request runs at, its tenant's ceiling applied. */
+static enum tier request_tier(const struct runtime *rt, const struct request *r)
+{
+    enum tier t = effective_tier(rt, r);
+    return r->tenant ? tenant_clamp_tier(r->tenant, t) : t;
+}
+
+/* Makes sure r's tenant has its flow at r's model, with its caps there
+ * (caps are read again on every request, so a reload applies at once).
+ * 0 or -ENOMEM. */
+static int tenant_flow_at_model(struct request *r)
+{
+    const struct tenant *t = r->tenant;
+    uint64_t max_running, max_queued;
+    tenant_caps(t, r->model->name, &max_running, &max_queued);
+    r->qi.flow = t->id;
+    return queue_flow_set(&r->model->queue, t->id, t->weight, max_running, max_queued);
+}
+
+/* A reload changed the tenants: every model's flows take the new caps and
+ * weights, and what a raised cap lets go is dispatched. */
+void proxy_tenants_changed(struct runtime *rt)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &rt->fleet.models)
+    {
+        struct model *m = container_of(pos, struct model, node);
+        for (size_t id = 0; id < rt->tenants.n; id++) {
+            const struct tenant *t = rt->tenants.all[id];
+            if (!queue_flow(&m->queue, t->id)) {
+                continue;
+            }
+            uint64_t max_running, max_queued;
+            tenant_caps(t, m->name, &max_running, &max_queued);
+            queue_flow_set(&m->queue, t->id, t->weight, max_running, max_queued);
+        }
+        proxy_dispatch(rt, m);
+    }
+}
+
 static int reserve_body(struct runtime *rt, struct request *r, uint64_t bytes);
 
 int proxy_on_head(struct conn *c, struct request *r)
@@ -114,13 +209,17 @@ int proxy_on_head(struct conn *c, struct request *r)
     if (parse_priority(r) < 0) {
         return REJECT_BAD_PRIORITY;
     }
+    int who = identify_tenant(rt, r);
+    if (who != REJECT_COUNT) {
+        return who;
+    }
     enum route_status st = router_resolve_head(&rt->fleet.router, &r->ex.head, &r->route);
     if (st == ROUTE_FOUND) {
         r->model = r->route.target;
         model_ref(r->model);
         r->model_resolved = true;
         r->ex.error_model = r->model->name;
-        r->tier = effective_tier(rt, r);
+        r->tier = request_tier(rt, r);
     } else if (st == ROUTE_NEED_BODY) {
         r->scan = malloc(sizeof *r->scan);
         if (!r->scan) {
@@ -176,7 +275,7 @@ static void route_by_body(struct runtime *rt, struct request *r)
     r->ex.error_model = r->model->name;
     /* route.path_* still describe the target from the head: origin-form,
      * without an absolute-form scheme and authority. */
-    r->tier = effective_tier(rt, r);
+    r->tier = request_tier(rt, r);
 }
 
 /* Feeds the body's new bytes to the scan (at_end: the body is complete).
@@ -339,6 +438,7 @@ static void build_upstream_head(const struct runtime *rt, struct request *r,
 static void start_at(struct runtime *rt, struct request *r, struct endpoint *ep)
 {
     r->ex.state = REQ_UPSTREAM;
+    request_hold_tenant_slot(r);
     if (r->fwd.head.len == 0) {
         build_upstream_head(rt, r, ep);
     }
@@ -369,21 +469,20 @@ static bool wants_stream(const struct request *r)
     return st == JSONSCAN_NO_MODEL && scan.key_is_true;
 }
 
+static void heartbeat_one(struct queue_item *it, void *ud)
+{
+    struct request *r = container_of(it, struct request, qi);
+    if (r->fwd.heartbeat) {
+        conn_write(r->conn, heartbeat_chunk, sizeof heartbeat_chunk - 1);
+        *(bool *)ud = true;
+    }
+}
+
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
 {
     struct model *m = arg;
     bool any = false;
-    for (int t = 0; t < TIER_COUNT; t++) {
-        struct list_node *pos, *tmp;
-        list_for_each_safe(pos, tmp, &m->queue.tiers[t])
-        {
-            struct request *r = container_of(pos, struct request, qi.node);
-            if (r->fwd.heartbeat) {
-                conn_write(r->conn, heartbeat_chunk, sizeof heartbeat_chunk - 1);
-                any = true;
-            }
-        }
-    }
+    queue_visit(&m->queue, heartbeat_one, &any);
     if (any) {
         uint64_t ms = m->set.loading_heartbeat_ms;
         struct timeval tv = clock_timeval(ms);
@@ -426,12 +525,23 @@ static void place(struct runtime *rt, struct request *r)
         conn_reject(r->conn, REJECT_MODEL_REMOVED, NULL);
         return;
     }
-    if (m->queue.count == 0) {
+    if (!r->tenant) {
+        r->tenant = rt->tenants.all[0];
+    }
+    if (tenant_flow_at_model(r)) {
+        conn_reject(r->conn, REJECT_INTERNAL, NULL);
+        return;
+    }
+    /* Straight to a replica when nothing that may run waits ahead (waiting
+     * requests of tenants at their cap do not hold others back) and r's
+     * tenant is below its own cap. */
+    if (!queue_peek(&m->queue) && queue_flow_may_run(&m->queue, r->qi.flow)) {
         struct endpoint *ep = model_pick_endpoint(m, now);
         if (ep) {
             r->queued_ms = now;
             queue_item_stamp(&r->qi, r->tier, now, now + m->set.queue_timeout_ms);
             histogram_observe(&m->stats.queue_wait[r->tier], 0);
+            histogram_observe(&r->tenant->stats.queue_wait, 0);
             start_at(rt, r, ep);
             return;
         }
@@ -450,10 +560,10 @@ static void place(struct runtime *rt, struct request *r)
         }
     }
     struct queue_item *displaced = NULL;
-    int rc = queue_push(&m->queue, &r->qi, r->tier, now, now + m->set.queue_timeout_ms,
-                        &displaced);
+    int rc = queue_push_flow(&m->queue, &r->qi, r->qi.flow, r->tier, now,
+                             now + m->set.queue_timeout_ms, &displaced);
     if (rc) {
-        conn_reject(r->conn, REJECT_QUEUE_FULL, NULL);
+        conn_reject(r->conn, rc == -EDQUOT ? REJECT_TENANT_QUEUE_FULL : REJECT_QUEUE_FULL, NULL);
         return;
     }
     r->ex.state = REQ_QUEUED;
@@ -496,6 +606,9 @@ void proxy_on_abort(struct conn *c, struct request *r, enum abort_reason reason)
         LOGD("held request abandoned by client", "model=%s", r->model->name);
         arm_queue_timer(rt, r->model);
     } else if (r->fwd.up) {
+        /* Before the replica's slot frees and dispatch runs: the tenant's
+         * slot is free too. */
+        request_release_tenant_slot(r);
         upstream_cancel(r->fwd.up);
     }
     request_count_aborted(&rt->requests, r, reason);
@@ -532,8 +645,15 @@ void proxy_dispatch(struct runtime *rt, struct model *m)
             }
         }
         struct queue_item *it = queue_pop(&m->queue);
+        if (!it) {
+            break; /* what waits belongs to tenants at their cap */
+        }
         struct request *r = container_of(it, struct request, qi);
-        histogram_observe(&m->stats.queue_wait[r->tier], (double)(now - r->queued_ms) / 1000.0);
+        double waited_s = (double)(now - r->queued_ms) / 1000.0;
+        histogram_observe(&m->stats.queue_wait[r->tier], waited_s);
+        if (r->tenant) {
+            histogram_observe(&r->tenant->stats.queue_wait, waited_s);
+        }
         took++;
         start_at(rt, r, ep);
     }
@@ -565,7 +685,7 @@ void proxy_flush_queue(struct runtime *rt, struct model *m, enum reject_reason r
                        const char *detail)
 {
     struct queue_item *it;
-    while ((it = queue_pop(&m->queue))) {
+    while ((it = queue_pop_any(&m->queue))) {
         struct request *r = container_of(it, struct request, qi);
         r->ex.state = REQ_ROUTED;
         conn_reject(r->conn, reason, detail);
@@ -638,6 +758,7 @@ static void upstream_retry(struct upstream_req *f)
         if (r->fwd.tries < PROXY_MAX_TRIES && m->backend &&
             backend_scale(m->backend, m, 1) != -ENOTSUP) {
             r->ex.state = REQ_QUEUED;
+            request_release_tenant_slot(r);
             queue_push_front(&m->queue, &r->qi);
             arm_queue_timer(rt, m);
             retry_after_ejection(rt, m);
@@ -656,6 +777,7 @@ static void upstream_retry(struct upstream_req *f)
     /* Every slot is busy (or every replica ejected): wait at the front of
      * its tier. */
     r->ex.state = REQ_QUEUED;
+    request_release_tenant_slot(r);
     queue_push_front(&m->queue, &r->qi);
     arm_queue_timer(rt, m);
     retry_after_ejection(rt, m);

@@ -19,6 +19,7 @@
 #include "thaw/log.h"
 #include "thaw/proxy.h"
 #include "thaw/runtime.h"
+#include "thaw/tenant.h"
 #include "thaw/upstream.h"
 
 #include "loopnet.h"
@@ -68,6 +69,8 @@ static void runtime_wire(struct env *e, struct config *cfg)
     rt->net.tv_linger = &e->tv_linger;
 }
 
+static void add_model_from_text(struct env *e, const char *text);
+
 /* Model "m" on the static backend, its endpoints in this order. */
 static void add_static_model_with(struct env *e, unsigned max_concurrency, const char *ep0,
                                   const char *ep1, const char *more_keys)
@@ -77,6 +80,12 @@ static void add_static_model_with(struct env *e, unsigned max_concurrency, const
         text, sizeof text,
         "{\"models\":[{\"name\":\"m\",\"max_concurrency\":%u,%s\"endpoints\":[\"%s\"%s%s%s]}]}",
         max_concurrency, more_keys, ep0, ep1 ? ",\"" : "", ep1 ? ep1 : "", ep1 ? "\"" : "");
+    add_model_from_text(e, text);
+}
+
+/* The runtime for the configuration text, and its one static model. */
+static void add_model_from_text(struct env *e, const char *text)
+{
     struct config_error err;
     struct config *cfg = config_parse(text, strlen(text), "test", &err);
     if (!cfg) {
@@ -430,6 +439,66 @@ static void test_pipelined_requests_reuse_the_replica_connection(void **state)
     assert_int_equal(e->rt.metrics.upstream_reused, 1);
 }
 
+/* A completion request for model m with an API key. */
+static void client_send_key(struct env *e, int client, const char *tag, const char *key)
+{
+    char body[128], req[512];
+    int n = snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"%s\"}", tag);
+    snprintf(req, sizeof req,
+             "POST /v1/completions HTTP/1.1\r\nHost: thaw\r\nAuthorization: Bearer %s\r\n"
+             "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+             key, n, body);
+    assert_true(loopnet_send_str(e->clients[client].fd, req));
+}
+
+/* A tenant at its concurrency cap waits while another tenant's request goes
+ * past it to a free slot; the capped tenant's slot is free again (and its
+ * waiting request dispatched) when one of its requests finishes or its
+ * client leaves mid-request. */
+static void test_tenant_cap_is_skipped_then_released(void **state)
+{
+    struct env *e = *state;
+    char ka[80], kb[80], text[1024];
+    tenant_format_digest("key-a", 5, ka, sizeof ka);
+    tenant_format_digest("key-b", 5, kb, sizeof kb);
+    snprintf(text, sizeof text,
+             "{\"tenants\":{\"required\":true,\"list\":["
+             "{\"name\":\"a\",\"api_keys\":[\"%s\"],\"max_concurrency\":1},"
+             "{\"name\":\"b\",\"api_keys\":[\"%s\"]}]},"
+             "\"models\":[{\"name\":\"m\",\"max_concurrency\":4,\"endpoints\":[\"%s\"]}]}",
+             ka, kb, rep_addr(e, 0));
+    add_model_from_text(e, text);
+    int c0 = open_client(e), c1 = open_client(e), c2 = open_client(e), c3 = open_client(e);
+    client_send_key(e, c0, "a1", "key-a");
+    assert_true(RUN_UNTIL(where(e, "a1") >= 0));
+    client_send_key(e, c1, "a2", "key-a");
+    assert_true(RUN_UNTIL(e->m->queue.count == 1));
+    client_send_key(e, c2, "b1", "key-b");
+    assert_true(RUN_UNTIL(where(e, "b1") >= 0)); /* past a's waiting request */
+    assert_int_equal(where(e, "a2"), -1);
+    struct tenant *a = tenants_find_name(&e->rt.tenants, "a", 1);
+    assert_int_equal(queue_flow(&e->m->queue, a->id)->running, 1);
+
+    replica_answer(e, where(e, "a1"), "A1");
+    assert_true(RUN_UNTIL(loopnet_has(&e->clients[c0], "A1") && where(e, "a2") >= 0));
+    assert_int_equal(e->m->queue.count, 0);
+
+    client_send_key(e, c3, "a3", "key-a");
+    assert_true(RUN_UNTIL(e->m->queue.count == 1));
+    /* a2's client leaves while a2 is at the replica: a3 may go. */
+    close(e->clients[c1].fd);
+    e->clients[c1].fd = -1;
+    assert_true(RUN_UNTIL(where(e, "a3") >= 0));
+    assert_int_equal(queue_flow(&e->m->queue, a->id)->running, 1);
+    replica_answer(e, where(e, "b1"), "B1");
+    replica_answer(e, where(e, "a3"), "A3");
+    assert_true(
+        RUN_UNTIL(loopnet_has(&e->clients[c2], "B1") && loopnet_has(&e->clients[c3], "A3")));
+    assert_int_equal(queue_flow(&e->m->queue, a->id)->running, 0);
+    assert_int_equal(a->stats.requests, 3);
+    assert_int_equal(e->m->stats.aborted, 1);
+}
+
 int main(void)
 {
     log_init(LOG_ERROR);
@@ -446,6 +515,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_replica_refusing_answers_502, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipelined_requests_reuse_the_replica_connection, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_tenant_cap_is_skipped_then_released, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

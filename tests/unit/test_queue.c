@@ -187,6 +187,196 @@ static void test_remove_from_middle(void **state)
     assert_int_equal(q.count, 0);
 }
 
+/* ---- flows (tenants) ---- */
+
+static void push_flow(struct queue *q, struct item *it, uint32_t flow, enum tier t, uint64_t now,
+                      int expect_rc)
+{
+    struct queue_item *displaced = (struct queue_item *)1;
+    assert_int_equal(queue_push_flow(q, &it->qi, flow, t, now, now + 100000, &displaced),
+                     expect_rc);
+    assert_null(displaced);
+}
+
+/* A burst of 1,000 batch items from one flow does not hold back the 10 of
+ * another flow queued after it: they alternate, so the small flow is done
+ * within its first 20 pops. */
+static void test_round_robin_across_flows(void **state)
+{
+    static struct item big[1000], small[10];
+    struct queue q;
+    queue_init(&q, 2000, 10000, NULL);
+    assert_int_equal(queue_flow_set(&q, 1, 1, QUEUE_NO_CAP, QUEUE_NO_CAP), 0);
+    assert_int_equal(queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP), 0);
+    for (int i = 0; i < 1000; i++) {
+        big[i].id = i;
+        push_flow(&q, &big[i], 1, TIER_BATCH, (uint64_t)i, 0);
+    }
+    for (int i = 0; i < 10; i++) {
+        small[i].id = 10000 + i;
+        push_flow(&q, &small[i], 2, TIER_BATCH, 1000 + (uint64_t)i, 0);
+    }
+    int small_seen = 0, pops = 0, big_next = 0;
+    while (small_seen < 10) {
+        int id = id_of(queue_pop(&q));
+        pops++;
+        if (id >= 10000) {
+            assert_int_equal(id, 10000 + small_seen); /* FIFO inside a flow */
+            small_seen++;
+        } else {
+            assert_int_equal(id, big_next++);
+        }
+    }
+    assert_true(pops <= 20);
+    /* Then the big flow's rest, in order. */
+    for (int i = big_next; i < 1000; i++) {
+        assert_int_equal(id_of(queue_pop(&q)), i);
+    }
+    assert_null(queue_pop(&q));
+    assert_int_equal(q.count, 0);
+    queue_dispose(&q);
+}
+
+/* A flow of weight 3 gets three items per turn to the other's one. */
+static void test_weighted_turns(void **state)
+{
+    struct item a[6], b[6];
+    struct queue q;
+    queue_init(&q, 100, 10000, NULL);
+    queue_flow_set(&q, 1, 3, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    for (int i = 0; i < 6; i++) {
+        a[i].id = 100 + i;
+        b[i].id = 200 + i;
+        push_flow(&q, &a[i], 1, TIER_STANDARD, 0, 0);
+        push_flow(&q, &b[i], 2, TIER_STANDARD, 0, 0);
+    }
+    int want[] = {100, 101, 102, 200, 103, 104, 105, 201, 202, 203, 204, 205};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        assert_int_equal(id_of(queue_pop(&q)), want[i]);
+    }
+    queue_dispose(&q);
+}
+
+/* Aging across tiers still goes by each tier's oldest item. */
+static void test_flows_keep_aging_across_tiers(void **state)
+{
+    struct item old_batch = {.id = 1}, crit = {.id = 2}, later_batch = {.id = 3};
+    struct queue q;
+    queue_init(&q, 10, 1000, NULL);
+    queue_flow_set(&q, 1, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    push_flow(&q, &old_batch, 1, TIER_BATCH, 0, 0);
+    push_flow(&q, &later_batch, 2, TIER_BATCH, 1500, 0);
+    push_flow(&q, &crit, 2, TIER_CRITICAL, 2500, 0);
+    /* batch rank 0 + 2000 < critical 2500 */
+    assert_int_equal(id_of(queue_pop(&q)), 1);
+    /* now batch's oldest is 1500 + 2000 = 3500 > 2500 */
+    assert_int_equal(id_of(queue_pop(&q)), 2);
+    assert_int_equal(id_of(queue_pop(&q)), 3);
+    queue_dispose(&q);
+}
+
+/* Deadlines are checked at the head of every flow, not only the first. */
+static void test_deadlines_across_flows(void **state)
+{
+    struct item a = {.id = 1}, b = {.id = 2}, c = {.id = 3};
+    struct queue q;
+    struct queue_item *d;
+    queue_init(&q, 10, 1000, NULL);
+    queue_flow_set(&q, 1, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    queue_push_flow(&q, &a.qi, 1, TIER_BATCH, 0, 900, &d);
+    queue_push_flow(&q, &b.qi, 1, TIER_BATCH, 1, 901, &d);
+    queue_push_flow(&q, &c.qi, 2, TIER_BATCH, 2, 300, &d);
+    assert_int_equal(queue_next_deadline(&q), 300);
+    assert_null(queue_pop_expired(&q, 299));
+    assert_int_equal(id_of(queue_pop_expired(&q, 300)), 3);
+    assert_int_equal(id_of(queue_pop_expired(&q, 1000)), 1);
+    assert_int_equal(id_of(queue_pop_expired(&q, 1000)), 2);
+    assert_int_equal(queue_next_deadline(&q), UINT64_MAX);
+    queue_dispose(&q);
+}
+
+/* A critical request at a full queue displaces the newest item of the
+ * longest batch flow. */
+static void test_displacement_takes_from_the_longest_batch_flow(void **state)
+{
+    struct item s1 = {.id = 1}, b1 = {.id = 2}, b2 = {.id = 3}, b3 = {.id = 4}, c = {.id = 5};
+    struct queue q;
+    queue_init(&q, 4, 1000, NULL);
+    queue_flow_set(&q, 1, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    push_flow(&q, &s1, 1, TIER_BATCH, 0, 0);
+    push_flow(&q, &b1, 2, TIER_BATCH, 1, 0);
+    push_flow(&q, &b2, 2, TIER_BATCH, 2, 0);
+    push_flow(&q, &b3, 1, TIER_STANDARD, 3, 0);
+    struct queue_item *displaced = NULL;
+    assert_int_equal(queue_push_flow(&q, &c.qi, 1, TIER_CRITICAL, 4, 1000, &displaced), 0);
+    assert_int_equal(id_of(displaced), 3);
+    assert_int_equal(queue_flow(&q, 2)->queued, 1);
+    queue_dispose(&q);
+}
+
+/* A flow at its running cap is skipped; the others are served; it comes
+ * back when one of its items finishes. */
+static void test_running_cap_skips_the_flow(void **state)
+{
+    struct item a1 = {.id = 1}, a2 = {.id = 2}, b1 = {.id = 3};
+    struct queue q;
+    queue_init(&q, 10, 1000, NULL);
+    queue_flow_set(&q, 1, 1, 1, QUEUE_NO_CAP);
+    queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    push_flow(&q, &a1, 1, TIER_STANDARD, 0, 0);
+    push_flow(&q, &a2, 1, TIER_STANDARD, 1, 0);
+    push_flow(&q, &b1, 2, TIER_STANDARD, 2, 0);
+    assert_int_equal(id_of(queue_pop(&q)), 1);
+    queue_flow_started(&q, 1);
+    assert_false(queue_flow_may_run(&q, 1));
+    assert_int_equal(id_of(queue_peek(&q)), 3);
+    assert_int_equal(id_of(queue_pop(&q)), 3);
+    assert_null(queue_pop(&q)); /* a2 waits for its flow's slot */
+    assert_int_equal(q.count, 1);
+    queue_flow_finished(&q, 1);
+    assert_int_equal(id_of(queue_pop(&q)), 2);
+    queue_dispose(&q);
+}
+
+/* A flow's own bound: -EDQUOT, and nobody is displaced for it. */
+static void test_flow_queue_cap(void **state)
+{
+    struct item a = {.id = 1}, b = {.id = 2}, c = {.id = 3};
+    struct queue q;
+    queue_init(&q, 10, 1000, NULL);
+    queue_flow_set(&q, 1, 1, QUEUE_NO_CAP, 1);
+    push_flow(&q, &a, 1, TIER_BATCH, 0, 0);
+    push_flow(&q, &b, 1, TIER_CRITICAL, 0, -EDQUOT);
+    push_flow(&q, &c, 0, TIER_BATCH, 0, 0); /* other flows are not bound by it */
+    assert_int_equal(q.count, 2);
+    queue_dispose(&q);
+}
+
+/* An item put back after a failed connect goes first in its flow, and its
+ * flow takes the next turn. */
+static void test_push_front_with_flows(void **state)
+{
+    struct item a1 = {.id = 1}, a2 = {.id = 2}, b1 = {.id = 3};
+    struct queue q;
+    queue_init(&q, 10, 1000, NULL);
+    queue_flow_set(&q, 1, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    push_flow(&q, &a1, 1, TIER_STANDARD, 0, 0);
+    push_flow(&q, &b1, 2, TIER_STANDARD, 1, 0);
+    struct queue_item *it = queue_pop(&q);
+    assert_int_equal(id_of(it), 1);
+    push_flow(&q, &a2, 1, TIER_STANDARD, 2, 0);
+    queue_push_front(&q, it);
+    assert_int_equal(id_of(queue_pop(&q)), 1);
+    assert_int_equal(id_of(queue_pop(&q)), 3);
+    assert_int_equal(id_of(queue_pop(&q)), 2);
+    queue_dispose(&q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -198,6 +388,14 @@ int main(void)
         cmocka_unit_test(test_critical_displaces_newest_batch),
         cmocka_unit_test(test_deadlines),
         cmocka_unit_test(test_push_front_keeps_place),
+        cmocka_unit_test(test_round_robin_across_flows),
+        cmocka_unit_test(test_weighted_turns),
+        cmocka_unit_test(test_flows_keep_aging_across_tiers),
+        cmocka_unit_test(test_deadlines_across_flows),
+        cmocka_unit_test(test_displacement_takes_from_the_longest_batch_flow),
+        cmocka_unit_test(test_running_cap_skips_the_flow),
+        cmocka_unit_test(test_flow_queue_cap),
+        cmocka_unit_test(test_push_front_with_flows),
         cmocka_unit_test(test_stamped_item_pushed_front_keeps_its_deadline),
         cmocka_unit_test(test_remove_from_middle),
     };
