@@ -40,11 +40,12 @@ enum reject_reason {
     REJECT_INTERNAL,
     REJECT_VERSION_NOT_SUPPORTED,
     REJECT_MODEL_REMOVED,
+    REJECT_BAD_FORM, /* a multipart/form-data body that is not one */
     REJECT_COUNT
 };
 
 struct reject_info {
-    const char *name; /* metric label and error "type" */
+    const char *name; /* metric label and the error body's "code" */
     int status;
     bool retry_after;
     const char *message;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
 #include <event2/event.h>
 
 /* Requests released per loop turn (see proxy_dispatch). */
@@ -664,7 +665,10 @@ static void upstream_failed(struct upstream_req *f, enum reject_reason reason,
     if (r->model) {
         r->model->stats.upstream_errors++;
     }
-    if (!r->ex.response_started) {
+    /* Nothing of the replica's reached the client yet (a heartbeat stream
+     * still waiting for its head, or for an error body to end): thaw's own
+     * answer, inside that stream when there is one. */
+    if (!r->ex.response_started || (r->fwd.heartbeat && r->ex.state == REQ_UPSTREAM)) {
         r->ex.state = REQ_ROUTED;
         conn_reject(c, reason, NULL);
         return;
@@ -734,25 +738,83 @@ static void proxy_on_reject(struct conn *c, struct exchange *x, enum reject_reas
     request_count_rejected(&rt_of(c)->requests, request_of(x), reason);
 }
 
-/* The 200 event-stream head went out with the loading heartbeats: the error
- * travels as a last SSE event, then the stream ends. */
-static bool proxy_reject_in_stream(struct conn *c, struct exchange *x, const struct buf *body)
+/* Ends a heartbeat stream (thaw's 200 event-stream head went out) with an
+ * error: one SSE event `error` whose data is the error JSON (json, with its
+ * "status"), then the stream's last chunk. Never raw JSON inside the stream. */
+static void end_stream_with_error(struct request *r, const struct buf *json)
+{
+    static const char event[] = "event: error\ndata: ";
+    size_t n = json->len && json->data[json->len - 1] == '\n' ? json->len - 1 : json->len;
+    struct buf ev;
+    buf_init(&ev);
+    buf_printf(&ev, "%zx\r\n%s", sizeof event - 1 + n + 2, event);
+    buf_append(&ev, json->data, n);
+    buf_append_str(&ev, "\n\n\r\n0\r\n\r\n");
+    conn_write(r->conn, ev.data, ev.len);
+    buf_dispose(&ev);
+    r->ex.state = REQ_ANSWERED;
+}
+
+/* thaw's own error after the heartbeats began travels as that last event. */
+static bool proxy_reject_in_stream(struct conn *c, struct exchange *x, enum reject_reason reason,
+                                   const char *detail)
 {
     struct request *r = request_of(x);
     if (!r->fwd.heartbeat) {
         return false;
     }
-    struct buf ev;
-    buf_init(&ev);
-    size_t n = body->len && body->data[body->len - 1] == '\n' ? body->len - 1 : body->len;
-    buf_printf(&ev, "%zx\r\ndata: ", n + 8);
-    buf_append(&ev, body->data, n);
-    buf_append_str(&ev, "\n\n\r\n0\r\n\r\n");
-    conn_write(c, ev.data, ev.len);
-    buf_dispose(&ev);
-    r->ex.state = REQ_ANSWERED;
+    struct buf json;
+    buf_init(&json);
+    conn_error_body(&json, reason, detail, r->ex.error_model, true);
+    end_stream_with_error(r, &json);
+    buf_dispose(&json);
     conn_response_done(c);
     return true;
+}
+
+static const char *json_string(const cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsString(v) && v->valuestring[0] ? v->valuestring : NULL;
+}
+
+/* The replica answered an error status into a heartbeat stream. Its error
+ * (OpenAI's {"error":{...}}, vLLM's {"object":"error","message":...} or
+ * FastAPI's {"detail":...}) is carried over into the event where it has
+ * one; otherwise the message says what status the model's server gave. */
+static void upstream_stream_error(struct upstream_req *f, int status, const char *body, size_t len)
+{
+    struct request *r = request_of_fwd(f);
+    cJSON *root = len ? cJSON_ParseWithLength(body, len) : NULL;
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(root, "error");
+    const cJSON *src = cJSON_IsObject(err) ? err : root;
+    const char *message = cJSON_IsObject(src) ? json_string(src, "message") : NULL;
+    if (!message && cJSON_IsString(err)) {
+        message = err->valuestring;
+    }
+    if (!message && cJSON_IsObject(root)) {
+        message = json_string(root, "detail");
+    }
+    const char *type = cJSON_IsObject(src) ? json_string(src, "type") : NULL;
+    const char *param = cJSON_IsObject(src) ? json_string(src, "param") : NULL;
+    const char *code = cJSON_IsObject(src) ? json_string(src, "code") : NULL;
+    struct buf m, json;
+    buf_init(&m);
+    buf_init(&json);
+    if (message) {
+        buf_append_str(&m, message);
+    } else {
+        buf_printf(&m, "the model's server answered %d %s", status, http_reason_phrase(status));
+    }
+    buf_printf(&m, " (model `%s`)", r->model->name);
+    conn_error_json(&json, m.data, m.len, type ? type : conn_error_type(status), param, code,
+                    status);
+    LOGI("replica answered an error into a loading stream", "model=%s status=%d",
+         r->model->name, status);
+    end_stream_with_error(r, &json);
+    buf_dispose(&m);
+    buf_dispose(&json);
+    cJSON_Delete(root);
 }
 
 const struct conn_handler proxy_conn_handler = {
@@ -777,6 +839,7 @@ const struct upstream_handler proxy_upstream_handler = {
     .take_slot = endpoint_take_slot,
     .give_slot = endpoint_give_slot,
     .capacity = upstream_capacity,
+    .stream_error = upstream_stream_error,
 };
 
 /* ---- wiring ------------------------------------------------------------------ */
