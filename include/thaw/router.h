@@ -1,8 +1,9 @@
 /* Request -> model. In order: the Host header (a configured host name, the
  * model's name, or name.namespace[.svc[.cluster.local]]), the path prefix
- * /models/<name>/ (stripped before proxying), then the "model" field of an
- * OpenAI-style JSON body on /v1/chat/completions, /v1/completions and
- * /v1/embeddings. Targets are opaque pointers the router does not own. */
+ * /models/<name>/ (stripped before proxying), then the "model" field of the
+ * body on the OpenAI endpoints that carry one (router_body_kind: a JSON field,
+ * or a multipart/form-data field for audio uploads). Targets are opaque
+ * pointers the router does not own. */
 #ifndef THAW_ROUTER_H
 #define THAW_ROUTER_H
 
@@ -38,6 +39,16 @@ enum route_status {
 
 enum route_via { ROUTE_VIA_HOST, ROUTE_VIA_PATH, ROUTE_VIA_BODY };
 
+/* How a body-routed path's body names the model. */
+enum route_body {
+    ROUTE_BODY_NONE,
+    ROUTE_BODY_JSON, /* the top-level "model" of a JSON object (jsonscan) */
+    ROUTE_BODY_FORM, /* the "model" field of a multipart/form-data body (formscan) */
+};
+
+/* GET /v1/models and /v1/models/{id}: answered by thaw from what it knows. */
+enum route_models { ROUTE_MODELS_NONE, ROUTE_MODELS_LIST, ROUTE_MODELS_ONE };
+
 struct route {
     void *target;
     enum route_via via;
@@ -45,6 +56,9 @@ struct route {
      * with a '/' in front when add_slash. */
     size_t path_off, path_len;
     bool add_slash;
+    /* ROUTE_NOT_FOUND for a /models/<name>/ prefix: the name asked for,
+     * target[asked_off .. asked_off+asked_len); asked_len 0 otherwise. */
+    size_t asked_off, asked_len;
 };
 
 void router_init(struct router *r);
@@ -67,7 +81,19 @@ enum route_status router_resolve_scan(const struct router *r, enum jsonscan_stat
                                       const struct jsonscan *scan, struct route *out);
 /* The model named (exactly) name or alias, or NULL. */
 void *router_lookup_name(const struct router *r, const char *name, size_t len);
-/* Is this request-target one whose JSON body names the model? */
+/* The route for a model name found in a body (JSON or form): ROUTE_FOUND or
+ * ROUTE_NOT_FOUND. */
+enum route_status router_resolve_name(const struct router *r, const char *name, size_t len,
+                                      struct route *out);
+/* Is this request-target (origin-form path, query allowed) one whose body
+ * names the model? */
 bool router_is_body_routed_path(const char *path, size_t len);
+/* How its body names the model (ROUTE_BODY_NONE: it does not). */
+enum route_body router_body_kind(const char *path, size_t len);
+/* Is this path (query allowed) /v1/models or /v1/models/{id}? For one id,
+ * the id percent-decoded into id (idcap bytes with the NUL), *idlen its
+ * length (0 when longer than idcap - 1: no model has such a name). */
+enum route_models router_models_path(const char *path, size_t len, char *id, size_t idcap,
+                                     size_t *idlen);
 
 #endif

@@ -3,6 +3,7 @@
 #include "thaw/backend.h"
 #include "thaw/conn.h"
 #include "thaw/log.h"
+#include "thaw/models_api.h"
 #include "thaw/runtime.h"
 #include "thaw/upstream.h"
 
@@ -106,6 +107,60 @@ static enum tier effective_tier(const struct runtime *rt, const struct request *
 
 static int reserve_body(struct runtime *rt, struct request *r, uint64_t bytes);
 
+/* Keeps the name a request asked for when no model has it, for the error. */
+static void note_asked_model(struct request *r, const char *name, size_t len)
+{
+    if (len == 0 || len >= sizeof r->asked_model || memchr(name, '\0', len)) {
+        return;
+    }
+    memcpy(r->asked_model, name, len);
+    r->asked_model[len] = '\0';
+    r->ex.error_model = r->asked_model;
+}
+
+/* GET or HEAD of /v1/models[/{id}] (after a /models/<name>/ prefix too):
+ * thaw answers it, whatever the Host. */
+static bool is_models_api(struct request *r)
+{
+    const struct http_head *h = &r->ex.head;
+    if (h->method != HTTP_GET && h->method != HTTP_HEAD) {
+        return false;
+    }
+    char id[JSONSCAN_MODEL_MAX + 1];
+    size_t idlen;
+    const char *path = http_target(h) + r->route.path_off;
+    return router_models_path(path, r->route.path_len, id, sizeof id, &idlen) !=
+           ROUTE_MODELS_NONE;
+}
+
+/* Starts the body scan that decides the route: JSON, or a multipart form
+ * (its boundary from Content-Type). REJECT_COUNT, or why not. */
+static int start_body_scan(struct request *r)
+{
+    const struct http_head *h = &r->ex.head;
+    const char *path = http_target(h) + r->route.path_off;
+    if (router_body_kind(path, r->route.path_len) == ROUTE_BODY_FORM) {
+        const struct http_header *ct = http_head_find(h, "content-type");
+        char boundary[FORMSCAN_BOUNDARY_MAX + 1];
+        size_t blen = ct ? formscan_boundary(http_hvalue(h, ct), ct->value_len, boundary) : 0;
+        if (blen == 0) {
+            return REJECT_BAD_FORM;
+        }
+        r->form = malloc(sizeof *r->form);
+        if (!r->form) {
+            return REJECT_INTERNAL;
+        }
+        formscan_init(r->form, boundary, blen);
+        return REJECT_COUNT;
+    }
+    r->scan = malloc(sizeof *r->scan);
+    if (!r->scan) {
+        return REJECT_INTERNAL;
+    }
+    jsonscan_init(r->scan);
+    return REJECT_COUNT;
+}
+
 int proxy_on_head(struct conn *c, struct request *r)
 {
     struct runtime *rt = rt_of(c);
@@ -116,19 +171,21 @@ int proxy_on_head(struct conn *c, struct request *r)
         return REJECT_BAD_PRIORITY;
     }
     enum route_status st = router_resolve_head(&rt->fleet.router, &r->ex.head, &r->route);
-    if (st == ROUTE_FOUND) {
+    if (is_models_api(r)) {
+        r->models_api = true;
+    } else if (st == ROUTE_FOUND) {
         r->model = r->route.target;
         model_ref(r->model);
         r->model_resolved = true;
         r->ex.error_model = r->model->name;
         r->tier = effective_tier(rt, r);
     } else if (st == ROUTE_NEED_BODY) {
-        r->scan = malloc(sizeof *r->scan);
-        if (!r->scan) {
-            return REJECT_INTERNAL;
+        int rc = start_body_scan(r);
+        if (rc != REJECT_COUNT) {
+            return rc;
         }
-        jsonscan_init(r->scan);
     } else {
+        note_asked_model(r, http_target(&r->ex.head) + r->route.asked_off, r->route.asked_len);
         return REJECT_UNKNOWN_MODEL;
     }
     /* A declared length is reserved whole at the head, so a body that
@@ -172,11 +229,10 @@ static void route_by_body(struct runtime *rt, struct request *r)
     r->tier = effective_tier(rt, r);
 }
 
-/* Feeds the body's new bytes to the scan (at_end: the body is complete).
- * Returns false after rejecting the request. */
-static bool scan_body(struct conn *c, struct request *r, bool at_end)
+/* Feeds the body's new bytes to the JSON scan (at_end: the body is complete). */
+static enum route_status scan_json(struct runtime *rt, struct request *r, bool at_end, char *why,
+                                   size_t whylen)
 {
-    struct runtime *rt = rt_of(c);
     struct jsonscan *scan = r->scan;
     enum jsonscan_status js = scan->status;
     if (js == JSONSCAN_MORE && r->ex.body.len > r->body_seen) {
@@ -186,21 +242,73 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
         js = jsonscan_finish(scan);
     }
     enum route_status st = router_resolve_scan(&rt->fleet.router, js, scan, &r->route);
+    if (st == ROUTE_BAD_JSON) {
+        jsonscan_error(scan, why, whylen);
+    } else if (st == ROUTE_NOT_FOUND && js == JSONSCAN_MODEL) {
+        size_t len;
+        const char *name = jsonscan_model(scan, &len);
+        note_asked_model(r, name, len);
+    }
+    return st;
+}
+
+/* The same for a multipart form; a form that is not one is ROUTE_BAD_JSON
+ * here (answered bad_form by scan_body). */
+static enum route_status scan_form(struct runtime *rt, struct request *r, bool at_end, char *why,
+                                   size_t whylen)
+{
+    struct formscan *form = r->form;
+    enum formscan_status fs = form->status;
+    if (fs == FORMSCAN_MORE && r->ex.body.len > r->body_seen) {
+        fs = formscan_feed(form, r->ex.body.data + r->body_seen, r->ex.body.len - r->body_seen);
+    }
+    if (fs == FORMSCAN_MORE && at_end) {
+        fs = formscan_finish(form);
+    }
+    size_t len;
+    const char *name;
+    switch (fs) {
+    case FORMSCAN_MORE:
+        return ROUTE_NEED_BODY;
+    case FORMSCAN_MODEL:
+        name = formscan_model(form, &len);
+        if (router_resolve_name(&rt->fleet.router, name, len, &r->route) == ROUTE_FOUND) {
+            return ROUTE_FOUND;
+        }
+        note_asked_model(r, name, len);
+        return ROUTE_NOT_FOUND;
+    case FORMSCAN_MODEL_TOO_LONG:
+        return ROUTE_NOT_FOUND;
+    case FORMSCAN_NO_MODEL:
+        return ROUTE_NO_MODEL_FIELD;
+    default:
+        formscan_error(form, why, whylen);
+        return ROUTE_BAD_JSON;
+    }
+}
+
+/* Feeds the body's new bytes to the scan that decides the route (at_end:
+ * the body is complete). Returns false after rejecting the request. */
+static bool scan_body(struct conn *c, struct request *r, bool at_end)
+{
+    struct runtime *rt = rt_of(c);
+    char why[160] = "";
+    enum route_status st = r->form ? scan_form(rt, r, at_end, why, sizeof why)
+                                   : scan_json(rt, r, at_end, why, sizeof why);
     if (st == ROUTE_NEED_BODY) {
         return true;
     }
-    char why[160];
-    if (st == ROUTE_BAD_JSON) {
-        jsonscan_error(scan, why, sizeof why);
-    }
+    bool form = r->form != NULL;
     free(r->scan);
     r->scan = NULL;
+    free(r->form);
+    r->form = NULL;
     switch (st) {
     case ROUTE_FOUND:
         route_by_body(rt, r);
         return true;
     case ROUTE_BAD_JSON:
-        conn_reject(c, REJECT_BAD_JSON, why);
+        conn_reject(c, form ? REJECT_BAD_FORM : REJECT_BAD_JSON, why);
         return false;
     case ROUTE_NO_MODEL_FIELD:
         conn_reject(c, REJECT_NO_MODEL_FIELD, NULL);
@@ -222,7 +330,7 @@ bool proxy_on_body(struct conn *c, struct request *r)
         conn_reject(c, (enum reject_reason)rc, NULL);
         return false;
     }
-    if (r->scan && !scan_body(c, r, false)) {
+    if ((r->scan || r->form) && !scan_body(c, r, false)) {
         return false;
     }
     r->body_seen = r->ex.body.len;
@@ -456,16 +564,44 @@ static void place(struct runtime *rt, struct request *r)
     arm_queue_timer(rt, m);
 }
 
+/* GET /v1/models[/{id}]: from the router and the fleet, never a replica.
+ * Counted as proxied (no model) or, for an unknown id, rejected. */
+static void answer_models_api(struct runtime *rt, struct conn *c, struct request *r)
+{
+    char id[JSONSCAN_MODEL_MAX + 1];
+    size_t idlen = 0;
+    const char *path = http_target(&r->ex.head) + r->route.path_off;
+    enum route_models which =
+        router_models_path(path, r->route.path_len, id, sizeof id, &idlen);
+    struct buf body;
+    buf_init(&body);
+    if (which == ROUTE_MODELS_LIST) {
+        models_api_list(rt, &body);
+    } else if (idlen == 0 || !models_api_one(rt, id, idlen, &body)) {
+        buf_dispose(&body);
+        note_asked_model(r, id, idlen);
+        conn_reject(c, REJECT_UNKNOWN_MODEL, NULL);
+        return;
+    }
+    request_count_proxied(&rt->requests, r, 200);
+    conn_respond(c, 200, "application/json", body.data ? body.data : "", body.len, NULL);
+    buf_dispose(&body);
+}
+
 void proxy_on_request(struct conn *c, struct request *r)
 {
     struct runtime *rt = rt_of(c);
     if (!proxy_on_body(c, r)) {
         return;
     }
-    if (r->scan && !scan_body(c, r, true)) {
+    if ((r->scan || r->form) && !scan_body(c, r, true)) {
         return;
     }
     r->ex.state = REQ_ROUTED;
+    if (r->models_api) {
+        answer_models_api(rt, c, r);
+        return;
+    }
     place(rt, r);
 }
 
