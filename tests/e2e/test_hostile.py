@@ -190,7 +190,7 @@ def test_other_http_versions_are_505(thaw, version):
     r = exchange(thaw, b"GET /echo " + version + b"\r\nHost: model-a\r\n\r\n")
     assert r.status == 505, r.body
     err = r.json()["error"]
-    assert err["code"] == "http_version_not_supported" and err["type"] == "invalid_request_error"
+    assert err["code"] == "http_version_not_supported" and err["type"] == "server_error"
     thaw.assert_reconciled()
 
 
