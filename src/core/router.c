@@ -167,6 +167,7 @@ enum route_models router_models_path(const char *path, size_t len, char *id, siz
             i += 2;
         }
         if (o + 1 >= idcap) {
+            id[0] = '\0';
             *idlen = 0;
             return ROUTE_MODELS_ONE; /* longer than any name: not found */
         }
