@@ -87,7 +87,7 @@ def parse_wrk(out):
 
 def wrk(port, host):
     cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{DURATION}s", "--latency",
-           "-H", f"Host: {host}", f"http://127.0.0.1:{port}/v1/models"]
+           "-H", f"Host: {host}", f"http://127.0.0.1:{port}/health"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=DURATION + 60).stdout
     return parse_wrk(out)
 

@@ -86,7 +86,7 @@ class SmallRequests(threading.Thread):
         rd = httpc.Reader(s)
         while not self.stop.is_set():
             t0 = time.perf_counter()
-            httpc.send(s, "GET", "/v1/models", host=self.host)
+            httpc.send(s, "GET", "/health", host=self.host)
             r = rd.response()
             assert r.status == 200, r.body
             self.latencies.append((t0, time.perf_counter() - t0))
@@ -106,7 +106,7 @@ def test_16mib_body_routed_by_model_does_not_stall_other_requests(thaw_factory, 
     body = token_ids_body("big", 16 * 1024 * 1024 - 4096)
     assert len(body) <= 16 * 1024 * 1024
     # Warm up both paths, then take the baseline.
-    assert httpc.request(t.host, t.port, "GET", "/v1/models", {"Host": "small"}).status == 200
+    assert httpc.request(t.host, t.port, "GET", "/health", {"Host": "small"}).status == 200
     warm = httpc.request(t.host, t.port, "POST", "/v1/chat/completions",
                          {"Content-Type": "application/json"},
                          json.dumps({"model": "big", "messages": []}).encode())
