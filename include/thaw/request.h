@@ -47,7 +47,7 @@ struct request {
     /* While a body-routed request's model is unknown: the scan of its body
      * (about 450 bytes, freed once the route is decided). */
     struct jsonscan *scan;
-    /* The same for a multipart/form-data body (about 2.4 KiB). */
+    /* The same for a multipart/form-data body (about 1.5 KiB). */
     struct formscan *form;
     /* GET /v1/models[/{id}]: thaw answers it itself (models_api). */
     bool models_api;
