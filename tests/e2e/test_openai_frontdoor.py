@@ -241,23 +241,25 @@ def test_large_json_and_multipart_bodies_route_without_stalling_the_loop(
     poller.start()
     wait_for(lambda: len(poller.latencies) >= 20, what="listing requests flowing")
     figures = []
-    for path, headers, body, model in (
-            ("/v1/embeddings", {"Content-Type": "application/json"}, big_json, "big"),
-            ("/v1/audio/transcriptions", {"Content-Type": ctype}, upload, "whisper-big")):
+    # The upload is quick: sent a few times over, for enough listings meanwhile.
+    for path, headers, body, model, times in (
+            ("/v1/embeddings", {"Content-Type": "application/json"}, big_json, "big", 1),
+            ("/v1/audio/transcriptions", {"Content-Type": ctype}, upload, "whisper-big", 8)):
         start = time.perf_counter()
-        r = httpc.request(t.host, t.port, "POST", path, headers, body, timeout=60)
+        for _ in range(times):
+            r = httpc.request(t.host, t.port, "POST", path, headers, body, timeout=60)
+            assert r.status == 200, r.body[:300]
+            assert r.json()["model"] == model
         end = time.perf_counter()
-        assert r.status == 200, r.body[:300]
-        assert r.json()["model"] == model
         time.sleep(0.05)
         lat = poller.during(start, end)
         assert len(lat) >= 3, f"only {len(lat)} listings during {path}"
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-        figures.append((path, len(body), end - start, len(lat), p99, lat[-1]))
+        figures.append((path, len(body), (end - start) / times, len(lat), p99, lat[-1]))
     poller.stop.set()
     poller.join(10)
     for path, size, took, n_lat, p99, worst in figures:
-        print(f"{path}: {size} bytes routed in {took * 1000:.0f} ms; {n_lat} listings "
+        print(f"{path}: {size} bytes routed in {took * 1000:.0f} ms each; {n_lat} listings "
               f"meanwhile, p99 {p99 * 1000:.1f} ms, max {worst * 1000:.1f} ms")
         assert p99 < 0.2 * SLOW, f"{path}: p99 {p99 * 1000:.0f} ms"
     t.assert_reconciled()
