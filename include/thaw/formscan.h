@@ -29,11 +29,11 @@
 #define FORMSCAN_MODEL_MAX JSONSCAN_MODEL_MAX
 
 enum formscan_status {
-    FORMSCAN_MORE = 0,      /* feed more, or formscan_finish at the end */
-    FORMSCAN_MODEL,         /* the model field's value is known: formscan_model() */
-    FORMSCAN_NO_MODEL,      /* the form ended (or the body did) without a model field */
+    FORMSCAN_MORE = 0,       /* feed more, or formscan_finish at the end */
+    FORMSCAN_MODEL,          /* the model field's value is known: formscan_model() */
+    FORMSCAN_NO_MODEL,       /* the form ended (or the body did) without a model field */
     FORMSCAN_MODEL_TOO_LONG, /* the model field is longer than FORMSCAN_MODEL_MAX */
-    FORMSCAN_INVALID,       /* not multipart/form-data: formscan_error() says why */
+    FORMSCAN_INVALID,        /* not multipart/form-data: formscan_error() says why */
 };
 
 struct formscan {

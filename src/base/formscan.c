@@ -91,8 +91,8 @@ static bool find_param(const char *p, size_t n, const char *key, char *out, size
         bool wanted = kend - k == klen && strncasecmp(p + k, key, klen) == 0;
         char scratch[FORMSCAN_LINE_MAX];
         size_t vlen = 0;
-        size_t used = param_value(p + i, n - i, wanted ? out : scratch,
-                                  wanted ? cap : sizeof scratch, &vlen);
+        size_t used =
+            param_value(p + i, n - i, wanted ? out : scratch, wanted ? cap : sizeof scratch, &vlen);
         if (wanted) {
             *outlen = vlen;
             return used != PARAM_BAD;
@@ -218,8 +218,8 @@ static void header_line(struct formscan *s, const char *line, size_t n)
     i += sizeof "form-data" - 1;
     char name[8];
     size_t nlen = 0;
-    s->part_is_model = find_param(line + i, n - i, "name", name, sizeof name, &nlen) &&
-                       nlen == 5 && memcmp(name, "model", 5) == 0;
+    s->part_is_model = find_param(line + i, n - i, "name", name, sizeof name, &nlen) && nlen == 5 &&
+                       memcmp(name, "model", 5) == 0;
 }
 
 static enum formscan_status headers_byte(struct formscan *s, char ch)
@@ -263,8 +263,8 @@ static enum formscan_status data_byte(struct formscan *s, char ch)
     if (s->part_is_model) {
         s->value_len -= s->delim_len;
         s->value[s->value_len] = '\0';
-        return answer(s, s->value_len > FORMSCAN_MODEL_MAX ? FORMSCAN_MODEL_TOO_LONG
-                                                           : FORMSCAN_MODEL);
+        return answer(s,
+                      s->value_len > FORMSCAN_MODEL_MAX ? FORMSCAN_MODEL_TOO_LONG : FORMSCAN_MODEL);
     }
     s->state = F_AFTER_DELIM;
     s->after = 0;

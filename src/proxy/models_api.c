@@ -67,8 +67,7 @@ static long long started_unix(const struct runtime *rt)
     return (wall_ms - up_ms + 500) / 1000;
 }
 
-static void append_entry(struct buf *out, const char *id, const struct model *m,
-                         long long created)
+static void append_entry(struct buf *out, const char *id, const struct model *m, long long created)
 {
     const char *owner = m->namespace_ ? m->namespace_ : "thaw";
     buf_append_str(out, "{\"id\":\"");
@@ -78,8 +77,7 @@ static void append_entry(struct buf *out, const char *id, const struct model *m,
     buf_append_str(out, "\",\"root\":\"");
     buf_append_json_escaped(out, m->name, strlen(m->name));
     buf_printf(out, "\",\"state\":\"%s\",\"tier\":\"%s\",\"replicas\":%zu,\"queued\":%zu}",
-               model_state(m), tier_name(m->set.priority), m->n_endpoints,
-               (size_t)m->queue.count);
+               model_state(m), tier_name(m->set.priority), m->n_endpoints, (size_t)m->queue.count);
 }
 
 void models_api_list(const struct runtime *rt, struct buf *out)

@@ -129,8 +129,7 @@ static bool is_models_api(struct request *r)
     char id[JSONSCAN_MODEL_MAX + 1];
     size_t idlen;
     const char *path = http_target(h) + r->route.path_off;
-    return router_models_path(path, r->route.path_len, id, sizeof id, &idlen) !=
-           ROUTE_MODELS_NONE;
+    return router_models_path(path, r->route.path_len, id, sizeof id, &idlen) != ROUTE_MODELS_NONE;
 }
 
 /* Starts the body scan that decides the route: JSON, or a multipart form
@@ -571,8 +570,7 @@ static void answer_models_api(struct runtime *rt, struct conn *c, struct request
     char id[JSONSCAN_MODEL_MAX + 1];
     size_t idlen = 0;
     const char *path = http_target(&r->ex.head) + r->route.path_off;
-    enum route_models which =
-        router_models_path(path, r->route.path_len, id, sizeof id, &idlen);
+    enum route_models which = router_models_path(path, r->route.path_len, id, sizeof id, &idlen);
     struct buf body;
     buf_init(&body);
     if (which == ROUTE_MODELS_LIST) {
@@ -945,8 +943,8 @@ static void upstream_stream_error(struct upstream_req *f, int status, const char
     buf_printf(&m, " (model `%s`)", r->model->name);
     conn_error_json(&json, m.data, m.len, type ? type : conn_error_type(status), param, code,
                     status);
-    LOGI("replica answered an error into a loading stream", "model=%s status=%d",
-         r->model->name, status);
+    LOGI("replica answered an error into a loading stream", "model=%s status=%d", r->model->name,
+         status);
     end_stream_with_error(r, &json);
     buf_dispose(&m);
     buf_dispose(&json);

@@ -11,8 +11,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static enum formscan_status run(const char *boundary, size_t blen, const char *body,
-                                size_t len, size_t step, struct formscan *s)
+static enum formscan_status run(const char *boundary, size_t blen, const char *body, size_t len,
+                                size_t step, struct formscan *s)
 {
     formscan_init(s, boundary, blen);
     enum formscan_status st = FORMSCAN_MORE;

@@ -130,7 +130,8 @@ static void test_invalid(void **state)
     assert_int_equal(scan_str("b", "").status, FORMSCAN_INVALID);
     assert_int_equal(scan_str("b", "{\"model\":\"x\"}").status, FORMSCAN_INVALID);
     assert_int_equal(scan_str("b", "--b\r\nContent-Disposition: form-data; name=\"file\"\r\n"
-                                   "\r\nunterminated").status,
+                                   "\r\nunterminated")
+                         .status,
                      FORMSCAN_INVALID);
     struct outcome o = scan_str("b", "--bx\r\n");
     assert_int_equal(o.status, FORMSCAN_INVALID);
@@ -217,9 +218,9 @@ static void test_boundary_param(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model_field),  cmocka_unit_test(test_quoted_and_preamble),
-        cmocka_unit_test(test_no_model),     cmocka_unit_test(test_invalid),
-        cmocka_unit_test(test_bounds),       cmocka_unit_test(test_large_part),
+        cmocka_unit_test(test_model_field),    cmocka_unit_test(test_quoted_and_preamble),
+        cmocka_unit_test(test_no_model),       cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_bounds),         cmocka_unit_test(test_large_part),
         cmocka_unit_test(test_boundary_param),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

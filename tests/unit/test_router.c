@@ -153,10 +153,11 @@ static void test_body_routed_paths(void **state)
                      ROUTE_NEED_BODY);
     assert_int_equal(resolve("POST /v1/images HTTP/1.1\r\nHost: t\r\n\r\n", &rt, NULL, 0),
                      ROUTE_NOT_FOUND);
-    static const char *const json[] = {"/v1/responses", "/v1/moderations",
-                                       "/v1/images/generations", "/v1/audio/speech", "/rerank",
-                                       "/v1/rerank", "/v2/rerank", "/score", "/v1/score",
-                                       "/tokenize", "/detokenize?x=1"};
+    static const char *const json[] = {
+        "/v1/responses",    "/v1/moderations", "/v1/images/generations",
+        "/v1/audio/speech", "/rerank",         "/v1/rerank",
+        "/v2/rerank",       "/score",          "/v1/score",
+        "/tokenize",        "/detokenize?x=1"};
     for (size_t i = 0; i < sizeof json / sizeof json[0]; i++) {
         assert_int_equal(router_body_kind(json[i], strlen(json[i])), ROUTE_BODY_JSON);
     }
@@ -174,8 +175,7 @@ static void test_models_paths(void **state)
     char id[16];
     size_t n = 99;
     assert_int_equal(router_models_path("/v1/models", 10, id, sizeof id, &n), ROUTE_MODELS_LIST);
-    assert_int_equal(router_models_path("/v1/models/?a", 13, id, sizeof id, &n),
-                     ROUTE_MODELS_LIST);
+    assert_int_equal(router_models_path("/v1/models/?a", 13, id, sizeof id, &n), ROUTE_MODELS_LIST);
     assert_int_equal(router_models_path("/v1/modelsx", 11, id, sizeof id, &n), ROUTE_MODELS_NONE);
     assert_int_equal(router_models_path("/v2/models", 10, id, sizeof id, &n), ROUTE_MODELS_NONE);
     const char *p = "/v1/models/org%2fname?x";
