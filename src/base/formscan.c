@@ -314,11 +314,31 @@ static enum formscan_status step(struct formscan *s, char ch)
     }
 }
 
+/* Bytes before the next CR, in a state where nothing but a delimiter
+ * matters and none is partly matched: they cannot start one ("\r\n--"). */
+static size_t skippable(const struct formscan *s, const char *p, size_t n)
+{
+    bool skipping = s->state == F_PREAMBLE || (s->state == F_DATA && !s->part_is_model);
+    if (!skipping || s->matched != 0) {
+        return 0;
+    }
+    const char *cr = memchr(p, '\r', n);
+    return cr ? (size_t)(cr - p) : n;
+}
+
 enum formscan_status formscan_feed(struct formscan *s, const char *data, size_t len)
 {
-    for (size_t i = 0; i < len && s->status == FORMSCAN_MORE; i++) {
+    size_t i = 0;
+    while (i < len && s->status == FORMSCAN_MORE) {
+        size_t skip = skippable(s, data + i, len - i);
+        i += skip;
+        s->offset += skip;
+        if (i == len) {
+            break;
+        }
         step(s, data[i]);
         s->offset++;
+        i++;
     }
     return s->status;
 }
