@@ -5,7 +5,7 @@
  * a delimiter split across pieces is found and a false start never makes it
  * look back), the current part-header line (bounded), and the model's value
  * (bounded). Parts other than the first one named "model" are skipped,
- * however large (an audio file, say); the scan stops at the end of the
+ * however large (an audio file, say; between CRs at memchr speed); the scan stops at the end of the
  * model field's value and looks at nothing after it.
  *
  * Pure: no I/O, no allocation. */
