@@ -116,7 +116,7 @@ def cpu_seconds(root_pid):
 
 def wrk(port, host, pid):
     cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{DURATION}s", "--latency",
-           "-H", f"Host: {host}", f"http://127.0.0.1:{port}/v1/models"]
+           "-H", f"Host: {host}", f"http://127.0.0.1:{port}/health"]
     cpu0 = cpu_seconds(pid)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=DURATION + 60).stdout
     cpu = cpu_seconds(pid) - cpu0

@@ -45,7 +45,7 @@ while True:
             raise
         time.sleep(0.2)
 f = s.makefile("rb")
-req = b"GET /v1/models HTTP/1.1\r\nHost: bench\r\n\r\n"
+req = b"GET /health HTTP/1.1\r\nHost: bench\r\n\r\n"
 for _ in range(n):
     s.sendall(req)
     f.readline()

@@ -2,7 +2,7 @@
 """Proxied request latency while /metrics is scraped, with many models.
 
 Starts thaw with N static models (default 400), all on one small upstream
-(thaw-model-sim, in its own process), then times proxied GET /v1/models
+(thaw-model-sim, in its own process), then times proxied GET /health
 requests, one at a time on a keep-alive connection: first with no scrape,
 then while another process scrapes /metrics back to back. Prints p50, p99
 and max of both, the scrapes done and the size of one exposition.
@@ -56,7 +56,7 @@ class Client:
     def __init__(self, port):
         self.s = socket.create_connection(("127.0.0.1", port))
         self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.req = b"GET /v1/models HTTP/1.1\r\nHost: model-0001\r\n\r\n"
+        self.req = b"GET /health HTTP/1.1\r\nHost: model-0001\r\n\r\n"
 
     def one(self):
         self.s.sendall(self.req)

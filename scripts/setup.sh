@@ -66,10 +66,19 @@ install_chart_checks() {
     fi
 }
 
+# The official openai npm client the front-door tests drive thaw with.
+install_openai_client() {
+    if [ ! -d "$ROOT/tests/openai/node_modules/openai" ]; then
+        echo "setup: installing the openai npm client for the front-door tests"
+        (cd "$ROOT/tests/openai" && npm install --silent --no-audit --no-fund >/dev/null)
+    fi
+}
+
 build build
 if [ "$MODE" = test ]; then
     install_kube_tools
     install_chart_checks
+    install_openai_client
 fi
 case "$MODE" in
 build)

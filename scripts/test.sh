@@ -70,6 +70,7 @@ fuzz config 8 8192
 fuzz kubeconfig 8 4096
 fuzz k8s_objects 8 8192
 fuzz execcred 8 2048
+fuzz formscan 8 4096
 
 step "benchmarks (smoke mode: figures only, never pass/fail on time)"
 SMOKE=1 ./loadtest/bench_proxy.sh || status=1

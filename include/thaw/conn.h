@@ -96,9 +96,10 @@ struct conn_handler {
     void (*on_abort)(struct conn *c, struct exchange *x, enum abort_reason reason);
     /* conn_reject answers r with reason: count it. NULL: not counted. */
     void (*on_reject)(struct conn *c, struct exchange *x, enum reject_reason reason);
-    /* Writes the error `body` inside a response already under way (a 200
-     * event stream, say) and returns true; false: answer it normally. */
-    bool (*reject_in_stream)(struct conn *c, struct exchange *x, const struct buf *body);
+    /* Writes the error for reason inside a response already under way (a
+     * 200 event stream, say) and returns true; false: answer it normally. */
+    bool (*reject_in_stream)(struct conn *c, struct exchange *x, enum reject_reason reason,
+                             const char *detail);
     /* Retry-After seconds for r's rejections. NULL: 1. */
     unsigned (*retry_after_s)(const struct exchange *x);
 };
@@ -166,8 +167,21 @@ void conn_touch_send_timer(struct conn *c);
 /* Request bodies wait; stop/start reading the client while it is held. */
 void conn_pause_reading(struct conn *c);
 
-/* Builds the error body {"error":{...}} for reason into out. */
+/* thaw's error bodies are OpenAI's shape:
+ *   {"error":{"message":...,"type":...,"param":...,"code":...}}
+ * with "status" added when status is not 0 (an error inside an event stream,
+ * where the HTTP status already went out as 200). param and code may be NULL
+ * (JSON null). */
+void conn_error_json(struct buf *out, const char *message, size_t message_len, const char *type,
+                     const char *param, const char *code, int status);
+/* OpenAI's error type for an HTTP status: invalid_request_error (4xx) or
+ * server_error (5xx). */
+const char *conn_error_type(int status);
+/* The error body for reason: its message (with detail, and model, the
+ * model asked for, when not NULL), type by status, code thaw's reason name
+ * (reject_info()->name), param "model" when the model named is at fault;
+ * with_status adds the status. */
 void conn_error_body(struct buf *out, enum reject_reason reason, const char *detail,
-                     const char *model);
+                     const char *model, bool with_status);
 
 #endif

@@ -43,11 +43,12 @@ enum reject_reason {
     REJECT_AMBIGUOUS_MODEL,
     REJECT_INVALID_API_KEY,   /* tenants.required and no tenant claims the request */
     REJECT_TENANT_QUEUE_FULL, /* the tenant's max_queue at this model */
+    REJECT_BAD_FORM, /* a multipart/form-data body that is not one */
     REJECT_COUNT
 };
 
 struct reject_info {
-    const char *name; /* metric label and error "type" */
+    const char *name; /* metric label and the error body's "code" */
     int status;
     bool retry_after;
     const char *message;

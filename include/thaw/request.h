@@ -13,6 +13,7 @@
 
 #include "thaw/buf.h"
 #include "thaw/conn.h"
+#include "thaw/formscan.h"
 #include "thaw/http.h"
 #include "thaw/jsonscan.h"
 #include "thaw/list.h"
@@ -52,6 +53,13 @@ struct request {
     /* While a body-routed request's model is unknown: the scan of its body
      * (about 450 bytes, freed once the route is decided). */
     struct jsonscan *scan;
+    /* The same for a multipart/form-data body (about 1.5 KiB). */
+    struct formscan *form;
+    /* GET /v1/models[/{id}]: thaw answers it itself (models_api). */
+    bool models_api;
+    /* The model name the request asked for when no model has it, for the
+     * error's message (ex.error_model points here then). */
+    char asked_model[JSONSCAN_MODEL_MAX + 1];
     /* The admin port's streamed /metrics answer, while it is being written. */
     struct metrics_stream *metrics_stream;
 };

@@ -1,12 +1,12 @@
 /* Request -> model. In order: the Host header (a configured host name, the
  * model's name, or name.namespace[.svc[.cluster.local]]), the path prefix
  * /models/<name>/ or /models/<namespace>/<name>/ (stripped before
- * proxying), then the "model" field of an OpenAI-style JSON body on
- * /v1/chat/completions, /v1/completions and /v1/embeddings (a name, an
- * alias, or namespace/name). A bare name that models in several namespaces
- * have is ambiguous: it routes nowhere (ROUTE_AMBIGUOUS) and the
- * qualified forms must be used. Targets are opaque pointers the router does
- * not own. */
+ * proxying), then the "model" field of the body on the OpenAI endpoints that
+ * carry one (router_body_kind: a JSON field, or a multipart/form-data field
+ * for audio uploads): a name, an alias, or namespace/name. A bare name that
+ * models in several namespaces have is ambiguous: it routes nowhere
+ * (ROUTE_AMBIGUOUS) and the qualified forms must be used. Targets are opaque
+ * pointers the router does not own. */
 #ifndef THAW_ROUTER_H
 #define THAW_ROUTER_H
 
@@ -46,6 +46,16 @@ enum route_status {
 
 enum route_via { ROUTE_VIA_HOST, ROUTE_VIA_PATH, ROUTE_VIA_BODY };
 
+/* How a body-routed path's body names the model. */
+enum route_body {
+    ROUTE_BODY_NONE,
+    ROUTE_BODY_JSON, /* the top-level "model" of a JSON object (jsonscan) */
+    ROUTE_BODY_FORM, /* the "model" field of a multipart/form-data body (formscan) */
+};
+
+/* GET /v1/models and /v1/models/{id}: answered by thaw from what it knows. */
+enum route_models { ROUTE_MODELS_NONE, ROUTE_MODELS_LIST, ROUTE_MODELS_ONE };
+
 struct route {
     void *target;
     enum route_via via;
@@ -58,6 +68,9 @@ struct route {
     const char *ambiguous;
     size_t ambiguous_len;
     bool ambiguous_host;
+    /* ROUTE_NOT_FOUND for a /models/<name>/ prefix: the name asked for,
+     * target[asked_off .. asked_off+asked_len); asked_len 0 otherwise. */
+    size_t asked_off, asked_len;
 };
 
 void router_init(struct router *r);
@@ -85,7 +98,19 @@ void *router_lookup_name(const struct router *r, const char *name, size_t len);
  * Host when host). Returns how many. */
 size_t router_candidates(const struct router *r, const char *name, size_t len, bool host,
                          char *out, size_t outlen);
-/* Is this request-target one whose JSON body names the model? */
+/* The route for a model name found in a body (JSON or form): ROUTE_FOUND,
+ * ROUTE_AMBIGUOUS or ROUTE_NOT_FOUND. */
+enum route_status router_resolve_name(const struct router *r, const char *name, size_t len,
+                                      struct route *out);
+/* Is this request-target (origin-form path, query allowed) one whose body
+ * names the model? */
 bool router_is_body_routed_path(const char *path, size_t len);
+/* How its body names the model (ROUTE_BODY_NONE: it does not). */
+enum route_body router_body_kind(const char *path, size_t len);
+/* Is this path (query allowed) /v1/models or /v1/models/{id}? For one id,
+ * the id percent-decoded into id (idcap bytes with the NUL), *idlen its
+ * length (0 when longer than idcap - 1: no model has such a name). */
+enum route_models router_models_path(const char *path, size_t len, char *id, size_t idcap,
+                                     size_t *idlen);
 
 #endif

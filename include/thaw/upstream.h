@@ -103,7 +103,17 @@ struct upstream_handler {
     struct model *(*give_slot)(struct endpoint *ep);
     /* A slot of m came free: waiting requests may go. */
     void (*capacity)(void *ud, struct model *m);
+    /* The replica answered an error status (not 2xx) to a request whose
+     * client already has thaw's 200 event stream (heartbeat): its body (the
+     * first UPSTREAM_STREAM_ERROR_MAX bytes, decoded) is not forwarded; this
+     * writes the error into the stream and ends it, before done. Called
+     * while the upstream still holds r: it only writes to the client. NULL:
+     * the replica's body is forwarded into the stream as it is. */
+    void (*stream_error)(struct upstream_req *r, int status, const char *body, size_t len);
 };
+
+/* How much of a replica's error body is kept for stream_error. */
+#define UPSTREAM_STREAM_ERROR_MAX (16 * 1024)
 
 /* What every upstream connection shares (one per process). */
 struct upstream_ctx {
@@ -154,6 +164,8 @@ struct upstream {
     bool client_failed; /* a write to the client failed while decoding */
     bool head_pending;  /* resp_head not yet written */
     bool unconfirmed;   /* new, and nothing received on it yet (ep->unconfirmed) */
+    bool stream_error;  /* an error status into a heartbeat stream: body kept in err_body */
+    struct buf err_body;
 };
 
 /* Sends r (its head already built) to ep over a pooled or new connection.

@@ -18,17 +18,22 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_BODY_TIMEOUT] = {"body_timeout", 408, false, "the request body was not received in time"},
     [REJECT_TOO_MANY_CONNECTIONS] = {"too_many_connections", 503, true,
                                      "thaw is at its connection limit"},
-    [REJECT_UNKNOWN_MODEL] = {"model_not_found", 404, false, "no model matches this request"},
+    [REJECT_UNKNOWN_MODEL] = {"model_not_found", 404, false,
+                              "no model matches this request: name one in the body's "
+                              "\"model\" field, the Host header or a /models/<name>/ path "
+                              "prefix (GET /v1/models lists them)"},
     [REJECT_BAD_JSON] = {"bad_json", 400, false, "the request body is not a JSON object"},
     [REJECT_NO_MODEL_FIELD] = {"missing_model", 400, false,
-                               "the JSON body has no string \"model\" field"},
+                               "the request body has no string \"model\" field naming the "
+                               "model to use"},
     [REJECT_BAD_PRIORITY] = {"bad_priority", 400, false,
                              "thaw-priority must be critical, standard or batch"},
     [REJECT_METHOD_NOT_ALLOWED] = {"method_not_allowed", 405, false,
                                    "this method is not supported"},
     [REJECT_EXPECTATION_FAILED] = {"expectation_failed", 417, false,
                                    "only Expect: 100-continue is supported"},
-    [REJECT_QUEUE_FULL] = {"queue_full", 503, true, "the model's queue is full"},
+    [REJECT_QUEUE_FULL] = {"queue_full", 503, true,
+                           "the model's queue is full; retry after Retry-After seconds"},
     [REJECT_QUEUE_DISPLACED] = {"queue_displaced", 503, true,
                                 "displaced from a full queue by a critical request"},
     [REJECT_QUEUE_TIMEOUT] = {"queue_timeout", 504, false,
@@ -59,6 +64,9 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
                                 "api-key: KEY)"},
     [REJECT_TENANT_QUEUE_FULL] = {"tenant_queue_full", 429, true,
                                   "too many of this tenant's requests are waiting for the model"},
+    [REJECT_BAD_FORM] = {"bad_form", 400, false,
+                         "the request body is not a multipart/form-data form with the "
+                         "Content-Type's boundary"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

@@ -50,6 +50,9 @@ struct request *request_new(struct request_pool *pool, struct conn *c)
     r->body_seen = 0;
     r->body_reserved = 0;
     r->scan = NULL;
+    r->form = NULL;
+    r->models_api = false;
+    r->asked_model[0] = '\0';
     r->metrics_stream = NULL;
     r->tier = TIER_STANDARD;
     r->has_asked_tier = false;
@@ -72,6 +75,8 @@ void request_free(struct request_pool *pool, struct request *r)
     r->body_reserved = 0;
     free(r->scan);
     r->scan = NULL;
+    free(r->form);
+    r->form = NULL;
     if (pool->n_free < REQUEST_CACHE_MAX) {
         http_head_reset(&r->ex.head);
         buf_reset(&r->ex.body);

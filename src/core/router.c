@@ -258,21 +258,97 @@ size_t router_candidates(const struct router *r, const char *name, size_t len, b
     return c ? c->n : 0;
 }
 
-static const char *const body_paths[] = {"/v1/chat/completions", "/v1/completions",
-                                         "/v1/embeddings"};
+/* OpenAI endpoints (and the common extensions of vLLM and others) whose
+ * body names the model: a JSON "model" field, or a multipart form field. */
+static const struct {
+    const char *path;
+    enum route_body kind;
+} body_paths[] = {
+    {"/v1/chat/completions", ROUTE_BODY_JSON},
+    {"/v1/completions", ROUTE_BODY_JSON},
+    {"/v1/embeddings", ROUTE_BODY_JSON},
+    {"/v1/responses", ROUTE_BODY_JSON},
+    {"/v1/moderations", ROUTE_BODY_JSON},
+    {"/v1/images/generations", ROUTE_BODY_JSON},
+    {"/v1/audio/speech", ROUTE_BODY_JSON},
+    {"/v1/audio/transcriptions", ROUTE_BODY_FORM},
+    {"/v1/audio/translations", ROUTE_BODY_FORM},
+    {"/v1/images/edits", ROUTE_BODY_FORM},
+    {"/rerank", ROUTE_BODY_JSON},
+    {"/v1/rerank", ROUTE_BODY_JSON},
+    {"/v2/rerank", ROUTE_BODY_JSON},
+    {"/score", ROUTE_BODY_JSON},
+    {"/v1/score", ROUTE_BODY_JSON},
+    {"/tokenize", ROUTE_BODY_JSON},
+    {"/detokenize", ROUTE_BODY_JSON},
+};
 
-bool router_is_body_routed_path(const char *path, size_t len)
+enum route_body router_body_kind(const char *path, size_t len)
 {
     const char *q = memchr(path, '?', len);
     if (q) {
         len = (size_t)(q - path);
     }
     for (size_t i = 0; i < sizeof body_paths / sizeof body_paths[0]; i++) {
-        if (strlen(body_paths[i]) == len && memcmp(path, body_paths[i], len) == 0) {
-            return true;
+        if (strlen(body_paths[i].path) == len && memcmp(path, body_paths[i].path, len) == 0) {
+            return body_paths[i].kind;
         }
     }
-    return false;
+    return ROUTE_BODY_NONE;
+}
+
+bool router_is_body_routed_path(const char *path, size_t len)
+{
+    return router_body_kind(path, len) != ROUTE_BODY_NONE;
+}
+
+static int hex_value(char ch)
+{
+    if (ch >= '0' && ch <= '9') {
+        return ch - '0';
+    }
+    ch = (char)tolower((unsigned char)ch);
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+enum route_models router_models_path(const char *path, size_t len, char *id, size_t idcap,
+                                     size_t *idlen)
+{
+    static const char list[] = "/v1/models";
+    const size_t ll = sizeof list - 1;
+    const char *q = memchr(path, '?', len);
+    if (q) {
+        len = (size_t)(q - path);
+    }
+    if (len < ll || memcmp(path, list, ll) != 0) {
+        return ROUTE_MODELS_NONE;
+    }
+    if (len == ll || (len == ll + 1 && path[ll] == '/')) {
+        return ROUTE_MODELS_LIST;
+    }
+    if (path[ll] != '/') {
+        return ROUTE_MODELS_NONE; /* /v1/modelsx */
+    }
+    /* The id: the rest of the path, percent-decoded (ids such as
+     * org/name arrive as org%2Fname or org/name). */
+    size_t o = 0;
+    for (size_t i = ll + 1; i < len; i++) {
+        char ch = path[i];
+        if (ch == '%' && i + 2 < len && hex_value(path[i + 1]) >= 0 &&
+            hex_value(path[i + 2]) >= 0) {
+            ch = (char)(hex_value(path[i + 1]) * 16 + hex_value(path[i + 2]));
+            i += 2;
+        }
+        if (o + 1 >= idcap) {
+            id[0] = '\0';
+            *idlen = 0;
+            return ROUTE_MODELS_ONE; /* longer than any name: not found */
+        }
+        id[o++] = ch;
+    }
+    id[o] = '\0';
+    *idlen = o;
+    return ROUTE_MODELS_ONE;
 }
 
 /* Host without port and trailing dot, lower-cased into out. */
@@ -333,6 +409,7 @@ enum route_status router_resolve_head(const struct router *r, const struct http_
     out->target = NULL;
     out->ambiguous = NULL;
     out->ambiguous_len = 0;
+    out->asked_off = out->asked_len = 0;
     out->path_off = path_off;
     out->path_len = tlen - path_off;
     out->add_slash = out->path_len == 0;
@@ -390,12 +467,29 @@ enum route_status router_resolve_head(const struct router *r, const struct http_
             out->add_slash = out->path_len == 0 || path[i] == '?';
             return ROUTE_FOUND;
         }
+        out->asked_off = path_off + pl;
+        out->asked_len = i - pl;
         return ROUTE_NOT_FOUND;
     }
     if (router_is_body_routed_path(path, plen)) {
         return ROUTE_NEED_BODY;
     }
     return ROUTE_NOT_FOUND;
+}
+
+enum route_status router_resolve_name(const struct router *r, const char *name, size_t len,
+                                      struct route *out)
+{
+    void *t = strmap_get(&r->by_name, name, len);
+    if (t == AMBIGUOUS) {
+        return ROUTE_AMBIGUOUS;
+    }
+    if (!t) {
+        return ROUTE_NOT_FOUND;
+    }
+    out->target = t;
+    out->via = ROUTE_VIA_BODY;
+    return ROUTE_FOUND;
 }
 
 void *router_lookup_name(const struct router *r, const char *name, size_t len)
@@ -411,16 +505,7 @@ enum route_status router_resolve_scan(const struct router *r, enum jsonscan_stat
     case JSONSCAN_MODEL: {
         size_t len;
         const char *name = jsonscan_model(scan, &len);
-        void *t = strmap_get(&r->by_name, name, len);
-        if (t == AMBIGUOUS) {
-            return ROUTE_AMBIGUOUS;
-        }
-        if (!t) {
-            return ROUTE_NOT_FOUND;
-        }
-        out->target = t;
-        out->via = ROUTE_VIA_BODY;
-        return ROUTE_FOUND;
+        return router_resolve_name(r, name, len, out);
     }
     case JSONSCAN_MODEL_TOO_LONG:
         return ROUTE_NOT_FOUND; /* longer than any name can be */

@@ -380,25 +380,76 @@ void conn_response_done(struct conn *c)
     }
 }
 
-void conn_error_body(struct buf *out, enum reject_reason reason, const char *detail,
-                     const char *model)
+void conn_error_json(struct buf *out, const char *message, size_t message_len, const char *type,
+                     const char *param, const char *code, int status)
 {
-    const struct reject_info *ri = reject_info(reason);
-    buf_append_str(out, "{\"error\":{\"type\":\"");
-    buf_append_str(out, ri->name);
-    buf_append_str(out, "\",\"message\":\"");
-    buf_append_json_escaped(out, ri->message, strlen(ri->message));
-    if (detail && *detail) {
-        buf_append_str(out, ": ");
-        buf_append_json_escaped(out, detail, strlen(detail));
-    }
-    buf_printf(out, "\",\"code\":%d", ri->status);
-    if (model) {
-        buf_append_str(out, ",\"model\":\"");
-        buf_append_json_escaped(out, model, strlen(model));
+    buf_append_str(out, "{\"error\":{\"message\":\"");
+    buf_append_json_escaped(out, message, message_len);
+    buf_append_str(out, "\",\"type\":\"");
+    buf_append_json_escaped(out, type, strlen(type));
+    buf_append_str(out, "\",\"param\":");
+    if (param) {
         buf_append_str(out, "\"");
+        buf_append_json_escaped(out, param, strlen(param));
+        buf_append_str(out, "\"");
+    } else {
+        buf_append_str(out, "null");
+    }
+    buf_append_str(out, ",\"code\":");
+    if (code) {
+        buf_append_str(out, "\"");
+        buf_append_json_escaped(out, code, strlen(code));
+        buf_append_str(out, "\"");
+    } else {
+        buf_append_str(out, "null");
+    }
+    if (status) {
+        buf_printf(out, ",\"status\":%d", status);
     }
     buf_append_str(out, "}}\n");
+}
+
+const char *conn_error_type(int status)
+{
+    return status >= 500 ? "server_error" : "invalid_request_error";
+}
+
+/* The message of thaw's own error: what went wrong, the detail, and the
+ * model asked for, so a person can act on it. */
+static void error_message(struct buf *m, enum reject_reason reason, const char *detail,
+                          const char *model)
+{
+    const struct reject_info *ri = reject_info(reason);
+    if (reason == REJECT_UNKNOWN_MODEL && model) {
+        buf_append_str(m, "The model `");
+        buf_append_str(m, model);
+        buf_append_str(m, "` does not exist here; GET /v1/models lists the models served");
+    } else {
+        buf_append_str(m, ri->message);
+    }
+    if (detail && *detail) {
+        buf_append_str(m, ": ");
+        buf_append_str(m, detail);
+    }
+    if (model && reason != REJECT_UNKNOWN_MODEL) {
+        buf_append_str(m, " (model `");
+        buf_append_str(m, model);
+        buf_append_str(m, "`)");
+    }
+}
+
+void conn_error_body(struct buf *out, enum reject_reason reason, const char *detail,
+                     const char *model, bool with_status)
+{
+    const struct reject_info *ri = reject_info(reason);
+    struct buf m;
+    buf_init(&m);
+    error_message(&m, reason, detail, model);
+    /* The request parameter at fault: the model named, or missing. */
+    bool about_model = reason == REJECT_NO_MODEL_FIELD || (reason == REJECT_UNKNOWN_MODEL && model);
+    conn_error_json(out, m.data ? m.data : "", m.len, conn_error_type(ri->status),
+                    about_model ? "model" : NULL, ri->name, with_status ? ri->status : 0);
+    buf_dispose(&m);
 }
 
 void conn_respond(struct conn *c, int status, const char *content_type, const char *body,
@@ -448,13 +499,12 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
     if (!r || r->state == REQ_READING || reason == REJECT_TOO_MANY_CONNECTIONS) {
         c->close_after = true;
     }
-    struct buf body;
-    buf_init(&body);
-    conn_error_body(&body, reason, detail, r ? r->error_model : NULL);
-    if (r && c->handler->reject_in_stream && c->handler->reject_in_stream(c, r, &body)) {
-        buf_dispose(&body);
+    if (r && c->handler->reject_in_stream && c->handler->reject_in_stream(c, r, reason, detail)) {
         return;
     }
+    struct buf body;
+    buf_init(&body);
+    conn_error_body(&body, reason, detail, r ? r->error_model : NULL, false);
     char extra[64] = "";
     if (ri->retry_after) {
         snprintf(extra, sizeof extra, "Retry-After: %u\r\n",

@@ -95,6 +95,7 @@ static void destroy(struct upstream *u)
     }
     http_head_dispose(&u->head);
     buf_dispose(&u->resp_head);
+    buf_dispose(&u->err_body);
     endpoint_unref(u->ep);
     u->ep = NULL;
     if (u->busy == 0) {
@@ -317,7 +318,10 @@ static void complete(struct upstream *u, bool reusable)
     struct upstream_ctx *ctx = u->ctx;
     struct upstream_req *r = u->req;
     int status = u->head.status;
-    if (u->rechunk) {
+    if (u->stream_error) {
+        ctx->handler->stream_error(r, status, u->err_body.data ? u->err_body.data : "",
+                                   u->err_body.len);
+    } else if (u->rechunk) {
         conn_write(r->conn, "0\r\n\r\n", 5);
     }
     if (u->client_close) {
@@ -418,6 +422,7 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         list_node_init(&u->node);
         http_head_init(&u->head);
         buf_init(&u->resp_head);
+        buf_init(&u->err_body);
         http_parser_init(&u->parser, HTTP_RESPONSE, ctx->resp_limits);
         u->fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         event_assign(&u->rev, ctx->base, u->fd, EV_READ | EV_PERSIST, on_read, u);
@@ -459,6 +464,8 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
     u->got_bytes = false;
     u->decode_body = u->rechunk = u->client_close = u->client_failed = false;
     u->head_pending = false;
+    u->stream_error = false;
+    buf_reset(&u->err_body);
     u->reading_paused = false;
     http_parser_next(&u->parser, &u->head, NULL);
     u->parser.skip_body = r->ex->head.method == HTTP_HEAD;
@@ -497,6 +504,7 @@ void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
     list_node_init(&u->node);
     http_head_init(&u->head);
     buf_init(&u->resp_head);
+    buf_init(&u->err_body);
     http_parser_init(&u->parser, HTTP_RESPONSE, ctx->resp_limits);
     u->fd = fd;
     int one = 1;
@@ -592,6 +600,17 @@ static int forward_head(struct upstream *u)
             }
         }
     }
+    if (r->heartbeat && (h->status < 200 || h->status > 299) && u->ctx->handler->stream_error) {
+        /* An error into thaw's 200 event stream: its body is kept (up to a
+         * bound) and becomes an SSE error event at its end. The exchange
+         * stays REQ_UPSTREAM, so a failure meanwhile is answered the same
+         * way. */
+        u->stream_error = true;
+        u->decode_body = true;
+        u->parser.on_body = on_body;
+        buf_reset(&u->resp_head);
+        return 0;
+    }
     if (r->heartbeat) {
         /* thaw already sent a 200 event-stream head: the replica's body
          * continues that chunked stream (its own head is not sent). */
@@ -653,6 +672,11 @@ static void on_body(void *ud, const char *data, size_t len)
     struct upstream *u = ud;
     struct upstream_req *r = u->req;
     if (!r || len == 0) {
+        return;
+    }
+    if (u->stream_error) {
+        size_t room = UPSTREAM_STREAM_ERROR_MAX - u->err_body.len;
+        buf_append(&u->err_body, data, len < room ? len : room);
         return;
     }
     int rc;

@@ -3,6 +3,7 @@
 #include "thaw/backend.h"
 #include "thaw/conn.h"
 #include "thaw/log.h"
+#include "thaw/models_api.h"
 #include "thaw/runtime.h"
 #include "thaw/upstream.h"
 
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include <cjson/cJSON.h>
 #include <event2/event.h>
 
 /* Requests released per loop turn (see proxy_dispatch). */
@@ -200,6 +202,59 @@ void proxy_tenants_changed(struct runtime *rt)
 
 static int reserve_body(struct runtime *rt, struct request *r, uint64_t bytes);
 
+/* Keeps the name a request asked for when no model has it, for the error. */
+static void note_asked_model(struct request *r, const char *name, size_t len)
+{
+    if (len == 0 || len >= sizeof r->asked_model || memchr(name, '\0', len)) {
+        return;
+    }
+    memcpy(r->asked_model, name, len);
+    r->asked_model[len] = '\0';
+    r->ex.error_model = r->asked_model;
+}
+
+/* GET or HEAD of /v1/models[/{id}] (after a /models/<name>/ prefix too):
+ * thaw answers it, whatever the Host. */
+static bool is_models_api(struct request *r)
+{
+    const struct http_head *h = &r->ex.head;
+    if (h->method != HTTP_GET && h->method != HTTP_HEAD) {
+        return false;
+    }
+    char id[JSONSCAN_MODEL_MAX + 1];
+    size_t idlen;
+    const char *path = http_target(h) + r->route.path_off;
+    return router_models_path(path, r->route.path_len, id, sizeof id, &idlen) != ROUTE_MODELS_NONE;
+}
+
+/* Starts the body scan that decides the route: JSON, or a multipart form
+ * (its boundary from Content-Type). REJECT_COUNT, or why not. */
+static int start_body_scan(struct request *r)
+{
+    const struct http_head *h = &r->ex.head;
+    const char *path = http_target(h) + r->route.path_off;
+    if (router_body_kind(path, r->route.path_len) == ROUTE_BODY_FORM) {
+        const struct http_header *ct = http_head_find(h, "content-type");
+        char boundary[FORMSCAN_BOUNDARY_MAX + 1];
+        size_t blen = ct ? formscan_boundary(http_hvalue(h, ct), ct->value_len, boundary) : 0;
+        if (blen == 0) {
+            return REJECT_BAD_FORM;
+        }
+        r->form = malloc(sizeof *r->form);
+        if (!r->form) {
+            return REJECT_INTERNAL;
+        }
+        formscan_init(r->form, boundary, blen);
+        return REJECT_COUNT;
+    }
+    r->scan = malloc(sizeof *r->scan);
+    if (!r->scan) {
+        return REJECT_INTERNAL;
+    }
+    jsonscan_init(r->scan);
+    return REJECT_COUNT;
+}
+
 int proxy_on_head(struct conn *c, struct request *r)
 {
     struct runtime *rt = rt_of(c);
@@ -214,19 +269,21 @@ int proxy_on_head(struct conn *c, struct request *r)
         return who;
     }
     enum route_status st = router_resolve_head(&rt->fleet.router, &r->ex.head, &r->route);
-    if (st == ROUTE_FOUND) {
+    if (is_models_api(r)) {
+        r->models_api = true;
+    } else if (st == ROUTE_FOUND) {
         r->model = r->route.target;
         model_ref(r->model);
         r->model_resolved = true;
         r->ex.error_model = r->model->name;
         r->tier = request_tier(rt, r);
     } else if (st == ROUTE_NEED_BODY) {
-        r->scan = malloc(sizeof *r->scan);
-        if (!r->scan) {
-            return REJECT_INTERNAL;
+        int rc = start_body_scan(r);
+        if (rc != REJECT_COUNT) {
+            return rc;
         }
-        jsonscan_init(r->scan);
     } else if (st != ROUTE_AMBIGUOUS) {
+        note_asked_model(r, http_target(&r->ex.head) + r->route.asked_off, r->route.asked_len);
         return REJECT_UNKNOWN_MODEL;
     } /* ambiguous: answered once the body is read (proxy_on_request) */
     /* A declared length is reserved whole at the head, so a body that
@@ -278,11 +335,10 @@ static void route_by_body(struct runtime *rt, struct request *r)
     r->tier = request_tier(rt, r);
 }
 
-/* Feeds the body's new bytes to the scan (at_end: the body is complete).
- * Returns false after rejecting the request. */
-static bool scan_body(struct conn *c, struct request *r, bool at_end)
+/* Feeds the body's new bytes to the JSON scan (at_end: the body is complete). */
+static enum route_status scan_json(struct runtime *rt, struct request *r, bool at_end, char *why,
+                                   size_t whylen)
 {
-    struct runtime *rt = rt_of(c);
     struct jsonscan *scan = r->scan;
     enum jsonscan_status js = scan->status;
     if (js == JSONSCAN_MORE && r->ex.body.len > r->body_seen) {
@@ -292,29 +348,87 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
         js = jsonscan_finish(scan);
     }
     enum route_status st = router_resolve_scan(&rt->fleet.router, js, scan, &r->route);
+    if (st == ROUTE_BAD_JSON) {
+        jsonscan_error(scan, why, whylen);
+    } else if (st == ROUTE_NOT_FOUND && js == JSONSCAN_MODEL) {
+        size_t len;
+        const char *name = jsonscan_model(scan, &len);
+        note_asked_model(r, name, len);
+    }
+    return st;
+}
+
+/* The same for a multipart form; a form that is not one is ROUTE_BAD_JSON
+ * here (answered bad_form by scan_body). */
+static enum route_status scan_form(struct runtime *rt, struct request *r, bool at_end, char *why,
+                                   size_t whylen)
+{
+    struct formscan *form = r->form;
+    enum formscan_status fs = form->status;
+    if (fs == FORMSCAN_MORE && r->ex.body.len > r->body_seen) {
+        fs = formscan_feed(form, r->ex.body.data + r->body_seen, r->ex.body.len - r->body_seen);
+    }
+    if (fs == FORMSCAN_MORE && at_end) {
+        fs = formscan_finish(form);
+    }
+    size_t len;
+    const char *name;
+    switch (fs) {
+    case FORMSCAN_MORE:
+        return ROUTE_NEED_BODY;
+    case FORMSCAN_MODEL:
+        name = formscan_model(form, &len);
+        switch (router_resolve_name(&rt->fleet.router, name, len, &r->route)) {
+        case ROUTE_FOUND:
+            return ROUTE_FOUND;
+        case ROUTE_AMBIGUOUS:
+            return ROUTE_AMBIGUOUS;
+        default:
+            note_asked_model(r, name, len);
+            return ROUTE_NOT_FOUND;
+        }
+    case FORMSCAN_MODEL_TOO_LONG:
+        return ROUTE_NOT_FOUND;
+    case FORMSCAN_NO_MODEL:
+        return ROUTE_NO_MODEL_FIELD;
+    default:
+        formscan_error(form, why, whylen);
+        return ROUTE_BAD_JSON;
+    }
+}
+
+/* Feeds the body's new bytes to the scan that decides the route (at_end:
+ * the body is complete). Returns false after rejecting the request. */
+static bool scan_body(struct conn *c, struct request *r, bool at_end)
+{
+    struct runtime *rt = rt_of(c);
+    char why[160] = "";
+    enum route_status st = r->form ? scan_form(rt, r, at_end, why, sizeof why)
+                                   : scan_json(rt, r, at_end, why, sizeof why);
     if (st == ROUTE_NEED_BODY) {
         return true;
     }
-    char why[160];
-    if (st == ROUTE_BAD_JSON) {
-        jsonscan_error(scan, why, sizeof why);
-    }
+    bool form = r->form != NULL;
     if (st == ROUTE_AMBIGUOUS) {
         size_t len;
-        const char *name = jsonscan_model(scan, &len);
+        const char *name = form ? formscan_model(r->form, &len) : jsonscan_model(r->scan, &len);
         reject_ambiguous(c, name, len, false);
         free(r->scan);
         r->scan = NULL;
+        free(r->form);
+        r->form = NULL;
         return false;
     }
     free(r->scan);
     r->scan = NULL;
+    free(r->form);
+    r->form = NULL;
     switch (st) {
     case ROUTE_FOUND:
         route_by_body(rt, r);
         return true;
     case ROUTE_BAD_JSON:
-        conn_reject(c, REJECT_BAD_JSON, why);
+        conn_reject(c, form ? REJECT_BAD_FORM : REJECT_BAD_JSON, why);
         return false;
     case ROUTE_NO_MODEL_FIELD:
         conn_reject(c, REJECT_NO_MODEL_FIELD, NULL);
@@ -336,7 +450,7 @@ bool proxy_on_body(struct conn *c, struct request *r)
         conn_reject(c, (enum reject_reason)rc, NULL);
         return false;
     }
-    if (r->scan && !scan_body(c, r, false)) {
+    if ((r->scan || r->form) && !scan_body(c, r, false)) {
         return false;
     }
     r->body_seen = r->ex.body.len;
@@ -581,13 +695,36 @@ static void place(struct runtime *rt, struct request *r)
     arm_queue_timer(rt, m);
 }
 
+/* GET /v1/models[/{id}]: from the router and the fleet, never a replica.
+ * Counted as proxied (no model) or, for an unknown id, rejected. */
+static void answer_models_api(struct runtime *rt, struct conn *c, struct request *r)
+{
+    char id[JSONSCAN_MODEL_MAX + 1];
+    size_t idlen = 0;
+    const char *path = http_target(&r->ex.head) + r->route.path_off;
+    enum route_models which = router_models_path(path, r->route.path_len, id, sizeof id, &idlen);
+    struct buf body;
+    buf_init(&body);
+    if (which == ROUTE_MODELS_LIST) {
+        models_api_list(rt, &body);
+    } else if (idlen == 0 || !models_api_one(rt, id, idlen, &body)) {
+        buf_dispose(&body);
+        note_asked_model(r, id, idlen);
+        conn_reject(c, REJECT_UNKNOWN_MODEL, NULL);
+        return;
+    }
+    request_count_proxied(&rt->requests, r, 200);
+    conn_respond(c, 200, "application/json", body.data ? body.data : "", body.len, NULL);
+    buf_dispose(&body);
+}
+
 void proxy_on_request(struct conn *c, struct request *r)
 {
     struct runtime *rt = rt_of(c);
     if (!proxy_on_body(c, r)) {
         return;
     }
-    if (r->scan && !scan_body(c, r, true)) {
+    if ((r->scan || r->form) && !scan_body(c, r, true)) {
         return;
     }
     if (r->route.ambiguous) {
@@ -595,6 +732,10 @@ void proxy_on_request(struct conn *c, struct request *r)
         return;
     }
     r->ex.state = REQ_ROUTED;
+    if (r->models_api) {
+        answer_models_api(rt, c, r);
+        return;
+    }
     place(rt, r);
 }
 
@@ -806,7 +947,10 @@ static void upstream_failed(struct upstream_req *f, enum reject_reason reason,
     if (r->model) {
         r->model->stats.upstream_errors++;
     }
-    if (!r->ex.response_started) {
+    /* Nothing of the replica's reached the client yet (a heartbeat stream
+     * still waiting for its head, or for an error body to end): thaw's own
+     * answer, inside that stream when there is one. */
+    if (!r->ex.response_started || (r->fwd.heartbeat && r->ex.state == REQ_UPSTREAM)) {
         r->ex.state = REQ_ROUTED;
         conn_reject(c, reason, NULL);
         return;
@@ -876,25 +1020,83 @@ static void proxy_on_reject(struct conn *c, struct exchange *x, enum reject_reas
     request_count_rejected(&rt_of(c)->requests, request_of(x), reason);
 }
 
-/* The 200 event-stream head went out with the loading heartbeats: the error
- * travels as a last SSE event, then the stream ends. */
-static bool proxy_reject_in_stream(struct conn *c, struct exchange *x, const struct buf *body)
+/* Ends a heartbeat stream (thaw's 200 event-stream head went out) with an
+ * error: one SSE event `error` whose data is the error JSON (json, with its
+ * "status"), then the stream's last chunk. Never raw JSON inside the stream. */
+static void end_stream_with_error(struct request *r, const struct buf *json)
+{
+    static const char event[] = "event: error\ndata: ";
+    size_t n = json->len && json->data[json->len - 1] == '\n' ? json->len - 1 : json->len;
+    struct buf ev;
+    buf_init(&ev);
+    buf_printf(&ev, "%zx\r\n%s", sizeof event - 1 + n + 2, event);
+    buf_append(&ev, json->data, n);
+    buf_append_str(&ev, "\n\n\r\n0\r\n\r\n");
+    conn_write(r->conn, ev.data, ev.len);
+    buf_dispose(&ev);
+    r->ex.state = REQ_ANSWERED;
+}
+
+/* thaw's own error after the heartbeats began travels as that last event. */
+static bool proxy_reject_in_stream(struct conn *c, struct exchange *x, enum reject_reason reason,
+                                   const char *detail)
 {
     struct request *r = request_of(x);
     if (!r->fwd.heartbeat) {
         return false;
     }
-    struct buf ev;
-    buf_init(&ev);
-    size_t n = body->len && body->data[body->len - 1] == '\n' ? body->len - 1 : body->len;
-    buf_printf(&ev, "%zx\r\ndata: ", n + 8);
-    buf_append(&ev, body->data, n);
-    buf_append_str(&ev, "\n\n\r\n0\r\n\r\n");
-    conn_write(c, ev.data, ev.len);
-    buf_dispose(&ev);
-    r->ex.state = REQ_ANSWERED;
+    struct buf json;
+    buf_init(&json);
+    conn_error_body(&json, reason, detail, r->ex.error_model, true);
+    end_stream_with_error(r, &json);
+    buf_dispose(&json);
     conn_response_done(c);
     return true;
+}
+
+static const char *json_string(const cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsString(v) && v->valuestring[0] ? v->valuestring : NULL;
+}
+
+/* The replica answered an error status into a heartbeat stream. Its error
+ * (OpenAI's {"error":{...}}, vLLM's {"object":"error","message":...} or
+ * FastAPI's {"detail":...}) is carried over into the event where it has
+ * one; otherwise the message says what status the model's server gave. */
+static void upstream_stream_error(struct upstream_req *f, int status, const char *body, size_t len)
+{
+    struct request *r = request_of_fwd(f);
+    cJSON *root = len ? cJSON_ParseWithLength(body, len) : NULL;
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(root, "error");
+    const cJSON *src = cJSON_IsObject(err) ? err : root;
+    const char *message = cJSON_IsObject(src) ? json_string(src, "message") : NULL;
+    if (!message && cJSON_IsString(err)) {
+        message = err->valuestring;
+    }
+    if (!message && cJSON_IsObject(root)) {
+        message = json_string(root, "detail");
+    }
+    const char *type = cJSON_IsObject(src) ? json_string(src, "type") : NULL;
+    const char *param = cJSON_IsObject(src) ? json_string(src, "param") : NULL;
+    const char *code = cJSON_IsObject(src) ? json_string(src, "code") : NULL;
+    struct buf m, json;
+    buf_init(&m);
+    buf_init(&json);
+    if (message) {
+        buf_append_str(&m, message);
+    } else {
+        buf_printf(&m, "the model's server answered %d %s", status, http_reason_phrase(status));
+    }
+    buf_printf(&m, " (model `%s`)", r->model->name);
+    conn_error_json(&json, m.data, m.len, type ? type : conn_error_type(status), param, code,
+                    status);
+    LOGI("replica answered an error into a loading stream", "model=%s status=%d", r->model->name,
+         status);
+    end_stream_with_error(r, &json);
+    buf_dispose(&m);
+    buf_dispose(&json);
+    cJSON_Delete(root);
 }
 
 const struct conn_handler proxy_conn_handler = {
@@ -919,6 +1121,7 @@ const struct upstream_handler proxy_upstream_handler = {
     .take_slot = endpoint_take_slot,
     .give_slot = endpoint_give_slot,
     .capacity = upstream_capacity,
+    .stream_error = upstream_stream_error,
 };
 
 /* ---- wiring ------------------------------------------------------------------ */

@@ -55,7 +55,7 @@ def test_rejections_never_log_client_input(thaw_factory, upstream):
     # A bad header line right after the credentials, in a read of its own.
     r = exchange(t, b"GET /v1/models HTTP/1.1\r\nHost: model-a\r\n",
                  [b"Authorization: Bearer SECRET-TOKEN\r\nBad Name: 1\r\n\r\n"])
-    assert r.status == 400 and r.json()["error"]["type"] == "bad_request"
+    assert r.status == 400 and r.json()["error"]["code"] == "bad_request"
     # A bad byte inside the credential's own value.
     r = exchange(t, b"GET /v1/models HTTP/1.1\r\nHost: model-a\r\n",
                  [b"Authorization: Bearer SECRET-TOKEN\x7f\r\n\r\n"])
@@ -72,7 +72,7 @@ def test_rejections_never_log_client_input(thaw_factory, upstream):
     r = exchange(t, b"POST /v1/completions HTTP/1.1\r\nHost: model-a\r\n"
                     b"Transfer-Encoding: chunked\r\n\r\n",
                  [b"6\r\nSECRET-BODY-BYTES\r\n0\r\n\r\n"])
-    assert r.status == 400 and r.json()["error"]["type"] == "bad_chunk"
+    assert r.status == 400 and r.json()["error"]["code"] == "bad_chunk"
     t.assert_reconciled()
     logs = t.logs()
     assert "SECRET" not in logs, logs
@@ -190,7 +190,7 @@ def test_other_http_versions_are_505(thaw, version):
     r = exchange(thaw, b"GET /echo " + version + b"\r\nHost: model-a\r\n\r\n")
     assert r.status == 505, r.body
     err = r.json()["error"]
-    assert err["type"] == "http_version_not_supported" and err["code"] == 505
+    assert err["code"] == "http_version_not_supported" and err["type"] == "server_error"
     thaw.assert_reconciled()
 
 
@@ -294,7 +294,7 @@ def test_chunk_extensions_are_capped(thaw, upstream):
     body = b"".join(b"1" + ext + b"\r\nx\r\n" for _ in range(5)) + b"0\r\n\r\n"
     r = exchange(thaw, CHUNKED_HEAD + body)
     assert r.status == 400, r.body
-    assert r.json()["error"]["type"] == "bad_chunk"
+    assert r.json()["error"]["code"] == "bad_chunk"
     assert upstream.requests == 1
     thaw.assert_reconciled()
 

@@ -744,7 +744,7 @@ def test_pods_that_never_get_ready_fail_held_requests_after_startup_timeout(
                           deploy_kw=dict(load_ms=600000))
     start = time.monotonic()
     r = complete(t)
-    assert r.status == 503 and r.json()["error"]["type"] == "start_failed"
+    assert r.status == 503 and r.json()["error"]["code"] == "start_failed"
     assert "startup-timeout" in r.json()["error"]["message"]
     assert 0.9 < time.monotonic() - start < 5
     t.assert_reconciled()

@@ -138,7 +138,7 @@ def test_failed_start_answers_held_requests_503_and_backs_off(thaw_factory):
     for r in res:
         assert r.status == 503
         err = r.json()["error"]
-        assert err["type"] == "start_failed" and "exited with status 1" in err["message"]
+        assert err["code"] == "start_failed" and "exited with status 1" in err["message"]
         assert "CUDA" not in r.body.decode()  # the model's log stays in thaw's log
     logs = t.logs()
     assert "CUDA out of memory" in logs and 'msg="replica failed to start"' in logs
@@ -246,7 +246,7 @@ def test_retry_after_uses_measured_cold_start(thaw_factory):
     th.start()
     wait_for(lambda: t.status()["queued"] == 1, what="one held")
     r = complete(t)
-    assert r.status == 503 and r.json()["error"]["type"] == "queue_full"
+    assert r.status == 503 and r.json()["error"]["code"] == "queue_full"
     assert int(r.header("retry-after")) == (cold + 999) // 1000
     th.join(30)
 
@@ -322,8 +322,11 @@ def test_failed_start_ends_a_heartbeat_stream_with_an_error_event(thaw_factory):
     assert r.status == 200
     events = [e for e in r.body.decode().split("\n\n") if e]
     assert events[0] == ": loading"
-    err = json.loads(events[-1][len("data: "):])["error"]
-    assert err["type"] == "start_failed"
+    # One SSE error event with the status, never raw JSON in the stream.
+    assert events[-1].startswith("event: error\ndata: {")
+    err = json.loads(events[-1][len("event: error\ndata: "):])["error"]
+    assert err["code"] == "start_failed" and err["status"] == 503
+    assert err["type"] == "server_error" and "llama" in err["message"]
     t.assert_reconciled()
     assert t.metric("thaw_rejections_total", reason="start_failed") == 1
 

@@ -45,7 +45,7 @@ def test_routes_by_host(thaw, host):
 def test_host_in_another_namespace_does_not_match(thaw):
     r = get(thaw, "/echo", host="llama.other.svc.cluster.local")
     assert r.status == 404
-    assert r.json()["error"]["type"] == "model_not_found"
+    assert r.json()["error"]["code"] == "model_not_found"
 
 
 def test_routes_by_path_prefix_and_strips_it(thaw):
@@ -72,7 +72,7 @@ def test_unknown_model_is_404_json_and_lists_nothing(thaw):
                       b'{"model":"gpt-nope"}')
     assert r.status == 404
     err = r.json()["error"]
-    assert err["type"] == "model_not_found" and err["code"] == 404
+    assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error"
     assert "llama" not in r.body.decode()
     r = get(thaw, "/somewhere")
     assert r.status == 404 and r.header("content-type") == "application/json"
@@ -80,9 +80,9 @@ def test_unknown_model_is_404_json_and_lists_nothing(thaw):
 
 def test_bad_json_where_body_routes_is_400(thaw):
     r = httpc.request(thaw.host, thaw.port, "POST", "/v1/chat/completions", {}, b'{"model": ')
-    assert r.status == 400 and r.json()["error"]["type"] == "bad_json"
+    assert r.status == 400 and r.json()["error"]["code"] == "bad_json"
     r = httpc.request(thaw.host, thaw.port, "POST", "/v1/chat/completions", {}, b'{"x": 1}')
-    assert r.status == 400 and r.json()["error"]["type"] == "missing_model"
+    assert r.status == 400 and r.json()["error"]["code"] == "missing_model"
     thaw.assert_reconciled()
 
 
@@ -183,7 +183,7 @@ def raw_exchange(t, data):
 def test_bad_requests_are_rejected(thaw, data, status, kind):
     r = raw_exchange(thaw, data)
     assert r.status == status
-    assert r.json()["error"]["type"] == kind
+    assert r.json()["error"]["code"] == kind
     assert r.header("content-type") == "application/json"
     thaw.assert_reconciled()
     assert thaw.metric("thaw_rejections_total", reason=kind) == 1
@@ -194,10 +194,10 @@ def test_header_limits(thaw_factory, upstream):
                       "models": [model(upstream)]})
     big = "a" * 3000
     r = raw_exchange(t, f"GET /echo HTTP/1.1\r\nHost: llama\r\nX-Big: {big}\r\n\r\n".encode())
-    assert r.status == 431 and r.json()["error"]["type"] == "header_too_large"
+    assert r.status == 431 and r.json()["error"]["code"] == "header_too_large"
     many = "".join(f"X-H{i}: v\r\n" for i in range(11))
     r = raw_exchange(t, f"GET /echo HTTP/1.1\r\nHost: llama\r\n{many}\r\n".encode())
-    assert r.status == 431 and r.json()["error"]["type"] == "too_many_headers"
+    assert r.status == 431 and r.json()["error"]["code"] == "too_many_headers"
     ok = "".join(f"X-H{i}: v\r\n" for i in range(9))
     r = raw_exchange(t, f"GET /echo HTTP/1.1\r\nHost: llama\r\n{ok}\r\n".encode())
     assert r.status == 200
@@ -224,7 +224,7 @@ def test_body_limit(thaw_factory, upstream):
     s.sendall(b"POST /echo HTTP/1.1\r\nHost: llama\r\nContent-Length: 5000\r\n"
               b"Expect: 100-continue\r\n\r\n")
     r = httpc.Reader(s).response()
-    assert r.status == 413 and r.json()["error"]["type"] == "body_too_large"
+    assert r.status == 413 and r.json()["error"]["code"] == "body_too_large"
     assert r.header("connection") == "close"
     s.close()
     # Chunked, grows past the limit.
@@ -245,7 +245,7 @@ def test_header_timeout_is_408(thaw_factory, upstream):
     s.sendall(b"GET /echo HTTP/1.1\r\nHost: lla")
     start = time.monotonic()
     r = httpc.Reader(s).response()
-    assert r.status == 408 and r.json()["error"]["type"] == "header_timeout"
+    assert r.status == 408 and r.json()["error"]["code"] == "header_timeout"
     assert 0.15 < time.monotonic() - start < 5
     assert httpc.closed_by_peer(s)
     # A connection that sends nothing at all gets the same answer.
@@ -271,7 +271,7 @@ def test_too_many_connections_is_503(thaw_factory, upstream):
     wait_for(lambda: t.metric("thaw_connections") == 2, what="two connections")
     c = t.connect()
     r = httpc.Reader(c).response()
-    assert r.status == 503 and r.json()["error"]["type"] == "too_many_connections"
+    assert r.status == 503 and r.json()["error"]["code"] == "too_many_connections"
     assert r.header("retry-after")
     assert t.metric("thaw_connections_rejected_total") == 1
     a.close()
@@ -378,14 +378,14 @@ def test_connect_failure_tries_another_replica(thaw_factory, upstream):
 def test_all_replicas_down_is_502(thaw_factory):
     t = thaw_factory({"models": [{"name": "gone", "endpoints": [f"127.0.0.1:{free_port()}"]}]})
     r = get(t, "/echo", host="gone")
-    assert r.status == 502 and r.json()["error"]["type"] == "upstream_connect_failed"
+    assert r.status == 502 and r.json()["error"]["code"] == "upstream_connect_failed"
     t.assert_reconciled()
 
 
 def test_first_byte_timeout_is_504(thaw_factory, upstream):
     t = thaw_factory({"models": [model(upstream, first_byte_timeout_ms=200)]})
     r = get(t, "/hang", host="llama")
-    assert r.status == 504 and r.json()["error"]["type"] == "upstream_timeout"
+    assert r.status == 504 and r.json()["error"]["code"] == "upstream_timeout"
     t.assert_reconciled()
 
 
@@ -406,13 +406,13 @@ def test_body_timeout_is_408(thaw_factory, upstream):
     s = t.connect()
     s.sendall(b"POST /echo HTTP/1.1\r\nHost: llama\r\nContent-Length: 10\r\n\r\nabc")
     r = httpc.Reader(s).response()
-    assert r.status == 408 and r.json()["error"]["type"] == "body_timeout"
+    assert r.status == 408 and r.json()["error"]["code"] == "body_timeout"
     t.assert_reconciled()
 
 
 def test_invalid_upstream_response_is_502(thaw):
     r = get(thaw, "/garbage", host="llama")
-    assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
+    assert r.status == 502 and r.json()["error"]["code"] == "upstream_error"
     thaw.assert_reconciled()
 
 
@@ -485,7 +485,7 @@ def test_queue_full_is_503_with_retry_after(thaw_factory, upstream):
     wait_for(lambda: t.status()["queued"] == 1, what="one queued")
     r = get(t, "/echo", host="llama")
     assert r.status == 503 and r.header("retry-after")
-    assert r.json()["error"]["type"] == "queue_full"
+    assert r.json()["error"]["code"] == "queue_full"
     blocker.join()
     waiting.join()
     t.assert_reconciled()
@@ -504,7 +504,7 @@ def test_global_queue_bound(thaw_factory, upstream, upstream2):
     w.start()
     wait_for(lambda: t.status()["queued"] == 1, what="one queued")
     r = get(t, "/echo", host="other")
-    assert r.status == 503 and r.json()["error"]["type"] == "queue_full"
+    assert r.status == 503 and r.json()["error"]["code"] == "queue_full"
     for th in (b1, b2, w):
         th.join()
     t.assert_reconciled()
@@ -531,7 +531,7 @@ def test_critical_displaces_newest_batch(thaw_factory, upstream):
         x.join()
     blocker.join()
     assert res["batch-new"].status == 503
-    assert res["batch-new"].json()["error"]["type"] == "queue_displaced"
+    assert res["batch-new"].json()["error"]["code"] == "queue_displaced"
     assert res["batch-old"].status == 200 and r["c"].status == 200
     t.assert_reconciled()
 
@@ -542,7 +542,7 @@ def test_queue_deadline_is_504(thaw_factory, upstream):
     wait_for(lambda: upstream.active == 1, what="slot taken")
     start = time.monotonic()
     r = get(t, "/echo", host="llama")
-    assert r.status == 504 and r.json()["error"]["type"] == "queue_timeout"
+    assert r.status == 504 and r.json()["error"]["code"] == "queue_timeout"
     assert 0.15 < time.monotonic() - start < 2
     blocker.join()
     t.assert_reconciled()
@@ -550,7 +550,7 @@ def test_queue_deadline_is_504(thaw_factory, upstream):
 
 def test_bad_priority_header_is_400(thaw):
     r = get(thaw, "/echo", host="llama", headers={"thaw-priority": "urgent"})
-    assert r.status == 400 and r.json()["error"]["type"] == "bad_priority"
+    assert r.status == 400 and r.json()["error"]["code"] == "bad_priority"
 
 
 def test_client_gone_while_queued_leaves_the_queue(thaw_factory, upstream):

@@ -141,10 +141,10 @@ def test_removed_model_finishes_its_stream_answers_its_queue_and_disappears(thaw
     hup(t)
     q = queued.join()
     assert q.status == 503, q.body
-    assert q.json()["error"]["type"] == "model_removed"
+    assert q.json()["error"]["code"] == "model_removed"
     # New requests no longer find the model.
     r = get(t, "/models/llama/echo")
-    assert r.status == 404 and r.json()["error"]["type"] == "model_not_found"
+    assert r.status == 404 and r.json()["error"]["code"] == "model_not_found"
     s = stream.join()
     assert not isinstance(s, Exception), s
     assert s.status == 200 and sse_chunks(s) == 21

@@ -224,7 +224,7 @@ def test_reset_on_a_fresh_connection_is_not_retried(thaw_factory, raw_upstream_f
     up = raw_upstream_factory()
     t = thaw_factory({"models": [static_model(up)]})
     r = get(t, "/reset", host="llama")
-    assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
+    assert r.status == 502 and r.json()["error"]["code"] == "upstream_error"
     assert up.stats()["paths"].count("/reset") == 1
     t.assert_reconciled()
 
@@ -235,7 +235,7 @@ def test_bad_chunk_in_the_first_read_is_a_502(thaw_factory, raw_upstream_factory
     up = raw_upstream_factory()
     t = thaw_factory({"models": [static_model(up)]})
     r = get(t, "/bad-chunk", host="llama")
-    assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
+    assert r.status == 502 and r.json()["error"]["code"] == "upstream_error"
     t.assert_reconciled()
 
 
@@ -245,7 +245,7 @@ def test_unsolicited_101_is_a_502(thaw_factory, raw_upstream_factory):
     s = t.connect()
     httpc.send(s, "GET", "/upgrade", host="llama")
     r = httpc.Reader(s).response()
-    assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
+    assert r.status == 502 and r.json()["error"]["code"] == "upstream_error"
     t.assert_reconciled()
 
 
@@ -284,7 +284,7 @@ def test_close_right_after_a_reused_request_is_sent_once_more(thaw_factory,
     assert rd.response().status == 200
     httpc.send(s, "GET", "/gone", host="llama")
     r = rd.response()
-    assert r.status == 502 and r.json()["error"]["type"] == "upstream_error"
+    assert r.status == 502 and r.json()["error"]["code"] == "upstream_error"
     assert up.stats()["paths"].count("/gone") == 2
     assert t.metric("thaw_upstream_stale_retries_total") == 1
     t.assert_reconciled()

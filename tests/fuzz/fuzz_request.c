@@ -1,11 +1,13 @@
 /* libFuzzer target: the request parser and the router.
  * The first input byte picks the read size the bytes arrive in, the rest is
- * the stream: every complete head is routed, and bodies on body-routed paths
- * go through the JSON model lookup, as in the proxy. */
+ * the stream: every complete head is routed (and its path checked as a
+ * /v1/models request), and bodies on body-routed paths go through the JSON
+ * model lookup, or the multipart one on upload paths, as in the proxy. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "thaw/formscan.h"
 #include "thaw/http.h"
 #include "thaw/router.h"
 
@@ -67,11 +69,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (st == ROUTE_FOUND && rt.path_off + rt.path_len > head.target_len) {
                 __builtin_trap(); /* the upstream path must lie inside the target */
             }
+            if (rt.asked_off + rt.asked_len > head.target_len) {
+                __builtin_trap();
+            }
+            char id[JSONSCAN_MODEL_MAX + 1];
+            size_t idlen = 0;
+            if (router_models_path(http_target(&head) + rt.path_off, rt.path_len, id, sizeof id,
+                                   &idlen) == ROUTE_MODELS_ONE &&
+                (idlen >= sizeof id || id[idlen] != '\0')) {
+                __builtin_trap();
+            }
             again = 1;
         } else if (ev == HTTP_EV_DONE) {
             struct route rt;
             if (router_resolve_head(&router, &head, &rt) == ROUTE_NEED_BODY) {
-                router_resolve_body(&router, body.data ? body.data : "", body.len, &rt);
+                const char *path = http_target(&head) + rt.path_off;
+                const struct http_header *ct = http_head_find(&head, "content-type");
+                char boundary[FORMSCAN_BOUNDARY_MAX + 1];
+                size_t blen = 0;
+                if (router_body_kind(path, rt.path_len) == ROUTE_BODY_FORM && ct &&
+                    (blen = formscan_boundary(http_hvalue(&head, ct), ct->value_len, boundary))) {
+                    static struct formscan form;
+                    formscan_init(&form, boundary, blen);
+                    if (formscan_feed(&form, body.data ? body.data : "", body.len) ==
+                        FORMSCAN_MORE) {
+                        formscan_finish(&form);
+                    }
+                } else {
+                    router_resolve_body(&router, body.data ? body.data : "", body.len, &rt);
+                }
             }
             if (body.len > lim.max_body_bytes) {
                 __builtin_trap();

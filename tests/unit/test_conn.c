@@ -455,7 +455,7 @@ static void test_rejected_at_head_gets_no_continue_and_closes(void **state)
     assert_false(loopnet_has(&e->client, "100 Continue"));
     assert_int_equal(at(e, "HTTP/1.1 404 "), 0);
     assert_true(loopnet_has(&e->client, "Connection: close\r\n"));
-    assert_true(loopnet_has(&e->client, "{\"error\":{\"type\":\"model_not_found\""));
+    assert_true(loopnet_has(&e->client, "\"code\":\"model_not_found\""));
     assert_int_equal(e->fk.rejects, 1);
     assert_int_equal(e->fk.last_reject, REJECT_UNKNOWN_MODEL);
     assert_int_equal(e->fk.requests, 0);
@@ -520,9 +520,10 @@ static void test_malformed_request_gets_400_then_lingering_close(void **state)
     assert_int_equal(at(e, "HTTP/1.1 400 Bad Request\r\n"), 0);
     assert_true(loopnet_has(&e->client, "Content-Type: application/json\r\n"));
     assert_true(loopnet_has(&e->client, "Connection: close\r\n"));
-    assert_true(loopnet_has(&e->client, "\r\n\r\n{\"error\":{\"type\":\"bad_request\","
-                                        "\"message\":\"the request is not valid HTTP/1.1"));
-    assert_true(loopnet_has(&e->client, "\"code\":400}}\n"));
+    assert_true(loopnet_has(&e->client, "\r\n\r\n{\"error\":{\"message\":\"the request is "
+                                        "not valid HTTP/1.1"));
+    assert_true(loopnet_has(&e->client, "\"type\":\"invalid_request_error\",\"param\":null,"
+                                        "\"code\":\"bad_request\"}}\n"));
     assert_int_equal(e->fk.rejects, 1);
     assert_int_equal(e->fk.last_reject, REJECT_BAD_REQUEST);
     assert_int_equal(e->fk.requests, 0);
@@ -546,7 +547,7 @@ static void test_partial_head_times_out_with_408(void **state)
     assert_true(loopnet_send_str(e->client.fd, "GET / HTTP/1.1\r\nHo"));
     assert_true(RUN_UNTIL(e->client.eof));
     assert_int_equal(at(e, "HTTP/1.1 408 "), 0);
-    assert_true(loopnet_has(&e->client, "\"type\":\"header_timeout\""));
+    assert_true(loopnet_has(&e->client, "\"code\":\"header_timeout\""));
     assert_int_equal(e->fk.rejects, 1);
     assert_int_equal(e->fk.last_reject, REJECT_HEADER_TIMEOUT);
     assert_int_equal(e->fk.requests, 0);
@@ -690,7 +691,7 @@ static void test_idle_body_times_out_with_408(void **state)
                                                "Content-Length: 100\r\n\r\n0123"));
     assert_true(RUN_UNTIL(e->client.eof));
     assert_int_equal(at(e, "HTTP/1.1 408 "), 0);
-    assert_true(loopnet_has(&e->client, "\"type\":\"body_timeout\""));
+    assert_true(loopnet_has(&e->client, "\"code\":\"body_timeout\""));
     assert_int_equal(e->fk.last_reject, REJECT_BODY_TIMEOUT);
     assert_int_equal(e->fk.requests, 0);
 }

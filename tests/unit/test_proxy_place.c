@@ -377,8 +377,8 @@ static void test_queue_deadline_answers_504(void **state)
     client_send(e, b, "two");
     assert_true(RUN_UNTIL(loopnet_has(&e->clients[b], "}}\n")));
     assert_true(loopnet_has(&e->clients[b], "HTTP/1.1 504 "));
-    assert_true(loopnet_has(&e->clients[b], "\"type\":\"queue_timeout\""));
-    assert_true(loopnet_has(&e->clients[b], "\"model\":\"m\""));
+    assert_true(loopnet_has(&e->clients[b], "\"code\":\"queue_timeout\""));
+    assert_true(loopnet_has(&e->clients[b], "(model `m`)"));
     assert_int_equal(e->m->queue.count, 0);
     assert_int_equal(e->m->stats.rejections[REJECT_QUEUE_TIMEOUT], 1);
     /* The request at the replica is not disturbed. */
@@ -400,7 +400,7 @@ static void test_every_replica_refusing_answers_502(void **state)
     client_send(e, a, "one");
     assert_true(RUN_UNTIL(loopnet_has(&e->clients[a], "}}\n")));
     assert_true(loopnet_has(&e->clients[a], "HTTP/1.1 502 "));
-    assert_true(loopnet_has(&e->clients[a], "\"type\":\"upstream_connect_failed\""));
+    assert_true(loopnet_has(&e->clients[a], "\"code\":\"upstream_connect_failed\""));
     /* Each replica was tried once. */
     assert_int_equal(endpoint_at(e, 0)->connect_failures, 1);
     assert_int_equal(endpoint_at(e, 1)->connect_failures, 1);

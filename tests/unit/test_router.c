@@ -112,6 +112,13 @@ static void test_path_prefix_is_stripped(void **state)
                      ROUTE_NOT_FOUND);
     assert_int_equal(resolve("GET /modelsllama/x HTTP/1.1\r\nHost: t\r\n\r\n", &rt, NULL, 0),
                      ROUTE_NOT_FOUND);
+    /* The name asked for, for the 404's message. */
+    struct http_head h;
+    parse(&h, "GET /models/nope/x HTTP/1.1\r\nHost: t\r\n\r\n");
+    assert_int_equal(router_resolve_head(&R, &h, &rt), ROUTE_NOT_FOUND);
+    assert_int_equal(rt.asked_len, 4);
+    assert_memory_equal(http_target(&h) + rt.asked_off, "nope", 4);
+    http_head_dispose(&h);
 }
 
 static void test_host_wins_over_path(void **state)
@@ -146,6 +153,41 @@ static void test_body_routed_paths(void **state)
                      ROUTE_NEED_BODY);
     assert_int_equal(resolve("POST /v1/images HTTP/1.1\r\nHost: t\r\n\r\n", &rt, NULL, 0),
                      ROUTE_NOT_FOUND);
+    static const char *const json[] = {
+        "/v1/responses",    "/v1/moderations", "/v1/images/generations",
+        "/v1/audio/speech", "/rerank",         "/v1/rerank",
+        "/v2/rerank",       "/score",          "/v1/score",
+        "/tokenize",        "/detokenize?x=1"};
+    for (size_t i = 0; i < sizeof json / sizeof json[0]; i++) {
+        assert_int_equal(router_body_kind(json[i], strlen(json[i])), ROUTE_BODY_JSON);
+    }
+    static const char *const forms[] = {"/v1/audio/transcriptions", "/v1/audio/translations",
+                                        "/v1/images/edits"};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        assert_int_equal(router_body_kind(forms[i], strlen(forms[i])), ROUTE_BODY_FORM);
+    }
+    assert_int_equal(router_body_kind("/v1/audio", 9), ROUTE_BODY_NONE);
+    assert_int_equal(router_body_kind("/v1/rerankx", 11), ROUTE_BODY_NONE);
+}
+
+static void test_models_paths(void **state)
+{
+    char id[16];
+    size_t n = 99;
+    assert_int_equal(router_models_path("/v1/models", 10, id, sizeof id, &n), ROUTE_MODELS_LIST);
+    assert_int_equal(router_models_path("/v1/models/?a", 13, id, sizeof id, &n), ROUTE_MODELS_LIST);
+    assert_int_equal(router_models_path("/v1/modelsx", 11, id, sizeof id, &n), ROUTE_MODELS_NONE);
+    assert_int_equal(router_models_path("/v2/models", 10, id, sizeof id, &n), ROUTE_MODELS_NONE);
+    const char *p = "/v1/models/org%2fname?x";
+    assert_int_equal(router_models_path(p, strlen(p), id, sizeof id, &n), ROUTE_MODELS_ONE);
+    assert_string_equal(id, "org/name");
+    assert_int_equal(n, 8);
+    p = "/v1/models/a/b%zz%4";
+    assert_int_equal(router_models_path(p, strlen(p), id, sizeof id, &n), ROUTE_MODELS_ONE);
+    assert_string_equal(id, "a/b%zz%4");
+    p = "/v1/models/0123456789abcdefgh"; /* longer than id can hold: no such model */
+    assert_int_equal(router_models_path(p, strlen(p), id, sizeof id, &n), ROUTE_MODELS_ONE);
+    assert_int_equal(n, 0);
 }
 
 static void test_body_model_field(void **state)
@@ -256,6 +298,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_absolute_form_target, setup, teardown),
         cmocka_unit_test_setup_teardown(test_body_routed_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_body_model_field, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_models_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
         cmocka_unit_test(test_same_name_in_two_namespaces),
     };

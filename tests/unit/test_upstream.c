@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -184,7 +185,22 @@ static void u_capacity(void *ud, struct model *m)
     note('C');
 }
 
+/* An error status into a heartbeat stream: what the proxy would turn into
+ * an SSE error event. */
+static int stream_errors, stream_error_status;
+static char stream_error_body[64];
+
+static void u_stream_error(struct upstream_req *r, int status, const char *body, size_t len)
+{
+    stream_errors++;
+    stream_error_status = status;
+    snprintf(stream_error_body, sizeof stream_error_body, "%.*s", (int)len, body);
+    assert_non_null(r->up); /* called before the upstream lets go */
+    conn_write(r->conn, "<error event>", 13);
+}
+
 static const struct upstream_handler fake_handler = {
+    .stream_error = u_stream_error,
     .retry = u_retry,
     .done = u_done,
     .failed = u_failed,
@@ -732,6 +748,38 @@ static void test_close_delimited_body_is_rechunked(void **state)
     assert_false(list_empty(&e->net.conns));
 }
 
+/* thaw sent its own 200 event-stream head (loading heartbeats): a replica's
+ * error answer is kept, not forwarded, and handed to stream_error whole. */
+static void test_error_status_into_a_heartbeat_stream_goes_to_stream_error(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    fr->up.heartbeat = true;
+    fr->ex.response_started = true;
+    stream_errors = 0;
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 503 Service Unavailable\r\n"
+                                                "Transfer-Encoding: chunked\r\n\r\n"
+                                                "5\r\n{\"a\":\r\n"));
+    RUN_FOR(20);
+    assert_int_equal(stream_errors, 0);
+    assert_int_equal(fk.dones, 0);
+    assert_true(loopnet_send_str(e->replica.fd, "3\r\n1}\n\r\n0\r\n\r\n"));
+    assert_true(RUN_UNTIL(fk.dones == 1));
+    assert_int_equal(stream_errors, 1);
+    assert_int_equal(stream_error_status, 503);
+    assert_string_equal(stream_error_body, "{\"a\":1}\n");
+    assert_int_equal(fk.last_status, 503);
+    assert_true(RUN_UNTIL(loopnet_has(&e->client, "<error event>")));
+    /* Nothing of the replica's reached the client. */
+    assert_false(loopnet_has(&e->client, "503"));
+    assert_false(loopnet_has(&e->client, "{\"a\""));
+    assert_int_equal(e->ep->n_idle, 1); /* cleanly framed: pooled */
+}
+
 static void test_silent_replica_times_out_with_504(void **state)
 {
     struct env *e = *state;
@@ -918,6 +966,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_close_delimited_body_is_rechunked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_silent_replica_times_out_with_504, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_error_status_into_a_heartbeat_stream_goes_to_stream_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_mid_response, setup, teardown),
         cmocka_unit_test_setup_teardown(test_head_response_has_no_body, setup, teardown),
         cmocka_unit_test_setup_teardown(test_chunked_to_an_http10_client_is_decoded, setup,

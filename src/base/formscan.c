@@ -1,0 +1,365 @@
+#include "thaw/formscan.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+enum form_state {
+    F_PREAMBLE,    /* before the first delimiter */
+    F_AFTER_DELIM, /* after a delimiter: "--" (the form ends) or padding and CRLF */
+    F_CLOSE,       /* one '-' of the closing "--" read */
+    F_DELIM_CR,    /* the CR ending a delimiter line read */
+    F_HEADERS,     /* a part's header lines */
+    F_DATA,        /* a part's data, up to the next delimiter */
+    F_DONE,
+};
+
+static bool is_ows(char ch)
+{
+    return ch == ' ' || ch == '\t';
+}
+
+/* Case-insensitive: does [p, p+n) start with lit? */
+static bool starts_with(const char *p, size_t n, const char *lit)
+{
+    size_t l = strlen(lit);
+    return n >= l && strncasecmp(p, lit, l) == 0;
+}
+
+#define PARAM_BAD ((size_t)-1)
+
+/* One parameter value at p (a token, or a quoted-string unescaped), into out
+ * (cap bytes with the NUL). Returns the bytes consumed, or PARAM_BAD when
+ * malformed or longer than cap - 1; *outlen gets the value's length. */
+static size_t param_value(const char *p, size_t n, char *out, size_t cap, size_t *outlen)
+{
+    size_t i = 0, o = 0;
+    if (n > 0 && p[0] == '"') {
+        for (i = 1; i < n && p[i] != '"'; i++) {
+            char ch = p[i];
+            if (ch == '\\' && i + 1 < n) {
+                ch = p[++i];
+            }
+            if (o + 1 >= cap) {
+                return PARAM_BAD;
+            }
+            out[o++] = ch;
+        }
+        if (i >= n) {
+            return PARAM_BAD; /* unterminated */
+        }
+        i++;
+    } else {
+        for (; i < n && p[i] != ';' && !is_ows(p[i]); i++) {
+            if (o + 1 >= cap) {
+                return PARAM_BAD;
+            }
+            out[o++] = p[i];
+        }
+    }
+    out[o] = '\0';
+    *outlen = o;
+    return i;
+}
+
+/* Walks "; key=value" parameters from p for the one named key (case-
+ * insensitive). True when found and well formed, with its value in out (cap
+ * bytes with the NUL). */
+static bool find_param(const char *p, size_t n, const char *key, char *out, size_t cap,
+                       size_t *outlen)
+{
+    size_t i = 0, klen = strlen(key);
+    while (i < n) {
+        while (i < n && (is_ows(p[i]) || p[i] == ';')) {
+            i++;
+        }
+        size_t k = i;
+        while (i < n && p[i] != '=' && p[i] != ';') {
+            i++;
+        }
+        if (i >= n || p[i] != '=') {
+            continue; /* a parameter without a value */
+        }
+        size_t kend = i;
+        while (kend > k && is_ows(p[kend - 1])) {
+            kend--;
+        }
+        i++;
+        while (i < n && is_ows(p[i])) {
+            i++;
+        }
+        bool wanted = kend - k == klen && strncasecmp(p + k, key, klen) == 0;
+        char scratch[FORMSCAN_LINE_MAX];
+        size_t vlen = 0;
+        size_t used =
+            param_value(p + i, n - i, wanted ? out : scratch, wanted ? cap : sizeof scratch, &vlen);
+        if (wanted) {
+            *outlen = vlen;
+            return used != PARAM_BAD;
+        }
+        if (used == PARAM_BAD) {
+            return false;
+        }
+        i += used;
+        while (i < n && p[i] != ';') {
+            i++;
+        }
+    }
+    return false;
+}
+
+size_t formscan_boundary(const char *ct, size_t len, char *out)
+{
+    static const char type[] = "multipart/form-data";
+    while (len > 0 && is_ows(*ct)) {
+        ct++, len--;
+    }
+    if (!starts_with(ct, len, type)) {
+        return 0;
+    }
+    size_t i = sizeof type - 1;
+    while (i < len && is_ows(ct[i])) {
+        i++;
+    }
+    if (i < len && ct[i] != ';') {
+        return 0; /* "multipart/form-datax" */
+    }
+    size_t blen = 0;
+    if (!find_param(ct + i, len - i, "boundary", out, FORMSCAN_BOUNDARY_MAX + 1, &blen) ||
+        blen == 0 || out[blen - 1] == ' ') {
+        return 0;
+    }
+    for (size_t j = 0; j < blen; j++) {
+        unsigned char ch = (unsigned char)out[j];
+        if (ch < 0x20 || ch > 0x7e) {
+            return 0;
+        }
+    }
+    return blen;
+}
+
+void formscan_init(struct formscan *s, const char *boundary, size_t len)
+{
+    memset(s, 0, offsetof(struct formscan, delim));
+    if (len > FORMSCAN_BOUNDARY_MAX) {
+        len = FORMSCAN_BOUNDARY_MAX;
+    }
+    memcpy(s->delim, "\r\n--", 4);
+    memcpy(s->delim + 4, boundary, len);
+    s->delim_len = (uint8_t)(len + 4);
+    /* KMP failure function: fail[i] is the longest proper prefix of
+     * delim[0..i] that is also its suffix. */
+    s->fail[0] = 0;
+    for (size_t i = 1, k = 0; i < s->delim_len; i++) {
+        while (k > 0 && s->delim[i] != s->delim[k]) {
+            k = s->fail[k - 1];
+        }
+        if (s->delim[i] == s->delim[k]) {
+            k++;
+        }
+        s->fail[i] = (uint8_t)k;
+    }
+    s->state = F_PREAMBLE;
+    /* The first delimiter may open the body: as if a CRLF came before it. */
+    s->matched = 2;
+    s->status = len ? FORMSCAN_MORE : FORMSCAN_INVALID;
+    s->error = len ? NULL : "empty boundary";
+}
+
+static enum formscan_status fail(struct formscan *s, const char *why)
+{
+    s->status = FORMSCAN_INVALID;
+    s->error = why;
+    s->error_offset = s->offset;
+    s->state = F_DONE;
+    return s->status;
+}
+
+static enum formscan_status answer(struct formscan *s, enum formscan_status st)
+{
+    s->status = st;
+    s->state = F_DONE;
+    return st;
+}
+
+/* One byte against the delimiter; true when it completes it. */
+static bool delim_step(struct formscan *s, char ch)
+{
+    size_t k = s->matched;
+    while (k > 0 && ch != s->delim[k]) {
+        k = s->fail[k - 1];
+    }
+    if (ch == s->delim[k]) {
+        k++;
+    }
+    if (k == s->delim_len) {
+        s->matched = 0;
+        return true;
+    }
+    s->matched = (uint8_t)k;
+    return false;
+}
+
+/* A complete part-header line (CR stripped): notes whether the part is the
+ * form field named "model". */
+static void header_line(struct formscan *s, const char *line, size_t n)
+{
+    static const char cd[] = "content-disposition:";
+    if (!starts_with(line, n, cd)) {
+        return;
+    }
+    size_t i = sizeof cd - 1;
+    while (i < n && is_ows(line[i])) {
+        i++;
+    }
+    if (!starts_with(line + i, n - i, "form-data")) {
+        return;
+    }
+    i += sizeof "form-data" - 1;
+    char name[8];
+    size_t nlen = 0;
+    s->part_is_model = find_param(line + i, n - i, "name", name, sizeof name, &nlen) && nlen == 5 &&
+                       memcmp(name, "model", 5) == 0;
+}
+
+static enum formscan_status headers_byte(struct formscan *s, char ch)
+{
+    if (++s->header_bytes > FORMSCAN_HEADERS_MAX) {
+        return fail(s, "part headers too long");
+    }
+    if (ch != '\n') {
+        if (s->line_len == FORMSCAN_LINE_MAX) {
+            return fail(s, "part header line too long");
+        }
+        s->line[s->line_len++] = ch;
+        return FORMSCAN_MORE;
+    }
+    size_t n = s->line_len;
+    if (n > 0 && s->line[n - 1] == '\r') {
+        n--;
+    }
+    s->line_len = 0;
+    if (n > 0) {
+        header_line(s, s->line, n);
+        return FORMSCAN_MORE;
+    }
+    s->state = F_DATA; /* the empty line: the data follows */
+    s->matched = 0;
+    s->value_len = 0;
+    return FORMSCAN_MORE;
+}
+
+static enum formscan_status data_byte(struct formscan *s, char ch)
+{
+    if (s->part_is_model) {
+        if (s->value_len == sizeof s->value - 1) {
+            return answer(s, FORMSCAN_MODEL_TOO_LONG);
+        }
+        s->value[s->value_len++] = ch;
+    }
+    if (!delim_step(s, ch)) {
+        return FORMSCAN_MORE;
+    }
+    if (s->part_is_model) {
+        s->value_len -= s->delim_len;
+        s->value[s->value_len] = '\0';
+        return answer(s,
+                      s->value_len > FORMSCAN_MODEL_MAX ? FORMSCAN_MODEL_TOO_LONG : FORMSCAN_MODEL);
+    }
+    s->state = F_AFTER_DELIM;
+    s->after = 0;
+    return FORMSCAN_MORE;
+}
+
+static enum formscan_status step(struct formscan *s, char ch)
+{
+    switch (s->state) {
+    case F_PREAMBLE:
+        if (delim_step(s, ch)) {
+            s->state = F_AFTER_DELIM;
+            s->after = 0;
+        }
+        return FORMSCAN_MORE;
+    case F_AFTER_DELIM:
+        if (ch == '-' && s->after == 0) {
+            s->state = F_CLOSE;
+        } else if (is_ows(ch)) {
+            s->after = 1;
+        } else if (ch == '\r') {
+            s->state = F_DELIM_CR;
+        } else {
+            return fail(s, "unexpected byte after a boundary");
+        }
+        return FORMSCAN_MORE;
+    case F_CLOSE:
+        if (ch != '-') {
+            return fail(s, "unexpected byte after a boundary");
+        }
+        return answer(s, FORMSCAN_NO_MODEL); /* the closing delimiter */
+    case F_DELIM_CR:
+        if (ch != '\n') {
+            return fail(s, "boundary line not ended by CRLF");
+        }
+        s->state = F_HEADERS;
+        s->line_len = 0;
+        s->header_bytes = 0;
+        s->part_is_model = false;
+        return FORMSCAN_MORE;
+    case F_HEADERS:
+        return headers_byte(s, ch);
+    case F_DATA:
+        return data_byte(s, ch);
+    default:
+        return s->status;
+    }
+}
+
+/* Bytes before the next CR, in a state where nothing but a delimiter
+ * matters and none is partly matched: they cannot start one ("\r\n--"). */
+static size_t skippable(const struct formscan *s, const char *p, size_t n)
+{
+    bool skipping = s->state == F_PREAMBLE || (s->state == F_DATA && !s->part_is_model);
+    if (!skipping || s->matched != 0) {
+        return 0;
+    }
+    const char *cr = memchr(p, '\r', n);
+    return cr ? (size_t)(cr - p) : n;
+}
+
+enum formscan_status formscan_feed(struct formscan *s, const char *data, size_t len)
+{
+    size_t i = 0;
+    while (i < len && s->status == FORMSCAN_MORE) {
+        size_t skip = skippable(s, data + i, len - i);
+        i += skip;
+        s->offset += skip;
+        if (i == len) {
+            break;
+        }
+        step(s, data[i]);
+        s->offset++;
+        i++;
+    }
+    return s->status;
+}
+
+enum formscan_status formscan_finish(struct formscan *s)
+{
+    if (s->status != FORMSCAN_MORE) {
+        return s->status;
+    }
+    return fail(s, s->state == F_PREAMBLE ? "no boundary line in the body"
+                                          : "the body ends inside the form");
+}
+
+const char *formscan_model(const struct formscan *s, size_t *len)
+{
+    *len = s->value_len;
+    return s->value;
+}
+
+void formscan_error(const struct formscan *s, char *out, size_t outlen)
+{
+    snprintf(out, outlen, "%s at byte %llu", s->error ? s->error : "invalid form",
+             (unsigned long long)s->error_offset);
+}

@@ -1,0 +1,111 @@
+#include "thaw/models_api.h"
+#include "thaw/clock.h"
+#include "thaw/tier.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct named {
+    const char *id;
+    const struct model *model;
+};
+
+struct names {
+    struct named *items;
+    size_t n, cap;
+    bool failed;
+};
+
+static void collect(void *ud, const char *key, void *value)
+{
+    struct names *ns = ud;
+    const struct model *m = value;
+    if (m->removed || ns->failed) {
+        return;
+    }
+    if (ns->n == ns->cap) {
+        size_t cap = ns->cap ? ns->cap * 2 : 64;
+        struct named *items = realloc(ns->items, cap * sizeof *items);
+        if (!items) {
+            ns->failed = true;
+            return;
+        }
+        ns->items = items;
+        ns->cap = cap;
+    }
+    ns->items[ns->n++] = (struct named){key, m};
+}
+
+static int by_id(const void *a, const void *b)
+{
+    return strcmp(((const struct named *)a)->id, ((const struct named *)b)->id);
+}
+
+/* What a UI shows of a model without asking it anything. */
+static const char *model_state(const struct model *m)
+{
+    if (m->n_endpoints > 0) {
+        return "ready";
+    }
+    if (m->fixed_replicas) {
+        return "unavailable"; /* static endpoints, none left */
+    }
+    if (m->replicas_desired > 0 || m->queue.count > 0) {
+        return "starting";
+    }
+    return "scaled_to_zero";
+}
+
+/* When thaw started, in Unix seconds: the same "created" on every listing. */
+static long long started_unix(const struct runtime *rt)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long long wall_ms = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    long long up_ms = (long long)(clock_now_ms() - rt->started_ms);
+    return (wall_ms - up_ms + 500) / 1000;
+}
+
+static void append_entry(struct buf *out, const char *id, const struct model *m, long long created)
+{
+    const char *owner = m->namespace_ ? m->namespace_ : "thaw";
+    buf_append_str(out, "{\"id\":\"");
+    buf_append_json_escaped(out, id, strlen(id));
+    buf_printf(out, "\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"", created);
+    buf_append_json_escaped(out, owner, strlen(owner));
+    buf_append_str(out, "\",\"root\":\"");
+    buf_append_json_escaped(out, m->name, strlen(m->name));
+    buf_printf(out, "\",\"state\":\"%s\",\"tier\":\"%s\",\"replicas\":%zu,\"queued\":%zu}",
+               model_state(m), tier_name(m->set.priority), m->n_endpoints, (size_t)m->queue.count);
+}
+
+void models_api_list(const struct runtime *rt, struct buf *out)
+{
+    struct names ns = {0};
+    strmap_each(&rt->fleet.router.by_name, collect, &ns);
+    if (ns.n > 1) {
+        qsort(ns.items, ns.n, sizeof *ns.items, by_id);
+    }
+    long long created = started_unix(rt);
+    buf_append_str(out, "{\"object\":\"list\",\"data\":[");
+    for (size_t i = 0; i < ns.n; i++) {
+        if (i) {
+            buf_append(out, ",", 1);
+        }
+        append_entry(out, ns.items[i].id, ns.items[i].model, created);
+    }
+    buf_append_str(out, "]}\n");
+    free(ns.items);
+}
+
+bool models_api_one(const struct runtime *rt, const char *id, size_t len, struct buf *out)
+{
+    const struct model *m = router_lookup_name(&rt->fleet.router, id, len);
+    if (!m || m->removed || memchr(id, '\0', len)) {
+        return false;
+    }
+    append_entry(out, id, m, started_unix(rt));
+    buf_append(out, "\n", 1);
+    return true;
+}

@@ -1,0 +1,227 @@
+/* formscan: the "model" field of a multipart/form-data body, fed in pieces.
+ * Every case runs whole, split at every byte, and one byte at a time; all
+ * must give the same answer. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "thaw/formscan.h"
+
+struct outcome {
+    enum formscan_status status;
+    char model[FORMSCAN_MODEL_MAX + 1];
+    char error[160];
+    uint64_t consumed;
+};
+
+static void finish_into(struct formscan *s, enum formscan_status st, struct outcome *o)
+{
+    if (st == FORMSCAN_MORE) {
+        st = formscan_finish(s);
+    }
+    o->status = st;
+    o->model[0] = o->error[0] = '\0';
+    o->consumed = s->offset;
+    if (st == FORMSCAN_MODEL) {
+        size_t n;
+        const char *m = formscan_model(s, &n);
+        memcpy(o->model, m, n + 1);
+    } else if (st == FORMSCAN_INVALID) {
+        formscan_error(s, o->error, sizeof o->error);
+    }
+}
+
+static void scan_step(const char *boundary, const char *body, size_t len, size_t step,
+                      struct outcome *o)
+{
+    struct formscan s;
+    formscan_init(&s, boundary, strlen(boundary));
+    enum formscan_status st = FORMSCAN_MORE;
+    for (size_t at = 0; at < len && st == FORMSCAN_MORE; at += step) {
+        st = formscan_feed(&s, body + at, at + step > len ? len - at : step);
+    }
+    finish_into(&s, st, o);
+}
+
+static void scan_split(const char *boundary, const char *body, size_t len, size_t cut,
+                       struct outcome *o)
+{
+    struct formscan s;
+    formscan_init(&s, boundary, strlen(boundary));
+    enum formscan_status st = formscan_feed(&s, body, cut);
+    if (st == FORMSCAN_MORE) {
+        st = formscan_feed(&s, body + cut, len - cut);
+    }
+    finish_into(&s, st, o);
+}
+
+/* Scans body every way; checks all agree and returns the answer. */
+static struct outcome scan(const char *boundary, const char *body, size_t len)
+{
+    struct outcome whole, other;
+    scan_step(boundary, body, len, len ? len : 1, &whole);
+    scan_step(boundary, body, len, 1, &other);
+    assert_int_equal(other.status, whole.status);
+    assert_string_equal(other.model, whole.model);
+    assert_string_equal(other.error, whole.error);
+    for (size_t cut = 0; cut <= len; cut++) {
+        scan_split(boundary, body, len, cut, &other);
+        assert_int_equal(other.status, whole.status);
+        assert_string_equal(other.model, whole.model);
+    }
+    return whole;
+}
+
+static struct outcome scan_str(const char *boundary, const char *body)
+{
+    return scan(boundary, body, strlen(body));
+}
+
+static void test_model_field(void **state)
+{
+    const char *body = "--XyZ\r\n"
+                       "Content-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+                       "Content-Type: audio/wav\r\n\r\n"
+                       "RIFF\r\n--XY\r\n--Xy not yet\r\n"
+                       "\r\n--XyZ\r\n"
+                       "content-disposition: form-data; name=model\r\n\r\n"
+                       "whisper-1\r\n--XyZ\r\n"
+                       "Content-Disposition: form-data; name=\"model\"\r\n\r\n"
+                       "second\r\n--XyZ--\r\n";
+    struct outcome o = scan_str("XyZ", body);
+    assert_int_equal(o.status, FORMSCAN_MODEL);
+    assert_string_equal(o.model, "whisper-1");
+    /* It stops at the end of the value's delimiter, before the next part. */
+    const char *after = strstr(body, "whisper-1\r\n--XyZ") + strlen("whisper-1\r\n--XyZ");
+    assert_int_equal(o.consumed, (uint64_t)(after - body));
+}
+
+static void test_quoted_and_preamble(void **state)
+{
+    struct outcome o = scan_str("b", "ignored preamble\r\n--b  \r\n"
+                                     "Content-Disposition: form-data; filename=\"x;y\"; "
+                                     "NAME=\"model\"\r\n\r\n"
+                                     "org/Model \"q\"\r\n--b--");
+    assert_int_equal(o.status, FORMSCAN_MODEL);
+    assert_string_equal(o.model, "org/Model \"q\"");
+    o = scan_str("b", "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n\r\n--b--");
+    assert_int_equal(o.status, FORMSCAN_MODEL);
+    assert_string_equal(o.model, "");
+}
+
+static void test_no_model(void **state)
+{
+    struct outcome o = scan_str("b", "--b\r\nContent-Disposition: form-data; name=\"models\"\r\n"
+                                     "\r\nx\r\n--b\r\nContent-Disposition: form-data; "
+                                     "name=\"modelx\"\r\n\r\ny\r\n--b--\r\n");
+    assert_int_equal(o.status, FORMSCAN_NO_MODEL);
+    o = scan_str("b", "--b--");
+    assert_int_equal(o.status, FORMSCAN_NO_MODEL);
+}
+
+static void test_invalid(void **state)
+{
+    assert_int_equal(scan_str("b", "").status, FORMSCAN_INVALID);
+    assert_int_equal(scan_str("b", "{\"model\":\"x\"}").status, FORMSCAN_INVALID);
+    assert_int_equal(scan_str("b", "--b\r\nContent-Disposition: form-data; name=\"file\"\r\n"
+                                   "\r\nunterminated")
+                         .status,
+                     FORMSCAN_INVALID);
+    struct outcome o = scan_str("b", "--bx\r\n");
+    assert_int_equal(o.status, FORMSCAN_INVALID);
+    assert_string_equal(o.error, "unexpected byte after a boundary at byte 3");
+}
+
+static void test_bounds(void **state)
+{
+    /* A model value longer than the bound. */
+    size_t n = FORMSCAN_MODEL_MAX + 200;
+    char *body = malloc(n + 200);
+    int len = sprintf(body, "--b\r\nContent-Disposition: form-data; name=model\r\n\r\n");
+    memset(body + len, 'm', FORMSCAN_MODEL_MAX + 1);
+    len += FORMSCAN_MODEL_MAX + 1;
+    len += sprintf(body + len, "\r\n--b--");
+    assert_int_equal(scan("b", body, (size_t)len).status, FORMSCAN_MODEL_TOO_LONG);
+    /* Exactly the bound is fine. */
+    len = sprintf(body, "--b\r\nContent-Disposition: form-data; name=model\r\n\r\n");
+    memset(body + len, 'm', FORMSCAN_MODEL_MAX);
+    len += FORMSCAN_MODEL_MAX;
+    len += sprintf(body + len, "\r\n--b--");
+    assert_int_equal(scan("b", body, (size_t)len).status, FORMSCAN_MODEL);
+    free(body);
+    /* A header line longer than the bound. */
+    size_t hn = FORMSCAN_LINE_MAX + 100;
+    char *h = malloc(hn + 64);
+    len = sprintf(h, "--b\r\nX: ");
+    memset(h + len, 'h', FORMSCAN_LINE_MAX);
+    len += FORMSCAN_LINE_MAX;
+    len += sprintf(h + len, "\r\n\r\n");
+    struct formscan s;
+    formscan_init(&s, "b", 1);
+    assert_int_equal(formscan_feed(&s, h, (size_t)len), FORMSCAN_INVALID);
+    free(h);
+}
+
+/* A large file part is skipped in pieces with no copy kept; the model after it is found. */
+static void test_large_part(void **state)
+{
+    size_t big = 4 * 1024 * 1024;
+    char *body = malloc(big + 512);
+    int len = sprintf(body, "--boundary42\r\nContent-Disposition: form-data; name=\"file\"; "
+                            "filename=\"f\"\r\n\r\n");
+    for (size_t i = 0; i < big; i++) {
+        body[len + i] = "\r\n--boundary4"[i % 13]; /* near-misses everywhere */
+    }
+    len += (int)big;
+    len += sprintf(body + len, "\r\n--boundary42\r\nContent-Disposition: form-data; "
+                               "name=\"model\"\r\n\r\nbig\r\n--boundary42--\r\n");
+    struct formscan s;
+    formscan_init(&s, "boundary42", 10);
+    enum formscan_status st = FORMSCAN_MORE;
+    for (int at = 0; at < len && st == FORMSCAN_MORE; at += 65536) {
+        st = formscan_feed(&s, body + at, (size_t)(len - at < 65536 ? len - at : 65536));
+    }
+    assert_int_equal(st, FORMSCAN_MODEL);
+    size_t n;
+    assert_string_equal(formscan_model(&s, &n), "big");
+    free(body);
+}
+
+static void test_boundary_param(void **state)
+{
+    char b[FORMSCAN_BOUNDARY_MAX + 1];
+    const char *ct = "multipart/form-data; boundary=----WebKitFormBoundary7MA4YWxk";
+    assert_int_equal(formscan_boundary(ct, strlen(ct), b), 30);
+    assert_string_equal(b, "----WebKitFormBoundary7MA4YWxk");
+    ct = "Multipart/Form-Data; charset=utf-8; BOUNDARY=\"a b:c\"";
+    assert_int_equal(formscan_boundary(ct, strlen(ct), b), 5);
+    assert_string_equal(b, "a b:c");
+    ct = "application/json";
+    assert_int_equal(formscan_boundary(ct, strlen(ct), b), 0);
+    ct = "multipart/form-data";
+    assert_int_equal(formscan_boundary(ct, strlen(ct), b), 0);
+    ct = "multipart/form-dataX; boundary=a";
+    assert_int_equal(formscan_boundary(ct, strlen(ct), b), 0);
+    ct = "multipart/form-data; boundary=";
+    assert_int_equal(formscan_boundary(ct, strlen(ct), b), 0);
+    char longer[200];
+    snprintf(longer, sizeof longer, "multipart/form-data; boundary=%071d", 0);
+    assert_int_equal(formscan_boundary(longer, strlen(longer), b), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_field),    cmocka_unit_test(test_quoted_and_preamble),
+        cmocka_unit_test(test_no_model),       cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_bounds),         cmocka_unit_test(test_large_part),
+        cmocka_unit_test(test_boundary_param),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
