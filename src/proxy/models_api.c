@@ -12,16 +12,34 @@ struct named {
 };
 
 struct names {
+    const struct router *router;
     struct named *items;
     size_t n, cap;
     bool failed;
 };
 
+/* "namespace/name" is how a model's name is qualified: listed only when the
+ * bare name is several namespaces' (then each lists its qualified name). */
+static bool is_redundant_qualified(const struct router *r, const char *key,
+                                   const struct model *m)
+{
+    size_t nl = m->namespace_ ? strlen(m->namespace_) : 0;
+    if (!nl || strncmp(key, m->namespace_, nl) != 0 || key[nl] != '/' ||
+        strcmp(key + nl + 1, m->name) != 0) {
+        return false;
+    }
+    return router_lookup_name(r, m->name, strlen(m->name)) == m;
+}
+
 static void collect(void *ud, const char *key, void *value)
 {
     struct names *ns = ud;
+    /* A bare name several namespaces have maps to a marker, not a model. */
+    if (ns->failed || router_lookup_name(ns->router, key, strlen(key)) != value) {
+        return;
+    }
     const struct model *m = value;
-    if (m->removed || ns->failed) {
+    if (m->removed || is_redundant_qualified(ns->router, key, m)) {
         return;
     }
     if (ns->n == ns->cap) {
@@ -82,7 +100,7 @@ static void append_entry(struct buf *out, const char *id, const struct model *m,
 
 void models_api_list(const struct runtime *rt, struct buf *out)
 {
-    struct names ns = {0};
+    struct names ns = {.router = &rt->fleet.router};
     strmap_each(&rt->fleet.router.by_name, collect, &ns);
     if (ns.n > 1) {
         qsort(ns.items, ns.n, sizeof *ns.items, by_id);

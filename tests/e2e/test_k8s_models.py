@@ -62,9 +62,9 @@ def test_every_setting_from_annotations_applies_and_shows_in_status(cluster, tha
     codes = sorted([first.status, second.status])
     assert codes == [503, 504], codes
     timed_out = first if first.status == 504 else second
-    assert timed_out.json()["error"]["type"] == "queue_timeout"
+    assert timed_out.json()["error"]["code"] == "queue_timeout"
     full = second if timed_out is first else first
-    assert full.json()["error"]["type"] == "queue_full"
+    assert full.json()["error"]["code"] == "queue_full"
     assert 1.3 < time.monotonic() - start < 6 * SLOW
     st = settings(t)
     assert st["queue_timeout_ms"] == 1500 and st["max_queue"] == 1
@@ -188,7 +188,7 @@ def test_one_name_in_two_namespaces(cluster, thaw_factory, tmp_path):
     def ambiguous(r):
         assert r.status == 409, r.body
         err = r.json()["error"]
-        assert err["type"] == "ambiguous_model" and err["code"] == 409
+        assert err["code"] == "ambiguous_model" and err["type"] == "invalid_request_error"
         assert "models/llama" in err["message"] and "team-b/llama" in err["message"]
 
     ambiguous(complete(t, host="llama"))

@@ -841,3 +841,45 @@ def test_a_busy_model_writes_its_last_request_at_most_once_per_interval(cluster,
     assert t.metric("thaw_kubernetes_last_request_write_errors_total") == 0
     written = datetime.datetime.fromisoformat(seen[-1].replace("Z", "+00:00")).timestamp()
     assert abs(written - last_wall) < 1.5, (seen[-1], last_wall)
+
+
+def test_a_rollout_during_a_cold_start_serves_from_the_new_pods(cluster, thaw_factory, tmp_path):
+    """A request wakes the model; while its pod still loads, the Deployment's
+    template changes (a new image, say). The Deployment controller starts a
+    new ReplicaSet beside the old one: both are the model's pods (its
+    selector selects them), the held request goes to the first that answers,
+    the new pod here (it loads faster), and once the rollout is done only new
+    pods are left. One scale PATCH, nothing lost."""
+    sim = cluster(kubelet_ms=1000)
+    d = deployment("llama", gpus=0)
+    tpl = d["spec"]["template"]["metadata"]
+    tpl["labels"]["thaw.dev/model"] = "old"  # the name the pod's server answers with
+    tpl["annotations"].update({"sim.thaw.dev/server": "asyncio", "sim.thaw.dev/load-ms": "4000"})
+    sim.create_deployment(d)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    out = {}
+    th = threading.Thread(target=lambda: out.__setitem__("r", complete(t, timeout=60)))
+    th.start()
+
+    def pods():
+        _, ps = sim.call("GET", "/api/v1/namespaces/models/pods?labelSelector=app%3Dllama")
+        return [p for p in ps["items"] if "deletionTimestamp" not in p["metadata"]]
+    wait_for(lambda: any(p["status"].get("phase") == "Running" for p in pods()), timeout=20,
+             what="the old pod loading")
+    _, cur = sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")
+    tpl = cur["spec"]["template"]["metadata"]
+    tpl["labels"]["thaw.dev/model"] = "new"
+    tpl["annotations"]["sim.thaw.dev/load-ms"] = "300"
+    sim.call("PUT", "/apis/apps/v1/namespaces/models/deployments/llama", cur)
+    th.join(60)
+    r = out["r"]
+    assert r.status == 200, r.body
+    assert json.loads(r.body)["model"] == "new"
+    # The rollout finishes: only the new ReplicaSet's pod is left, and it serves.
+    wait_for(lambda: [p["metadata"]["labels"]["thaw.dev/model"] for p in pods()] == ["new"],
+             timeout=30, what="the old pod gone")
+    r = complete(t)
+    assert r.status == 200 and json.loads(r.body)["model"] == "new"
+    assert len([n for name, n in sim.state()["scale_log"] if name == "llama"]) == 1
+    t.assert_reconciled()
