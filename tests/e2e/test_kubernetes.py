@@ -872,13 +872,15 @@ def test_a_rollout_during_a_cold_start_serves_from_the_new_pods(cluster, thaw_fa
     tpl["labels"]["thaw.dev/model"] = "new"
     tpl["annotations"]["sim.thaw.dev/load-ms"] = "300"
     sim.call("PUT", "/apis/apps/v1/namespaces/models/deployments/llama", cur)
+    changed = time.monotonic()
     th.join(60)
     r = out["r"]
     assert r.status == 200, r.body
     assert json.loads(r.body)["model"] == "new"
+    assert time.monotonic() - changed < 5 * SLOW
     # The rollout finishes: only the new ReplicaSet's pod is left, and it serves.
     wait_for(lambda: [p["metadata"]["labels"]["thaw.dev/model"] for p in pods()] == ["new"],
-             timeout=30, what="the old pod gone")
+             timeout=40, what="the old pod gone")
     r = complete(t)
     assert r.status == 200 and json.loads(r.body)["model"] == "new"
     assert len([n for name, n in sim.state()["scale_log"] if name == "llama"]) == 1
