@@ -28,6 +28,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THAW_BIN = os.environ.get("THAW_BIN", os.path.join(ROOT, "build", "thaw"))
 SMOKE = os.environ.get("SMOKE") == "1"
@@ -91,35 +94,12 @@ def parse_wrk(out):
             "socket_errors": sockerr.group(1) if sockerr else ""}
 
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(root_pid):
-    """utime+stime of root_pid and every process below it."""
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                stats[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
-            except (OSError, IndexError, ValueError):
-                pass
-    total, todo = 0, [root_pid]
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            total += stats[pid][1]
-        todo.extend(p for p, (ppid, _) in stats.items() if ppid == pid)
-    return total / CLK_TCK
-
-
 def wrk(port, host, pid):
     cmd = ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{DURATION}s", "--latency",
            "-H", f"Host: {host}", f"http://127.0.0.1:{port}/health"]
-    cpu0 = cpu_seconds(pid)
+    cpu0 = common.cpu_seconds(pid)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=DURATION + 60).stdout
-    cpu = cpu_seconds(pid) - cpu0
+    cpu = common.cpu_seconds(pid) - cpu0
     r = parse_wrk(out)
     requests = re.search(r"(\d+) requests in", out)
     n = int(requests.group(1)) if requests else 0

@@ -1,5 +1,5 @@
 """Helpers the load tests share: start thaw on a config, read its ports,
-read a process's RSS, wait for a file."""
+read a process's RSS and CPU time (with its descendants), wait for a file."""
 
 import json
 import os
@@ -21,6 +21,43 @@ def rss_kib(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid):
+    """pid and its descendants (nginx's master and worker)."""
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return pids
+
+
+def cpu_ticks(pid):
+    """utime+stime (and reaped children's) of pid and its live descendants,
+    in clock ticks (CLK_TCK a second)."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[0] is field 3 (state); utime..cstime are fields 14..17
+        total += sum(int(x) for x in fields[11:15])
+    return total
+
+
+def cpu_seconds(pid):
+    return cpu_ticks(pid) / CLK_TCK
 
 
 def start_thaw(thaw_bin, workdir, cfg, extra_args=()):

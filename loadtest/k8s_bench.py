@@ -188,12 +188,6 @@ def cold_start(d, n, server="c", loading="bind-late"):
         stop(sim, signal.SIGINT)
 
 
-def cpu_ticks(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().split(")")[-1].split()
-    return int(parts[11]) + int(parts[12])
-
-
 def scale(d, n):
     sim, port = start_sim(d, ["--bookmark-s", "60"])
     thaw = None
@@ -211,10 +205,10 @@ def scale(d, n):
             models = len(json.load(r)["models"])
         rss = rss_kib(thaw.pid)
         hz = os.sysconf("SC_CLK_TCK")
-        c0 = cpu_ticks(thaw.pid)
+        c0 = common.cpu_ticks(thaw.pid)
         idle_s = 10
         time.sleep(idle_s)
-        cpu_ms = (cpu_ticks(thaw.pid) - c0) * 1000 / hz
+        cpu_ms = (common.cpu_ticks(thaw.pid) - c0) * 1000 / hz
         return {"deployments": n, "models_seen": models, "sync_s": round(sync_s, 2),
                 "rss_mib": round(rss / 1024, 1), "idle_cpu_ms_per_s": round(cpu_ms / idle_s, 2)}
     finally:

@@ -61,7 +61,7 @@ A_STREAMS = int(os.environ.get("A_STREAMS", "1000"))
 B_STREAMS = int(os.environ.get("B_STREAMS", "5000"))
 HOST = "bench"
 PROXIES = ("thaw", "nginx", "haproxy")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+CLK_TCK = common.CLK_TCK
 OFFERED = {}  # scenario -> events/s offered over all its streams
 
 
@@ -96,38 +96,9 @@ def raise_nofile():
         print(f"sse_bench: RLIMIT_NOFILE hard limit {hard} is low for 5,000 streams")
 
 
-def process_tree(pid):
-    """pid and its descendants (nginx's master and worker)."""
-    pids, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        pids.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-        except OSError:
-            pass
-    return pids
-
-
-def cpu_ticks(pid):
-    """utime+stime (+ reaped children's) of pid and its live descendants."""
-    total = 0
-    for p in process_tree(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # fields[0] is field 3 (state); utime..cstime are fields 14..17
-        total += sum(int(x) for x in fields[11:15])
-    return total
-
-
 def tree_rss_kib(pid):
     total = 0
-    for p in process_tree(pid):
+    for p in common.process_tree(pid):
         try:
             total += common.rss_kib(p)
         except OSError:
@@ -232,12 +203,12 @@ def measure(port, pid, up_pid, args):
     sampler = RssSampler(pid) if pid else None
     if sampler:
         sampler.start()
-    before = cpu_ticks(pid) if pid else 0
-    up_before = cpu_ticks(up_pid)
+    before = common.cpu_ticks(pid) if pid else 0
+    up_before = common.cpu_ticks(up_pid)
     r = run_client(port, args)
     time.sleep(0.2)  # the proxy finishes closing what the client closed
-    after = cpu_ticks(pid) if pid else 0
-    up_after = cpu_ticks(up_pid)
+    after = common.cpu_ticks(pid) if pid else 0
+    up_after = common.cpu_ticks(up_pid)
     if sampler:
         sampler.stop.set()
         sampler.join()
