@@ -1006,11 +1006,11 @@ static int parse_gpus(struct parser *p, const cJSON *arr, const char *path, void
         }
         struct config_gpu *cg = &cfg->gpus[i];
         set_defaults(&gpu_section, cg, false);
+        cfg->n_gpus = i + 1; /* counted before parsing: config_free frees its strings */
         int rc = parse_section(p, &gpu_section, g, prefix, cg);
         if (rc) {
             return rc;
         }
-        cfg->n_gpus = i + 1;
     }
     return 0;
 }
