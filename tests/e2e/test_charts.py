@@ -157,10 +157,22 @@ def test_optional_parts():
     conf = yaml.safe_load(dp["data"]["config.yaml"])
     assert conf["version"] == "v1"
     assert conf["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
-    mps = yaml.safe_load(next(o for o in by_kind(render("thaw", "devicePlugin.enabled=true",
-                                                       "devicePlugin.mode=mps"), "ConfigMap")
-                             if o["metadata"]["name"].endswith("device-plugin"))["data"]["config.yaml"])
+    assert conf["sharing"]["timeSlicing"]["failRequestsGreaterThanOne"] is True
+    assert conf["sharing"]["timeSlicing"]["renameByDefault"] is False
+    assert conf["flags"]["migStrategy"] == "none"
+
+    def plugin_config(*sets, namespace="thaw-system"):
+        cm = next(o for o in by_kind(render("thaw", "devicePlugin.enabled=true", *sets),
+                                     "ConfigMap") if o["metadata"]["name"].endswith("device-plugin"))
+        assert cm["metadata"]["namespace"] == namespace
+        return yaml.safe_load(cm["data"]["config.yaml"])
+    mps = plugin_config("devicePlugin.mode=mps", "devicePlugin.renameByDefault=true")
     assert mps["sharing"]["mps"]["resources"][0]["replicas"] == 4
+    assert mps["sharing"]["mps"]["renameByDefault"] is True
+    assert "failRequestsGreaterThanOne" not in mps["sharing"]["mps"]
+    mig = plugin_config("devicePlugin.mode=none", "devicePlugin.migStrategy=mixed",
+                        "devicePlugin.namespace=gpu-operator", namespace="gpu-operator")
+    assert mig == {"version": "v1", "flags": {"migStrategy": "mixed"}}
     assert by_kind(objs, "ServiceMonitor")[0]["spec"]["endpoints"][0]["port"] == "admin"
     rule = by_kind(objs, "PrometheusRule")[0]
     names = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
