@@ -44,7 +44,7 @@ meson test -C build-asan --suite unit --print-errorlogs || status=1
     --ignore=test_charts.py --ignore=test_costsim.py) || status=1
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
-step "fuzzing every parser of outside input (smoke: request 20 s, the others 8 s each)"
+step "fuzzing every parser of outside input (smoke: request 12 s, the others 6 s each)"
 CC=clang build build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false
 # fuzz NAME SECONDS MAX_LEN: a run from the target's seed corpus (copied, so
 # the checked-in corpus stays small); a crash, hang, leak or UB fails it and
@@ -67,13 +67,13 @@ fuzz() {
     fi
     rm -rf "$corpus" "$log"
 }
-fuzz request 20 4096
-fuzz response 8 4096
-fuzz config 8 8192
-fuzz kubeconfig 8 4096
-fuzz k8s_objects 8 8192
-fuzz execcred 8 2048
-fuzz formscan 8 4096
+fuzz request 12 4096
+fuzz response 6 4096
+fuzz config 6 8192
+fuzz kubeconfig 6 4096
+fuzz k8s_objects 6 8192
+fuzz execcred 6 2048
+fuzz formscan 6 4096
 
 step "benchmarks (smoke mode: figures only, never pass/fail on time)"
 SMOKE=1 ./loadtest/bench_proxy.sh || status=1

@@ -152,3 +152,74 @@ def test_scale_up_is_denied_when_only_cordoned_or_tainted_nodes_have_room(cluste
     assert [r.status for r in res] == [200] * 3
     assert [n for name, n in sim.state()["scale_log"] if name == "llama"] == []
     assert replicas(sim, "llama") == 1
+
+
+def with_resource(d, resource, n=1):
+    """d's pod template asks for n of resource (and no plain nvidia.com/gpu)."""
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    c["resources"] = {"requests": {resource: str(n)}, "limits": {resource: str(n)}}
+    return d
+
+
+THREE_KINDS = [
+    {"name": "ts", "gpus": 1, "replicas": 4,
+     "labels": {"nvidia.com/gpu.sharing-strategy": "time-slicing"}},
+    {"name": "mig", "gpus": 1, "replicas": 1, "product": "NVIDIA-A100-SXM4-40GB",
+     "allocatable": {"nvidia.com/gpu": 0, "nvidia.com/mig-1g.10gb": 2},
+     "labels": {"nvidia.com/mig.strategy": "mixed"}},
+    {"name": "mps", "gpus": 1, "replicas": 1,
+     "allocatable": {"nvidia.com/gpu": 0, "nvidia.com/gpu.shared": 4},
+     "labels": {"nvidia.com/gpu.sharing-strategy": "mps"}},
+]
+
+
+def test_each_kind_of_shared_gpu_gets_the_models_that_ask_for_it(cluster, thaw_factory,
+                                                                 tmp_path):
+    """Three nodes, three ways of sharing a GPU: time-sliced (nvidia.com/gpu x4),
+    MIG in the mixed strategy (nvidia.com/mig-1g.10gb x2), MPS renamed
+    (nvidia.com/gpu.shared x4). Each model wakes on the node whose kind it asks
+    for, and thaw sees exactly that node as the one that fits."""
+    sim = cluster(nodes=THREE_KINDS, load_ms=100)
+    for name, res in (("sliced", "nvidia.com/gpu"), ("migged", "nvidia.com/mig-1g.10gb"),
+                      ("shared", "nvidia.com/gpu.shared")):
+        sim.create_deployment(with_resource(deployment(name, load_ms=100), res))
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    for name, node in (("sliced", "ts"), ("migged", "mig"), ("shared", "mps")):
+        fits = {n["name"]: n["fit"] for n in kmodel(t, name)["placement"]["nodes"]}
+        assert [n for n, f in fits.items() if f == "fits"] == [node], (name, fits)
+        assert complete(t, host=f"{name}.models", timeout=40).status == 200
+        assert node_of(sim, name) == node
+    assert status_node(t, "mig")["used"] == {"nvidia.com/mig-1g.10gb": 1}
+    assert status_node(t, "mps")["used"] == {"nvidia.com/gpu.shared": 1}
+
+
+def test_a_mig_model_evicts_a_mig_replica_not_a_time_sliced_one(cluster, thaw_factory,
+                                                                 tmp_path):
+    """Both MIG instances are held by warm idle batch replicas, and a warm
+    time-sliced batch replica idles too. A critical model needing a MIG
+    instance wakes: the eviction frees a MIG instance on the MIG node, and the
+    time-sliced replica (whose release would free nothing it can use) stays."""
+    sim = cluster(nodes=THREE_KINDS, load_ms=100)
+    idle = {"thaw.dev/priority": "batch", "thaw.dev/idle-timeout": "1s"}
+    for name, res in (("mig-a", "nvidia.com/mig-1g.10gb"), ("mig-b", "nvidia.com/mig-1g.10gb"),
+                      ("ts-a", "nvidia.com/gpu")):
+        sim.create_deployment(with_resource(deployment(name, replicas=1, annotations=idle), res))
+    sim.create_deployment(with_resource(deployment(
+        "urgent", annotations={"thaw.dev/priority": "critical"}, load_ms=100),
+        "nvidia.com/mig-1g.10gb"))
+    for name, node in (("mig-a", "mig"), ("mig-b", "mig"), ("ts-a", "ts")):
+        wait_for(lambda name=name, node=node: node_of(sim, name) == node, timeout=20,
+                 what=f"{name} on {node}")
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    for name in ("mig-a", "mig-b", "ts-a"):
+        wait_for(lambda name=name: kmodel(t, name)["pool"]["warm"], timeout=20,
+                 what=f"{name} kept warm")
+    r = complete(t, host="urgent.models", timeout=40)
+    assert r.status == 200
+    assert node_of(sim, "urgent") == "mig"
+    gone = [n for n in ("mig-a", "mig-b") if replicas(sim, n) == 0]
+    assert len(gone) == 1, gone
+    assert replicas(sim, "ts-a") == 1
+    assert kmodel(t, gone[0])["pool"]["last_decision"] == "evict"

@@ -47,8 +47,8 @@ def pid_alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    except (FileNotFoundError, ProcessLookupError):
+        return False  # reaped between the two looks
 
 
 def parallel(n, fn):
