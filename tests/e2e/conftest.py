@@ -170,3 +170,10 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def pytest_configure(config):
+    # Tests whose time is mostly waiting on thaw's timers (idle clocks, leases,
+    # event aggregation): the sanitizer run leaves them out (-m "not
+    # timer_heavy"), shorter tests cover the same code under the sanitizers.
+    config.addinivalue_line("markers", "timer_heavy: mostly waits on timers")

@@ -165,6 +165,7 @@ def test_leader_killed_during_a_cold_start(fleet):
     assert lease["spec"]["leaseTransitions"] >= 1
 
 
+@pytest.mark.timer_heavy
 def test_demand_split_across_activators_scales_like_one(fleet):
     f = fleet(2, load_ms=300)
     f.one_leader()
@@ -228,6 +229,7 @@ def stays_up(sim, until, step=0.2):
         time.sleep(step)
 
 
+@pytest.mark.timer_heavy
 def test_leader_change_keeps_a_warm_model_until_its_idle_timeout(fleet):
     """The leader served the model's last request and is killed: the new leader, which
     never saw that traffic, keeps the model until idle-timeout after it (it used to scale
@@ -250,6 +252,7 @@ def test_leader_change_keeps_a_warm_model_until_its_idle_timeout(fleet):
     assert d["metadata"]["annotations"].get(LAST_REQUEST)
 
 
+@pytest.mark.timer_heavy
 def test_requests_only_at_a_follower_keep_the_model_warm(fleet):
     """Short requests (done between two polls of /demand) reach only a follower: the
     leader's idle clock still counts them, through the follower's /demand, and records

@@ -5,6 +5,8 @@ and names (marker labels, one name in two namespaces), against the API simulator
 import json
 import time
 
+import pytest
+
 import httpc
 from conftest import wait_for
 from test_kubernetes import (SLOW, cluster, complete, deployment, events_by_reason,  # noqa: F401
@@ -252,6 +254,7 @@ def test_initial_scale_starts_a_new_deployment_without_requests(cluster, thaw_fa
     assert replicas(sim) == 0
 
 
+@pytest.mark.timer_heavy
 def test_scale_down_delay_keeps_the_model_past_its_idle_timeout(cluster, thaw_factory,
                                                                 tmp_path):
     sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=50),

@@ -645,6 +645,7 @@ def events_by_reason(sim):
     return out
 
 
+@pytest.mark.timer_heavy
 def test_repeated_events_aggregate_into_one_with_a_count(cluster, thaw_factory, tmp_path):
     sim, t = synced_llama(cluster, thaw_factory, tmp_path,
                           sim_kw=dict(load_ms=50),
@@ -769,6 +770,7 @@ def stays_up(sim, until, step=0.2):
 FAST_PLANS = {"autoscaler": {"tick_ms": 300}}
 
 
+@pytest.mark.timer_heavy
 def test_restart_keeps_a_warm_model_until_its_idle_timeout(cluster, thaw_factory, tmp_path):
     """A warm model, idle-timeout 12 s, thaw restarted 5 s after its last request: it stays
     up (it used to go to zero 0.4 s after the new thaw synced) and goes to zero 12 s after
@@ -790,6 +792,7 @@ def test_restart_keeps_a_warm_model_until_its_idle_timeout(cluster, thaw_factory
     assert ic["last_request_at"] == recorded and ic["idle_ms"] >= 12000
 
 
+@pytest.mark.timer_heavy
 def test_restart_without_a_recorded_request_starts_the_clock_at_sync(cluster, thaw_factory,
                                                                      tmp_path):
     """A model already warm (say a Deployment installed with one replica) that thaw has
@@ -807,6 +810,7 @@ def test_restart_without_a_recorded_request_starts_the_clock_at_sync(cluster, th
     assert LAST_REQUEST not in get_llama(sim)["metadata"].get("annotations", {})
 
 
+@pytest.mark.timer_heavy
 def test_a_busy_model_writes_its_last_request_at_most_once_per_interval(cluster, thaw_factory,
                                                                          tmp_path):
     """Requests every 0.2 s for 13 s, idle-timeout 20 s: writes are at most one per
