@@ -8,6 +8,10 @@ ROOT=$(pwd)
 PY=/usr/bin/python3   # Debian's, where python3-pytest lives
 export PYTHONDONTWRITEBYTECODE=1
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+# End-to-end tests spend most of their time waiting on thaw's timers and on
+# simulated cold starts, so three run at once (each on its own ports and
+# processes); THAW_TEST_JOBS=0 runs them one by one.
+JOBS=(-n "${THAW_TEST_JOBS:-3}")
 
 status=0
 step() { echo; echo "=== $*"; }
@@ -28,7 +32,7 @@ meson test -C build --suite unit --print-errorlogs || status=1
 
 step "end-to-end tests"
 (cd tests/e2e && THAW_BIN="$ROOT/build/thaw" THAW_SIM_BIN="$ROOT/build/thaw-model-sim" \
-    $PY -m pytest -q -p no:cacheprovider .) || status=1
+    $PY -m pytest -q -p no:cacheprovider "${JOBS[@]}" .) || status=1
 
 step "counterparts: independent model servers"
 (cd tests/counterparts && $PY -m pytest -q -p no:cacheprovider .) || status=1
@@ -41,7 +45,7 @@ meson test -C build-asan --suite unit --print-errorlogs || status=1
 # its timers (shorter tests run the same code); the simulator's own tests,
 # the chart rendering and the cost simulation's output are not thaw under test.
 (cd tests/e2e && THAW_BIN="$ROOT/build-asan/thaw" THAW_SIM_BIN="$ROOT/build-asan/thaw-model-sim" \
-    THAW_SANITIZED=1 $PY -m pytest -q -p no:cacheprovider . -m "not timer_heavy" \
+    THAW_SANITIZED=1 $PY -m pytest -q -p no:cacheprovider "${JOBS[@]}" . -m "not timer_heavy" \
     --ignore=test_kube_sim.py --ignore=test_charts.py --ignore=test_costsim.py) || status=1
 unset ASAN_OPTIONS UBSAN_OPTIONS
 
