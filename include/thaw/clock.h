@@ -9,6 +9,8 @@
 
 /* Milliseconds on CLOCK_MONOTONIC (arbitrary origin, never goes back). */
 uint64_t clock_now_ms(void);
+/* Milliseconds since the Unix epoch (UTC): for what follows the time of day. */
+uint64_t clock_wall_ms(void);
 
 /* ms as a relative timeout for event_add. */
 static inline struct timeval clock_timeval(uint64_t ms)

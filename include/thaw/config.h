@@ -47,6 +47,10 @@ struct config_upstream {
     uint64_t max_response_header_bytes;
 };
 
+/* Warming a model ahead of its forecast demand (forecast.h): off, on, or
+ * shadow (log what it would do); a model's INHERIT takes the global one. */
+enum prewarm_mode { PREWARM_INHERIT = 0, PREWARM_OFF, PREWARM_ON, PREWARM_SHADOW };
+
 struct config_model {
     char *name;
     char *namespace_;
@@ -74,6 +78,7 @@ struct config_model {
     uint64_t loading_heartbeat_ms; /* 0: no SSE heartbeats while loading */
     uint64_t target;               /* autoscaler: concurrency per replica; 0: derived */
     uint64_t stable_window_ms;     /* autoscaler: 0: the global one */
+    enum prewarm_mode prewarm;     /* PREWARM_INHERIT: autoscaler.prewarm */
     uint64_t max_concurrency;
     enum tier priority;
     uint64_t max_queue;
@@ -109,6 +114,9 @@ struct config_autoscaler {
     uint64_t scale_down_delay_ms;
     uint64_t activation_scale;
     uint64_t target_utilization_pct; /* target = max_concurrency x this, unless set */
+    enum prewarm_mode prewarm;        /* never PREWARM_INHERIT */
+    uint64_t prewarm_min_requests;    /* forecast within the horizon that warms a model */
+    uint64_t prewarm_lead_ms;         /* horizon when the cold start is shorter or unknown */
 };
 
 struct config_warm_pool {

@@ -46,7 +46,7 @@ struct model_stats {
     struct histogram upstream_ttfb;   /* dispatch -> response head */
     struct histogram queue_wait[TIER_COUNT];
     struct histogram cold_start; /* replica start -> ready */
-    uint64_t pool_decisions[6];  /* by enum wp_action */
+    uint64_t pool_decisions[7];  /* by enum wp_action (WP_ACTIONS) */
 };
 
 struct model {

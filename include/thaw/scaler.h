@@ -13,6 +13,7 @@
 
 #include "thaw/autoscaler.h"
 #include "thaw/config.h"
+#include "thaw/forecast.h"
 #include "thaw/model.h"
 #include "thaw/warmpool.h"
 
@@ -29,6 +30,17 @@ struct scaler_model {
     bool warm;
     char last_action[16];
     char last_reason[160];
+    /* warming ahead of demand: the model's mode (PREWARM_INHERIT: the
+     * autoscaler's), its demand profile while the mode in force is not off,
+     * and the last forecast */
+    enum prewarm_mode prewarm;
+    struct forecast *fc;
+    uint64_t fc_count;  /* arrivals already in the profile */
+    double expected;    /* arrivals forecast within horizon_ms */
+    uint64_t horizon_ms;
+    bool forecast_due;  /* expected reaches autoscaler.prewarm_min_requests */
+    bool forecast_quiet; /* not due, and every slot of the horizon seen before */
+    bool prewarm_on;    /* the mode in force is "on" (else shadow) */
     /* in, per plan: what the model holds now and whether it may start */
     unsigned current, ready;
     bool hold_starts; /* a failed start is backing off */
@@ -44,6 +56,14 @@ struct scaler_model {
 void scaler_model_init(struct scaler_model *sm, struct model *m, const struct config *cfg,
                        uint64_t target, uint64_t window_ms, unsigned min_replicas,
                        unsigned max_replicas, uint64_t grace_ms, unsigned slices);
+/* Frees what scaler_model_init and scaler_forecast allocated. */
+void scaler_model_dispose(struct scaler_model *sm);
+/* Feeds each model's arrivals since the last call into its demand profile
+ * (wall-clock time) and forecasts the arrivals due within its cold start
+ * (at least a->prewarm_lead_ms); scaler_plan warms the models in mode "on"
+ * whose forecast is due, and logs what it would do for those in "shadow". */
+void scaler_forecast(struct scaler_model **sms, size_t n, uint64_t wall_ms,
+                     const struct config_autoscaler *a);
 /* One concurrency sample (in flight + queued). */
 void scaler_record(struct scaler_model *sm, uint64_t now_ms);
 /* Plans all models: fills each target (and warm). c: the nodes (each

@@ -14,7 +14,12 @@
  *    (lowest value first; of equal priority only with lower value, so a warm
  *    idle replica never blocks live demand of its own tier);
  *  - preempt: then running models of strictly lower priority shrink toward
- *    their min_replicas; never a model of equal or higher priority.
+ *    their min_replicas; never a model of equal or higher priority;
+ *  - prewarm: a model whose demand is forecast (prewarm) keeps an idle
+ *    replica ahead of the others, or, at zero, gets one once every scale-up
+ *    is served, from the warm budget and free room only (it never evicts
+ *    or preempts; live demand of any tier may evict it like a warm one);
+ *    one whose forecast is known to be quiet (quiet) is not kept warm.
  * min_replicas is always kept. Models needing no slices are not limited.
  *
  * Per node (struct wp_cluster): a node is a set of (resource -> what thaw's
@@ -47,6 +52,8 @@ struct wp_model {
     unsigned min_replicas;
     bool idle;
     double value;
+    bool prewarm; /* demand is forecast within its cold start */
+    bool quiet;   /* no demand is forecast: the warm budget does not keep it */
     /* out */
     unsigned target;
     unsigned warm; /* replicas kept only by the warm pool */
@@ -71,7 +78,8 @@ struct wp_cluster {
     unsigned cap_slices; /* a cap on all models' slices together; 0: none */
 };
 
-enum wp_action { WP_KEEP_WARM, WP_TO_ZERO, WP_ADMIT, WP_DENY, WP_EVICT, WP_PREEMPT };
+enum wp_action { WP_KEEP_WARM, WP_TO_ZERO, WP_ADMIT, WP_DENY, WP_EVICT, WP_PREEMPT, WP_PREWARM };
+#define WP_ACTIONS 7
 
 struct wp_decision {
     size_t model;

@@ -238,7 +238,7 @@ static void backend_families(const struct metrics_stream *ms, struct buf *o)
 
 static void pool_decisions(const struct model_snap *m, struct buf *o)
 {
-    for (int a = 0; a < 6; a++) {
+    for (int a = 0; a < WP_ACTIONS; a++) {
         if (m->stats.pool_decisions[a]) {
             buf_printf(o, "thaw_pool_decisions_total{%s,action=\"%s\"} %llu\n", m->labels,
                        wp_action_name((enum wp_action)a),

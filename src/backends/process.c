@@ -822,6 +822,7 @@ static void proc_model_free(struct proc_model *pm)
     free(pm->env);
     free(pm->health_path);
     free(pm->mig_profile);
+    scaler_model_dispose(&pm->sc);
     model_unref(pm->m);
     free(pm);
 }
@@ -1028,7 +1029,11 @@ static int take_definition(struct proc_model *pm, const struct config_model *cm)
     scaler_model_init(&fresh, pm->m, pm->pb->cfg, cm->target, cm->stable_window_ms,
                       pm->min_replicas, pm->max_replicas, pm->idle_timeout_ms,
                       pm->mig_profile ? 1 : pm->gpu_slices);
+    fresh.prewarm = cm->prewarm;
+    pm->sc.prewarm = cm->prewarm;
     if (!pm->sc.m || pm->sc.asc.stable_window_ms != fresh.asc.stable_window_ms) {
+        fresh.fc = pm->sc.fc; /* the demand profile outlives a new window */
+        fresh.fc_count = pm->sc.fc_count;
         pm->sc = fresh;
     } else {
         pm->sc.asc = fresh.asc;

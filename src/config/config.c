@@ -510,6 +510,21 @@ _Static_assert(sizeof(enum tier) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum log_level) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum priority_header_policy) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum gpu_sharing) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum prewarm_mode) == sizeof(int), "enum size");
+
+static int lookup_prewarm(const char *s, int *value)
+{
+    static const char *const names[] = {"off", "on", "shadow"};
+    static const enum prewarm_mode modes[] = {PREWARM_OFF, PREWARM_ON, PREWARM_SHADOW};
+    for (size_t i = 0; i < N_ELEMS(names); i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *value = (int)modes[i];
+            return 0;
+        }
+    }
+    return -1;
+}
+#define PREWARM_MSG "must be \"off\", \"on\" or \"shadow\""
 
 /* ---- limits, upstream, autoscaler, warm_pool, log ---- */
 
@@ -556,6 +571,10 @@ static const struct conf_key autoscaler_keys[] = {
     K_NUM(struct config_autoscaler, scale_down_delay_ms, 0, 0, 3600000),
     K_NUM(struct config_autoscaler, activation_scale, 1, 1, 1000),
     K_NUM(struct config_autoscaler, target_utilization_pct, 70, 1, 100),
+    {.name = "prewarm", .type = KEY_ENUM, .offset = offsetof(struct config_autoscaler, prewarm),
+     .def = PREWARM_OFF, .lookup = lookup_prewarm, .enum_msg = PREWARM_MSG},
+    K_NUM(struct config_autoscaler, prewarm_min_requests, 1, 1, 100000),
+    K_NUM(struct config_autoscaler, prewarm_lead_ms, 60000, 0, 86400000),
 };
 static const struct section autoscaler_section = SECTION(autoscaler_keys, NULL);
 
@@ -692,6 +711,8 @@ static const struct conf_key model_keys[] = {
     K_NUM(struct config_model, loading_heartbeat_ms, 0, 0, 600000),
     K_NUM(struct config_model, target, 0, 0, 100000),
     K_NUM(struct config_model, stable_window_ms, 0, 0, 3600000),
+    {.name = "prewarm", .type = KEY_ENUM, .offset = offsetof(struct config_model, prewarm),
+     .def = PREWARM_INHERIT, .lookup = lookup_prewarm, .enum_msg = PREWARM_MSG},
 };
 static const struct section model_section = SECTION(model_keys, model_finish);
 

@@ -43,6 +43,7 @@ void scale_driver_plan(struct scale_driver *d, const struct config *cfg)
         c = (struct wp_cluster){0};
         c.cap_slices = scale_driver_capacity(d->ops->gpu_slices(d->ud), &cfg->warm_pool);
     }
+    scaler_forecast(sms, n, clock_wall_ms(), &cfg->autoscaler);
     scaler_plan(sms, n, &c, (unsigned)cfg->warm_pool.budget_slices, now);
     d->ops->apply(d->ud, sms, n, now);
     free(sms);

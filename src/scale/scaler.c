@@ -7,6 +7,9 @@
 
 #define RATE_HALF_LIFE_MS 60000.0
 
+_Static_assert(sizeof(((struct model_stats *)0)->pool_decisions) / sizeof(uint64_t) == WP_ACTIONS,
+               "a pool decision counter per warm-pool action");
+
 void scaler_model_init(struct scaler_model *sm, struct model *m, const struct config *cfg,
                        uint64_t target, uint64_t window_ms, unsigned min_replicas,
                        unsigned max_replicas, uint64_t grace_ms, unsigned slices)
@@ -32,6 +35,65 @@ void scaler_model_init(struct scaler_model *sm, struct model *m, const struct co
     as_init(&sm->ass, &sm->asc);
 }
 
+void scaler_model_dispose(struct scaler_model *sm)
+{
+    free(sm->fc);
+    sm->fc = NULL;
+}
+
+static uint64_t arrivals(const struct scaler_model *sm)
+{
+    const struct model_stats *st = &sm->m->stats;
+    return st->proxied + st->rejected + st->aborted;
+}
+
+/* The profile exists while the mode in force is not off. */
+static bool forecast_ready(struct scaler_model *sm, enum prewarm_mode mode)
+{
+    if (mode == PREWARM_OFF) {
+        scaler_model_dispose(sm);
+        sm->forecast_due = false;
+        sm->expected = 0;
+        return false;
+    }
+    if (!sm->fc) {
+        sm->fc = malloc(sizeof *sm->fc);
+        if (!sm->fc) {
+            return false;
+        }
+        forecast_init(sm->fc);
+        sm->fc_count = arrivals(sm);
+    }
+    return true;
+}
+
+void scaler_forecast(struct scaler_model **sms, size_t n, uint64_t wall_ms,
+                     const struct config_autoscaler *a)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct scaler_model *sm = sms[i];
+        enum prewarm_mode mode = sm->prewarm == PREWARM_INHERIT ? a->prewarm : sm->prewarm;
+        if (!forecast_ready(sm, mode)) {
+            continue;
+        }
+        uint64_t count = arrivals(sm);
+        forecast_record(sm->fc, wall_ms, count - sm->fc_count);
+        sm->fc_count = count;
+        uint64_t cold = sm->m->cold_start_ms;
+        sm->horizon_ms = (cold > a->prewarm_lead_ms ? cold : a->prewarm_lead_ms) + a->tick_ms;
+        sm->expected = forecast_expected(sm->fc, wall_ms, sm->horizon_ms);
+        bool due = sm->expected >= (double)a->prewarm_min_requests;
+        if (due != sm->forecast_due && mode == PREWARM_SHADOW) {
+            LOGI(due ? "would warm ahead of forecast demand" : "forecast demand over",
+                 "model=%s mode=shadow expected_requests=%.1f horizon_s=%llu", sm->m->name,
+                 sm->expected, (unsigned long long)(sm->horizon_ms / 1000));
+        }
+        sm->forecast_due = due;
+        sm->forecast_quiet = !due && forecast_known(sm->fc, wall_ms, sm->horizon_ms);
+        sm->prewarm_on = mode == PREWARM_ON;
+    }
+}
+
 void scaler_record(struct scaler_model *sm, uint64_t now_ms)
 {
     as_record(&sm->ass, now_ms, (double)sm->m->inflight + (double)sm->m->queue.count);
@@ -49,6 +111,12 @@ static void update_rate(struct scaler_model *sm, uint64_t now_ms)
     }
     sm->rate_count = count;
     sm->rate_ms = now_ms;
+}
+
+/* The plan let an idle replica go because its model's forecast is quiet. */
+static bool wm_quiet(const struct scaler_model *sm)
+{
+    return sm->prewarm_on && sm->forecast_quiet;
 }
 
 static const char *node_name(const struct wp_cluster *c, size_t node)
@@ -93,6 +161,8 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
             .min_replicas = sm->min_replicas,
             .idle = m->inflight == 0 && m->queue.count == 0,
             .value = sm->rate * (cold_s > 0 ? cold_s : 1),
+            .prewarm = sm->prewarm_on && sm->forecast_due,
+            .quiet = sm->prewarm_on && sm->forecast_quiet,
             .eligible = sm->eligible,
             .on_node = sm->on_node,
         };
@@ -118,11 +188,20 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
                      plan->warm_slices, warm_budget);
             break;
         case WP_TO_ZERO:
-            snprintf(why, sizeof why, "idle past its grace; warm budget full (%u/%u slices)",
-                     plan->warm_slices, warm_budget);
+            if (wm_quiet(sm)) {
+                snprintf(why, sizeof why, "idle past its grace; no demand forecast within %llus",
+                         (unsigned long long)(sm->horizon_ms / 1000));
+            } else {
+                snprintf(why, sizeof why, "idle past its grace; warm budget full (%u/%u slices)",
+                         plan->warm_slices, warm_budget);
+            }
             break;
         case WP_ADMIT:
             snprintf(why, sizeof why, "%s", sm->last.why);
+            break;
+        case WP_PREWARM:
+            snprintf(why, sizeof why, "demand forecast within %llus; warm budget %u/%u slices",
+                     (unsigned long long)(sm->horizon_ms / 1000), plan->warm_slices, warm_budget);
             break;
         case WP_DENY:
             if (plan->per_node) {
@@ -169,6 +248,13 @@ void scaler_describe(const struct scaler_model *sm, cJSON *out)
     cJSON_AddBoolToObject(a, "panic", sm->last.panic);
     cJSON_AddStringToObject(a, "bound_by", sm->last.why ? sm->last.why : "");
     cJSON_AddNumberToObject(a, "request_rate", sm->rate);
+    if (sm->fc) {
+        cJSON *f = cJSON_AddObjectToObject(a, "forecast");
+        cJSON_AddStringToObject(f, "mode", sm->prewarm_on ? "on" : "shadow");
+        cJSON_AddNumberToObject(f, "expected_requests", sm->expected);
+        cJSON_AddNumberToObject(f, "horizon_s", (double)sm->horizon_ms / 1000.0);
+        cJSON_AddBoolToObject(f, "due", sm->forecast_due);
+    }
     cJSON *p = cJSON_AddObjectToObject(out, "pool");
     cJSON_AddNumberToObject(p, "target", sm->target);
     cJSON_AddNumberToObject(p, "slices_held", (double)sm->current * sm->slices);

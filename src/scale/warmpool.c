@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const action_names[] = {"keep_warm", "to_zero", "admit",
-                                           "deny",      "evict",   "preempt"};
+static const char *const action_names[WP_ACTIONS] = {"keep_warm", "to_zero", "admit",  "deny",
+                                                     "evict",     "preempt", "prewarm"};
 
 const char *wp_action_name(enum wp_action a)
 {
@@ -370,31 +370,45 @@ static void settle_placement(struct step *s)
     }
 }
 
-/* 1. Scale-downs and the warm pool, best models first. */
+/* An idle model the autoscaler would take to zero keeps one replica while
+ * the warm budget has room. */
+static void keep_warm_or_zero(struct step *s, size_t xi, unsigned warm_budget)
+{
+    struct wp_model *x = &s->m[xi];
+    if (!x->quiet && s->warm_used + x->slices <= warm_budget) {
+        s->warm_used += x->slices;
+        x->target = 1;
+        x->warm = 1;
+        record(s->out, xi, x->prewarm ? WP_PREWARM : WP_KEEP_WARM, 1, xi, WP_NO_NODE);
+    } else {
+        record(s->out, xi, WP_TO_ZERO, x->current, xi, WP_NO_NODE);
+    }
+}
+
+/* 1. Scale-downs and the warm pool, best models first; models whose demand
+ * is forecast take the warm budget before the others. */
 static void scale_downs(struct step *s, unsigned warm_budget)
 {
-    for (size_t k = 0; k < s->n; k++) {
-        size_t xi = s->idx[k];
-        struct wp_model *x = &s->m[xi];
-        x->warm = 0;
-        unsigned want = x->desired > x->min_replicas ? x->desired : x->min_replicas;
-        if (want >= x->current) {
-            x->target = x->current; /* scale-ups are decided below */
-            continue;
-        }
-        x->target = want;
-        if (x->idle && want == 0 && x->current > 0 && x->slices > 0) {
-            if (s->warm_used + x->slices <= warm_budget) {
-                s->warm_used += x->slices;
-                x->target = 1;
-                x->warm = 1;
-                record(s->out, xi, WP_KEEP_WARM, 1, xi, WP_NO_NODE);
-            } else {
-                record(s->out, xi, WP_TO_ZERO, x->current, xi, WP_NO_NODE);
+    for (int forecast_pass = 1; forecast_pass >= 0; forecast_pass--) {
+        for (size_t k = 0; k < s->n; k++) {
+            size_t xi = s->idx[k];
+            struct wp_model *x = &s->m[xi];
+            if (x->prewarm != (forecast_pass == 1)) {
+                continue;
             }
-        }
-        if (s->c->n_nodes) {
-            drop_replicas(s, xi, x->current - x->target);
+            x->warm = 0;
+            unsigned want = x->desired > x->min_replicas ? x->desired : x->min_replicas;
+            if (want >= x->current) {
+                x->target = x->current; /* scale-ups are decided below */
+                continue;
+            }
+            x->target = want;
+            if (x->idle && want == 0 && x->current > 0 && x->slices > 0) {
+                keep_warm_or_zero(s, xi, warm_budget);
+            }
+            if (s->c->n_nodes) {
+                drop_replicas(s, xi, x->current - x->target);
+            }
         }
     }
 }
@@ -457,6 +471,30 @@ static void scale_up(struct step *s, size_t xi)
     }
 }
 
+/* 3. Models at zero whose demand is forecast, once live demand is served:
+ * one replica each from the warm budget, where it fits without taking
+ * anything from anyone. */
+static void prewarm_from_zero(struct step *s, size_t xi, unsigned warm_budget)
+{
+    struct wp_model *x = &s->m[xi];
+    if (!x->prewarm || x->target > 0 || s->warm_used + x->slices > warm_budget) {
+        return;
+    }
+    size_t k = WP_NO_NODE;
+    if (!unlimited(s) && !needs_nothing(s, x)) {
+        k = best_fit(s, x, true);
+        if (k == WP_NO_NODE) {
+            return;
+        }
+        move(s, xi, k, 1);
+    }
+    x->target = 1;
+    x->warm = 1;
+    s->used_slices += x->slices;
+    s->warm_used += x->slices;
+    record(s->out, xi, WP_PREWARM, 1, xi, k);
+}
+
 static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned warm_budget,
                  struct wp_plan *out)
 {
@@ -486,6 +524,9 @@ static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned wa
     }
     for (size_t k = 0; k < n; k++) {
         scale_up(&s, s.idx[k]);
+    }
+    for (size_t k = 0; k < n; k++) {
+        prewarm_from_zero(&s, s.idx[k], warm_budget);
     }
     out->used_slices = s.used_slices;
     out->warm_slices = s.warm_used;

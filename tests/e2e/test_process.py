@@ -406,3 +406,20 @@ def test_preempted_batch_replica_finishes_its_stream_first(thaw_factory):
     assert model_status(t, "batch")["inflight"] == 0  # nothing left counted on the model
     t.assert_reconciled()
     assert t.metric("thaw_aborts_total", reason="upstream_closed") == 0
+
+
+def test_forecast_modes_reach_each_model(thaw_factory):
+    """autoscaler.prewarm is the default; a model's own prewarm wins; off keeps no profile."""
+    t = thaw_factory({
+        "autoscaler": {"tick_ms": 100, "prewarm": "shadow"},
+        "models": [sim_model("a", load_ms=50),
+                   sim_model("b", load_ms=50, prewarm="on"),
+                   sim_model("c", load_ms=50, prewarm="off")]})
+    for name in ("a", "b", "c"):
+        assert complete(t, name).status == 200
+    wait_for(lambda: "forecast" in model_status(t, "a")["autoscaler"], what="a forecast")
+    wait_for(lambda: "forecast" in model_status(t, "b")["autoscaler"], what="b forecast")
+    assert model_status(t, "a")["autoscaler"]["forecast"]["mode"] == "shadow"
+    fb = model_status(t, "b")["autoscaler"]["forecast"]
+    assert fb["mode"] == "on" and fb["horizon_s"] >= 60 and fb["due"] is False
+    assert "forecast" not in model_status(t, "c")["autoscaler"]

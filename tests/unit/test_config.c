@@ -116,6 +116,8 @@ static void test_errors_name_file_line_and_key(void **state)
     expect_error("{\"limits\": {\"max_headers\": 1.5}}", "limits.max_headers: must be a whole");
     expect_error("{\"limits\": {\"max_headers\": \"10\"}}", "limits.max_headers: must be a number");
     expect_error("{\"limits\": {\"max_heders\": 10}}", "limits.max_heders: unknown key");
+    expect_error("{\"autoscaler\": {\n\"prewarm\": \"maybe\"}}",
+                 "test.json:2: autoscaler.prewarm: must be \"off\", \"on\" or \"shadow\"");
     expect_error("{\"models\": [\n{\"name\": \"a\",\n \"endpoints\": [\"h:1\"],\n"
                  " \"priority\": \"urgent\"}]}",
                  "test.json:4: models[0].priority: must be one of");

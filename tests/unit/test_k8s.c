@@ -194,6 +194,13 @@ static void test_every_setting_as_an_annotation(void **state)
     assert_int_equal(s.loading_heartbeat_ms, 250);
     assert_int_equal(s.startup_timeout_ms, 1200000);
     assert_int_equal(s.generation, 1);
+    assert_int_equal(s.prewarm, PREWARM_INHERIT);
+    parse_custom("chat", "{}", "{\"thaw.dev/prewarm\":\"shadow\"}", &s);
+    assert_string_equal(s.errors, "");
+    assert_int_equal(s.prewarm, PREWARM_SHADOW);
+    parse_custom("chat", "{\"thaw.dev/prewarm\":\"yes\"}", "{}", &s);
+    assert_non_null(strstr(s.errors, "thaw.dev/prewarm: \"yes\" is not off, on or shadow"));
+    assert_int_equal(s.prewarm, PREWARM_INHERIT);
 }
 
 /* Without a queue timeout, a held request waits out a whole start. */

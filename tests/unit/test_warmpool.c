@@ -379,6 +379,49 @@ static void test_cap_applies_on_top_of_nodes(void **state)
     assert_int_equal(count(&p, WP_DENY, 0), 2);
 }
 
+/* A model at zero with demand forecast gets a replica from the warm budget
+ * where there is room, after live demand, and never by evicting. */
+static void test_prewarm_from_zero_takes_only_free_room(void **state)
+{
+    struct wp_model m[] = {
+        M("live", TIER_BATCH, 2, 0, 1, false, 1),
+        M("forecast-a", TIER_CRITICAL, 1, 0, 0, true, 5),
+        M("forecast-b", TIER_STANDARD, 1, 0, 0, true, 5),
+        M("idle-warm", TIER_BATCH, 1, 1, 0, true, 0),
+    };
+    m[1].prewarm = m[2].prewarm = true;
+    struct wp_plan p;
+    /* 4 slices: live demand takes 2, idle-warm holds 1, one is free */
+    warmpool_plan(m, 4, 4, 3, &p);
+    assert_int_equal(m[0].target, 1);
+    assert_int_equal(m[1].target, 1); /* the critical one gets the free slice */
+    assert_int_equal(count(&p, WP_PREWARM, 1), 1);
+    assert_int_equal(m[2].target, 0); /* no room left: nothing is evicted for it */
+    assert_int_equal(count(&p, WP_EVICT, 3), 0);
+}
+
+/* Forecast models take the warm budget before others; a known-quiet one is
+ * not kept warm even when the budget has room. */
+static void test_forecast_orders_the_warm_budget(void **state)
+{
+    struct wp_model m[] = {
+        M("valuable", TIER_STANDARD, 1, 1, 0, true, 100),
+        M("forecast", TIER_STANDARD, 1, 1, 0, true, 1),
+        M("quiet", TIER_CRITICAL, 1, 1, 0, true, 1000),
+    };
+    m[1].prewarm = true;
+    m[2].quiet = true;
+    struct wp_plan p;
+    warmpool_plan(m, 3, 8, 1, &p); /* budget: one idle slice */
+    assert_int_equal(m[1].target, 1);
+    assert_int_equal(count(&p, WP_PREWARM, 1), 1);
+    assert_int_equal(m[0].target, 0); /* worth more, but no demand forecast */
+    warmpool_plan(m, 3, 8, 8, &p);  /* ample budget */
+    assert_int_equal(m[0].target, 1);
+    assert_int_equal(m[2].target, 0); /* quiet: its replica goes */
+    assert_int_equal(count(&p, WP_TO_ZERO, 2), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -396,6 +439,8 @@ int main(void)
         cmocka_unit_test(test_unplaced_replicas_wait_for_a_node_and_make_room),
         cmocka_unit_test(test_several_resources_fit_on_one_node),
         cmocka_unit_test(test_cap_applies_on_top_of_nodes),
+        cmocka_unit_test(test_prewarm_from_zero_takes_only_free_room),
+        cmocka_unit_test(test_forecast_orders_the_warm_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "thaw/config.h"
 #include "thaw/tier.h"
 
 /* A cluster model's defaults where they differ from a config model's: the
@@ -48,6 +49,7 @@ struct k8s_model_spec {
     uint64_t scale_down_delay_ms;
     bool scale_down_delay_set;
     uint64_t activation_scale; /* 0: the global one */
+    enum prewarm_mode prewarm; /* PREWARM_INHERIT: autoscaler.prewarm */
     uint64_t initial_scale;    /* replicas right after the Deployment is created */
     bool initial_scale_set;
     int64_t generation;        /* metadata.generation; 1: never changed since creation */

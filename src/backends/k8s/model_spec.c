@@ -233,7 +233,7 @@ static const char *const thaw_keys[] = {
     "first-byte-timeout", "upstream-idle-timeout", "loading-heartbeat", "min-scale", "max-scale",
     "initial-scale", "activation-scale", "target", "target-utilization-percentage", "window",
     "panic-window-percentage", "panic-threshold-percentage", "scale-down-delay", "idle-timeout",
-    "startup-timeout", "port", "health-path", "service", "hosts", "aliases", NULL};
+    "startup-timeout", "port", "health-path", "service", "hosts", "aliases", "prewarm", NULL};
 static const char *const knative_keys[] = {
     "class", "metric", "container-concurrency", "min-scale", "max-scale", "initial-scale",
     "activation-scale", "target", "target-utilization-percentage", "window",
@@ -327,6 +327,24 @@ static void read_settings(const struct ann_src *anns, struct k8s_model_spec *o)
     read_duration(anns, "thaw.dev/startup-timeout", NULL, 1, DAY, &o->startup_timeout_ms, o);
 }
 
+static void read_prewarm(const struct ann_src *anns, struct k8s_model_spec *o)
+{
+    const char *used;
+    const char *v = annotation(anns, "thaw.dev/prewarm", NULL, &used);
+    if (!v) {
+        return;
+    }
+    static const char *const names[] = {"off", "on", "shadow"};
+    static const enum prewarm_mode modes[] = {PREWARM_OFF, PREWARM_ON, PREWARM_SHADOW};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(v, names[i]) == 0) {
+            o->prewarm = modes[i];
+            return;
+        }
+    }
+    add_error(o, used, v, "is not off, on or shadow; using autoscaler.prewarm");
+}
+
 static void read_scaling(const struct ann_src *anns, struct k8s_model_spec *o)
 {
     read_uint(anns, "thaw.dev/min-scale", "autoscaling.knative.dev/min-scale", 0, 1000,
@@ -352,6 +370,7 @@ static void read_scaling(const struct ann_src *anns, struct k8s_model_spec *o)
     o->scale_down_delay_set =
         read_duration(anns, "thaw.dev/scale-down-delay", "autoscaling.knative.dev/scale-down-delay",
                       0, H, &o->scale_down_delay_ms, o);
+    read_prewarm(anns, o);
     read_knative_mode(anns, o);
 }
 

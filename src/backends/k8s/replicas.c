@@ -269,6 +269,7 @@ static void apply_scaling(struct kmodel *km, const struct config *cfg)
                                                         : cfg->autoscaler.scale_down_delay_ms;
     asc->activation_scale = (unsigned)(sp->activation_scale ? sp->activation_scale
                                                             : cfg->autoscaler.activation_scale);
+    km->sc.prewarm = sp->prewarm;
 }
 
 /* Bad or unknown annotations: a warning naming the Deployment and each
@@ -331,6 +332,7 @@ void kube_kmodel_free(struct kmodel *km)
     strmap_dispose(&km->pods);
     k8s_pod_template_dispose(&km->tpl);
     cJSON_Delete(km->selector);
+    scaler_model_dispose(&km->sc);
     free(km);
 }
 
