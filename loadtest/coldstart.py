@@ -14,7 +14,9 @@ an independently written Python asyncio server (accepts at Python speed, a
 100-connection backlog as asyncio's default) in both of its loading modes:
 bind-late (the port opens when loaded) and 503 (health answers 503 while
 loading). For the asyncio server the same N requests are also sent straight
-to it once loaded, all at once on fresh connections: the server's own floor.
+to it once loaded, all at once on fresh connections; and its best rate, on 64
+warm keep-alive connections (wrk): N requests take at least N / that rate of the
+server's own time, whoever sends them, the floor for any p99 at N.
 
 Then memory: N held requests (10,000; 1,000 with SMOKE=1) on a cold model,
 thaw's RSS per held request, connection included.
@@ -111,6 +113,36 @@ def run_direct(n, d):
         srv.wait(10)
 
 
+WRK_POST = """wrk.method = "POST"
+wrk.body = '{"model":"llama","prompt":"hi"}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+def run_rate(d, seconds=2):
+    """The loaded asyncio server's requests per second on 64 warm keep-alive
+    connections: how fast it can answer at best."""
+    if not shutil.which("wrk"):
+        return None
+    script = f"{d}/post.lua"
+    with open(script, "w") as f:
+        f.write(WRK_POST)
+    srv = subprocess.Popen(server_command("asyncio-bind-late", "0", 0, f"{d}/ready-rate"),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = srv.stdout.readline().split()[1]
+        out = subprocess.run(["wrk", "-t1", "-c64", f"-d{seconds}s", "-s", script,
+                              f"http://127.0.0.1:{port}/v1/completions"],
+                             capture_output=True, text=True, timeout=seconds + 30).stdout
+        for line in out.splitlines():
+            if line.startswith("Requests/sec:"):
+                return float(line.split()[1])
+        return None
+    finally:
+        srv.terminate()
+        srv.wait(10)
+
+
 def run_cold(n, d, server="c"):
     load_ms = 1000 if n <= 100 else 2500
     ready_file = f"{d}/ready-{server}-{n}"
@@ -186,11 +218,17 @@ def main():
             if r.get("before_ready"):
                 print(f"  note: {r['before_ready']} answered before the health check: "
                       "they were not held")
+        rate = None if SMOKE else run_rate(d)
+        if rate:
+            print(f"asyncio server's best rate, 64 warm connections: {rate:.0f} requests/s; "
+                  + ", ".join(f"{n} requests need >= {n / rate * 1000:.0f} ms of it"
+                              for n in sizes if n > 1))
         mem = run_memory(1000 if SMOKE else 10000, d)
         print(f"held requests on a cold model: {mem['held']}, RSS {mem['rss_before_kib']} KiB -> "
               f"{mem['rss_after_kib']} KiB: {mem['bytes_per_held_request']} bytes each, "
               "connection included (target <= 4096)")
-        print("COLDSTART_JSON " + json.dumps({"cold": results, "direct": direct, "memory": mem}))
+        print("COLDSTART_JSON " + json.dumps({"cold": results, "direct": direct,
+                                              "asyncio_rate_rps": rate, "memory": mem}))
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0
