@@ -93,6 +93,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
             .min_replicas = sm->min_replicas,
             .idle = m->inflight == 0 && m->queue.count == 0,
             .value = sm->rate * (cold_s > 0 ? cold_s : 1),
+            .gpu_memory = sm->gpu_memory,
             .eligible = sm->eligible,
             .on_node = sm->on_node,
         };
