@@ -92,6 +92,7 @@ struct kmodel {
 /* The per-node view handed to the warm pool each planning step; arrays
  * reused from step to step. */
 struct kube_placement {
+    const struct kube_backend *kb;
     struct wp_node *nodes;
     const struct k8s_node_info **info; /* per node */
     size_t n_nodes, cap_nodes;
@@ -191,6 +192,18 @@ void kube_node_usage(struct kube_backend *kb, struct strmap *out);
 void kube_node_usage_free(struct strmap *usage);
 /* A node that carries a counted resource (the warm pool's nodes). */
 bool kube_gpu_node(const struct k8s_node_info *ni);
+/* The node's physical GPUs that share memory among replicas (time-sliced
+ * nvidia.com/gpu, MPS nvidia.com/gpu.shared): its shared units over
+ * nvidia.com/gpu.replicas, at most nvidia.com/gpu.count. */
+uint64_t kube_shared_gpus(const struct k8s_node_info *ni);
+/* Memory per physical GPU: the nvidia.com/gpu.memory label, else
+ * kubernetes.gpu_memory_bytes; 0: unknown. *source: "label", "config" or
+ * "unknown". */
+uint64_t kube_gpu_memory(const struct kube_backend *kb, const struct k8s_node_info *ni,
+                         const char **source);
+/* GPU memory one replica takes on a shared GPU: thaw.dev/gpu-memory when its
+ * pod template asks for a shared GPU; 0 otherwise (MIG, or not declared). */
+uint64_t kube_replica_memory(const struct kmodel *km);
 
 /* idle.c */
 /* The annotation on a Deployment seen (discovered: first seen): it starts or
