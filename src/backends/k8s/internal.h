@@ -204,6 +204,22 @@ uint64_t kube_gpu_memory(const struct kube_backend *kb, const struct k8s_node_in
 /* GPU memory one replica takes on a shared GPU: thaw.dev/gpu-memory when its
  * pod template asks for a shared GPU; 0 otherwise (MIG, or not declared). */
 uint64_t kube_replica_memory(const struct kmodel *km);
+/* What thaw's replicas on a node hold of its GPU memory. */
+struct kube_node_memory {
+    uint64_t per_gpu; /* 0: unknown */
+    unsigned gpus;
+    const char *source;
+    uint64_t used;
+    uint64_t *items; /* each replica's memory (n of them, room for one more) */
+    size_t n;
+};
+/* 0, or -1 when memory ran out. Dispose either way. */
+int kube_node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
+                     struct kube_node_memory *out);
+/* Do the replicas there and one more of `extra` bytes (0: none) pack into
+ * the node's GPUs? Reorders items. */
+bool kube_node_memory_fits(struct kube_node_memory *nm, uint64_t extra);
+void kube_node_memory_dispose(struct kube_node_memory *nm);
 
 /* idle.c */
 /* The annotation on a Deployment seen (discovered: first seen): it starts or

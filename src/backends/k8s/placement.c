@@ -131,6 +131,79 @@ void kube_node_usage_free(struct strmap *usage)
     strmap_dispose(usage);
 }
 
+/* ---- GPU memory per node ------------------------------------------------ */
+
+struct memory_ctx {
+    const char *node;
+    struct kube_node_memory *out;
+    size_t cap;
+    bool oom;
+};
+
+static void memory_pod(void *ud, const char *key, void *value)
+{
+    struct memory_ctx *c = ud;
+    const struct kpod *p = value;
+    uint64_t mem = kube_replica_memory(p->km);
+    if (!mem || p->terminating || strcmp(p->node, c->node) != 0) {
+        return;
+    }
+    struct kube_node_memory *o = c->out;
+    if (o->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 8;
+        uint64_t *items = realloc(o->items, (cap + 1) * sizeof *items);
+        if (!items) {
+            c->oom = true;
+            return;
+        }
+        o->items = items;
+        c->cap = cap;
+    }
+    o->items[o->n++] = mem;
+    o->used = o->used + mem < o->used ? UINT64_MAX : o->used + mem;
+}
+
+static void memory_model(void *ud, const char *key, void *value)
+{
+    strmap_each(&((struct kmodel *)value)->pods, memory_pod, ud);
+}
+
+int kube_node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
+                     struct kube_node_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    out->per_gpu = kube_gpu_memory(kb, ni, &out->source);
+    uint64_t gpus = kube_shared_gpus(ni);
+    out->gpus = gpus > WP_MAX_GPUS ? WP_MAX_GPUS : (unsigned)gpus;
+    struct memory_ctx c = {ni->name, out, 0, false};
+    strmap_each(&kb->models, memory_model, &c);
+    if (c.oom) {
+        kube_node_memory_dispose(out);
+        return -1;
+    }
+    return 0;
+}
+
+bool kube_node_memory_fits(struct kube_node_memory *nm, uint64_t extra)
+{
+    if (!nm->per_gpu) {
+        return true;
+    }
+    if (extra > nm->per_gpu) {
+        return false;
+    }
+    uint64_t none[1];
+    uint64_t *items = nm->items ? nm->items : none; /* room for one more: see memory_pod */
+    items[nm->n] = extra;
+    return wp_memory_packs(items, nm->n + 1, nm->gpus, nm->per_gpu);
+}
+
+void kube_node_memory_dispose(struct kube_node_memory *nm)
+{
+    free(nm->items);
+    memset(nm, 0, sizeof *nm);
+}
+
 /* ---- the scaling driver's nodes hook ------------------------------------ */
 
 /* The index of resource name, added when new; -1 when the table is full. */
