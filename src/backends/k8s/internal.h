@@ -204,6 +204,10 @@ uint64_t kube_gpu_memory(const struct kube_backend *kb, const struct k8s_node_in
 /* GPU memory one replica takes on a shared GPU: thaw.dev/gpu-memory when its
  * pod template asks for a shared GPU; 0 otherwise (MIG, or not declared). */
 uint64_t kube_replica_memory(const struct kmodel *km);
+/* Its replicas declare GPU memory and some GPU node knows its own: a wake
+ * from zero must go through the plan (memory admission), not straight to a
+ * scale PATCH. */
+bool kube_memory_bound(const struct kmodel *km);
 /* What thaw's replicas on a node hold of its GPU memory. */
 struct kube_node_memory {
     uint64_t per_gpu; /* 0: unknown */

@@ -77,6 +77,26 @@ uint64_t kube_replica_memory(const struct kmodel *km)
     return 0;
 }
 
+static void any_memory(void *ud, const char *key, void *value)
+{
+    const struct k8s_node_info *ni = value;
+    if (ni->gpu_memory && kube_gpu_node(ni)) {
+        *(bool *)ud = true;
+    }
+}
+
+bool kube_memory_bound(const struct kmodel *km)
+{
+    if (!kube_replica_memory(km)) {
+        return false;
+    }
+    bool any = km->kb->cfg->kubernetes.gpu_memory_bytes > 0;
+    if (!any) {
+        strmap_each(&km->kb->nodes_gpu, any_memory, &any);
+    }
+    return any;
+}
+
 bool kube_gpu_node(const struct k8s_node_info *ni)
 {
     for (size_t i = 0; i < ni->allocatable.n; i++) {
