@@ -264,6 +264,7 @@ def test_memory_bound_gpu_refuses_a_third_model(cluster, thaw_factory, tmp_path)
     sim.create_deployment(with_memory(deployment("pinned", annotations=short), "30Gi", "full"))
     sim.create_deployment(with_memory(deployment("free", load_ms=100), "30720Mi"))
     sim.create_deployment(with_memory(deployment("huge", annotations=short), "50Gi"))
+    sim.create_deployment(with_memory(deployment("typo"), "30 GB"))
     t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
     wait_for(lambda: status_node(t, "full")["gpu_memory"]["used_bytes"] == 60 * GiB,
@@ -287,6 +288,9 @@ def test_memory_bound_gpu_refuses_a_third_model(cluster, thaw_factory, tmp_path)
     assert replicas(sim, "pinned") == 0 and replicas(sim, "huge") == 0
     assert [n for n, _ in sim.state()["scale_log"] if n in ("pinned", "huge")] == []
     assert kmodel(t, "pinned")["gpu_memory_bytes"] == 30 * GiB
+    typo = kmodel(t, "typo")
+    assert typo["gpu_memory_bytes"] == 0
+    assert 'thaw.dev/gpu-memory: "30 GB" is not a quantity of bytes' in typo["annotation_errors"]
     full = status_node(t, "full")
     assert full["sharing_strategy"] == "time-slicing"
     assert full["gpu_memory"] == {"source": "label", "gpus": 1, "per_gpu_bytes": 80 * GiB,
@@ -303,11 +307,12 @@ def test_memory_bound_gpu_refuses_a_third_model(cluster, thaw_factory, tmp_path)
 
 
 def test_memory_eviction_makes_room_for_a_critical_model(cluster, thaw_factory, tmp_path):
-    """Two warm idle batch replicas of 30 GiB hold the 80 GiB GPU; slices are
-    free, memory is not. A critical 30 GiB model wakes: one warm replica is
+    """Two warm idle batch replicas of 30 GiB hold the 80 GiB GPU (the node has
+    no memory label: kubernetes.gpu_memory_bytes says it); slices are free,
+    memory is not. A critical 30 GiB model wakes: one warm replica is
     evicted (its release makes the newcomer fit) and the newcomer is served
     there; the other stays."""
-    sim = cluster(nodes=MEMORY_NODES[:1], load_ms=100)
+    sim = cluster(nodes=[{"name": "full", "gpus": 1, "replicas": 4}], load_ms=100)
     idle = {"thaw.dev/priority": "batch", "thaw.dev/idle-timeout": "1s"}
     for name in ("warm-a", "warm-b"):
         sim.create_deployment(with_memory(deployment(name, replicas=1, annotations=idle),
@@ -317,8 +322,9 @@ def test_memory_eviction_makes_room_for_a_critical_model(cluster, thaw_factory, 
     for name in ("warm-a", "warm-b"):
         wait_for(lambda name=name: node_of(sim, name) == "full", timeout=20,
                  what=f"{name} on full")
-    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST, gpu_memory_bytes=80 * GiB)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    assert status_node(t, "full")["gpu_memory"]["source"] == "config"
     for name in ("warm-a", "warm-b"):
         wait_for(lambda name=name: kmodel(t, name)["pool"]["warm"], timeout=20,
                  what=f"{name} kept warm")
