@@ -39,7 +39,8 @@ void kube_model_template(struct kmodel *km, const cJSON *deployment)
 /* A resource whose GPUs share their memory among the replicas on them. */
 static bool memory_shared(const char *resource)
 {
-    return strcmp(resource, "nvidia.com/gpu") == 0 || strcmp(resource, "nvidia.com/gpu.shared") == 0;
+    return strcmp(resource, "nvidia.com/gpu") == 0 ||
+           strcmp(resource, "nvidia.com/gpu.shared") == 0;
 }
 
 uint64_t kube_shared_gpus(const struct k8s_node_info *ni)
