@@ -153,7 +153,8 @@ static bool same_kubernetes(const struct config_kubernetes *a, const struct conf
            a->renew_deadline_ms == b->renew_deadline_ms &&
            same_str(a->peers_service, b->peers_service) &&
            same_str(a->peers_namespace, b->peers_namespace) && a->peers_port == b->peers_port &&
-           a->peers_poll_ms == b->peers_poll_ms && a->peers_timeout_ms == b->peers_timeout_ms;
+           a->peers_poll_ms == b->peers_poll_ms && a->peers_timeout_ms == b->peers_timeout_ms &&
+           a->gpu_memory_bytes == b->gpu_memory_bytes;
 }
 
 /* Moves the running values of restart-only settings into next (swapping, so

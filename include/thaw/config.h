@@ -148,6 +148,9 @@ struct config_kubernetes {
     uint64_t peers_port;   /* their admin port */
     uint64_t peers_poll_ms;
     uint64_t peers_timeout_ms; /* a peer silent this long drops out of the sum */
+    /* Memory per physical GPU of a node without the nvidia.com/gpu.memory
+     * label; 0: unknown (replicas' GPU memory not limited there). */
+    uint64_t gpu_memory_bytes;
 };
 
 /* A tenant's caps on one model (UINT64_MAX: the tenant's own). */

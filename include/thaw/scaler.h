@@ -48,6 +48,7 @@ struct scaler_model {
      * the request per replica by the cluster's resource index, the nodes a
      * replica may go to, and its replicas per node (backend-owned arrays) */
     uint64_t req[WP_MAX_RES];
+    uint64_t gpu_memory; /* per replica on one shared GPU; 0: not limited */
     const bool *eligible;
     unsigned *on_node;
 };

@@ -30,7 +30,17 @@
  * A model's replicas that are not placed on any node yet (current minus
  * on_node) wait for a node the same way, before its new ones. One node
  * holding every replica, with a single resource, is the single-capacity
- * plan (warmpool_plan). */
+ * plan (warmpool_plan).
+ *
+ * GPU memory (time-sliced and MPS GPUs share their framebuffer): a node may
+ * say it has `gpus` physical GPUs of `gpu_memory` bytes each, and a model
+ * that its replica needs `gpu_memory` bytes of one of them. A replica is
+ * admitted on such a node only when it fits one GPU alone and the memory of
+ * every replica on the node with it still packs into the GPUs (first-fit
+ * decreasing: wp_memory_packs). Which GPU a pod gets is not thaw's choice
+ * (the device plugin's), so this is a bound on the node, not an assignment.
+ * An eviction or preemption for memory takes replicas that hold memory on
+ * that node, and only when their release makes the newcomer pack. */
 #ifndef THAW_WARMPOOL_H
 #define THAW_WARMPOOL_H
 
@@ -42,6 +52,7 @@
 
 #define WP_MAX_RES 16
 #define WP_NO_NODE ((size_t)-1)
+#define WP_MAX_GPUS 64 /* physical GPUs of one node the memory packing counts */
 
 struct wp_model {
     const char *name;
@@ -59,6 +70,7 @@ struct wp_model {
     unsigned warm; /* replicas kept only by the warm pool */
     /* per node (warmpool_plan_cluster only) */
     uint64_t req[WP_MAX_RES]; /* per replica, by the cluster's resource index */
+    uint64_t gpu_memory;      /* per replica, on one GPU; 0: not declared (not limited) */
     const bool *eligible;     /* per node: may a replica go there; NULL: everywhere */
     unsigned *on_node;        /* per node: in, replicas placed; out, as planned */
 };
@@ -66,6 +78,8 @@ struct wp_model {
 struct wp_node {
     const char *name;
     uint64_t alloc[WP_MAX_RES]; /* what thaw's models may use, by resource index */
+    uint64_t gpu_memory;        /* per physical GPU; 0: unknown (memory not limited) */
+    unsigned gpus;              /* physical GPUs sharing their memory (at most WP_MAX_GPUS) */
     /* out */
     uint64_t used[WP_MAX_RES]; /* by the planned replicas */
 };
@@ -98,6 +112,11 @@ struct wp_plan {
 };
 
 const char *wp_action_name(enum wp_action a);
+/* Whether replicas needing these amounts of GPU memory (n of them, any
+ * order; 0 entries take nothing) pack into `gpus` GPUs of `per_gpu` bytes,
+ * by first-fit decreasing (which may refuse a packing that exists, never
+ * accepts one that does not). per_gpu 0: not limited. Sorts items. */
+bool wp_memory_packs(uint64_t *items, size_t n, unsigned gpus, uint64_t per_gpu);
 /* capacity 0 means unlimited. */
 void warmpool_plan(struct wp_model *m, size_t n, unsigned capacity, unsigned warm_budget,
                    struct wp_plan *out);

@@ -629,6 +629,7 @@ static const struct conf_key kubernetes_keys[] = {
     K_NUM(struct config_kubernetes, peers_port, 9090, 1, 65535),
     K_NUM(struct config_kubernetes, peers_poll_ms, 1000, 100, 60000),
     K_NUM(struct config_kubernetes, peers_timeout_ms, 5000, 200, 600000),
+    K_NUM(struct config_kubernetes, gpu_memory_bytes, 0, 0, 1ull << 50),
 };
 static const struct section kubernetes_section = SECTION(kubernetes_keys, kubernetes_finish);
 

@@ -142,6 +142,80 @@ static uint64_t num(const cJSON *v)
 
 /* ---- resources ----------------------------------------------------------- */
 
+/* Wide enough for any quantity's digits times its suffix without overflow. */
+__extension__ typedef unsigned __int128 u128;
+
+/* The multiplier a quantity's suffix stands for; 0 when it is not one. */
+static u128 quantity_suffix(const char *p)
+{
+    static const char bin[] = "KMGTPE", dec[] = "kMGTPE";
+    if (!*p) {
+        return 1;
+    }
+    if ((p[0] == 'e' || p[0] == 'E') && p[1] >= '0' && p[1] <= '9') {
+        u128 m = 1;
+        for (const char *q = p + 1; *q; q++) {
+            if (*q < '0' || *q > '9' || q - p > 2) {
+                return 0; /* not digits, or past 10^99 */
+            }
+        }
+        for (int e = atoi(p + 1); e > 0; e--) {
+            m *= 10;
+            if (m > (u128)UINT64_MAX) {
+                return 0;
+            }
+        }
+        return m;
+    }
+    const char *b = p[0] ? strchr(bin, p[0]) : NULL;
+    if (b && p[1] == 'i' && !p[2]) {
+        return (u128)1 << (10 * (b - bin + 1));
+    }
+    const char *d = p[0] ? strchr(dec, p[0]) : NULL;
+    if (d && !p[1]) {
+        u128 m = 1;
+        for (long i = 0; i <= d - dec; i++) {
+            m *= 1000;
+        }
+        return m;
+    }
+    return 0;
+}
+
+int k8s_parse_quantity(const char *s, uint64_t *out)
+{
+    if (!s) {
+        return -1;
+    }
+    const char *p = s;
+    u128 whole = 0, frac = 0, den = 1;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        whole = whole * 10 + (unsigned)(*p - '0');
+        if (whole > (u128)UINT64_MAX) {
+            return -1;
+        }
+    }
+    if (*p == '.') {
+        for (p++; *p >= '0' && *p <= '9'; p++, digits++) {
+            if (den < (u128)1000000000000000000ull) { /* 18 places are plenty */
+                frac = frac * 10 + (unsigned)(*p - '0');
+                den *= 10;
+            }
+        }
+    }
+    u128 mult = quantity_suffix(p);
+    if (digits == 0 || mult == 0) {
+        return -1;
+    }
+    u128 v = whole * mult + (frac * mult + den - 1) / den;
+    if (v > (u128)UINT64_MAX) {
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
 uint64_t k8s_resources_get(const struct k8s_resources *rs, const char *name)
 {
     for (size_t i = 0; i < rs->n; i++) {
@@ -419,6 +493,15 @@ int k8s_node_decode(const cJSON *obj, struct k8s_node_info *o)
     o->gpu_replicas = num(cJSON_GetObjectItemCaseSensitive(labels, "nvidia.com/gpu.replicas"));
     const cJSON *prod = cJSON_GetObjectItemCaseSensitive(labels, "nvidia.com/gpu.product");
     copy(o->gpu_product, sizeof o->gpu_product, cJSON_IsString(prod) ? prod->valuestring : NULL);
+    const cJSON *mem = cJSON_GetObjectItemCaseSensitive(labels, "nvidia.com/gpu.memory");
+    if (mem) {
+        uint64_t mib = 0;
+        const char *v = cJSON_IsString(mem) ? mem->valuestring : "";
+        char *end;
+        mib = strtoull(v, &end, 10);
+        o->gpu_memory_bad = !v[0] || *end || v[0] < '0' || v[0] > '9' || mib > (UINT64_MAX >> 20);
+        o->gpu_memory = o->gpu_memory_bad ? 0 : mib << 20;
+    }
     o->unschedulable = cJSON_IsTrue(k8s_get(obj, "spec.unschedulable"));
     if (read_pairs(labels, &o->labels, &o->n_labels) ||
         read_taints(k8s_get(obj, "spec.taints"), o)) {

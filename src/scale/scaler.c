@@ -163,6 +163,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
             .value = sm->rate * (cold_s > 0 ? cold_s : 1),
             .prewarm = sm->prewarm_on && sm->forecast_due,
             .quiet = sm->prewarm_on && sm->forecast_quiet,
+            .gpu_memory = sm->gpu_memory,
             .eligible = sm->eligible,
             .on_node = sm->on_node,
         };

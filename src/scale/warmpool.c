@@ -65,6 +65,7 @@ struct step {
     size_t n;
     size_t *idx;       /* service order */
     unsigned *pending; /* per model: replicas in target not placed on a node */
+    unsigned *gone;    /* per model: replicas a room plan releases on its node */
     struct wp_cluster *c;
     struct wp_plan *out;
     unsigned used_slices, warm_used;
@@ -132,25 +133,103 @@ static void drop_replicas(struct step *s, size_t i, unsigned count)
     }
 }
 
+/* What a room plan releases on one node: resources, slices against the
+ * cap, and (in step->gone) which replicas, for the memory packing. */
+struct freed {
+    uint64_t res[WP_MAX_RES];
+    unsigned slices;
+    bool any_gone; /* step->gone holds this plan's replicas */
+};
+
 /* What x still lacks of resource r on node k once `freed` is released there. */
 static uint64_t short_of(const struct step *s, const struct wp_model *x, size_t k, size_t r,
-                         const uint64_t *freed)
+                         const struct freed *freed)
 {
     const struct wp_node *nd = &s->c->nodes[k];
-    uint64_t have = sat_add(nd->alloc[r], freed ? freed[r] : 0);
+    uint64_t have = sat_add(nd->alloc[r], freed ? freed->res[r] : 0);
     uint64_t avail = have > nd->used[r] ? have - nd->used[r] : 0;
     return x->req[r] > avail ? x->req[r] - avail : 0;
 }
 
+static int cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x > y ? -1 : x < y;
+}
+
+bool wp_memory_packs(uint64_t *items, size_t n, unsigned gpus, uint64_t per_gpu)
+{
+    if (!per_gpu) {
+        return true;
+    }
+    gpus = gpus == 0 ? 1 : gpus > WP_MAX_GPUS ? WP_MAX_GPUS : gpus;
+    uint64_t left[WP_MAX_GPUS];
+    for (unsigned g = 0; g < gpus; g++) {
+        left[g] = per_gpu;
+    }
+    qsort(items, n, sizeof *items, cmp_desc);
+    for (size_t i = 0; i < n && items[i]; i++) {
+        unsigned g = 0;
+        while (g < gpus && left[g] < items[i]) {
+            g++;
+        }
+        if (g == gpus) {
+            return false;
+        }
+        left[g] -= items[i];
+    }
+    return true;
+}
+
+/* Whether one more replica of x packs into node k's GPU memory with the
+ * replicas there (less those `freed` releases). Only models that declare
+ * memory take part; a node that does not know its memory does not limit. */
+static bool memory_room(const struct step *s, const struct wp_model *x, size_t k,
+                        const struct freed *freed)
+{
+    const struct wp_node *nd = &s->c->nodes[k];
+    if (!x->gpu_memory || !nd->gpu_memory) {
+        return true;
+    }
+    if (x->gpu_memory > nd->gpu_memory) {
+        return false;
+    }
+    size_t total = 1;
+    for (size_t i = 0; i < s->n; i++) {
+        unsigned gone = freed && freed->any_gone ? s->gone[i] : 0;
+        if (s->m[i].gpu_memory && s->m[i].on_node[k] > gone) {
+            total += s->m[i].on_node[k] - gone;
+        }
+    }
+    uint64_t small[128];
+    uint64_t *items = total <= 128 ? small : malloc(total * sizeof *items);
+    if (!items) {
+        return false; /* out of memory: admit nothing rather than overcommit */
+    }
+    size_t n = 0;
+    items[n++] = x->gpu_memory;
+    for (size_t i = 0; i < s->n; i++) {
+        unsigned gone = freed && freed->any_gone ? s->gone[i] : 0;
+        for (unsigned j = gone; s->m[i].gpu_memory && j < s->m[i].on_node[k]; j++) {
+            items[n++] = s->m[i].gpu_memory;
+        }
+    }
+    bool fits = wp_memory_packs(items, n, nd->gpus, nd->gpu_memory);
+    if (items != small) {
+        free(items);
+    }
+    return fits;
+}
+
 static bool node_room(const struct step *s, const struct wp_model *x, size_t k,
-                      const uint64_t *freed)
+                      const struct freed *freed)
 {
     for (size_t r = 0; r < s->c->n_res; r++) {
         if (x->req[r] && short_of(s, x, k, r, freed)) {
             return false;
         }
     }
-    return true;
+    return memory_room(s, x, k, freed);
 }
 
 static bool cap_room(const struct step *s, const struct wp_model *x, bool is_new,
@@ -219,7 +298,7 @@ static bool may_evict(const struct wp_model *v, const struct wp_model *x)
 
 /* v's release gives x something it lacks on node k. */
 static bool helps(const struct step *s, const struct wp_model *v, const struct wp_model *x,
-                  size_t k, const uint64_t *freed, bool cap_short)
+                  size_t k, const struct freed *freed, bool cap_short)
 {
     if (cap_short && v->slices) {
         return true;
@@ -229,16 +308,49 @@ static bool helps(const struct step *s, const struct wp_model *v, const struct w
             return true;
         }
     }
-    return false;
+    return v->gpu_memory && !memory_room(s, x, k, freed);
 }
 
-static void take(struct step *s, const struct wp_model *v, uint64_t *freed, unsigned *freed_slices,
-                 unsigned on_node, unsigned drop)
+/* v's replicas (on_node of them on the node, drop off its target) are
+ * released (sign 1) or kept after all (-1). */
+static void take(struct step *s, size_t vi, struct freed *freed, unsigned on_node, unsigned drop,
+                 int sign)
 {
+    const struct wp_model *v = &s->m[vi];
     for (size_t r = 0; r < s->c->n_res; r++) {
-        freed[r] = sat_add(freed[r], v->req[r] * on_node);
+        freed->res[r] = sign > 0 ? sat_add(freed->res[r], v->req[r] * on_node)
+                                 : freed->res[r] - v->req[r] * on_node;
     }
-    *freed_slices += v->slices * drop;
+    freed->slices = sign > 0 ? freed->slices + v->slices * drop : freed->slices - v->slices * drop;
+    s->gone[vi] = sign > 0 ? s->gone[vi] + on_node : s->gone[vi] - on_node;
+    freed->any_gone = true;
+}
+
+static bool fits_with(const struct step *s, const struct wp_model *x, size_t k, bool is_new,
+                      const struct freed *freed)
+{
+    return node_room(s, x, k, freed) && cap_room(s, x, is_new, freed->slices);
+}
+
+/* Evictions a later, larger one made needless are taken back (an idle
+ * replica goes only when its release is part of what makes x fit). */
+static void keep_needless_evictions(struct step *s, size_t xi, size_t k, bool is_new,
+                                    struct room *room, struct freed *freed)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < room->nv; i++) {
+        struct victim *vic = &room->v[i];
+        if (vic->action == WP_EVICT) {
+            take(s, vic->model, freed, vic->on_node, vic->drop, -1);
+            if (fits_with(s, &s->m[xi], k, is_new, freed)) {
+                room->evicted--;
+                continue;
+            }
+            take(s, vic->model, freed, vic->on_node, vic->drop, 1);
+        }
+        room->v[kept++] = *vic;
+    }
+    room->nv = kept;
 }
 
 /* Which replicas on node k x would take, in the order of today's victims:
@@ -248,20 +360,21 @@ static void take(struct step *s, const struct wp_model *v, uint64_t *freed, unsi
 static bool plan_room(struct step *s, size_t xi, size_t k, bool is_new, struct room *room)
 {
     const struct wp_model *x = &s->m[xi];
-    uint64_t freed[WP_MAX_RES] = {0};
-    unsigned freed_slices = 0;
+    struct freed fr = {{0}, 0, false}, *freed = &fr;
+    memset(s->gone, 0, s->n * sizeof *s->gone);
     room->nv = 0;
     room->preempted = room->evicted = room->worst_rank = 0;
     for (size_t j = s->n; j-- > 0;) {
-        if (node_room(s, x, k, freed) && cap_room(s, x, is_new, freed_slices)) {
+        if (fits_with(s, x, k, is_new, freed)) {
+            keep_needless_evictions(s, xi, k, is_new, room, freed);
             return true;
         }
         struct wp_model *v = &s->m[s->idx[j]];
-        if (v == x || !v->warm || !v->on_node[k] || !may_evict(v, x) ||
-            !helps(s, v, x, k, freed, !cap_room(s, x, is_new, freed_slices))) {
+        if (v == x || !v->warm || v->on_node[k] <= s->gone[s->idx[j]] || !may_evict(v, x) ||
+            !helps(s, v, x, k, freed, !cap_room(s, x, is_new, freed->slices))) {
             continue;
         }
-        take(s, v, freed, &freed_slices, 1, 1);
+        take(s, s->idx[j], freed, 1, 1, 1);
         room->v[room->nv++] = (struct victim){s->idx[j], WP_EVICT, 1, 1};
         room->evicted++;
         room->worst_rank = (unsigned)(s->n - 1 - j);
@@ -273,11 +386,10 @@ static bool plan_room(struct step *s, size_t xi, size_t k, bool is_new, struct r
         }
         struct victim vic = {s->idx[j], WP_PREEMPT, 0, 0};
         unsigned pending = s->pending[s->idx[j]];
-        while (!(node_room(s, x, k, freed) && cap_room(s, x, is_new, freed_slices)) &&
-               vic.on_node < v->on_node[k] &&
+        while (!fits_with(s, x, k, is_new, freed) && vic.on_node < v->on_node[k] &&
                v->target >= vic.drop + pending + 1 + v->min_replicas &&
-               helps(s, v, x, k, freed, !cap_room(s, x, is_new, freed_slices))) {
-            take(s, v, freed, &freed_slices, 1, pending + 1);
+               helps(s, v, x, k, freed, !cap_room(s, x, is_new, freed->slices))) {
+            take(s, s->idx[j], freed, 1, pending + 1, 1);
             vic.on_node++;
             vic.drop += pending + 1;
             pending = 0;
@@ -288,7 +400,7 @@ static bool plan_room(struct step *s, size_t xi, size_t k, bool is_new, struct r
             room->worst_rank = (unsigned)(2 * s->n - 1 - j);
         }
     }
-    return node_room(s, x, k, freed) && cap_room(s, x, is_new, freed_slices);
+    return fits_with(s, x, k, is_new, freed);
 }
 
 static bool cheaper(const struct room *a, const struct room *b)
@@ -498,15 +610,22 @@ static void prewarm_from_zero(struct step *s, size_t xi, unsigned warm_budget)
 static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned warm_budget,
                  struct wp_plan *out)
 {
-    struct step s = {
-        m, n, malloc((n ? n : 1) * sizeof(size_t)), calloc(n ? n : 1, sizeof(unsigned)), c, out,
-        0, 0};
-    if (!s.idx || !s.pending || order(m, n, s.idx)) {
+    struct step s = {m,
+                     n,
+                     malloc((n ? n : 1) * sizeof(size_t)),
+                     calloc(n ? n : 1, sizeof(unsigned)),
+                     calloc(n ? n : 1, sizeof(unsigned)),
+                     c,
+                     out,
+                     0,
+                     0};
+    if (!s.idx || !s.pending || !s.gone || order(m, n, s.idx)) {
         for (size_t i = 0; i < n; i++) {
             m[i].target = m[i].current; /* no plan: change nothing */
         }
         free(s.idx);
         free(s.pending);
+        free(s.gone);
         return;
     }
     for (size_t k = 0; k < c->n_nodes; k++) {
@@ -532,6 +651,7 @@ static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned wa
     out->warm_slices = s.warm_used;
     free(s.idx);
     free(s.pending);
+    free(s.gone);
 }
 
 static void plan_init(struct wp_plan *out, unsigned warm_budget)

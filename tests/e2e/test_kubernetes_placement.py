@@ -223,3 +223,116 @@ def test_a_mig_model_evicts_a_mig_replica_not_a_time_sliced_one(cluster, thaw_fa
     assert len(gone) == 1, gone
     assert replicas(sim, "ts-a") == 1
     assert kmodel(t, gone[0])["pool"]["last_decision"] == "evict"
+
+
+GiB = 1 << 30
+# Memory-bound time-sliced nodes, as GPU feature discovery labels them:
+# "full" one 80 GiB GPU in 4 replicas, "pair" two 40 GiB GPUs in 2 each.
+MEMORY_NODES = [
+    {"name": "full", "gpus": 1, "replicas": 4,
+     "labels": {"nvidia.com/gpu.memory": "81920",
+                "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
+    {"name": "pair", "gpus": 2, "replicas": 2, "product": "NVIDIA-L40S",
+     "labels": {"nvidia.com/gpu.memory": "40960",
+                "nvidia.com/gpu.sharing-strategy": "time-slicing"}},
+]
+
+
+def with_memory(d, memory, node=None):
+    """d declares its replica's GPU memory (on the pod template, as Knative
+    users write annotations) and, given a node, may run only there."""
+    d["spec"]["template"]["metadata"]["annotations"]["thaw.dev/gpu-memory"] = memory
+    if node:
+        d["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return d
+
+
+def test_memory_bound_gpu_refuses_a_third_model(cluster, thaw_factory, tmp_path):
+    """Two 30 GiB replicas share the 80 GiB GPU of "full" with slices to
+    spare. A third 30 GiB model that may only go there is denied (its
+    Deployment stays at zero, its request is held until its queue timeout);
+    one that may go anywhere is admitted and lands on "pair" (one 40 GiB
+    GPU takes it); a 50 GiB one fits no single GPU and is denied."""
+    sim = cluster(nodes=MEMORY_NODES, load_ms=100)
+    keep = {"thaw.dev/min-scale": "1"}
+    for name in ("a", "b"):
+        sim.create_deployment(with_memory(deployment(name, replicas=1, annotations=keep),
+                                          "30Gi", "full"))
+        wait_for(lambda name=name: node_of(sim, name) == "full", timeout=20,
+                 what=f"{name} on full")
+    short = {"thaw.dev/queue-timeout": "2s"}
+    sim.create_deployment(with_memory(deployment("pinned", annotations=short), "30Gi", "full"))
+    sim.create_deployment(with_memory(deployment("free", load_ms=100), "30720Mi"))
+    sim.create_deployment(with_memory(deployment("huge", annotations=short), "50Gi"))
+    sim.create_deployment(with_memory(deployment("typo"), "30 GB"))
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    wait_for(lambda: status_node(t, "full")["gpu_memory"]["used_bytes"] == 60 * GiB,
+             what="a and b seen on full")
+    fits = {n["name"]: n["fit"] for n in kmodel(t, "pinned")["placement"]["nodes"]}
+    assert fits == {"full": "gpu_memory", "pair": "node_selector"}
+    held = [None, None]
+    ths = [threading.Thread(target=lambda i=i, h=h: held.__setitem__(
+        i, complete(t, host=f"{h}.models", timeout=20))) for i, h in enumerate(("pinned", "huge"))]
+    for th in ths:
+        th.start()
+    for name in ("pinned", "huge"):
+        wait_for(lambda name=name: kmodel(t, name)["pool"].get("last_decision") == "deny",
+                 timeout=10, what=f"{name} denied")
+        assert "no node it may use has room" in kmodel(t, name)["pool"]["reason"]
+    assert complete(t, host="free.models", timeout=40).status == 200
+    assert node_of(sim, "free") == "pair"
+    for th in ths:
+        th.join(20)
+    assert all(r is not None and r.status in (503, 504) for r in held), held
+    assert replicas(sim, "pinned") == 0 and replicas(sim, "huge") == 0
+    assert [n for n, _ in sim.state()["scale_log"] if n in ("pinned", "huge")] == []
+    assert kmodel(t, "pinned")["gpu_memory_bytes"] == 30 * GiB
+    typo = kmodel(t, "typo")
+    assert typo["gpu_memory_bytes"] == 0
+    assert 'thaw.dev/gpu-memory: "30 GB" is not a quantity of bytes' in typo["annotation_errors"]
+    full = status_node(t, "full")
+    assert full["sharing_strategy"] == "time-slicing"
+    assert full["gpu_memory"] == {"source": "label", "gpus": 1, "per_gpu_bytes": 80 * GiB,
+                                  "total_bytes": 80 * GiB, "used_bytes": 60 * GiB,
+                                  "replicas": 2, "packs": True}
+    gpu = full["resources"]["nvidia.com/gpu"]
+    assert (gpu["capacity"], gpu["used"]) == (4, 2)
+    assert sorted(h["model"] for h in gpu["holders"]) == ["a", "b"]
+    assert {r["gpu_memory_bytes"] for r in full["replicas"]} == {30 * GiB}
+    pair = status_node(t, "pair")["gpu_memory"]
+    assert (pair["gpus"], pair["per_gpu_bytes"], pair["used_bytes"]) == (2, 40 * GiB, 30 * GiB)
+    assert t.metric("thaw_node_gpu_memory_bytes", node="pair") == 80 * GiB
+    assert t.metric("thaw_node_gpu_memory_used_bytes", node="full") == 60 * GiB
+
+
+def test_memory_eviction_makes_room_for_a_critical_model(cluster, thaw_factory, tmp_path):
+    """Two warm idle batch replicas of 30 GiB hold the 80 GiB GPU (the node has
+    no memory label: kubernetes.gpu_memory_bytes says it); slices are free,
+    memory is not. A critical 30 GiB model wakes: one warm replica is
+    evicted (its release makes the newcomer fit) and the newcomer is served
+    there; the other stays."""
+    sim = cluster(nodes=[{"name": "full", "gpus": 1, "replicas": 4}], load_ms=100)
+    idle = {"thaw.dev/priority": "batch", "thaw.dev/idle-timeout": "1s"}
+    for name in ("warm-a", "warm-b"):
+        sim.create_deployment(with_memory(deployment(name, replicas=1, annotations=idle),
+                                          "30Gi"))
+    sim.create_deployment(with_memory(deployment(
+        "urgent", annotations={"thaw.dev/priority": "critical"}, load_ms=100), "30Gi"))
+    for name in ("warm-a", "warm-b"):
+        wait_for(lambda name=name: node_of(sim, name) == "full", timeout=20,
+                 what=f"{name} on full")
+    t = start_thaw(thaw_factory, sim, tmp_path, extra=FAST, gpu_memory_bytes=80 * GiB)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    assert status_node(t, "full")["gpu_memory"]["source"] == "config"
+    for name in ("warm-a", "warm-b"):
+        wait_for(lambda name=name: kmodel(t, name)["pool"]["warm"], timeout=20,
+                 what=f"{name} kept warm")
+    assert complete(t, host="urgent.models", timeout=40).status == 200
+    assert node_of(sim, "urgent") == "full"
+    gone = [n for n in ("warm-a", "warm-b") if replicas(sim, n) == 0]
+    assert len(gone) == 1, gone
+    evicted = kmodel(t, gone[0])["pool"]
+    assert evicted["last_decision"] == "evict" and "for urgent" in evicted["reason"]
+    wait_for(lambda: status_node(t, "full")["gpu_memory"]["used_bytes"] == 60 * GiB,
+             what="the evicted pod gone")

@@ -660,10 +660,13 @@ static void test_node_decoding(void **state)
     cJSON *node = cJSON_Parse(
         "{\"kind\":\"Node\",\"metadata\":{\"name\":\"gpu-a\",\"labels\":{"
         "\"nvidia.com/gpu.count\":\"8\",\"nvidia.com/gpu.replicas\":\"4\","
-        "\"nvidia.com/gpu.product\":\"NVIDIA-A100-SXM4-80GB-SHARED\"}},"
+        "\"nvidia.com/gpu.product\":\"NVIDIA-A100-SXM4-80GB-SHARED\","
+        "\"nvidia.com/gpu.memory\":\"81920\"}},"
         "\"status\":{\"allocatable\":{\"cpu\":\"96\",\"nvidia.com/gpu\":\"32\"}}}");
     struct k8s_node_info ni;
     assert_int_equal(k8s_node_decode(node, &ni), 0);
+    assert_int_equal(ni.gpu_memory, 81920ull << 20); /* MiB per GPU */
+    assert_false(ni.gpu_memory_bad);
     assert_string_equal(ni.name, "gpu-a");
     assert_int_equal(ni.gpu_allocatable, 32);
     assert_int_equal(ni.gpu_count, 8);
@@ -674,8 +677,53 @@ static void test_node_decoding(void **state)
     node = cJSON_Parse("{\"metadata\":{\"name\":\"cpu-only\"},\"status\":{\"allocatable\":{}}}");
     assert_int_equal(k8s_node_decode(node, &ni), 0);
     assert_int_equal(ni.gpu_allocatable, 0);
+    assert_int_equal(ni.gpu_memory, 0);
     k8s_node_info_dispose(&ni);
     cJSON_Delete(node);
+    node = cJSON_Parse("{\"metadata\":{\"name\":\"odd\",\"labels\":{"
+                       "\"nvidia.com/gpu.memory\":\"80GB\"}}}");
+    assert_int_equal(k8s_node_decode(node, &ni), 0);
+    assert_true(ni.gpu_memory_bad);
+    assert_int_equal(ni.gpu_memory, 0);
+    k8s_node_info_dispose(&ni);
+    cJSON_Delete(node);
+}
+
+static void test_quantities(void **state)
+{
+    const struct {
+        const char *in;
+        uint64_t v;
+    } ok[] = {{"20Gi", 20ull << 30}, {"24000Mi", 24000ull << 20}, {"16G", 16000000000ull},
+              {"1073741824", 1073741824ull}, {"1.5Gi", 3ull << 29}, {"3e9", 3000000000ull},
+              {"1Ei", 1ull << 60}, {"2E", 2000000000000000000ull}, {"1k", 1000}, {"0", 0},
+              {"0.5", 1}, {"1Ki", 1024}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        uint64_t v = 12345;
+        assert_int_equal(k8s_parse_quantity(ok[i].in, &v), 0);
+        assert_true(v == ok[i].v);
+    }
+    const char *bad[] = {"", "20GB", "twenty", "-1Gi", "100m", "Gi", "1.2.3", "20 Gi",
+                         "99999999999999999999", "16Ei", "1e99", "1gi", NULL};
+    for (size_t i = 0; bad[i]; i++) {
+        uint64_t v = 7;
+        assert_int_equal(k8s_parse_quantity(bad[i], &v), -1);
+        assert_true(v == 7);
+    }
+}
+
+static void test_gpu_memory_annotation(void **state)
+{
+    struct k8s_model_spec s;
+    parse_custom("chat", "{}", "{\"thaw.dev/gpu-memory\":\"30Gi\"}", &s);
+    assert_string_equal(s.errors, "");
+    assert_true(s.gpu_memory_bytes == 30ull << 30); /* the pod template's, like the others */
+    parse_custom("chat", "{\"thaw.dev/gpu-memory\":\"24000Mi\"}",
+                 "{\"thaw.dev/gpu-memory\":\"1Gi\"}", &s);
+    assert_true(s.gpu_memory_bytes == 24000ull << 20); /* the Deployment's wins */
+    parse_custom("chat", "{\"thaw.dev/gpu-memory\":\"30 GB\"}", "{}", &s);
+    assert_int_equal(s.gpu_memory_bytes, 0);
+    assert_non_null(strstr(s.errors, "thaw.dev/gpu-memory: \"30 GB\" is not a quantity of bytes"));
 }
 
 static void test_base64(void **state)
@@ -1005,6 +1053,8 @@ int main(void)
         cmocka_unit_test(test_in_cluster),
         cmocka_unit_test(test_backoff_is_capped_and_jittered),
         cmocka_unit_test(test_rfc3339_times),
+        cmocka_unit_test(test_quantities),
+        cmocka_unit_test(test_gpu_memory_annotation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

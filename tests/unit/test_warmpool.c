@@ -422,6 +422,140 @@ static void test_forecast_orders_the_warm_budget(void **state)
     assert_int_equal(count(&p, WP_TO_ZERO, 2), 1);
 }
 
+/* ---- GPU memory ------------------------------------------------------- */
+
+#define GiB (1024ull * 1024 * 1024)
+
+static void test_memory_packs_by_first_fit_decreasing(void **state)
+{
+    uint64_t two[] = {30 * GiB, 30 * GiB};
+    assert_true(wp_memory_packs(two, 2, 1, 80 * GiB)); /* two 30 GiB on one 80 GiB GPU */
+    uint64_t three[] = {30 * GiB, 30 * GiB, 30 * GiB};
+    assert_false(wp_memory_packs(three, 3, 1, 80 * GiB)); /* a third does not */
+    uint64_t pair[] = {30 * GiB, 30 * GiB};
+    assert_true(wp_memory_packs(pair, 2, 2, 40 * GiB)); /* one per 40 GiB GPU */
+    uint64_t big[] = {50 * GiB};
+    assert_false(wp_memory_packs(big, 1, 2, 40 * GiB)); /* 80 GiB in all, 40 on each */
+    uint64_t spread[] = {10 * GiB, 30 * GiB, 20 * GiB, 20 * GiB};
+    assert_true(wp_memory_packs(spread, 4, 2, 40 * GiB)); /* 30+10, 20+20 */
+    uint64_t any[] = {500 * GiB, 0};
+    assert_true(wp_memory_packs(any, 2, 1, 0)); /* memory unknown: not limited */
+}
+
+/* A node of `gpus` GPUs of mem bytes each, with 8 time-sliced replicas. */
+static struct wp_node NM(const char *name, unsigned gpus, uint64_t mem)
+{
+    struct wp_node n = {.name = name, .alloc = {8}, .gpus = gpus, .gpu_memory = mem};
+    return n;
+}
+
+static void test_memory_bound_gpu_refuses_a_third_replica(void **state)
+{
+    /* One 80 GiB GPU, slices to spare: two 30 GiB models run there, a third
+     * is denied; on a second node of two 40 GiB GPUs it is admitted, and a
+     * 50 GiB one is admitted on neither. */
+    struct wp_node one[] = {NM("a", 1, 80 * GiB)};
+    struct wp_model m[] = {
+        M("m1", TIER_STANDARD, 1, 1, 1, false, 1),
+        M("m2", TIER_STANDARD, 1, 1, 1, false, 1),
+        M("m3", TIER_STANDARD, 1, 0, 1, false, 1),
+    };
+    unsigned on[3][2];
+    for (size_t i = 0; i < 3; i++) {
+        m[i].gpu_memory = 30 * GiB;
+        place(&m[i], on[i], 1, (unsigned[]){i < 2 ? 1 : 0});
+    }
+    struct wp_cluster c = C(one, 1);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 3, &c, 0, &p);
+    assert_int_equal(m[2].target, 0);
+    assert_int_equal(count(&p, WP_DENY, 2), 1);
+
+    struct wp_node two[] = {NM("a", 1, 80 * GiB), NM("b", 2, 40 * GiB)};
+    for (size_t i = 0; i < 3; i++) {
+        place(&m[i], on[i], 2, (unsigned[]){i < 2 ? 1 : 0, 0});
+        m[i].current = i < 2 ? 1 : 0;
+    }
+    c = C(two, 2);
+    warmpool_plan_cluster(m, 3, &c, 0, &p);
+    assert_int_equal(m[2].target, 1);
+    assert_int_equal(on[2][1], 1); /* on node b */
+
+    m[2].gpu_memory = 50 * GiB;
+    for (size_t i = 0; i < 3; i++) {
+        place(&m[i], on[i], 2, (unsigned[]){i < 2 ? 1 : 0, 0});
+    }
+    m[2].current = 0;
+    warmpool_plan_cluster(m, 3, &c, 0, &p);
+    assert_int_equal(m[2].target, 0); /* fits no single 40 GiB GPU; node a has 20 left */
+}
+
+static void test_memory_eviction_only_when_it_makes_room(void **state)
+{
+    /* One 80 GiB GPU: a warm idle batch 10 GiB replica and a busy critical
+     * 60 GiB one. A critical 30 GiB model wakes: evicting the 10 GiB replica
+     * would leave 20 GiB, not 30, so nothing is evicted and it is denied.
+     * With a warm 20 GiB replica beside a 50 GiB one instead, evicting it
+     * leaves 30 GiB: it goes and the newcomer is admitted. */
+    struct wp_node nodes[] = {NM("a", 1, 80 * GiB)};
+    struct wp_model m[] = {
+        M("warm", TIER_BATCH, 1, 1, 0, true, 1),
+        M("busy", TIER_CRITICAL, 1, 1, 1, false, 1),
+        M("new", TIER_CRITICAL, 1, 0, 1, false, 1),
+    };
+    uint64_t mem[] = {10 * GiB, 60 * GiB, 30 * GiB};
+    unsigned on[3][1];
+    for (size_t i = 0; i < 3; i++) {
+        m[i].gpu_memory = mem[i];
+        place(&m[i], on[i], 1, (unsigned[]){i < 2 ? 1 : 0});
+    }
+    struct wp_cluster c = C(nodes, 1);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 3, &c, 4, &p);
+    assert_int_equal(m[2].target, 0);
+    assert_int_equal(count(&p, WP_EVICT, 0), 0);
+    assert_int_equal(m[0].target, 1);
+
+    m[0].gpu_memory = 20 * GiB;
+    m[1].gpu_memory = 50 * GiB;
+    for (size_t i = 0; i < 3; i++) {
+        m[i].current = i < 2 ? 1 : 0;
+        place(&m[i], on[i], 1, (unsigned[]){i < 2 ? 1 : 0});
+    }
+    warmpool_plan_cluster(m, 3, &c, 4, &p);
+    assert_int_equal(m[2].target, 1);
+    assert_int_equal(count(&p, WP_EVICT, 0), 1);
+    assert_int_equal(m[0].target, 0);
+}
+
+static void test_memory_eviction_takes_only_what_is_needed(void **state)
+{
+    /* One 80 GiB GPU: warm idle 10 GiB (worth least) and 30 GiB (worth
+     * more) batch replicas beside a busy 30 GiB one. A 30 GiB critical
+     * model: the 10 GiB replica goes first but is not enough; the 30 GiB
+     * one's release alone is, so the 10 GiB replica stays. */
+    struct wp_node nodes[] = {NM("a", 1, 80 * GiB)};
+    struct wp_model m[] = {
+        M("small", TIER_BATCH, 1, 1, 0, true, 1),
+        M("large", TIER_BATCH, 1, 1, 0, true, 5),
+        M("busy", TIER_CRITICAL, 1, 1, 1, false, 1),
+        M("new", TIER_CRITICAL, 1, 0, 1, false, 1),
+    };
+    uint64_t mem[] = {10 * GiB, 30 * GiB, 30 * GiB, 30 * GiB};
+    unsigned on[4][1];
+    for (size_t i = 0; i < 4; i++) {
+        m[i].gpu_memory = mem[i];
+        place(&m[i], on[i], 1, (unsigned[]){i < 3 ? 1 : 0});
+    }
+    struct wp_cluster c = C(nodes, 1);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 4, &c, 4, &p);
+    assert_int_equal(m[3].target, 1);
+    assert_int_equal(count(&p, WP_EVICT, 1), 1);
+    assert_int_equal(count(&p, WP_EVICT, 0), 0);
+    assert_int_equal(m[0].target, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -441,6 +575,10 @@ int main(void)
         cmocka_unit_test(test_cap_applies_on_top_of_nodes),
         cmocka_unit_test(test_prewarm_from_zero_takes_only_free_room),
         cmocka_unit_test(test_forecast_orders_the_warm_budget),
+        cmocka_unit_test(test_memory_packs_by_first_fit_decreasing),
+        cmocka_unit_test(test_memory_bound_gpu_refuses_a_third_replica),
+        cmocka_unit_test(test_memory_eviction_only_when_it_makes_room),
+        cmocka_unit_test(test_memory_eviction_takes_only_what_is_needed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

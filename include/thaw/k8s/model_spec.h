@@ -56,6 +56,7 @@ struct k8s_model_spec {
     char hosts[1024];   /* comma-separated, as written */
     char aliases[1024];
     uint64_t gpu_slices;
+    uint64_t gpu_memory_bytes; /* thaw.dev/gpu-memory: per replica, on one GPU; 0: not declared */
     int64_t replicas;       /* spec.replicas; missing means 0 */
     int64_t ready_replicas; /* status.readyReplicas */
     char resource_version[64];

@@ -36,6 +36,12 @@ struct k8s_resources {
     struct k8s_resource r[K8S_MAX_RESOURCES];
 };
 
+/* A resource quantity as the API writes one ("20Gi", "24000Mi", "16G",
+ * "1.5Gi", "3e9", plain "1073741824") in whole units, rounded up as
+ * resource.Quantity's Value() does. 0, or -1 when s is not a quantity, is
+ * negative, has a milli ("m") suffix or exceeds UINT64_MAX. */
+int k8s_parse_quantity(const char *s, uint64_t *out);
+
 /* The amount of name; 0 when absent. */
 uint64_t k8s_resources_get(const struct k8s_resources *rs, const char *name);
 /* Adds amount to name (saturating); -1 when the set is full (truncated set). */
@@ -109,6 +115,8 @@ struct k8s_node_info {
     uint64_t gpu_count;       /* label nvidia.com/gpu.count, 0 when absent */
     uint64_t gpu_replicas;    /* label nvidia.com/gpu.replicas, 0 when absent */
     char gpu_product[128];    /* label nvidia.com/gpu.product */
+    uint64_t gpu_memory;      /* label nvidia.com/gpu.memory (MiB per GPU) in bytes; 0: absent */
+    bool gpu_memory_bad;      /* the label is there but not a count of MiB */
     struct k8s_resources allocatable; /* status.allocatable, K8S_RESOURCE_PREFIX names */
     bool unschedulable;               /* spec.unschedulable: cordoned */
     char **labels;                    /* key, value, key, value ... */

@@ -29,14 +29,17 @@ static int kube_attach(struct backend *b, struct model *m, const struct config_m
 }
 
 /* Demand for a model with no ready pod: scale it from zero now (any
- * activator, conditionally), not at the next tick. */
+ * activator, conditionally), not at the next tick; a model whose GPU
+ * memory is bound waits for the leader's plan (at most one tick). */
 static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 {
     struct kmodel *km = m->backend_data;
     uint64_t now = clock_now_ms();
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
-    if (km->spec.replicas == 0) {
+    if (km->spec.replicas == 0 && !kube_memory_bound(km)) {
         kube_scale_from_zero(km);
+    } else if (km->spec.replicas == 0 && km->kb->leading) {
+        km->kb->driver.next_plan_ms = now; /* GPU memory: the next tick's plan decides */
     }
     return 0;
 }

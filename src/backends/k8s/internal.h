@@ -92,6 +92,7 @@ struct kmodel {
 /* The per-node view handed to the warm pool each planning step; arrays
  * reused from step to step. */
 struct kube_placement {
+    const struct kube_backend *kb;
     struct wp_node *nodes;
     const struct k8s_node_info **info; /* per node */
     size_t n_nodes, cap_nodes;
@@ -191,6 +192,38 @@ void kube_node_usage(struct kube_backend *kb, struct strmap *out);
 void kube_node_usage_free(struct strmap *usage);
 /* A node that carries a counted resource (the warm pool's nodes). */
 bool kube_gpu_node(const struct k8s_node_info *ni);
+/* The node's physical GPUs that share memory among replicas (time-sliced
+ * nvidia.com/gpu, MPS nvidia.com/gpu.shared): its shared units over
+ * nvidia.com/gpu.replicas, at most nvidia.com/gpu.count. */
+uint64_t kube_shared_gpus(const struct k8s_node_info *ni);
+/* Memory per physical GPU: the nvidia.com/gpu.memory label, else
+ * kubernetes.gpu_memory_bytes; 0: unknown. *source: "label", "config" or
+ * "unknown". */
+uint64_t kube_gpu_memory(const struct kube_backend *kb, const struct k8s_node_info *ni,
+                         const char **source);
+/* GPU memory one replica takes on a shared GPU: thaw.dev/gpu-memory when its
+ * pod template asks for a shared GPU; 0 otherwise (MIG, or not declared). */
+uint64_t kube_replica_memory(const struct kmodel *km);
+/* Its replicas declare GPU memory and some GPU node knows its own: a wake
+ * from zero must go through the plan (memory admission), not straight to a
+ * scale PATCH. */
+bool kube_memory_bound(const struct kmodel *km);
+/* What thaw's replicas on a node hold of its GPU memory. */
+struct kube_node_memory {
+    uint64_t per_gpu; /* 0: unknown */
+    unsigned gpus;
+    const char *source;
+    uint64_t used;
+    uint64_t *items; /* each replica's memory (n of them, room for one more) */
+    size_t n;
+};
+/* 0, or -1 when memory ran out. Dispose either way. */
+int kube_node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
+                     struct kube_node_memory *out);
+/* Do the replicas there and one more of `extra` bytes (0: none) pack into
+ * the node's GPUs? Reorders items. */
+bool kube_node_memory_fits(struct kube_node_memory *nm, uint64_t extra);
+void kube_node_memory_dispose(struct kube_node_memory *nm);
 
 /* idle.c */
 /* The annotation on a Deployment seen (discovered: first seen): it starts or

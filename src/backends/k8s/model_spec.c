@@ -204,6 +204,49 @@ static uint64_t gpu_slices(const cJSON *pod_spec)
     return total;
 }
 
+/* Does any container ask for a MIG instance (nvidia.com/mig-<profile>)? */
+static bool requests_mig(const cJSON *pod_spec)
+{
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(pod_spec, "containers"))
+    {
+        const cJSON *res = cJSON_GetObjectItemCaseSensitive(c, "resources");
+        const char *const parts[] = {"requests", "limits"};
+        for (int i = 0; i < 2; i++) {
+            const cJSON *r;
+            cJSON_ArrayForEach(r, k8s_get(res, parts[i]))
+            {
+                if (r->string && strncmp(r->string, "nvidia.com/mig-", 15) == 0) {
+                    return true;
+                }
+            }
+        }
+    }
+    return false;
+}
+
+/* thaw.dev/gpu-memory: a quantity of bytes. A bad value leaves the model's
+ * memory undeclared (not limited), and says so. */
+static void read_gpu_memory(const struct ann_src *anns, const cJSON *pod_spec,
+                            struct k8s_model_spec *o)
+{
+    const char *used;
+    const char *v = annotation(anns, "thaw.dev/gpu-memory", NULL, &used);
+    uint64_t bytes;
+    if (!v) {
+        return;
+    }
+    if (k8s_parse_quantity(v, &bytes)) {
+        add_error(o, used, v, "is not a quantity of bytes (like 20Gi, 24000Mi, 16G or plain "
+                              "bytes); the model's GPU memory is not limited");
+    } else if (bytes && requests_mig(pod_spec)) {
+        add_error(o, used, v, "does not apply to a MIG instance (its profile has its own "
+                              "memory); ignored");
+    } else {
+        o->gpu_memory_bytes = bytes;
+    }
+}
+
 #define H (3600ull * 1000)
 #define DAY (24 * H)
 
@@ -233,7 +276,8 @@ static const char *const thaw_keys[] = {
     "first-byte-timeout", "upstream-idle-timeout", "loading-heartbeat", "min-scale", "max-scale",
     "initial-scale", "activation-scale", "target", "target-utilization-percentage", "window",
     "panic-window-percentage", "panic-threshold-percentage", "scale-down-delay", "idle-timeout",
-    "startup-timeout", "port", "health-path", "service", "hosts", "aliases", "prewarm", NULL};
+    "startup-timeout", "port", "health-path", "service", "hosts", "aliases", "prewarm",
+    "gpu-memory", NULL};
 static const char *const knative_keys[] = {
     "class", "metric", "container-concurrency", "min-scale", "max-scale", "initial-scale",
     "activation-scale", "target", "target-utilization-percentage", "window",
@@ -467,6 +511,7 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
     read_settings(&anns, o);
     read_scaling(&anns, o);
     read_routing(&anns, o);
+    read_gpu_memory(&anns, pod_spec, o);
     report_unknown(anns.dep, NULL, o);
     report_unknown(anns.tpl, anns.dep, o);
     reconcile(o);

@@ -8,7 +8,12 @@
  * (a terminating pod's resources count as free: they are on their way, and
  * counting them would take a second victim for the same room). Only thaw's
  * model pods are watched, so resources held by other workloads are not
- * seen. */
+ * seen.
+ * GPU memory: a node's shared GPUs (nvidia.com/gpu, nvidia.com/gpu.shared)
+ * are `gpus` bins of nvidia.com/gpu.memory (or kubernetes.gpu_memory_bytes)
+ * each; a replica of a model with thaw.dev/gpu-memory that asks for a shared
+ * GPU takes that much of one bin (warmpool.h). MIG instances are not bins:
+ * their profile carries their memory. */
 #include "internal.h"
 #include "thaw/log.h"
 
@@ -29,6 +34,68 @@ void kube_model_template(struct kmodel *km, const cJSON *deployment)
     km->tpl = t;
     uint64_t slices = k8s_resources_total(&t.requests);
     km->sc.slices = slices > UINT32_MAX ? UINT32_MAX : (unsigned)slices;
+}
+
+/* A resource whose GPUs share their memory among the replicas on them. */
+static bool memory_shared(const char *resource)
+{
+    return strcmp(resource, "nvidia.com/gpu") == 0 ||
+           strcmp(resource, "nvidia.com/gpu.shared") == 0;
+}
+
+uint64_t kube_shared_gpus(const struct k8s_node_info *ni)
+{
+    uint64_t units = 0;
+    for (size_t i = 0; i < ni->allocatable.n; i++) {
+        if (memory_shared(ni->allocatable.r[i].name)) {
+            units += ni->allocatable.r[i].amount;
+        }
+    }
+    uint64_t per_gpu = ni->gpu_replicas ? ni->gpu_replicas : 1;
+    uint64_t whole = (units + per_gpu - 1) / per_gpu;
+    /* gpu.count also counts GPUs split into MIG instances (mixed strategy) */
+    return ni->gpu_count && ni->gpu_count < whole ? ni->gpu_count : whole;
+}
+
+uint64_t kube_gpu_memory(const struct kube_backend *kb, const struct k8s_node_info *ni,
+                         const char **source)
+{
+    if (ni->gpu_memory) {
+        *source = "label";
+        return ni->gpu_memory;
+    }
+    *source = kb->cfg->kubernetes.gpu_memory_bytes ? "config" : "unknown";
+    return kb->cfg->kubernetes.gpu_memory_bytes;
+}
+
+uint64_t kube_replica_memory(const struct kmodel *km)
+{
+    for (size_t i = 0; i < km->tpl.requests.n; i++) {
+        if (km->tpl.requests.r[i].amount && memory_shared(km->tpl.requests.r[i].name)) {
+            return km->spec.gpu_memory_bytes;
+        }
+    }
+    return 0;
+}
+
+static void any_memory(void *ud, const char *key, void *value)
+{
+    const struct k8s_node_info *ni = value;
+    if (ni->gpu_memory && kube_gpu_node(ni)) {
+        *(bool *)ud = true;
+    }
+}
+
+bool kube_memory_bound(const struct kmodel *km)
+{
+    if (!kube_replica_memory(km)) {
+        return false;
+    }
+    bool any = km->kb->cfg->kubernetes.gpu_memory_bytes > 0;
+    if (!any) {
+        strmap_each(&km->kb->nodes_gpu, any_memory, &any);
+    }
+    return any;
 }
 
 bool kube_gpu_node(const struct k8s_node_info *ni)
@@ -85,6 +152,79 @@ void kube_node_usage_free(struct strmap *usage)
     strmap_dispose(usage);
 }
 
+/* ---- GPU memory per node ------------------------------------------------ */
+
+struct memory_ctx {
+    const char *node;
+    struct kube_node_memory *out;
+    size_t cap;
+    bool oom;
+};
+
+static void memory_pod(void *ud, const char *key, void *value)
+{
+    struct memory_ctx *c = ud;
+    const struct kpod *p = value;
+    uint64_t mem = kube_replica_memory(p->km);
+    if (!mem || p->terminating || strcmp(p->node, c->node) != 0) {
+        return;
+    }
+    struct kube_node_memory *o = c->out;
+    if (o->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 8;
+        uint64_t *items = realloc(o->items, (cap + 1) * sizeof *items);
+        if (!items) {
+            c->oom = true;
+            return;
+        }
+        o->items = items;
+        c->cap = cap;
+    }
+    o->items[o->n++] = mem;
+    o->used = o->used + mem < o->used ? UINT64_MAX : o->used + mem;
+}
+
+static void memory_model(void *ud, const char *key, void *value)
+{
+    strmap_each(&((struct kmodel *)value)->pods, memory_pod, ud);
+}
+
+int kube_node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
+                     struct kube_node_memory *out)
+{
+    memset(out, 0, sizeof *out);
+    out->per_gpu = kube_gpu_memory(kb, ni, &out->source);
+    uint64_t gpus = kube_shared_gpus(ni);
+    out->gpus = gpus > WP_MAX_GPUS ? WP_MAX_GPUS : (unsigned)gpus;
+    struct memory_ctx c = {ni->name, out, 0, false};
+    strmap_each(&kb->models, memory_model, &c);
+    if (c.oom) {
+        kube_node_memory_dispose(out);
+        return -1;
+    }
+    return 0;
+}
+
+bool kube_node_memory_fits(struct kube_node_memory *nm, uint64_t extra)
+{
+    if (!nm->per_gpu) {
+        return true;
+    }
+    if (extra > nm->per_gpu) {
+        return false;
+    }
+    uint64_t none[1];
+    uint64_t *items = nm->items ? nm->items : none; /* room for one more: see memory_pod */
+    items[nm->n] = extra;
+    return wp_memory_packs(items, nm->n + 1, nm->gpus, nm->per_gpu);
+}
+
+void kube_node_memory_dispose(struct kube_node_memory *nm)
+{
+    free(nm->items);
+    memset(nm, 0, sizeof *nm);
+}
+
 /* ---- the scaling driver's nodes hook ------------------------------------ */
 
 /* The index of resource name, added when new; -1 when the table is full. */
@@ -113,6 +253,10 @@ static void add_node(void *ud, const char *key, void *value)
     struct wp_node *nd = &pl->nodes[k];
     memset(nd, 0, sizeof *nd);
     nd->name = ni->name;
+    const char *source;
+    nd->gpu_memory = kube_gpu_memory(pl->kb, ni, &source);
+    uint64_t gpus = kube_shared_gpus(ni);
+    nd->gpus = gpus > WP_MAX_GPUS ? WP_MAX_GPUS : (unsigned)gpus;
     pl->info[k] = ni;
     for (size_t i = 0; i < ni->allocatable.n; i++) {
         int r = res_index(pl, ni->allocatable.r[i].name);
@@ -156,6 +300,7 @@ static void model_row(struct kube_placement *pl, struct kmodel *km, bool *eligib
 {
     struct scaler_model *sm = &km->sc;
     memset(sm->req, 0, sizeof sm->req);
+    sm->gpu_memory = kube_replica_memory(km);
     bool all_known = !km->tpl.requests.truncated;
     for (size_t i = 0; i < km->tpl.requests.n; i++) {
         int r = res_index(pl, km->tpl.requests.r[i].name);
@@ -213,6 +358,7 @@ static bool no_nodes(struct scaler_model **sms, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         memset(sms[i]->req, 0, sizeof sms[i]->req);
+        sms[i]->gpu_memory = 0;
         sms[i]->eligible = NULL;
         sms[i]->on_node = NULL;
     }
@@ -229,6 +375,7 @@ bool kube_plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cl
     }
     pl->n_nodes = 0;
     pl->n_res = 0;
+    pl->kb = kb;
     strmap_each(&kb->nodes_gpu, add_node, pl);
     if (pl->n_nodes == 0) {
         return no_nodes(sms, n);

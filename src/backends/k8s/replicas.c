@@ -674,6 +674,11 @@ static void node_upsert(void *ud, const cJSON *obj)
             return;
         }
     }
+    if (ni.gpu_memory_bad && (!known || !cur->gpu_memory_bad)) {
+        LOGW("node label nvidia.com/gpu.memory is not a count of MiB; the node's GPU memory "
+             "is kubernetes.gpu_memory_bytes (0: not limited)",
+             "node=%s", ni.name);
+    }
     if (known && (ni.unschedulable != cur->unschedulable || ni.n_taints != cur->n_taints)) {
         LOGI("node scheduling changed", "node=%s cordoned=%d taints=%zu", ni.name, ni.unschedulable,
              ni.n_taints);

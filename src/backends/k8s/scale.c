@@ -232,8 +232,13 @@ static void model_tick(void *ud, const char *key, void *value)
     uint64_t peer = km->kb->have_peers && km->kb->leading ? k8s_peers_demand(&km->kb->peers, km->key)
                                                            : 0;
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + (double)peer);
-    if (busy && m->n_endpoints == 0 && km->spec.replicas == 0) {
+    bool memory_bound = m->n_endpoints == 0 && km->spec.replicas == 0 && kube_memory_bound(km);
+    if (busy && m->n_endpoints == 0 && km->spec.replicas == 0 && !memory_bound) {
         kube_scale_from_zero(km); /* retried until the Deployment says otherwise */
+    } else if (memory_bound && (busy || peer) && km->kb->leading) {
+        /* The scheduler does not see GPU memory: only the plan may wake
+         * this one (or refuse, or make room); it runs this tick. */
+        km->kb->driver.next_plan_ms = now;
     }
     if (!busy || m->n_endpoints > 0 || m->queue.count == 0) {
         km->waiting_since_ms = 0;

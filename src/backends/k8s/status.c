@@ -87,10 +87,26 @@ static cJSON *resources_json(const struct k8s_resources *rs)
 }
 
 struct fit_ctx {
-    const struct k8s_pod_template *tpl;
+    struct kmodel *km;
     const struct strmap *usage;
     cJSON *arr;
 };
+
+/* The scheduler's verdict, then thaw's: "gpu_memory" when one more replica
+ * would not pack into the node's GPU memory. */
+static const char *fit_name(struct kmodel *km, const struct k8s_node_info *ni,
+                            const struct k8s_resources *used)
+{
+    enum k8s_fit fit = k8s_node_fits(ni, &km->tpl, used);
+    uint64_t mem = kube_replica_memory(km);
+    if (fit != K8S_FITS || !mem) {
+        return k8s_fit_name(fit);
+    }
+    struct kube_node_memory nm;
+    bool fits = kube_node_memory(km->kb, ni, &nm) == 0 && kube_node_memory_fits(&nm, mem);
+    kube_node_memory_dispose(&nm);
+    return fits ? k8s_fit_name(fit) : "gpu_memory";
+}
 
 static void node_fit(void *ud, const char *key, void *value)
 {
@@ -102,7 +118,7 @@ static void node_fit(void *ud, const char *key, void *value)
     const struct k8s_resources *used = strmap_get(f->usage, ni->name, strlen(ni->name));
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "name", ni->name);
-    cJSON_AddStringToObject(j, "fit", k8s_fit_name(k8s_node_fits(ni, f->tpl, used)));
+    cJSON_AddStringToObject(j, "fit", fit_name(f->km, ni, used));
     cJSON_AddItemToArray(f->arr, j);
 }
 
@@ -114,7 +130,7 @@ static void describe_placement(struct kmodel *km, cJSON *out)
     cJSON_AddItemToObject(pl, "requests", resources_json(&km->tpl.requests));
     struct strmap usage;
     kube_node_usage(km->kb, &usage);
-    struct fit_ctx f = {&km->tpl, &usage, cJSON_AddArrayToObject(pl, "nodes")};
+    struct fit_ctx f = {km, &usage, cJSON_AddArrayToObject(pl, "nodes")};
     strmap_each(&km->kb->nodes_gpu, node_fit, &f);
     kube_node_usage_free(&usage);
 }
@@ -149,6 +165,7 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
     cJSON_AddNumberToObject(out, "replicas_desired", (double)km->spec.replicas);
     cJSON_AddNumberToObject(out, "replicas_ready_in_cluster", (double)km->spec.ready_replicas);
     cJSON_AddNumberToObject(out, "gpu_slices", (double)km->spec.gpu_slices);
+    cJSON_AddNumberToObject(out, "gpu_memory_bytes", (double)km->spec.gpu_memory_bytes);
     cJSON_AddNumberToObject(out, "min_scale", (double)km->spec.min_scale);
     cJSON_AddNumberToObject(out, "max_scale", (double)km->spec.max_scale);
     cJSON_AddNumberToObject(out, "idle_timeout_ms", (double)km->spec.idle_timeout_ms);
@@ -206,9 +223,62 @@ static void add_informer(cJSON *arr, const struct k8s_informer *inf, const char 
 struct nodes_ctx {
     struct kube_backend *kb;
     const struct strmap *usage;
-    struct strmap by_name; /* node name -> its "replicas" array */
+    struct strmap by_name; /* node name -> its JSON object */
     cJSON *arr;
 };
+
+static void add_label(cJSON *j, const struct k8s_node_info *ni, const char *label,
+                      const char *field)
+{
+    const char *v = k8s_node_label(ni, label);
+    if (v) {
+        cJSON_AddStringToObject(j, field, v);
+    }
+}
+
+/* Per resource kind: what the node offers, what thaw's replicas hold, and
+ * which (holders filled by add_replica). */
+static void add_resources(cJSON *j, const struct k8s_node_info *ni,
+                          const struct k8s_resources *used)
+{
+    cJSON *rs = cJSON_AddObjectToObject(j, "resources");
+    for (size_t i = 0; i < ni->allocatable.n; i++) {
+        const char *name = ni->allocatable.r[i].name;
+        cJSON *r = cJSON_AddObjectToObject(rs, name);
+        cJSON_AddNumberToObject(r, "capacity", (double)ni->allocatable.r[i].amount);
+        cJSON_AddNumberToObject(r, "used", used ? (double)k8s_resources_get(used, name) : 0);
+        cJSON_AddArrayToObject(r, "holders");
+    }
+}
+
+/* The node's shared GPUs' memory: per GPU, in all, what thaw's replicas
+ * hold, and whether they still pack (false: placed before a declaration
+ * changed, or by someone else). */
+static void add_gpu_memory(cJSON *j, struct kube_backend *kb, const struct k8s_node_info *ni)
+{
+    struct kube_node_memory nm;
+    if (kube_node_memory(kb, ni, &nm)) {
+        return;
+    }
+    cJSON *m = cJSON_AddObjectToObject(j, "gpu_memory");
+    cJSON_AddStringToObject(m, "source", nm.source);
+    cJSON_AddNumberToObject(m, "gpus", nm.gpus);
+    if (nm.per_gpu) {
+        cJSON_AddNumberToObject(m, "per_gpu_bytes", (double)nm.per_gpu);
+        cJSON_AddNumberToObject(m, "total_bytes", (double)nm.per_gpu * nm.gpus);
+    } else {
+        cJSON_AddNullToObject(m, "per_gpu_bytes");
+        cJSON_AddNullToObject(m, "total_bytes");
+    }
+    cJSON_AddNumberToObject(m, "used_bytes", (double)nm.used);
+    cJSON_AddNumberToObject(m, "replicas", (double)nm.n);
+    cJSON_AddBoolToObject(m, "packs", kube_node_memory_fits(&nm, 0));
+    if (ni->gpu_memory_bad) {
+        cJSON_AddStringToObject(m, "label_error",
+                                "nvidia.com/gpu.memory is not a count of MiB; ignored");
+    }
+    kube_node_memory_dispose(&nm);
+}
 
 static const char *effect_name(enum k8s_taint_effect e)
 {
@@ -228,6 +298,8 @@ static void add_node(void *ud, const char *key, void *value)
     if (ni->gpu_product[0]) {
         cJSON_AddStringToObject(j, "product", ni->gpu_product);
     }
+    add_label(j, ni, "nvidia.com/gpu.sharing-strategy", "sharing_strategy");
+    add_label(j, ni, "nvidia.com/mig.strategy", "mig_strategy");
     cJSON_AddBoolToObject(j, "cordoned", ni->unschedulable);
     cJSON *taints = cJSON_AddArrayToObject(j, "taints");
     for (size_t i = 0; i < ni->n_taints; i++) {
@@ -243,8 +315,12 @@ static void add_node(void *ud, const char *key, void *value)
     const struct k8s_resources *used = strmap_get(c->usage, ni->name, strlen(ni->name));
     struct k8s_resources none = {0};
     cJSON_AddItemToObject(j, "used", resources_json(used ? used : &none));
-    cJSON *reps = cJSON_AddArrayToObject(j, "replicas");
-    strmap_put(&c->by_name, ni->name, strlen(ni->name), reps);
+    add_resources(j, ni, used);
+    if (kube_gpu_node(ni)) {
+        add_gpu_memory(j, c->kb, ni);
+    }
+    cJSON_AddArrayToObject(j, "replicas");
+    strmap_put(&c->by_name, ni->name, strlen(ni->name), j);
     cJSON_AddItemToArray(c->arr, j);
 }
 
@@ -257,17 +333,33 @@ static void add_replica(void *ud, const char *key, void *value)
 {
     struct replica_ctx *r = ud;
     const struct kpod *p = value;
-    cJSON *reps = p->node[0] && !p->terminating
+    cJSON *node = p->node[0] && !p->terminating
                       ? strmap_get(&r->nodes->by_name, p->node, strlen(p->node))
                       : NULL;
-    if (!reps) {
+    if (!node) {
         return;
     }
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "model", r->km->m->name);
     cJSON_AddStringToObject(j, "pod", p->name);
     cJSON_AddItemToObject(j, "requests", resources_json(&p->requests));
-    cJSON_AddItemToArray(reps, j);
+    uint64_t mem = kube_replica_memory(r->km);
+    if (mem) {
+        cJSON_AddNumberToObject(j, "gpu_memory_bytes", (double)mem);
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItemCaseSensitive(node, "replicas"), j);
+    cJSON *rs = cJSON_GetObjectItemCaseSensitive(node, "resources");
+    for (size_t i = 0; i < p->requests.n; i++) {
+        cJSON *holders = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(rs, p->requests.r[i].name), "holders");
+        if (holders) {
+            cJSON *h = cJSON_CreateObject();
+            cJSON_AddStringToObject(h, "model", r->km->m->name);
+            cJSON_AddStringToObject(h, "pod", p->name);
+            cJSON_AddNumberToObject(h, "amount", (double)p->requests.r[i].amount);
+            cJSON_AddItemToArray(holders, h);
+        }
+    }
 }
 
 static void add_model_replicas(void *ud, const char *key, void *value)
@@ -347,6 +439,28 @@ static void node_metric(void *ud, const char *key, void *value)
     }
 }
 
+struct memory_metrics_ctx {
+    struct kube_backend *kb;
+    struct buf *o;
+    bool used; /* the pass: per GPU, then used */
+};
+
+static void node_memory_metric(void *ud, const char *key, void *value)
+{
+    struct memory_metrics_ctx *c = ud;
+    const struct k8s_node_info *ni = value;
+    struct kube_node_memory nm;
+    if (!kube_gpu_node(ni) || !plain_name(ni->name) || kube_node_memory(c->kb, ni, &nm)) {
+        return;
+    }
+    if (nm.per_gpu) {
+        buf_printf(c->o, "%s{node=\"%s\"} %llu\n",
+                   c->used ? "thaw_node_gpu_memory_used_bytes" : "thaw_node_gpu_memory_bytes",
+                   ni->name, (unsigned long long)(c->used ? nm.used : nm.per_gpu * nm.gpus));
+    }
+    kube_node_memory_dispose(&nm);
+}
+
 static void node_schedulable(void *ud, const char *key, void *value)
 {
     const struct k8s_node_info *ni = value;
@@ -370,6 +484,14 @@ static void render_node_metrics(struct kube_backend *kb, struct buf *o)
     metrics_help_type(o, "thaw_node_used", "gauge",
                       "What thaw's model pods (not terminating) hold of it on the node.");
     strmap_each(&kb->nodes_gpu, node_metric, &c);
+    struct memory_metrics_ctx mc = {kb, o, false};
+    metrics_help_type(o, "thaw_node_gpu_memory_bytes", "gauge",
+                      "Memory of a node's shared GPUs in all (nodes whose GPU memory is known).");
+    strmap_each(&kb->nodes_gpu, node_memory_metric, &mc);
+    mc.used = true;
+    metrics_help_type(o, "thaw_node_gpu_memory_used_bytes", "gauge",
+                      "What thaw's model pods declare (thaw.dev/gpu-memory) on the node.");
+    strmap_each(&kb->nodes_gpu, node_memory_metric, &mc);
     metrics_help_type(o, "thaw_node_cordoned", "gauge", "1 while a GPU node is cordoned.");
     strmap_each(&kb->nodes_gpu, node_schedulable, o);
     kube_node_usage_free(&usage);
