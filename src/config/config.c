@@ -625,11 +625,23 @@ static int check_health_path(struct parser *p, const cJSON *item, const char *pa
 
 /* A request held for a process-backed model waits out a whole start: the
  * startup timeout and a minute (so a start that fails is answered by the
- * startup timeout, 503 start_failed, not by a 504). Never below 5 minutes. */
+ * startup timeout, 503 start_failed, not by a 504). Never below 5 minutes;
+ * batch waits an hour for capacity. */
+uint64_t config_default_queue_timeout_ms(enum tier priority, uint64_t startup_ms)
+{
+    uint64_t ms = startup_ms ? startup_ms + 60000 : 0;
+    if (ms < QUEUE_TIMEOUT_DEFAULT_MS) {
+        ms = QUEUE_TIMEOUT_DEFAULT_MS;
+    }
+    if (priority == TIER_BATCH && ms < CONFIG_BATCH_QUEUE_TIMEOUT_MS) {
+        ms = CONFIG_BATCH_QUEUE_TIMEOUT_MS;
+    }
+    return ms;
+}
+
 static uint64_t default_queue_timeout(const struct config_model *m)
 {
-    uint64_t ms = m->n_command ? m->startup_timeout_ms + 60000 : 0;
-    return ms > QUEUE_TIMEOUT_DEFAULT_MS ? ms : QUEUE_TIMEOUT_DEFAULT_MS;
+    return config_default_queue_timeout_ms(m->priority, m->n_command ? m->startup_timeout_ms : 0);
 }
 
 static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)

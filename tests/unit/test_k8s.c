@@ -206,7 +206,8 @@ static void test_queue_timeout_covers_the_startup_timeout(void **state)
     assert_int_equal(s.queue_timeout_ms, 960000);
     parse_custom("chat", "{}", "{}", &s); /* the defaults' 10 minutes */
     assert_int_equal(s.queue_timeout_ms, 660000);
-    assert_int_equal(k8s_default_queue_timeout_ms(1000), 300000); /* never below 5 minutes */
+    assert_int_equal(k8s_default_queue_timeout_ms(1000, TIER_STANDARD), 300000); /* never below 5 minutes */
+    assert_int_equal(k8s_default_queue_timeout_ms(1000, TIER_BATCH), 3600000); /* batch: an hour */
     /* Shorter, when asked. */
     parse_custom("chat", "{\"thaw.dev/queue-timeout\":\"30s\"}", "{}", &s);
     assert_int_equal(s.queue_timeout_ms, 30000);

@@ -70,7 +70,8 @@ int k8s_parse_duration_ms(const char *s, uint64_t *out);
  * "true") rather than name it? */
 bool k8s_model_label_is_marker(const char *value);
 /* The queue timeout a cluster model gets when none is given: long enough
- * for a start that takes the whole startup timeout. */
-uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms);
+ * for a start that takes the whole startup timeout; an hour at least for a
+ * batch model. */
+uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms, enum tier priority);
 
 #endif

@@ -1,4 +1,5 @@
 #include "thaw/k8s/model_spec.h"
+#include "thaw/config.h"
 #include "thaw/k8s/informer.h"
 #include "thaw/k8s/objects.h"
 
@@ -212,14 +213,14 @@ bool k8s_model_label_is_marker(const char *value)
     return !value || !*value || strcmp(value, "true") == 0;
 }
 
-uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms)
+uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms, enum tier priority)
 {
     /* A minute past the startup timeout: a request that arrives as a start
      * begins is still held when a pod gets ready at the last moment, and a
      * start that fails is answered 503 start_failed (by the startup timeout)
-     * rather than 504. Never below the config models' default of 5 minutes. */
-    uint64_t ms = startup_timeout_ms + 60000;
-    return ms < 300000 ? 300000 : ms;
+     * rather than 504. Never below the config models' default of 5 minutes,
+     * nor an hour for batch (config_default_queue_timeout_ms). */
+    return config_default_queue_timeout_ms(priority, startup_timeout_ms ? startup_timeout_ms : 1);
 }
 
 static const char THAW_PREFIX[] = "thaw.dev/";
@@ -389,7 +390,7 @@ static void reconcile(struct k8s_model_spec *o)
         o->min_scale = 0;
     }
     if (!o->queue_timeout_set) {
-        o->queue_timeout_ms = k8s_default_queue_timeout_ms(o->startup_timeout_ms);
+        o->queue_timeout_ms = k8s_default_queue_timeout_ms(o->startup_timeout_ms, o->priority);
     }
 }
 
