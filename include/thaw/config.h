@@ -216,6 +216,12 @@ void config_model_defaults(struct config_model *m, const struct config_limits *l
  * rather than being turned away). */
 #define CONFIG_BATCH_QUEUE_TIMEOUT_MS 3600000ull
 uint64_t config_default_queue_timeout_ms(enum tier priority, uint64_t startup_ms);
+/* idle_timeout_ms's default (the scale-to-zero grace): 5 minutes, 30 s for
+ * a batch model (a batch request waits out a cold start within its SLO, so
+ * an idle batch replica is not worth its GPU; Knative's grace). */
+#define CONFIG_IDLE_TIMEOUT_DEFAULT_MS 300000ull
+#define CONFIG_BATCH_IDLE_TIMEOUT_MS 30000ull
+uint64_t config_default_idle_timeout_ms(enum tier priority);
 /* A configuration with every default and no models. */
 struct config *config_new_default(void);
 void config_free(struct config *cfg);

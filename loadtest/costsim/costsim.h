@@ -20,7 +20,7 @@
 #include "thaw/autoscaler.h"
 #include "thaw/tier.h"
 
-#define CS_MAX_REPLICAS 8
+#define CS_MAX_REPLICAS 16
 #define CS_SLOTS 8       /* requests at once per replica (max_concurrency) */
 #define CS_TICK_S 2      /* autoscaler and planner period */
 #define CS_PLOT_STEP_S 300
@@ -80,6 +80,7 @@ enum cs_rstate { R_NONE, R_PENDING, R_STARTING, R_READY, R_DRAINING };
 struct cs_job {
     int arrived, service;
     uint8_t tier;
+    bool met_slo; /* started within its tier's target */
 };
 
 struct cs_replica {

@@ -1,10 +1,11 @@
 /* thaw with the defaults it ships: its own autoscaler per model (target
  * max_concurrency x target_utilization_pct, its stable and panic windows,
- * the model's idle_timeout as the grace to zero), then its warm pool and
- * admission over the box (warm budget, eviction of idle warm replicas of
- * lower priority, preemption of strictly lower priority), and its tiered
- * queue. Every number comes from thaw's configuration defaults, so what
- * runs here is what a fresh install runs (the chart sets the same). */
+ * the model's idle_timeout as the grace to zero: 5 minutes, 30 s for batch),
+ * then its warm pool and admission over the box (warm budget, eviction of
+ * idle warm replicas of lower priority, preemption of strictly lower
+ * priority: the victim drains), its tiered queue and its queue timeouts
+ * (5 minutes, an hour for batch). Every number comes from thaw's
+ * configuration defaults, but the warm budget, which is the chart's. */
 #include "costsim.h"
 
 #include <limits.h>
@@ -15,6 +16,10 @@
 #include "thaw/warmpool.h"
 
 unsigned cs_thaw_warm_budget = UINT_MAX;
+
+/* charts/thaw/values.yaml config.warm_pool.budget_slices (the e2e test
+ * checks they agree); thaw's own default without the chart is 0. */
+#define CHART_WARM_BUDGET_SLICES 6
 
 struct thaw_state {
     unsigned warm_budget;
@@ -29,7 +34,7 @@ static void thaw_init(struct cs_sim *s)
     const struct config_autoscaler *a = &cfg->autoscaler;
     struct thaw_state *st = calloc(1, sizeof *st);
     st->warm_budget = cs_thaw_warm_budget != UINT_MAX ? cs_thaw_warm_budget
-                                                      : (unsigned)cfg->warm_pool.budget_slices;
+                                                      : CHART_WARM_BUDGET_SLICES;
     st->wm = calloc(s->n ? s->n : 1, sizeof *st->wm);
     for (size_t i = 0; i < s->n; i++) {
         struct cs_msim *m = &s->m[i];
@@ -41,7 +46,7 @@ static void thaw_init(struct cs_sim *s)
         m->asc.max_scale_down_rate = (double)a->max_scale_down_rate;
         m->asc.scale_down_delay_ms = a->scale_down_delay_ms;
         m->asc.activation_scale = (unsigned)a->activation_scale;
-        m->asc.scale_to_zero_grace_ms = dm.idle_timeout_ms;
+        m->asc.scale_to_zero_grace_ms = config_default_idle_timeout_ms(m->spec->tier);
         m->asc.min_scale = (unsigned)dm.min_replicas;
         m->asc.max_scale = CS_MAX_REPLICAS;
         as_init(&m->ass, &m->asc);

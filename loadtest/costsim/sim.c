@@ -132,8 +132,11 @@ static void release(struct cs_sim *s, size_t i, struct cs_replica *r)
 static void fail_inflight(struct cs_sim *s, struct cs_replica *r)
 {
     for (int k = 0; k < CS_SLOTS; k++) {
-        if (r->done[k]) {
-            s->res->failed[r->job[k].tier]++;
+        if (r->done[k]) { /* counted as served when it started: it was not */
+            int t = r->job[k].tier;
+            s->res->failed[t]++;
+            s->res->served[t]--;
+            s->res->slo_met[t] -= s->res->slo_met[t] && r->job[k].met_slo;
             r->done[k] = 0;
         }
     }
@@ -264,6 +267,7 @@ static void serve(struct cs_sim *s, struct cs_msim *m, struct cs_replica *r, int
     s->res->slo_met[k] += wait <= cs_slo_target_s[k];
     r->done[slot] = s->t + j.service;
     r->job[slot] = j;
+    r->job[slot].met_slo = wait <= cs_slo_target_s[k];
     m->last_used = s->t;
 }
 
@@ -334,7 +338,7 @@ static void arrive(struct cs_sim *s, size_t *next)
     while (*next < tr->n_reqs && tr->reqs[*next].t <= s->t) {
         const struct cs_request *q = &tr->reqs[(*next)++];
         struct cs_msim *m = &s->m[q->model];
-        jq_push(&m->q[q->tier], (struct cs_job){q->t, cs_service_s(q->tokens), q->tier});
+        jq_push(&m->q[q->tier], (struct cs_job){q->t, cs_service_s(q->tokens), q->tier, false});
         m->arrivals_window++;
     }
 }
@@ -409,3 +413,4 @@ void cs_result_free(struct cs_result *res)
         free(res->plot[k]);
     }
 }
+

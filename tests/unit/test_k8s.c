@@ -213,6 +213,22 @@ static void test_queue_timeout_covers_the_startup_timeout(void **state)
     assert_int_equal(s.queue_timeout_ms, 30000);
 }
 
+/* A batch model waits an hour for capacity and goes to zero 30 s after its
+ * last request, unless its annotations say otherwise. */
+static void test_batch_model_defaults(void **state)
+{
+    struct k8s_model_spec s;
+    parse_custom("chat", "{\"thaw.dev/priority\":\"batch\"}", "{}", &s);
+    assert_int_equal(s.queue_timeout_ms, 3600000);
+    assert_int_equal(s.idle_timeout_ms, 30000);
+    parse_custom("chat", "{\"thaw.dev/priority\":\"batch\",\"thaw.dev/idle-timeout\":\"10m\"}",
+                 "{}", &s);
+    assert_int_equal(s.idle_timeout_ms, 600000);
+    parse_custom("chat", "{\"thaw.dev/priority\":\"critical\"}", "{}", &s);
+    assert_int_equal(s.queue_timeout_ms, 660000);
+    assert_int_equal(s.idle_timeout_ms, 300000);
+}
+
 static void test_marker_label_names_the_model_after_its_deployment(void **state)
 {
     struct k8s_model_spec s;
@@ -976,6 +992,7 @@ int main(void)
         cmocka_unit_test(test_not_a_deployment),
         cmocka_unit_test(test_every_setting_as_an_annotation),
         cmocka_unit_test(test_queue_timeout_covers_the_startup_timeout),
+        cmocka_unit_test(test_batch_model_defaults),
         cmocka_unit_test(test_marker_label_names_the_model_after_its_deployment),
         cmocka_unit_test(test_knative_annotations_on_the_pod_template),
         cmocka_unit_test(test_unknown_and_unsupported_annotations_are_reported),

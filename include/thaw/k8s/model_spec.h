@@ -39,6 +39,7 @@ struct k8s_model_spec {
     uint64_t idle_timeout_ms, startup_timeout_ms;
     uint64_t queue_timeout_ms;  /* 0 in defaults: derived from startup_timeout_ms */
     bool queue_timeout_set;     /* given by an annotation */
+    bool idle_timeout_set;      /* given by an annotation */
     uint64_t connect_timeout_ms, first_byte_timeout_ms, upstream_idle_timeout_ms;
     uint64_t loading_heartbeat_ms; /* 0: none */
     uint64_t target;    /* concurrency target per replica (autoscaler); 0: derived */

@@ -322,7 +322,7 @@ static void read_settings(const struct ann_src *anns, struct k8s_model_spec *o)
                   &o->upstream_idle_timeout_ms, o);
     read_duration(anns, "thaw.dev/loading-heartbeat", NULL, 0, 10 * 60000,
                   &o->loading_heartbeat_ms, o);
-    read_duration(anns, "thaw.dev/idle-timeout",
+    o->idle_timeout_set = read_duration(anns, "thaw.dev/idle-timeout",
                   "autoscaling.knative.dev/scale-to-zero-pod-retention-period", 0, DAY,
                   &o->idle_timeout_ms, o);
     read_duration(anns, "thaw.dev/startup-timeout", NULL, 1, DAY, &o->startup_timeout_ms, o);
@@ -388,6 +388,9 @@ static void reconcile(struct k8s_model_spec *o)
         snprintf(mv, sizeof mv, "%llu", (unsigned long long)o->min_scale);
         add_error(o, "thaw.dev/min-scale", mv, "is above max-scale; using 0");
         o->min_scale = 0;
+    }
+    if (!o->idle_timeout_set) {
+        o->idle_timeout_ms = config_default_idle_timeout_ms(o->priority);
     }
     if (!o->queue_timeout_set) {
         o->queue_timeout_ms = k8s_default_queue_timeout_ms(o->startup_timeout_ms, o->priority);
