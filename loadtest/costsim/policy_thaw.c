@@ -26,6 +26,29 @@ struct thaw_state {
     struct wp_model *wm;
 };
 
+/* The day starts as a steady day does: what the warm pool keeps through
+ * an idle night (critical models first, within the budget) is up already,
+ * as Knative's min-scale replicas and static packing are. */
+static void warm_from_the_night(struct cs_sim *s, struct thaw_state *st)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        st->wm[i] = (struct wp_model){.name = s->m[i].spec->name,
+                                      .tier = s->m[i].spec->tier,
+                                      .slices = s->m[i].spec->slices,
+                                      .current = 1,
+                                      .idle = true};
+    }
+    struct wp_plan plan;
+    warmpool_plan(st->wm, s->n, cs_capacity(s->tr), st->warm_budget, &plan);
+    for (size_t i = 0; i < s->n; i++) {
+        if (st->wm[i].target && s->m[i].spec->slices <= cs_free_slices(s)) {
+            s->m[i].r[0].st = R_READY;
+            s->m[i].started_before = true;
+            s->held += s->m[i].spec->slices;
+        }
+    }
+}
+
 static void thaw_init(struct cs_sim *s)
 {
     struct config *cfg = config_new_default();
@@ -60,6 +83,7 @@ static void thaw_init(struct cs_sim *s)
     }
     s->res->warm_budget = st->warm_budget;
     s->pstate = st;
+    warm_from_the_night(s, st);
     config_free(cfg);
 }
 
