@@ -353,7 +353,9 @@ static void finish(struct cs_sim *s)
         }
     }
     for (int k = 0; k < TIER_COUNT; k++) {
-        qsort(res->waits[k].v, res->waits[k].n, sizeof *res->waits[k].v, fcmp);
+        if (res->waits[k].n) {
+            qsort(res->waits[k].v, res->waits[k].n, sizeof *res->waits[k].v, fcmp);
+        }
         res->p50[k] = pctl(&res->waits[k], 50);
         res->p99[k] = pctl(&res->waits[k], 99);
     }

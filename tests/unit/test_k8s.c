@@ -143,7 +143,7 @@ static void test_bad_values_keep_defaults_and_say_why(void **state)
                      0);
     assert_int_equal(s.max_concurrency, 8);
     assert_int_equal(s.priority, TIER_BATCH); /* priorityClassName still applies */
-    assert_int_equal(s.idle_timeout_ms, 300000);
+    assert_int_equal(s.idle_timeout_ms, 30000); /* a batch model's default */
     assert_int_equal(s.port, 8080);
     assert_string_equal(s.health_path, "/v1/models");
     assert_int_equal(s.min_scale, 0);
