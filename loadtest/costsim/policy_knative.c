@@ -2,8 +2,11 @@
  * what an operator would add for GPU models:
  *  - one KPA per model on concurrency: containerConcurrency 8 (the server's
  *    slots), target utilization 70%, stable window 60 s, panic window 10% of
- *    it (6 s), panic threshold 200%, scale-to-zero grace 30 s, pod retention
- *    0 (thaw's autoscaler module implements exactly these rules);
+ *    it (6 s), panic threshold 200%, pod retention 0 (thaw's autoscaler
+ *    module implements these rules). The KPA decides zero once its stable
+ *    window has seen no demand (60 s after the last request); the 30 s
+ *    scale-to-zero grace only bounds how long removing the last pod may
+ *    wait for the activator, so it adds nothing here;
  *  - min-scale 1 on critical models (always one replica);
  *  - no cross-model eviction: a pod that does not fit stays Pending until
  *    slices free up, as a pod would;
@@ -22,6 +25,7 @@ static void knative_init(struct cs_sim *s)
     for (size_t i = 0; i < s->n; i++) {
         struct cs_msim *m = &s->m[i];
         as_config_defaults(&m->asc, CS_SLOTS * 0.7);
+        m->asc.scale_to_zero_grace_ms = m->asc.stable_window_ms;
         m->asc.max_scale = CS_MAX_REPLICAS;
         m->asc.min_scale = m->spec->tier == TIER_CRITICAL ? 1 : 0;
         as_init(&m->ass, &m->asc);

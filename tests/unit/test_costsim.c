@@ -52,11 +52,11 @@ static void test_knative_never_evicts_another_model(void **state)
     assert_int_equal(r.evictions, 0);
     assert_int_equal(r.preemptions, 0);
     assert_int_equal(r.failed[TIER_STANDARD], 0);
-    /* b's request waited for a's last request (295 s, 4 s long) and a's
-     * 30 s grace, then b's cold start. */
+    /* b's request waited for a's last request (295 s, 4 s long), a stable
+     * window (60 s) without demand, then b's cold start. */
     assert_int_equal(all_served(&r), tr.n_reqs);
     const struct cs_waits *w = &r.waits[TIER_STANDARD]; /* sorted */
-    assert_true(w->v[w->n - 1] >= 295 - 100 + 4 + 30 + 20 - 1);
+    assert_true(w->v[w->n - 1] >= 295 - 100 + 4 + 60 + 20 - 1);
     cs_result_free(&r);
     cs_trace_free(&tr);
 }
