@@ -140,6 +140,8 @@ static double rate_at(const struct shape *sh, enum tier t, int sec)
     return r;
 }
 
+#define DAY_S 86400
+
 static void random_shape(struct shape *sh, struct rng *r, double base_rate, int horizon)
 {
     sh->base_rate = base_rate;
@@ -149,6 +151,13 @@ static void random_shape(struct shape *sh, struct rng *r, double base_rate, int 
         sh->burst_start[b] = (int)(rnd(r) * horizon);
         sh->burst_len[b] = 120 + (int)(rnd(r) * 900);
     }
+}
+
+/* Bursts and jobs fall within a day (or the whole run when longer), so a
+ * shorter run is the start of the same day. */
+static int day_of(const struct cs_trace *tr)
+{
+    return tr->horizon > DAY_S ? tr->horizon : DAY_S;
 }
 
 static uint32_t tokens_of(struct rng *r, const struct shape *sh)
@@ -188,7 +197,7 @@ static void gen_fleet24(struct cs_trace *tr, struct rng *r, struct shape *sh)
         if (i % 5 == 4) {
             rate *= 0.02; /* the long tail */
         }
-        random_shape(&sh[i], r, rate, tr->horizon);
+        random_shape(&sh[i], r, rate, day_of(tr));
     }
 }
 
@@ -217,7 +226,7 @@ static void gen_large(struct cs_trace *tr, struct rng *r, struct shape *sh)
         char name[48];
         snprintf(name, sizeof name, "%s-%03d", tier_name(t), i);
         add_sized_model(tr, r, name, t, slices);
-        random_shape(&sh[i], r, 0.8 / pow(rank[i], 1.6) * (0.5 + rnd(r)), tr->horizon);
+        random_shape(&sh[i], r, 0.8 / pow(rank[i], 1.6) * (0.5 + rnd(r)), day_of(tr));
     }
 }
 
@@ -234,7 +243,7 @@ static void gen_bursty(struct cs_trace *tr, struct rng *r, struct shape *sh)
         snprintf(name, sizeof name, "%s-%02d", tier_name(t), i);
         add_sized_model(tr, r, name, t, rnd(r) < 0.3 ? 2 : 1);
         double base = t == TIER_CRITICAL ? 0.25 : t == TIER_STANDARD ? 0.1 : 0.01;
-        random_shape(&sh[i], r, base * (0.3 + 1.4 * rnd(r)), tr->horizon);
+        random_shape(&sh[i], r, base * (0.3 + 1.4 * rnd(r)), day_of(tr));
     }
 }
 
@@ -246,7 +255,7 @@ static void batch_jobs(struct cs_trace *tr, struct rng *r, const struct shape *s
         }
         int jobs = 2 + (rnd(r) < 0.5);
         for (int j = 0; j < jobs; j++) {
-            int start = (int)(rnd(r) * tr->horizon);
+            int start = (int)(rnd(r) * day_of(tr));
             int len = 120 + (int)(rnd(r) * 480);
             unsigned n = 500 + (unsigned)(rnd(r) * 3500);
             for (unsigned k = 0; k < n; k++) {
