@@ -21,8 +21,8 @@
 #include "thaw/tier.h"
 
 #define CS_MAX_REPLICAS 16
-#define CS_SLOTS 8       /* requests at once per replica (max_concurrency) */
-#define CS_TICK_S 2      /* autoscaler and planner period */
+#define CS_SLOTS 8  /* requests at once per replica (max_concurrency) */
+#define CS_TICK_S 2 /* autoscaler and planner period */
 #define CS_PLOT_STEP_S 300
 
 /* ---- traces ---- */
@@ -85,8 +85,8 @@ struct cs_job {
 
 struct cs_replica {
     enum cs_rstate st;
-    int since;    /* created (pending) or placed */
-    int ready_at; /* starting: when it serves */
+    int since;          /* created (pending) or placed */
+    int ready_at;       /* starting: when it serves */
     int done[CS_SLOTS]; /* completion second per slot; 0: free */
     struct cs_job job[CS_SLOTS];
 };
@@ -139,8 +139,8 @@ struct cs_policy {
     unsigned (*held_slices)(const struct cs_sim *s, size_t i);
     /* Frees what init allocated besides pstate itself; NULL: nothing. */
     void (*done)(struct cs_sim *s);
-    bool unlimited;     /* capacity is not the trace's box */
-    bool tiered;        /* thaw's tiered queues */
+    bool unlimited; /* capacity is not the trace's box */
+    bool tiered;    /* thaw's tiered queues */
 };
 
 struct cs_sim {
@@ -194,8 +194,8 @@ struct cs_report_row {
     struct cs_result res;
 };
 
-void cs_report_table(FILE *f, const struct cs_trace *tr, const struct cs_report_row *rows,
-                     size_t n, double price_per_gpu_hour);
+void cs_report_table(FILE *f, const struct cs_trace *tr, const struct cs_report_row *rows, size_t n,
+                     double price_per_gpu_hour);
 void cs_report_json(FILE *f, const struct cs_trace *tr, const struct cs_report_row *rows, size_t n,
                     double price_per_gpu_hour);
 int cs_report_svg(const char *path, const struct cs_trace *tr, const struct cs_result *res,

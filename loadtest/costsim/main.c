@@ -136,26 +136,48 @@ int main(int argc, char **argv)
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         bool ok = true;
         switch (o) {
-        case 's': ok = parse_u64(optarg, UINT64_MAX, &seed); break;
-        case 'j': json = true; break;
-        case 'H': ok = parse_double(optarg, 1, 24 * 366, &hours), hours_set = true; break;
-        case 'p': ok = parse_double(optarg, 0, 1e6, &price); break;
-        case 'g': svg = optarg; break;
-        case 't': trace = optarg; break;
+        case 's':
+            ok = parse_u64(optarg, UINT64_MAX, &seed);
+            break;
+        case 'j':
+            json = true;
+            break;
+        case 'H':
+            ok = parse_double(optarg, 1, 24 * 366, &hours), hours_set = true;
+            break;
+        case 'p':
+            ok = parse_double(optarg, 0, 1e6, &price);
+            break;
+        case 'g':
+            svg = optarg;
+            break;
+        case 't':
+            trace = optarg;
+            break;
         case 'P':
             if (parse_policies(optarg, pols, &n_pols)) {
                 return 2;
             }
             break;
-        case 'W': write_to = optarg; break;
-        case 'w': ok = parse_u64(optarg, 100000, &budget); break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'W':
+            write_to = optarg;
+            break;
+        case 'w':
+            ok = parse_u64(optarg, 100000, &budget);
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
         if (!ok) {
             fprintf(stderr, "thaw-costsim: --%s: bad value \"%s\"\n",
-                    o == 's' ? "seed" : o == 'H' ? "hours" : o == 'p' ? "price-per-gpu-hour"
-                                                            : "warm-budget",
+                    o == 's'   ? "seed"
+                    : o == 'H' ? "hours"
+                    : o == 'p' ? "price-per-gpu-hour"
+                               : "warm-budget",
                     optarg);
             return 2;
         }

@@ -52,7 +52,8 @@ static void preempt_for(struct cs_sim *s, size_t i)
     unsigned could = cs_free_slices(s);
     for (size_t j = 0; j < s->n; j++) {
         if (s->m[j].spec->tier > t) {
-            could += cs_count(&s->m[j], (1u << R_STARTING) | (1u << R_READY)) * s->m[j].spec->slices;
+            could +=
+                cs_count(&s->m[j], (1u << R_STARTING) | (1u << R_READY)) * s->m[j].spec->slices;
         }
     }
     if (could < need) {

@@ -56,8 +56,8 @@ static void thaw_init(struct cs_sim *s)
     config_model_defaults(&dm, &cfg->limits);
     const struct config_autoscaler *a = &cfg->autoscaler;
     struct thaw_state *st = calloc(1, sizeof *st);
-    st->warm_budget = cs_thaw_warm_budget != UINT_MAX ? cs_thaw_warm_budget
-                                                      : CHART_WARM_BUDGET_SLICES;
+    st->warm_budget =
+        cs_thaw_warm_budget != UINT_MAX ? cs_thaw_warm_budget : CHART_WARM_BUDGET_SLICES;
     st->wm = calloc(s->n ? s->n : 1, sizeof *st->wm);
     for (size_t i = 0; i < s->n; i++) {
         struct cs_msim *m = &s->m[i];

@@ -22,14 +22,15 @@ static double attainment(const struct cs_result *r, int k)
     return all ? (double)r->slo_met[k] / (double)all : 1.0;
 }
 
-void cs_report_table(FILE *f, const struct cs_trace *tr, const struct cs_report_row *rows,
-                     size_t n, double price)
+void cs_report_table(FILE *f, const struct cs_trace *tr, const struct cs_report_row *rows, size_t n,
+                     double price)
 {
     double slice_price = price / tr->slices_per_gpu;
-    fprintf(f, "trace %s, seed %llu, %.4g h: %zu models, %zu requests, %u GPUs x %u slices, "
-               "$%.2f/GPU-hour\n",
-            tr->name, (unsigned long long)tr->seed, tr->horizon / 3600.0, tr->n_models,
-            tr->n_reqs, tr->gpus, tr->slices_per_gpu, price);
+    fprintf(f,
+            "trace %s, seed %llu, %.4g h: %zu models, %zu requests, %u GPUs x %u slices, "
+            "$%.2f/GPU-hour\n",
+            tr->name, (unsigned long long)tr->seed, tr->horizon / 3600.0, tr->n_models, tr->n_reqs,
+            tr->gpus, tr->slices_per_gpu, price);
     fprintf(f, "SLO: wait under %g s (critical), %g s (standard), %g s (batch)\n",
             cs_slo_target_s[0], cs_slo_target_s[1], cs_slo_target_s[2]);
     fprintf(f, "%-10s %-9s %11s %9s %6s %8s %8s %9s %9s %8s\n", "policy", "tier", "slice-hours",
@@ -95,12 +96,14 @@ int cs_report_svg(const char *path, const struct cs_trace *tr, const struct cs_r
     double xs = (double)(W - L - 20) / (double)tr->horizon;
     double ys = (double)(H - B - T) / (cap ? cap : 1);
     static const char *const colors[TIER_COUNT] = {"#d62728", "#1f77b4", "#7f7f7f"};
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%%\" "
-               "height=\"100%%\" fill=\"white\"/>\n",
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+            "font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%%\" "
+            "height=\"100%%\" fill=\"white\"/>\n",
             W, H);
-    fprintf(f, "<text x=\"%d\" y=\"18\" font-size=\"14\">%s: GPU slices in use per tier "
-               "(capacity %u)</text>\n",
+    fprintf(f,
+            "<text x=\"%d\" y=\"18\" font-size=\"14\">%s: GPU slices in use per tier "
+            "(capacity %u)</text>\n",
             L, title, cap);
     /* stacked areas: critical at the bottom */
     for (int k = TIER_COUNT - 1; k >= 0; k--) {
@@ -129,8 +132,9 @@ int cs_report_svg(const char *path, const struct cs_trace *tr, const struct cs_r
                 H - B - s * ys + 4, s);
     }
     for (int k = 0; k < TIER_COUNT; k++) {
-        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>"
-                   "<text x=\"%d\" y=\"%d\">%s</text>\n",
+        fprintf(f,
+                "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>"
+                "<text x=\"%d\" y=\"%d\">%s</text>\n",
                 W - 200 + k * 65, T - 4, colors[k], W - 184 + k * 65, T + 6,
                 tier_name((enum tier)k));
     }

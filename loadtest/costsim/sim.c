@@ -415,4 +415,3 @@ void cs_result_free(struct cs_result *res)
         free(res->plot[k]);
     }
 }
-

@@ -298,8 +298,8 @@ int cs_trace_generate(struct cs_trace *tr, const char *name, uint64_t seed, doub
 
 void cs_trace_write(const struct cs_trace *tr, FILE *f)
 {
-    fprintf(f, "# thaw-costsim trace %s, seed %llu, %d s\n", tr->name,
-            (unsigned long long)tr->seed, tr->horizon);
+    fprintf(f, "# thaw-costsim trace %s, seed %llu, %d s\n", tr->name, (unsigned long long)tr->seed,
+            tr->horizon);
     fprintf(f, "# box,%u,%u\n", tr->gpus, tr->slices_per_gpu);
     fprintf(f, "# horizon,%d\n", tr->horizon);
     for (size_t i = 0; i < tr->n_models; i++) {
@@ -310,8 +310,8 @@ void cs_trace_write(const struct cs_trace *tr, FILE *f)
     fprintf(f, "time,model,tier,tokens\n");
     for (size_t i = 0; i < tr->n_reqs; i++) {
         const struct cs_request *q = &tr->reqs[i];
-        fprintf(f, "%d,%s,%s,%u\n", q->t, tr->models[q->model].name,
-                tier_name((enum tier)q->tier), q->tokens);
+        fprintf(f, "%d,%s,%s,%u\n", q->t, tr->models[q->model].name, tier_name((enum tier)q->tier),
+                q->tokens);
     }
 }
 
@@ -362,10 +362,10 @@ static bool parse_num(const char *s, double lo, double hi, double *out)
     return true;
 }
 
-#define FAIL(...)                                                                                 \
-    do {                                                                                          \
-        snprintf(err, errlen, __VA_ARGS__);                                                       \
-        return -1;                                                                                \
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        snprintf(err, errlen, __VA_ARGS__);                                                        \
+        return -1;                                                                                 \
     } while (0)
 
 static int read_directive(struct cs_trace *tr, char **f, int nf, const char *label, long line,

@@ -96,7 +96,7 @@ static void test_knative_priority_preemption_fails_the_victims_requests(void **s
     for (int t = 0; t < 1200; t++) { /* b always busy */
         cs_trace_add_request(&tr, t, (uint32_t)b, TIER_BATCH, 140);
     }
-    steady(&tr, b2, 0, 1200, 1); /* b2 never finds room: batch does not preempt */
+    steady(&tr, b2, 0, 1200, 1);      /* b2 never finds room: batch does not preempt */
     for (int t = 600; t < 660; t++) { /* c: 4 requests a second, 4 s each */
         for (int k = 0; k < 4; k++) {
             cs_trace_add_request(&tr, t, (uint32_t)c, TIER_CRITICAL, 140);
