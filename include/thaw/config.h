@@ -221,6 +221,18 @@ struct config *config_parse(const char *text, size_t len, const char *label,
 /* Fills a model with every default but its strings, which stay NULL (for
  * models discovered at run time: the caller points them at its own). */
 void config_model_defaults(struct config_model *m, const struct config_limits *lim);
+/* queue_timeout_ms's default: 5 minutes, or startup_ms + 1 minute when
+ * longer (0: the model is not started by thaw), and at least an hour for a
+ * batch model (batch waits for capacity the interactive tiers leave idle
+ * rather than being turned away). */
+#define CONFIG_BATCH_QUEUE_TIMEOUT_MS 3600000ull
+uint64_t config_default_queue_timeout_ms(enum tier priority, uint64_t startup_ms);
+/* idle_timeout_ms's default (the scale-to-zero grace): 5 minutes, 30 s for
+ * a batch model (a batch request waits out a cold start within its SLO, so
+ * an idle batch replica is not worth its GPU; Knative's grace). */
+#define CONFIG_IDLE_TIMEOUT_DEFAULT_MS 300000ull
+#define CONFIG_BATCH_IDLE_TIMEOUT_MS 30000ull
+uint64_t config_default_idle_timeout_ms(enum tier priority);
 /* A configuration with every default and no models. */
 struct config *config_new_default(void);
 void config_free(struct config *cfg);

@@ -645,11 +645,28 @@ static int check_health_path(struct parser *p, const cJSON *item, const char *pa
 
 /* A request held for a process-backed model waits out a whole start: the
  * startup timeout and a minute (so a start that fails is answered by the
- * startup timeout, 503 start_failed, not by a 504). Never below 5 minutes. */
+ * startup timeout, 503 start_failed, not by a 504). Never below 5 minutes;
+ * batch waits an hour for capacity. */
+uint64_t config_default_queue_timeout_ms(enum tier priority, uint64_t startup_ms)
+{
+    uint64_t ms = startup_ms ? startup_ms + 60000 : 0;
+    if (ms < QUEUE_TIMEOUT_DEFAULT_MS) {
+        ms = QUEUE_TIMEOUT_DEFAULT_MS;
+    }
+    if (priority == TIER_BATCH && ms < CONFIG_BATCH_QUEUE_TIMEOUT_MS) {
+        ms = CONFIG_BATCH_QUEUE_TIMEOUT_MS;
+    }
+    return ms;
+}
+
+uint64_t config_default_idle_timeout_ms(enum tier priority)
+{
+    return priority == TIER_BATCH ? CONFIG_BATCH_IDLE_TIMEOUT_MS : CONFIG_IDLE_TIMEOUT_DEFAULT_MS;
+}
+
 static uint64_t default_queue_timeout(const struct config_model *m)
 {
-    uint64_t ms = m->n_command ? m->startup_timeout_ms + 60000 : 0;
-    return ms > QUEUE_TIMEOUT_DEFAULT_MS ? ms : QUEUE_TIMEOUT_DEFAULT_MS;
+    return config_default_queue_timeout_ms(m->priority, m->n_command ? m->startup_timeout_ms : 0);
 }
 
 static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
@@ -676,11 +693,15 @@ static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, 
     if (m->queue_timeout_ms == UINT64_MAX) {
         m->queue_timeout_ms = default_queue_timeout(m);
     }
+    if (m->idle_timeout_ms == UINT64_MAX) {
+        m->idle_timeout_ms = config_default_idle_timeout_ms(m->priority);
+    }
     return 0;
 }
 
 /* max_queue's default is limits.max_queue_per_model, queue_timeout_ms's
- * default_queue_timeout(); UINT64_MAX marks "unset". */
+ * default_queue_timeout(), idle_timeout_ms's by the model's priority;
+ * UINT64_MAX marks "unset". */
 static const struct conf_key model_keys[] = {
     K_STRING(struct config_model, name, NULL, check_name_value),
     {.name = "namespace", .type = KEY_STRING, .offset = offsetof(struct config_model, namespace_),
@@ -702,7 +723,7 @@ static const struct conf_key model_keys[] = {
     K_NUM(struct config_model, upstream_idle_timeout_ms, 300000, 1, 86400000),
     K_NUM(struct config_model, min_replicas, 0, 0, 1000),
     K_NUM(struct config_model, max_replicas, 1, 1, 1000),
-    K_NUM(struct config_model, idle_timeout_ms, 300000, 0, 86400000),
+    K_NUM(struct config_model, idle_timeout_ms, UINT64_MAX, 0, 86400000),
     K_NUM(struct config_model, startup_timeout_ms, 600000, 1, 86400000),
     K_NUM(struct config_model, stop_grace_ms, 10000, 0, 600000),
     K_NUM(struct config_model, stop_drain_ms, 30000, 0, 3600000),
@@ -724,6 +745,7 @@ void config_model_defaults(struct config_model *m, const struct config_limits *l
     set_defaults(&model_section, m, false);
     m->max_queue = lim->max_queue_per_model;
     m->queue_timeout_ms = QUEUE_TIMEOUT_DEFAULT_MS;
+    m->idle_timeout_ms = config_default_idle_timeout_ms(m->priority);
 }
 
 static int parse_model(struct parser *p, const cJSON *obj, size_t idx, struct config_model *m)

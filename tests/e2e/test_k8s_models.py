@@ -112,6 +112,24 @@ def test_defaults_hold_a_request_through_the_whole_startup_timeout(cluster, thaw
     assert st["queue_timeout_ms"] == 960000
 
 
+def test_batch_model_waits_an_hour_and_goes_to_zero_after_30s(cluster, thaw_factory, tmp_path):
+    """A batch model's defaults: its requests wait an hour for GPU slices the interactive
+    tiers leave free (rather than five minutes), and it gives its slices back 30 s after
+    its last request; annotations still win."""
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path,
+                          annotations={"thaw.dev/priority": "batch"})
+    st = settings(t)
+    assert st["queue_timeout_ms"] == 3600000
+    assert st["idle_timeout_ms"] == 30000
+    (tmp_path / "set").mkdir()
+    sim2, t2 = synced_llama(cluster, thaw_factory, tmp_path / "set",
+                            annotations={"thaw.dev/priority": "batch",
+                                         "thaw.dev/queue-timeout": "2m",
+                                         "thaw.dev/idle-timeout": "10m"})
+    assert settings(t2)["queue_timeout_ms"] == 120000
+    assert settings(t2)["idle_timeout_ms"] == 600000
+
+
 def test_long_cold_start_is_served(cluster, thaw_factory, tmp_path):
     """The old defaults on a scaled-down timeline (startup-timeout 10 min -> 4 s, a 6-minute
     vLLM load -> 2.4 s, past where a queue timeout in the old proportion (5 min -> 2 s)

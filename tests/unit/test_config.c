@@ -78,6 +78,30 @@ static void test_queue_timeout_covers_a_process_models_start(void **state)
     config_free(cfg);
 }
 
+/* A batch model waits an hour for capacity and goes to zero 30 s after its
+ * last request unless told otherwise; other tiers keep 5 minutes of each. */
+static void test_batch_models_wait_an_hour_and_idle_30s(void **state)
+{
+    struct config_error err;
+    struct config *cfg = parse("{\"models\": [{\"name\": \"a\", \"endpoints\": [\"127.0.0.1:1\"], "
+                               "\"priority\": \"batch\"},"
+                               "{\"name\": \"b\", \"endpoints\": [\"127.0.0.1:1\"], "
+                               "\"priority\": \"batch\", \"queue_timeout_ms\": 60000, "
+                               "\"idle_timeout_ms\": 600000},"
+                               "{\"name\": \"c\", \"endpoints\": [\"127.0.0.1:1\"], "
+                               "\"priority\": \"critical\"}]}",
+                               &err);
+    assert_non_null(cfg);
+    assert_int_equal(cfg->models[0].queue_timeout_ms, 3600000);
+    assert_int_equal(cfg->models[0].idle_timeout_ms, 30000);
+    assert_int_equal(cfg->models[1].queue_timeout_ms, 60000); /* what is set is kept */
+    assert_int_equal(cfg->models[1].idle_timeout_ms, 600000);
+    assert_int_equal(cfg->models[2].queue_timeout_ms, 300000);
+    assert_int_equal(cfg->models[2].idle_timeout_ms, 300000);
+    assert_int_equal(config_default_queue_timeout_ms(TIER_BATCH, 7200000), 7260000);
+    config_free(cfg);
+}
+
 static void test_full_model(void **state)
 {
     struct config_error err;
@@ -323,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_full_model),
         cmocka_unit_test(test_queue_timeout_covers_a_process_models_start),
+        cmocka_unit_test(test_batch_models_wait_an_hour_and_idle_30s),
         cmocka_unit_test(test_errors_name_file_line_and_key),
         cmocka_unit_test(test_process_models),
         cmocka_unit_test(test_syntax_error_line),

@@ -143,7 +143,7 @@ static void test_bad_values_keep_defaults_and_say_why(void **state)
                      0);
     assert_int_equal(s.max_concurrency, 8);
     assert_int_equal(s.priority, TIER_BATCH); /* priorityClassName still applies */
-    assert_int_equal(s.idle_timeout_ms, 300000);
+    assert_int_equal(s.idle_timeout_ms, 30000); /* a batch model's default */
     assert_int_equal(s.port, 8080);
     assert_string_equal(s.health_path, "/v1/models");
     assert_int_equal(s.min_scale, 0);
@@ -213,10 +213,27 @@ static void test_queue_timeout_covers_the_startup_timeout(void **state)
     assert_int_equal(s.queue_timeout_ms, 960000);
     parse_custom("chat", "{}", "{}", &s); /* the defaults' 10 minutes */
     assert_int_equal(s.queue_timeout_ms, 660000);
-    assert_int_equal(k8s_default_queue_timeout_ms(1000), 300000); /* never below 5 minutes */
+    assert_int_equal(k8s_default_queue_timeout_ms(1000, TIER_STANDARD), 300000); /* never below 5 minutes */
+    assert_int_equal(k8s_default_queue_timeout_ms(1000, TIER_BATCH), 3600000); /* batch: an hour */
     /* Shorter, when asked. */
     parse_custom("chat", "{\"thaw.dev/queue-timeout\":\"30s\"}", "{}", &s);
     assert_int_equal(s.queue_timeout_ms, 30000);
+}
+
+/* A batch model waits an hour for capacity and goes to zero 30 s after its
+ * last request, unless its annotations say otherwise. */
+static void test_batch_model_defaults(void **state)
+{
+    struct k8s_model_spec s;
+    parse_custom("chat", "{\"thaw.dev/priority\":\"batch\"}", "{}", &s);
+    assert_int_equal(s.queue_timeout_ms, 3600000);
+    assert_int_equal(s.idle_timeout_ms, 30000);
+    parse_custom("chat", "{\"thaw.dev/priority\":\"batch\",\"thaw.dev/idle-timeout\":\"10m\"}",
+                 "{}", &s);
+    assert_int_equal(s.idle_timeout_ms, 600000);
+    parse_custom("chat", "{\"thaw.dev/priority\":\"critical\"}", "{}", &s);
+    assert_int_equal(s.queue_timeout_ms, 660000);
+    assert_int_equal(s.idle_timeout_ms, 300000);
 }
 
 static void test_marker_label_names_the_model_after_its_deployment(void **state)
@@ -1030,6 +1047,7 @@ int main(void)
         cmocka_unit_test(test_not_a_deployment),
         cmocka_unit_test(test_every_setting_as_an_annotation),
         cmocka_unit_test(test_queue_timeout_covers_the_startup_timeout),
+        cmocka_unit_test(test_batch_model_defaults),
         cmocka_unit_test(test_marker_label_names_the_model_after_its_deployment),
         cmocka_unit_test(test_knative_annotations_on_the_pod_template),
         cmocka_unit_test(test_unknown_and_unsupported_annotations_are_reported),

@@ -40,6 +40,7 @@ struct k8s_model_spec {
     uint64_t idle_timeout_ms, startup_timeout_ms;
     uint64_t queue_timeout_ms;  /* 0 in defaults: derived from startup_timeout_ms */
     bool queue_timeout_set;     /* given by an annotation */
+    bool idle_timeout_set;      /* given by an annotation */
     uint64_t connect_timeout_ms, first_byte_timeout_ms, upstream_idle_timeout_ms;
     uint64_t loading_heartbeat_ms; /* 0: none */
     uint64_t target;    /* concurrency target per replica (autoscaler); 0: derived */
@@ -73,7 +74,8 @@ int k8s_parse_duration_ms(const char *s, uint64_t *out);
  * "true") rather than name it? */
 bool k8s_model_label_is_marker(const char *value);
 /* The queue timeout a cluster model gets when none is given: long enough
- * for a start that takes the whole startup timeout. */
-uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms);
+ * for a start that takes the whole startup timeout; an hour at least for a
+ * batch model. */
+uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms, enum tier priority);
 
 #endif

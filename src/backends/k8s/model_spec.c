@@ -1,4 +1,5 @@
 #include "thaw/k8s/model_spec.h"
+#include "thaw/config.h"
 #include "thaw/k8s/informer.h"
 #include "thaw/k8s/objects.h"
 
@@ -255,14 +256,14 @@ bool k8s_model_label_is_marker(const char *value)
     return !value || !*value || strcmp(value, "true") == 0;
 }
 
-uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms)
+uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms, enum tier priority)
 {
     /* A minute past the startup timeout: a request that arrives as a start
      * begins is still held when a pod gets ready at the last moment, and a
      * start that fails is answered 503 start_failed (by the startup timeout)
-     * rather than 504. Never below the config models' default of 5 minutes. */
-    uint64_t ms = startup_timeout_ms + 60000;
-    return ms < 300000 ? 300000 : ms;
+     * rather than 504. Never below the config models' default of 5 minutes,
+     * nor an hour for batch (config_default_queue_timeout_ms). */
+    return config_default_queue_timeout_ms(priority, startup_timeout_ms ? startup_timeout_ms : 1);
 }
 
 static const char THAW_PREFIX[] = "thaw.dev/";
@@ -365,7 +366,7 @@ static void read_settings(const struct ann_src *anns, struct k8s_model_spec *o)
                   &o->upstream_idle_timeout_ms, o);
     read_duration(anns, "thaw.dev/loading-heartbeat", NULL, 0, 10 * 60000,
                   &o->loading_heartbeat_ms, o);
-    read_duration(anns, "thaw.dev/idle-timeout",
+    o->idle_timeout_set = read_duration(anns, "thaw.dev/idle-timeout",
                   "autoscaling.knative.dev/scale-to-zero-pod-retention-period", 0, DAY,
                   &o->idle_timeout_ms, o);
     read_duration(anns, "thaw.dev/startup-timeout", NULL, 1, DAY, &o->startup_timeout_ms, o);
@@ -451,8 +452,11 @@ static void reconcile(struct k8s_model_spec *o)
         add_error(o, "thaw.dev/min-scale", mv, "is above max-scale; using 0");
         o->min_scale = 0;
     }
+    if (!o->idle_timeout_set) {
+        o->idle_timeout_ms = config_default_idle_timeout_ms(o->priority);
+    }
     if (!o->queue_timeout_set) {
-        o->queue_timeout_ms = k8s_default_queue_timeout_ms(o->startup_timeout_ms);
+        o->queue_timeout_ms = k8s_default_queue_timeout_ms(o->startup_timeout_ms, o->priority);
     }
 }
 

@@ -1,0 +1,160 @@
+/* thaw with the defaults it ships: its own autoscaler per model (target
+ * max_concurrency x target_utilization_pct, its stable and panic windows,
+ * the model's idle_timeout as the grace to zero: 5 minutes, 30 s for batch),
+ * then its warm pool and admission over the box (warm budget, eviction of
+ * idle warm replicas of lower priority, preemption of strictly lower
+ * priority: the victim drains), its tiered queue and its queue timeouts
+ * (5 minutes, an hour for batch). Every number comes from thaw's
+ * configuration defaults, but the warm budget, which is the chart's. */
+#include "costsim.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "thaw/config.h"
+#include "thaw/warmpool.h"
+
+unsigned cs_thaw_warm_budget = UINT_MAX;
+
+/* charts/thaw/values.yaml config.warm_pool.budget_slices (the e2e test
+ * checks they agree); thaw's own default without the chart is 0. */
+#define CHART_WARM_BUDGET_SLICES 6
+
+struct thaw_state {
+    unsigned warm_budget;
+    struct wp_model *wm;
+};
+
+/* The day starts as a steady day does: what the warm pool keeps through
+ * an idle night (critical models first, within the budget) is up already,
+ * as Knative's min-scale replicas and static packing are. */
+static void warm_from_the_night(struct cs_sim *s, struct thaw_state *st)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        st->wm[i] = (struct wp_model){.name = s->m[i].spec->name,
+                                      .tier = s->m[i].spec->tier,
+                                      .slices = s->m[i].spec->slices,
+                                      .current = 1,
+                                      .idle = true};
+    }
+    struct wp_plan plan;
+    warmpool_plan(st->wm, s->n, cs_capacity(s->tr), st->warm_budget, &plan);
+    for (size_t i = 0; i < s->n; i++) {
+        if (st->wm[i].target && s->m[i].spec->slices <= cs_free_slices(s)) {
+            s->m[i].r[0].st = R_READY;
+            s->m[i].started_before = true;
+            s->held += s->m[i].spec->slices;
+        }
+    }
+}
+
+static void thaw_init(struct cs_sim *s)
+{
+    struct config *cfg = config_new_default();
+    struct config_model dm;
+    config_model_defaults(&dm, &cfg->limits);
+    const struct config_autoscaler *a = &cfg->autoscaler;
+    struct thaw_state *st = calloc(1, sizeof *st);
+    st->warm_budget =
+        cs_thaw_warm_budget != UINT_MAX ? cs_thaw_warm_budget : CHART_WARM_BUDGET_SLICES;
+    st->wm = calloc(s->n ? s->n : 1, sizeof *st->wm);
+    for (size_t i = 0; i < s->n; i++) {
+        struct cs_msim *m = &s->m[i];
+        as_config_defaults(&m->asc, (double)CS_SLOTS * (double)a->target_utilization_pct / 100.0);
+        m->asc.stable_window_ms = a->stable_window_ms;
+        m->asc.panic_window_pct = (double)a->panic_window_pct;
+        m->asc.panic_threshold = (double)a->panic_threshold_pct / 100.0;
+        m->asc.max_scale_up_rate = (double)a->max_scale_up_rate;
+        m->asc.max_scale_down_rate = (double)a->max_scale_down_rate;
+        m->asc.scale_down_delay_ms = a->scale_down_delay_ms;
+        m->asc.activation_scale = (unsigned)a->activation_scale;
+        m->asc.scale_to_zero_grace_ms = config_default_idle_timeout_ms(m->spec->tier);
+        m->asc.min_scale = (unsigned)dm.min_replicas;
+        m->asc.max_scale = CS_MAX_REPLICAS;
+        as_init(&m->ass, &m->asc);
+    }
+    /* A client waits no longer than thaw's queue timeout for its tier. */
+    for (int t = 0; t < TIER_COUNT; t++) {
+        uint64_t qt = config_default_queue_timeout_ms((enum tier)t, 0) / 1000;
+        if ((uint64_t)s->patience[t] > qt) {
+            s->patience[t] = (int)qt;
+        }
+    }
+    s->res->warm_budget = st->warm_budget;
+    s->pstate = st;
+    warm_from_the_night(s, st);
+    config_free(cfg);
+}
+
+static unsigned draining_slices(const struct cs_sim *s)
+{
+    unsigned n = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        n += cs_count(&s->m[i], 1u << R_DRAINING) * s->m[i].spec->slices;
+    }
+    return n;
+}
+
+static void count_takes(struct cs_sim *s, const struct wp_plan *plan)
+{
+    for (size_t k = 0; k < plan->n; k++) {
+        if (plan->d[k].action == WP_EVICT) {
+            s->res->evictions += plan->d[k].replicas;
+        } else if (plan->d[k].action == WP_PREEMPT) {
+            s->res->preemptions += plan->d[k].replicas;
+        }
+    }
+}
+
+static void thaw_plan(struct cs_sim *s)
+{
+    struct thaw_state *st = s->pstate;
+    for (size_t i = 0; i < s->n; i++) {
+        struct cs_msim *m = &s->m[i];
+        struct as_decision d;
+        as_decide(&m->ass, &m->asc, (uint64_t)s->t * 1000, cs_count(m, 1u << R_READY), &d);
+        st->wm[i] = (struct wp_model){
+            .name = m->spec->name,
+            .tier = m->spec->tier,
+            .slices = m->spec->slices,
+            .current = cs_count(m, CS_ACTIVE),
+            .desired = d.desired,
+            .min_replicas = m->asc.min_scale,
+            .idle = cs_busy(m) == 0 && cs_queued(m) == 0,
+            .value = m->rate_ewma * m->spec->cold_cached_s,
+        };
+    }
+    /* Draining replicas still hold their slices. */
+    unsigned cap = cs_capacity(s->tr), draining = draining_slices(s);
+    struct wp_plan plan;
+    warmpool_plan(st->wm, s->n, cap > draining ? cap - draining : 0, st->warm_budget, &plan);
+    count_takes(s, &plan);
+    for (size_t i = 0; i < s->n; i++) { /* stops first, so their slices are free */
+        if (st->wm[i].target < st->wm[i].current) {
+            cs_scale_to(s, i, st->wm[i].target);
+        }
+    }
+    for (size_t i = 0; i < s->n; i++) {
+        if (st->wm[i].target > st->wm[i].current) {
+            cs_scale_to(s, i, st->wm[i].target);
+        }
+    }
+}
+
+static void thaw_free(struct cs_sim *s)
+{
+    struct thaw_state *st = s->pstate;
+    if (st) {
+        free(st->wm);
+    }
+}
+
+const struct cs_policy cs_thaw = {
+    .name = "thaw",
+    .models = "thaw's autoscaler, warm pool and tiered queues with its shipped defaults",
+    .init = thaw_init,
+    .plan = thaw_plan,
+    .done = thaw_free,
+    .tiered = true,
+};
