@@ -117,6 +117,7 @@ struct config_autoscaler {
     enum prewarm_mode prewarm;        /* never PREWARM_INHERIT */
     uint64_t prewarm_min_requests;    /* forecast within the horizon that warms a model */
     uint64_t prewarm_lead_ms;         /* horizon when the cold start is shorter or unknown */
+    uint64_t prewarm_quiet_ms;        /* an idle model forecast quiet this long is let go */
 };
 
 struct config_warm_pool {

@@ -39,7 +39,8 @@ struct scaler_model {
     double expected;    /* arrivals forecast within horizon_ms */
     uint64_t horizon_ms;
     bool forecast_due;  /* expected reaches autoscaler.prewarm_min_requests */
-    bool forecast_quiet; /* not due, and every slot of the horizon seen before */
+    bool forecast_quiet; /* fewer than due forecast within autoscaler.prewarm_quiet_ms
+                          * (at least the horizon), every slot of it seen before */
     bool prewarm_on;    /* the mode in force is "on" (else shadow) */
     /* in, per plan: what the model holds now and whether it may start */
     unsigned current, ready;

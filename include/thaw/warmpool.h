@@ -16,7 +16,7 @@
  *  - preempt: then running models of strictly lower priority shrink toward
  *    their min_replicas; never a model of equal or higher priority;
  *  - prewarm: a model whose demand is forecast (prewarm) keeps an idle
- *    replica ahead of the others, or, at zero, gets one once every scale-up
+ *    replica ahead of the others of its tier, or, at zero, gets one once every scale-up
  *    is served, from the warm budget and free room only (it never evicts
  *    or preempts; live demand of any tier may evict it like a warm one);
  *    one whose forecast is known to be quiet (quiet) is not kept warm.

@@ -105,6 +105,8 @@ struct cs_msim {
     int last_used;
     double rate_ewma; /* requests per second, a minute's EWMA */
     unsigned arrivals_window;
+    uint64_t arrivals; /* since the start */
+    bool cold_waiting; /* a request arrived while no replica was ready */
     bool started_before; /* weights cached on the node */
     bool tiered;         /* dispatch by tier with aging (thaw) or FIFO */
 };
@@ -116,7 +118,11 @@ struct cs_waits {
 
 struct cs_result {
     double slice_hours[TIER_COUNT];
-    unsigned cold_starts[TIER_COUNT];
+    /* A model's first replica got ready: with requests having waited for it
+     * (a cold start) or with none (started ahead of demand); and the
+     * requests that arrived while no replica of their model was ready. */
+    unsigned cold_starts[TIER_COUNT], ahead_starts[TIER_COUNT];
+    uint64_t cold_requests[TIER_COUNT];
     uint64_t served[TIER_COUNT], rejected[TIER_COUNT], failed[TIER_COUNT], slo_met[TIER_COUNT];
     uint64_t evictions, preemptions; /* replicas taken from another model */
     struct cs_waits waits[TIER_COUNT];
@@ -183,7 +189,7 @@ void cs_preempt(struct cs_sim *s, size_t i, size_t k);
  * slices are free; a replica that does not fit waits, others may pass. */
 void cs_schedule(struct cs_sim *s);
 
-extern const struct cs_policy cs_dedicated, cs_static, cs_knative, cs_thaw;
+extern const struct cs_policy cs_dedicated, cs_static, cs_knative, cs_thaw, cs_thaw_prewarm;
 /* thaw's warm budget in slices; UINT_MAX (the default): thaw's own default. */
 extern unsigned cs_thaw_warm_budget;
 

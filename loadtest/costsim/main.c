@@ -18,7 +18,7 @@
 #include "costsim.h"
 
 static const struct cs_policy *const all_policies[] = {&cs_dedicated, &cs_static, &cs_knative,
-                                                       &cs_thaw};
+                                                       &cs_thaw, &cs_thaw_prewarm};
 #define N_POLICIES (sizeof all_policies / sizeof all_policies[0])
 
 static void usage(FILE *f)

@@ -5,7 +5,12 @@
  * idle warm replicas of lower priority, preemption of strictly lower
  * priority: the victim drains), its tiered queue and its queue timeouts
  * (5 minutes, an hour for batch). Every number comes from thaw's
- * configuration defaults, but the warm budget, which is the chart's. */
+ * configuration defaults, but the warm budget, which is the chart's.
+ *
+ * thaw-prewarm is the same with autoscaler.prewarm "on": each model's demand
+ * profile (forecast.h) learns from its arrivals, on a clock that starts on
+ * a Monday at midnight UTC, and the warm pool warms a model when a request
+ * is forecast within its cold start, and lets known-quiet ones go. */
 #include "costsim.h"
 
 #include <limits.h>
@@ -13,6 +18,7 @@
 #include <string.h>
 
 #include "thaw/config.h"
+#include "thaw/forecast.h"
 #include "thaw/warmpool.h"
 
 unsigned cs_thaw_warm_budget = UINT_MAX;
@@ -21,9 +27,16 @@ unsigned cs_thaw_warm_budget = UINT_MAX;
  * checks they agree); thaw's own default without the chart is 0. */
 #define CHART_WARM_BUDGET_SLICES 6
 
+/* Monday 2026-11-30 00:00 UTC: the trace's second 0 on the wall clock. */
+#define TRACE_EPOCH_MS 1795996800000ULL
+
 struct thaw_state {
     unsigned warm_budget;
     struct wp_model *wm;
+    /* thaw-prewarm: per model */
+    struct forecast *fc;
+    uint64_t *fc_count;
+    uint64_t min_requests, lead_ms, quiet_ms;
 };
 
 /* The day starts as a steady day does: what the warm pool keeps through
@@ -49,7 +62,7 @@ static void warm_from_the_night(struct cs_sim *s, struct thaw_state *st)
     }
 }
 
-static void thaw_init(struct cs_sim *s)
+static void thaw_setup(struct cs_sim *s, bool prewarm)
 {
     struct config *cfg = config_new_default();
     struct config_model dm;
@@ -81,10 +94,47 @@ static void thaw_init(struct cs_sim *s)
             s->patience[t] = (int)qt;
         }
     }
+    if (prewarm) {
+        st->fc = malloc((s->n ? s->n : 1) * sizeof *st->fc);
+        st->fc_count = calloc(s->n ? s->n : 1, sizeof *st->fc_count);
+        for (size_t i = 0; i < s->n; i++) {
+            forecast_init(&st->fc[i]);
+        }
+        st->min_requests = a->prewarm_min_requests;
+        st->lead_ms = a->prewarm_lead_ms;
+        st->quiet_ms = a->prewarm_quiet_ms;
+    }
     s->res->warm_budget = st->warm_budget;
     s->pstate = st;
     warm_from_the_night(s, st);
     config_free(cfg);
+}
+
+static void thaw_init(struct cs_sim *s)
+{
+    thaw_setup(s, false);
+}
+
+static void thaw_prewarm_init(struct cs_sim *s)
+{
+    thaw_setup(s, true);
+}
+
+/* As scaler_forecast does: this tick's arrivals into the profile, then the
+ * forecast over the model's cold start (at least the lead) and a tick. */
+static void forecast_model(struct thaw_state *st, struct cs_sim *s, size_t i, struct wp_model *w)
+{
+    struct cs_msim *m = &s->m[i];
+    uint64_t wall = TRACE_EPOCH_MS + (uint64_t)s->t * 1000;
+    forecast_record(&st->fc[i], wall, m->arrivals - st->fc_count[i]);
+    st->fc_count[i] = m->arrivals;
+    uint64_t cold = (uint64_t)m->spec->cold_cached_s * 1000;
+    uint64_t horizon = (cold > st->lead_ms ? cold : st->lead_ms) + CS_TICK_S * 1000;
+    bool due = forecast_expected(&st->fc[i], wall, horizon) >= (double)st->min_requests;
+    w->prewarm = due;
+    uint64_t quiet = st->quiet_ms > horizon ? st->quiet_ms : horizon;
+    w->quiet = !due && forecast_known(&st->fc[i], wall, quiet) &&
+               forecast_expected(&st->fc[i], wall, quiet) < (double)st->min_requests;
 }
 
 static unsigned draining_slices(const struct cs_sim *s)
@@ -124,6 +174,9 @@ static void thaw_plan(struct cs_sim *s)
             .idle = cs_busy(m) == 0 && cs_queued(m) == 0,
             .value = m->rate_ewma * m->spec->cold_cached_s,
         };
+        if (st->fc) {
+            forecast_model(st, s, i, &st->wm[i]);
+        }
     }
     /* Draining replicas still hold their slices. */
     unsigned cap = cs_capacity(s->tr), draining = draining_slices(s);
@@ -147,6 +200,8 @@ static void thaw_free(struct cs_sim *s)
     struct thaw_state *st = s->pstate;
     if (st) {
         free(st->wm);
+        free(st->fc);
+        free(st->fc_count);
     }
 }
 
@@ -154,6 +209,15 @@ const struct cs_policy cs_thaw = {
     .name = "thaw",
     .models = "thaw's autoscaler, warm pool and tiered queues with its shipped defaults",
     .init = thaw_init,
+    .plan = thaw_plan,
+    .done = thaw_free,
+    .tiered = true,
+};
+
+const struct cs_policy cs_thaw_prewarm = {
+    .name = "thaw-prewarm",
+    .models = "thaw as shipped, with autoscaler.prewarm on (warming ahead of forecast demand)",
+    .init = thaw_prewarm_init,
     .plan = thaw_plan,
     .done = thaw_free,
     .tiered = true,

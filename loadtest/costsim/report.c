@@ -33,18 +33,20 @@ void cs_report_table(FILE *f, const struct cs_trace *tr, const struct cs_report_
             tr->gpus, tr->slices_per_gpu, price);
     fprintf(f, "SLO: wait under %g s (critical), %g s (standard), %g s (batch)\n",
             cs_slo_target_s[0], cs_slo_target_s[1], cs_slo_target_s[2]);
-    fprintf(f, "%-10s %-9s %11s %9s %6s %8s %8s %9s %9s %8s\n", "policy", "tier", "slice-hours",
-            "cost $", "cold", "p50 s", "p99 s", "served", "rejected", "SLO %");
+    fprintf(f, "%-12s %-9s %11s %9s %6s %6s %9s %8s %8s %9s %9s %8s\n", "policy", "tier",
+            "slice-hours", "cost $", "cold", "ahead", "cold reqs", "p50 s", "p99 s", "served",
+            "rejected", "SLO %");
     for (size_t p = 0; p < n; p++) {
         const struct cs_result *r = &rows[p].res;
         for (int k = 0; k < TIER_COUNT; k++) {
-            fprintf(f, "%-10s %-9s %11.1f %9.2f %6u %8.1f %8.1f %9llu %9llu %8.2f\n",
+            fprintf(f, "%-12s %-9s %11.1f %9.2f %6u %6u %9llu %8.1f %8.1f %9llu %9llu %8.2f\n",
                     rows[p].pol->name, tier_name((enum tier)k), r->slice_hours[k],
-                    r->slice_hours[k] * slice_price, r->cold_starts[k], r->p50[k], r->p99[k],
+                    r->slice_hours[k] * slice_price, r->cold_starts[k], r->ahead_starts[k],
+                    (unsigned long long)r->cold_requests[k], r->p50[k], r->p99[k],
                     (unsigned long long)r->served[k], (unsigned long long)lost(r, k),
                     100 * attainment(r, k));
         }
-        fprintf(f, "%-10s %-9s %11.1f %9.2f   (replicas taken: %llu evicted, %llu preempted)\n",
+        fprintf(f, "%-12s %-9s %11.1f %9.2f   (replicas taken: %llu evicted, %llu preempted)\n",
                 rows[p].pol->name, "all", total_hours(r), total_hours(r) * slice_price,
                 (unsigned long long)r->evictions, (unsigned long long)r->preemptions);
     }
@@ -65,17 +67,19 @@ void cs_report_json(FILE *f, const struct cs_trace *tr, const struct cs_report_r
                 tr->n_models, tr->n_reqs, tr->gpus, tr->slices_per_gpu, total_hours(r),
                 total_hours(r) * slice_price, (unsigned long long)r->evictions,
                 (unsigned long long)r->preemptions);
-        if (rows[p].pol == &cs_thaw) {
+        if (rows[p].pol == &cs_thaw || rows[p].pol == &cs_thaw_prewarm) {
             fprintf(f, ",\"warm_budget_slices\":%u", r->warm_budget);
         }
         fprintf(f, ",\"tiers\":{");
         for (int k = 0; k < TIER_COUNT; k++) {
             fprintf(f,
                     "%s\"%s\":{\"gpu_slice_hours\":%.1f,\"cost_usd\":%.2f,\"cold_starts\":%u,"
+                    "\"ahead_starts\":%u,\"cold_requests\":%llu,"
                     "\"p50_wait_ms\":%.0f,\"p99_wait_ms\":%.0f,\"served\":%llu,\"rejected\":%llu,"
                     "\"failed\":%llu,\"slo_target_ms\":%.0f,\"slo_attainment\":%.4f}",
                     k ? "," : "", tier_name((enum tier)k), r->slice_hours[k],
-                    r->slice_hours[k] * slice_price, r->cold_starts[k], r->p50[k] * 1000,
+                    r->slice_hours[k] * slice_price, r->cold_starts[k], r->ahead_starts[k],
+                    (unsigned long long)r->cold_requests[k], r->p50[k] * 1000,
                     r->p99[k] * 1000, (unsigned long long)r->served[k],
                     (unsigned long long)lost(r, k), (unsigned long long)r->failed[k],
                     cs_slo_target_s[k] * 1000, attainment(r, k));

@@ -201,9 +201,6 @@ void cs_preempt(struct cs_sim *s, size_t i, size_t k)
 static void place(struct cs_sim *s, size_t i, struct cs_replica *r)
 {
     struct cs_msim *m = &s->m[i];
-    if (cs_count(m, (1u << R_STARTING) | (1u << R_READY)) == 0) {
-        s->res->cold_starts[m->spec->tier]++;
-    }
     r->st = R_STARTING;
     r->since = s->t;
     r->ready_at = s->t + (m->started_before ? m->spec->cold_cached_s : m->spec->cold_uncached_s);
@@ -277,6 +274,10 @@ static void step_replicas(struct cs_sim *s, size_t i)
     for (int k = 0; k < CS_MAX_REPLICAS; k++) {
         struct cs_replica *r = &m->r[k];
         if (r->st == R_STARTING && r->ready_at <= s->t) {
+            if (cs_count(m, 1u << R_READY) == 0) {
+                (m->cold_waiting ? s->res->cold_starts : s->res->ahead_starts)[m->spec->tier]++;
+                m->cold_waiting = false;
+            }
             r->st = R_READY;
         }
         if (r->st != R_READY && r->st != R_DRAINING) {
@@ -340,6 +341,11 @@ static void arrive(struct cs_sim *s, size_t *next)
         struct cs_msim *m = &s->m[q->model];
         jq_push(&m->q[q->tier], (struct cs_job){q->t, cs_service_s(q->tokens), q->tier, false});
         m->arrivals_window++;
+        m->arrivals++;
+        if (cs_count(m, 1u << R_READY) == 0) {
+            m->cold_waiting = true;
+            s->res->cold_requests[q->tier]++;
+        }
     }
 }
 

@@ -89,7 +89,9 @@ void scaler_forecast(struct scaler_model **sms, size_t n, uint64_t wall_ms,
                  sm->expected, (unsigned long long)(sm->horizon_ms / 1000));
         }
         sm->forecast_due = due;
-        sm->forecast_quiet = !due && forecast_known(sm->fc, wall_ms, sm->horizon_ms);
+        uint64_t quiet = a->prewarm_quiet_ms > sm->horizon_ms ? a->prewarm_quiet_ms : sm->horizon_ms;
+        sm->forecast_quiet = !due && forecast_known(sm->fc, wall_ms, quiet) &&
+                             forecast_expected(sm->fc, wall_ms, quiet) < (double)a->prewarm_min_requests;
         sm->prewarm_on = mode == PREWARM_ON;
     }
 }
@@ -190,8 +192,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
             break;
         case WP_TO_ZERO:
             if (wm_quiet(sm)) {
-                snprintf(why, sizeof why, "idle past its grace; no demand forecast within %llus",
-                         (unsigned long long)(sm->horizon_ms / 1000));
+                snprintf(why, sizeof why, "idle past its grace; no demand forecast soon");
             } else {
                 snprintf(why, sizeof why, "idle past its grace; warm budget full (%u/%u slices)",
                          plan->warm_slices, warm_budget);

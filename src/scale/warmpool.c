@@ -497,29 +497,38 @@ static void keep_warm_or_zero(struct step *s, size_t xi, unsigned warm_budget)
     }
 }
 
-/* 1. Scale-downs and the warm pool, best models first; models whose demand
- * is forecast take the warm budget before the others. */
+static void scale_down(struct step *s, size_t xi, unsigned warm_budget)
+{
+    struct wp_model *x = &s->m[xi];
+    x->warm = 0;
+    unsigned want = x->desired > x->min_replicas ? x->desired : x->min_replicas;
+    if (want >= x->current) {
+        x->target = x->current; /* scale-ups are decided below */
+        return;
+    }
+    x->target = want;
+    if (x->idle && want == 0 && x->current > 0 && x->slices > 0) {
+        keep_warm_or_zero(s, xi, warm_budget);
+    }
+    if (s->c->n_nodes) {
+        drop_replicas(s, xi, x->current - x->target);
+    }
+}
+
+/* 1. Scale-downs and the warm pool, best models first (service order: by
+ * tier, then value); inside a tier, models whose demand is forecast take
+ * the warm budget before the others. */
 static void scale_downs(struct step *s, unsigned warm_budget)
 {
-    for (int forecast_pass = 1; forecast_pass >= 0; forecast_pass--) {
-        for (size_t k = 0; k < s->n; k++) {
-            size_t xi = s->idx[k];
-            struct wp_model *x = &s->m[xi];
-            if (x->prewarm != (forecast_pass == 1)) {
-                continue;
-            }
-            x->warm = 0;
-            unsigned want = x->desired > x->min_replicas ? x->desired : x->min_replicas;
-            if (want >= x->current) {
-                x->target = x->current; /* scale-ups are decided below */
-                continue;
-            }
-            x->target = want;
-            if (x->idle && want == 0 && x->current > 0 && x->slices > 0) {
-                keep_warm_or_zero(s, xi, warm_budget);
-            }
-            if (s->c->n_nodes) {
-                drop_replicas(s, xi, x->current - x->target);
+    for (size_t from = 0, to; from < s->n; from = to) {
+        enum tier t = s->m[s->idx[from]].tier;
+        for (to = from; to < s->n && s->m[s->idx[to]].tier == t; to++) {
+        }
+        for (int forecast_pass = 1; forecast_pass >= 0; forecast_pass--) {
+            for (size_t k = from; k < to; k++) {
+                if (s->m[s->idx[k]].prewarm == (forecast_pass == 1)) {
+                    scale_down(s, s->idx[k], warm_budget);
+                }
             }
         }
     }
