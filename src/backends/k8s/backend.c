@@ -43,6 +43,10 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 
 static uint64_t kube_retry_after_ms(struct backend *b, struct model *m)
 {
+    uint64_t remaining;
+    if (coldstart_remaining_ms(&m->cold, clock_now_ms(), &remaining)) {
+        return remaining;
+    }
     return m->cold_start_ms ? m->cold_start_ms : 5000;
 }
 
