@@ -100,6 +100,7 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
         } else if (want == 0) {
             km->scale_downs++;
             kube_post_event(km, "Normal", "ScaledToZero", msg);
+            coldstart_cancel(&km->m->cold);
             /* Every pod goes now: send them nothing more, even before the
              * watch reports them terminating. */
             strmap_each(&km->pods, retire_pod, NULL);
@@ -226,6 +227,7 @@ static void model_tick(void *ud, const char *key, void *value)
     if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0 &&
         !(km->kb->have_peers && km->kb->leading)) {
         km->waiting_since_ms = 0; /* scaled to zero and quiet: the common, cheap case */
+        coldstart_cancel(&m->cold); /* nobody waits any more */
         return;
     }
     uint64_t now = clock_now_ms();
