@@ -141,6 +141,7 @@ static void pod_track(struct kpod *p, uint64_t now)
     }
     cs_timeline_begin(&p->phases, CS_SCALE, c->started_ms);
     cs_timeline_enter(&p->phases, CS_SCHEDULE, now);
+    kube_cold_refresh(p->km);
 }
 
 /* The pod's state as the Pods watch shows it. */
@@ -150,7 +151,9 @@ static void pod_observe_phase(struct kpod *p, const struct k8s_pod_info *pi, uin
     if (pi->unschedulable) {
         pod_phase(p, CS_CAPACITY, now);
     }
-    if (pi->node_name[0]) {
+    /* Bound to a node: the kubelet sets it up. The Pulling Event may have
+     * come first (another watch): then only Pulled ends the pull. */
+    if (pi->node_name[0] && p->phases.phase < CS_IMAGE_PULL) {
         pod_phase(p, CS_CONTAINER_START, now);
     }
     if (pi->container_started || pi->running) {
@@ -208,16 +211,20 @@ static void pull_event_model(void *ud, const char *key, void *value)
         pod_phase(p, CS_IMAGE_PULL, ps->now);
         return;
     }
-    bool watched_pull = cs_timeline_entered(&p->phases, CS_IMAGE_PULL);
     if (p->phases.phase == CS_IMAGE_PULL) {
         pod_phase(p, CS_CONTAINER_START, ps->now);
     }
+    /* The kubelet's own figure is the pull's length: the Events and the
+     * pod's updates come on different watches, so what thaw saw of the
+     * pull may hold some of starting the container, or none of the pull. */
     uint64_t ms;
-    if (!watched_pull && k8s_pulled_duration_ms(ps->message, &ms) == 0) {
-        /* Pulling was not seen (its Event came late or not at all): the
-         * kubelet's own figure moves out of the time thaw counted as
-         * starting the container. */
-        cs_timeline_move(&p->phases, CS_CONTAINER_START, CS_IMAGE_PULL, ms, ps->now);
+    if (k8s_pulled_duration_ms(ps->message, &ms) == 0) {
+        uint64_t seen = cs_timeline_phase_ms(&p->phases, CS_IMAGE_PULL, ps->now);
+        if (seen > ms) {
+            cs_timeline_move(&p->phases, CS_IMAGE_PULL, CS_CONTAINER_START, seen - ms, ps->now);
+        } else {
+            cs_timeline_move(&p->phases, CS_CONTAINER_START, CS_IMAGE_PULL, ms - seen, ps->now);
+        }
     }
 }
 
