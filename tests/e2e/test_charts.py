@@ -112,7 +112,7 @@ def test_rbac_is_exactly_what_the_docs_list():
             ("apps", "deployments/scale", ("patch",)),
             ("", "pods", ("get", "list", "watch")),
             ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
-            ("", "events", ("create", "patch", "list", "watch"))}
+            ("", "events", ("create", "list", "patch", "watch"))}
     everywhere = rules_of(render("thaw"))
     assert {(g, r, v) for k, g, r, v in everywhere if k == "ClusterRole"} == docs | {
         ("", "nodes", ("get", "list", "watch"))}
