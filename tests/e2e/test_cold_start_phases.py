@@ -66,12 +66,16 @@ def test_kubernetes_cold_start_phases(cluster, thaw_factory, tmp_path):
 
     s = stream_request(t.host, t.port, "llama.models", "x")
     seen = {}  # phase -> first seen in /status
+    pod_seen = {}  # phase -> the pod's cold_start when first seen there
 
     def watch_status():
         end = time.monotonic() + 20
         while time.monotonic() < end:
             m = next(x for x in t.status()["models"] if x["name"] == "llama")
             cs = m.get("cold_start")
+            for p in m.get("pods", []):
+                if p.get("cold_start"):
+                    pod_seen.setdefault(p["cold_start"]["phase"], p["cold_start"])
             if cs:
                 seen.setdefault(cs["phase"], cs)
             elif seen:
@@ -99,6 +103,10 @@ def test_kubernetes_cold_start_phases(cluster, thaw_factory, tmp_path):
     for ph in ("capacity", "image_pull", "load"):
         assert ph in seen, seen
     assert seen["load"]["elapsed_ms"] > seen["image_pull"]["elapsed_ms"]
+    # Per pod: the time so far in each phase it went through.
+    assert set(pod_seen["load"]["phases_ms"]) >= {"scale", "schedule", "capacity", "image_pull",
+                                                  "container_start", "load"}, pod_seen
+    assert abs(pod_seen["load"]["phases_ms"]["image_pull"] - 800) < TOL * 1000, pod_seen
     # The histogram: each phase once, close to what the cluster did.
     sums = phase_sums(t, "llama")
     for ph in ("scale", "schedule", "capacity", "image_pull", "container_start", "load", "health"):

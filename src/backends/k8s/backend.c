@@ -37,8 +37,7 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
     /* Clients wait from now: the cold start they see begins (its phases
      * come from the pods, kube_cold_refresh). */
-    coldstart_begin(&m->cold, CS_SCALE, now);
-    kube_cold_refresh(km);
+    kube_cold_begin(km, now);
     if (km->spec.replicas == 0) {
         kube_scale_from_zero(km);
     }

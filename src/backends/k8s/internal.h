@@ -153,6 +153,10 @@ extern const struct k8s_informer_ops kube_deployment_ops, kube_pod_ops, kube_sli
     kube_node_ops, kube_pull_event_ops;
 /* The model's current cold-start phase from its pods' (the most advanced). */
 void kube_cold_refresh(struct kmodel *km);
+/* Clients wait for a model with no ready pod, or it is scaled from zero: its
+ * cold start begins (nothing when one is in progress or a pod is ready);
+ * pods already starting are tracked from what is known of them. */
+void kube_cold_begin(struct kmodel *km, uint64_t now);
 void kube_pod_ready(struct kpod *p, const char *via);
 /* The same, with the probe's open connection to the pod (-1: none). */
 void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);

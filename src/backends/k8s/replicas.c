@@ -144,6 +144,40 @@ static void pod_track(struct kpod *p, uint64_t now)
     kube_cold_refresh(p->km);
 }
 
+/* A cold start began with pods already there (the Deployment was scaled up
+ * by another activator, or its pods wait for a node): their phases go on
+ * from what thaw knows of them. */
+static void track_existing_pod(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    uint64_t now = *(const uint64_t *)ud;
+    if (p->terminating || p->retired || p->reported || p->phases.begun_ms) {
+        return;
+    }
+    pod_track(p, now);
+    if (p->unschedulable) {
+        pod_phase(p, CS_CAPACITY, now);
+    }
+    if (p->node[0]) {
+        pod_phase(p, CS_CONTAINER_START, now);
+    }
+    if (strcmp(p->phase, "Running") == 0) {
+        pod_phase(p, CS_LOAD, now);
+    }
+    if (p->probing && p->probe.listening_ms) {
+        pod_phase(p, CS_HEALTH, now);
+    }
+}
+
+void kube_cold_begin(struct kmodel *km, uint64_t now)
+{
+    if (km->m->n_endpoints > 0 || km->m->cold.started_ms) {
+        return;
+    }
+    coldstart_begin(&km->m->cold, CS_SCALE, now);
+    strmap_each(&km->pods, track_existing_pod, &now);
+}
+
 /* The pod's state as the Pods watch shows it. */
 static void pod_observe_phase(struct kpod *p, const struct k8s_pod_info *pi, uint64_t now)
 {

@@ -95,6 +95,7 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
         if (from == 0 && want > 0) {
             km->scale_ups++;
             km->woken_ms = clock_now_ms();
+            kube_cold_begin(km, km->woken_ms); /* also when no request asked (warm pool) */
             strmap_each(&km->pods, unretire_pod, NULL);
             kube_post_event(km, "Normal", "ScaledFromZero", msg);
         } else if (want == 0) {
@@ -147,6 +148,7 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
         int64_t to = (int64_t)km->sc.asc.activation_scale;
         km->spec.replicas = to;
         km->woken_ms = clock_now_ms();
+        kube_cold_begin(km, km->woken_ms);
         strmap_each(&km->pods, unretire_pod, NULL);
         km->scale_ups++;
         km->kb->conditional_scales++;
