@@ -151,7 +151,8 @@ static void track_existing_pod(void *ud, const char *key, void *value)
 {
     struct kpod *p = value;
     uint64_t now = *(const uint64_t *)ud;
-    if (p->terminating || p->retired || p->reported || p->phases.begun_ms) {
+    p->phases.begun_ms = 0; /* what it has is an earlier cold start's, cancelled */
+    if (p->terminating || p->retired || p->reported) {
         return;
     }
     pod_track(p, now);
