@@ -75,6 +75,7 @@ def test_rendered_objects_are_valid_kubernetes():
     ("thaw", "image.pullPolicy=Sometimes"),
     ("thaw", "devicePlugin.mode=mig"),
     ("thaw", "priorityClasses.batch.preemptionPolicy=Always"),
+    ("thaw", "metrics.prometheusRule.coldStartSlowSeconds=1800"),  # past the last bucket
     ("thaw-model", "server.kind=tgi"),
     ("thaw-model", "thawAnnotations.priority=urgent"),
     ("thaw-model", "name=Not_A_DNS_Name"),
