@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 static struct kpod *pod_get(struct kmodel *km, const char *name, bool create);
-static void pod_cold_start_done(struct kpod *p, uint64_t now);
+static void pod_cold_start_done(struct kpod *p, uint64_t now, bool tell);
 
 /* ---- replicas -------------------------------------------------------------- */
 
@@ -55,6 +55,9 @@ void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd)
     p->reported = true;
     LOGI("pod ready", "model=%s pod=%s addr=%s via=%s", p->km->m->name, p->name, addr, via);
     struct kmodel *km = p->km;
+    /* With several activators, the one whose scale from zero landed tells
+     * the cold start's Event; the others only count it. */
+    bool tell = km->woken_ms || !km->kb->elect;
     if (km->woken_ms && km->m->n_endpoints == 0) {
         /* The cold start as clients see it: scale-up landed -> first pod ready. */
         uint64_t ms = clock_now_ms() - km->woken_ms;
@@ -62,7 +65,7 @@ void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd)
         histogram_observe_in(&km->m->stats.cold_start, cs_hist_bounds, (double)ms / 1000.0);
         km->woken_ms = 0;
     }
-    pod_cold_start_done(p, clock_now_ms());
+    pod_cold_start_done(p, clock_now_ms(), tell);
     /* No slot until the shares are dealt with this pod counted in: another
      * activator may already hold all of it. The probe's connection waits in
      * the pool meanwhile. */
@@ -203,8 +206,9 @@ static void on_pod_listening(struct probe *pr, void *ud)
 }
 
 /* The pod is ready: its phases are observed, and when it ends its model's
- * cold start, an Event on the Deployment names the slowest phase. */
-static void pod_cold_start_done(struct kpod *p, uint64_t now)
+ * cold start, an Event on the Deployment names the slowest phase (tell:
+ * this activator records it). */
+static void pod_cold_start_done(struct kpod *p, uint64_t now, bool tell)
 {
     struct kmodel *km = p->km;
     struct model *m = km->m;
@@ -220,7 +224,9 @@ static void pod_cold_start_done(struct kpod *p, uint64_t now)
                  (double)cs_timeline_phase_ms(t, slow, now) / 1000.0, phases);
         LOGI("cold start completed", "model=%s pod=%s total_ms=%llu slowest=%s phases=\"%s\"",
              m->name, p->name, (unsigned long long)total, cs_phase_name(slow), phases);
-        kube_post_event(km, "Normal", "ColdStartCompleted", msg);
+        if (tell) {
+            kube_post_event(km, "Normal", "ColdStartCompleted", msg);
+        }
     }
     p->phases.begun_ms = 0;
 }
