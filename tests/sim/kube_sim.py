@@ -105,7 +105,8 @@ kubelets of every node):
 - Events, as the components record them (counted when repeated):
   ScalingReplicaSet (deployment-controller), SuccessfulCreate and
   SuccessfulDelete (replicaset-controller), Scheduled and FailedScheduling
-  (default-scheduler), Started, Killing, Unhealthy and BackOff (kubelet).
+  (default-scheduler), Pulling and Pulled (with sim.thaw.dev/pull-ms), Started,
+  Killing, Unhealthy and BackOff (kubelet).
 
 Nodes: --nodes takes a JSON list of {"name", "gpus" (1), "replicas" (1; GPU
 sharing: allocatable nvidia.com/gpu = gpus x replicas), "product", "labels",
