@@ -135,6 +135,7 @@ struct config_kubernetes {
     char *context;
     bool probe_pods;      /* probe pod IPs directly, ahead of EndpointSlices */
     bool events;          /* post Events on scale decisions */
+    bool pull_events;     /* watch pods' Pulling/Pulled Events: the image pull phase */
     uint64_t default_port;
     /* Several activators: a Lease elects the one that scales; peers share demand. */
     bool leader_election;

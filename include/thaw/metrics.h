@@ -81,6 +81,11 @@ void histogram_observe(struct histogram *h, double seconds);
 /* Appends name_bucket/_sum/_count lines; labels like `model="x"` (may be ""). */
 void histogram_render(const struct histogram *h, struct buf *out, const char *name,
                       const char *labels);
+/* The same with other bucket bounds (HIST_NBUCKETS of them, ascending): a
+ * histogram is observed and rendered with the same bounds. */
+void histogram_observe_in(struct histogram *h, const double *bounds, double seconds);
+void histogram_render_in(const struct histogram *h, const double *bounds, struct buf *out,
+                         const char *name, const char *labels);
 
 #define CODE_SLOTS 24
 struct code_counts {

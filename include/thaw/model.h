@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "thaw/coldstart.h"
 #include "thaw/config.h"
 #include "thaw/list.h"
 #include "thaw/metrics.h"
@@ -45,7 +46,8 @@ struct model_stats {
     uint64_t upstream_errors;
     struct histogram upstream_ttfb;   /* dispatch -> response head */
     struct histogram queue_wait[TIER_COUNT];
-    struct histogram cold_start; /* replica start -> ready */
+    struct histogram cold_start; /* replica start -> ready (cs_hist_bounds) */
+    struct histogram cold_phase[CS_PHASES]; /* time in each phase (cs_hist_bounds) */
     uint64_t pool_decisions[7];  /* by enum wp_action (WP_ACTIONS) */
 };
 
@@ -66,6 +68,7 @@ struct model {
     struct event *heartbeat_timer; /* set by the proxy: SSE comments while loading */
     struct event *eject_timer;     /* set by the proxy: retry when an ejection ends */
     uint64_t cold_start_ms;    /* last measured, 0 when never */
+    struct coldstart cold;     /* the cold start in progress and recent ones (backends) */
     bool fixed_replicas;       /* the backend cannot replace replicas (static) */
     bool namespaced;           /* a cluster's: metrics carry its namespace */
     unsigned replicas_desired; /* what the backend is asked to hold */

@@ -30,6 +30,9 @@
 struct probe;
 /* Called once, when the replica answered 2xx; the probe is stopped by then. */
 typedef void (*probe_ready_cb)(struct probe *p, void *ud);
+/* Called once per probe_start, when the port first accepts a connection
+ * (the server is listening; its health check may still fail). */
+typedef void (*probe_listening_cb)(struct probe *p, void *ud);
 
 struct probe {
     struct event_base *base;
@@ -38,6 +41,7 @@ struct probe {
     char host[64]; /* Host header value */
     char path[128];
     probe_ready_cb ready;
+    probe_listening_cb listening; /* optional: set after probe_init */
     void *ud;
     struct event timer;
     struct event io;
@@ -51,6 +55,7 @@ struct probe {
     bool running;
     bool refused;          /* the last attempt found the port closed */
     uint64_t started_ms;   /* probe_start */
+    uint64_t listening_ms; /* when the port first accepted since probe_start; 0: not yet */
     uint64_t expected_ms;  /* the replica should be ready this long after start; 0: unknown */
     uint64_t probes;       /* attempts (connects) */
     uint64_t http_probes;  /* of which GETs sent */

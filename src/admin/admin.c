@@ -1,6 +1,7 @@
 #include "thaw/admin.h"
 #include "thaw/clock.h"
 #include "thaw/backend.h"
+#include "thaw/coldstart.h"
 #include "thaw/conn.h"
 #include "thaw/runtime.h"
 #include "thaw/warmpool.h"
@@ -221,7 +222,24 @@ static void queue_wait_seconds(const struct model_snap *m, struct buf *o)
 
 static void cold_start_seconds(const struct model_snap *m, struct buf *o)
 {
-    histogram_render(&m->stats.cold_start, o, "thaw_cold_start_seconds", m->labels);
+    histogram_render_in(&m->stats.cold_start, cs_hist_bounds, o, "thaw_cold_start_seconds",
+                        m->labels);
+}
+
+/* Only the phases a model's replicas went through: a process model has no
+ * scheduling, a model never woken none at all. */
+static void cold_start_phase_seconds(const struct model_snap *m, struct buf *o)
+{
+    for (int p = 0; p < CS_PHASES; p++) {
+        if (!m->stats.cold_phase[p].count) {
+            continue;
+        }
+        char labels[600];
+        snprintf(labels, sizeof labels, "%s,phase=\"%s\"", m->labels,
+                 cs_phase_name((enum cs_phase)p));
+        histogram_render_in(&m->stats.cold_phase[p], cs_hist_bounds, o,
+                            "thaw_cold_start_phase_seconds", labels);
+    }
 }
 
 /* Each backend's own families (the Kubernetes client's, leadership). */
@@ -363,6 +381,10 @@ static const struct family families[] = {
      "Time from waking a model (process start, or scale-up from zero) to its first ready "
      "replica, by model.",
      NULL, cold_start_seconds},
+    {"thaw_cold_start_phase_seconds", "histogram",
+     "Time replicas spent in each phase of their cold start (scale, schedule, capacity, "
+     "image_pull, container_start, load, health), by model and phase.",
+     NULL, cold_start_phase_seconds},
     {.whole = backend_families},
     {"thaw_pool_decisions_total", "counter",
      "Capacity decisions by model and action (keep_warm, to_zero, admit, deny, evict, "
@@ -625,6 +647,31 @@ static void status_model_tenants(const struct tenants *ts, const struct model *m
     }
 }
 
+/* The cold start in progress (its phase and how long it has run) and what
+ * the model's history expects of it. */
+static void status_cold_start(const struct model *m, uint64_t now, cJSON *jm)
+{
+    const struct coldstart *c = &m->cold;
+    uint64_t expected = coldstart_expected_ms(c);
+    if (expected) {
+        cJSON_AddNumberToObject(jm, "cold_start_expected_ms", (double)expected);
+    }
+    if (!c->started_ms) {
+        return;
+    }
+    cJSON *jc = cJSON_AddObjectToObject(jm, "cold_start");
+    cJSON_AddStringToObject(jc, "phase", cs_phase_name(c->phase));
+    cJSON_AddNumberToObject(jc, "elapsed_ms", (double)(now - c->started_ms));
+    cJSON_AddNumberToObject(jc, "phase_elapsed_ms",
+                            (double)(now > c->phase_since_ms ? now - c->phase_since_ms : 0));
+    uint64_t rem;
+    if (coldstart_remaining_ms(c, now, &rem)) {
+        cJSON_AddNumberToObject(jc, "expected_remaining_ms", (double)rem);
+    } else {
+        cJSON_AddNullToObject(jc, "expected_remaining_ms");
+    }
+}
+
 static void render_status(struct admin_ctx *adm, struct buf *out)
 {
     cJSON *root = cJSON_CreateObject();
@@ -659,6 +706,7 @@ static void render_status(struct admin_ctx *adm, struct buf *out)
         if (m->backend) {
             m->backend->ops->describe(m->backend, m, jm);
         }
+        status_cold_start(m, now, jm);
         cJSON *q = cJSON_AddObjectToObject(jm, "queue");
         for (int t = 0; t < TIER_COUNT; t++) {
             cJSON_AddNumberToObject(q, tier_name((enum tier)t), (double)m->queue.len[t]);

@@ -64,6 +64,7 @@ struct replica {
     uint64_t drain_until_ms;   /* R_DRAINING: stopped then even if busy */
     char id[48];
     uint64_t started_ms;
+    struct cs_timeline phases; /* spawn -> listening (load) -> healthy (health) */
     /* output capture */
     int out_fd;
     struct event out_ev;
@@ -298,6 +299,7 @@ static char **build_env(struct proc_model *pm, int port, int gpu)
 }
 
 static void on_probe_ready(struct probe *p, void *ud);
+static void on_probe_listening(struct probe *p, void *ud);
 static void on_kill_timer(evutil_socket_t fd, short what, void *arg);
 
 /* Starts one replica. 0, -ENOSPC (no GPU slices free) or another error. */
@@ -395,6 +397,12 @@ static int replica_start(struct proc_model *pm)
     char addr[32];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     probe_init(&r->probe, pb->evbase, addr, pm->health_path, on_probe_ready, r);
+    r->probe.listening = on_probe_listening;
+    cs_timeline_begin(&r->phases, CS_LOAD, r->started_ms);
+    if (pm->m->n_endpoints == 0) {
+        /* Clients wait for this one (or a sibling starting with it). */
+        coldstart_begin(&pm->m->cold, CS_LOAD, r->started_ms);
+    }
     event_assign(&r->kill_timer, pb->evbase, -1, 0, on_kill_timer, r);
     /* The last cold start says when to probe tightly. */
     probe_start(&r->probe, pm->last_cold_start_ms);
@@ -492,12 +500,30 @@ static void became_ready(struct replica *r, int conn_fd)
     pm->backoff_until_ms = 0;
     pm->last_cold_start_ms = now - r->started_ms;
     pm->m->cold_start_ms = pm->last_cold_start_ms;
-    histogram_observe(&pm->m->stats.cold_start, (double)pm->last_cold_start_ms / 1000.0);
-    LOGI("replica ready after cold start", "model=%s replica=%s cold_start_ms=%llu",
-         pm->m->name, r->id, (unsigned long long)pm->last_cold_start_ms);
+    histogram_observe_in(&pm->m->stats.cold_start, cs_hist_bounds,
+                         (double)pm->last_cold_start_ms / 1000.0);
+    coldstart_replica_ready(&pm->m->cold, &r->phases, now, pm->m->stats.cold_phase);
+    LOGI("replica ready after cold start", "model=%s replica=%s cold_start_ms=%llu load_ms=%llu "
+         "health_ms=%llu", pm->m->name, r->id, (unsigned long long)pm->last_cold_start_ms,
+         (unsigned long long)cs_timeline_phase_ms(&r->phases, CS_LOAD, now),
+         (unsigned long long)cs_timeline_phase_ms(&r->phases, CS_HEALTH, now));
     char addr[32];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", r->port);
     fleet_replica_ready_with(pm->m->fleet, pm->m, r->id, addr, UINT32_MAX, conn_fd);
+}
+
+/* The server bound its port: loading is over, its health check is next. */
+static void on_probe_listening(struct probe *p, void *ud)
+{
+    struct replica *r = ud;
+    if (r->state != R_STARTING) {
+        return;
+    }
+    cs_timeline_enter(&r->phases, CS_HEALTH, p->listening_ms);
+    struct coldstart *c = &r->pm->m->cold;
+    if (c->started_ms && c->phase < CS_HEALTH) {
+        coldstart_phase(c, CS_HEALTH, p->listening_ms);
+    }
 }
 
 static void on_probe_ready(struct probe *p, void *ud)
@@ -799,6 +825,10 @@ static void reconcile_all(struct process_backend *pb)
                 replica_stop(r, why);
                 start_failed(pm, r, why);
             }
+        }
+        /* Every start of a cold start failed: nothing is loading now. */
+        if (pm->m->cold.started_ms && pm->n_starting == 0 && pm->n_ready == 0) {
+            coldstart_cancel(&pm->m->cold);
         }
     }
     if (scale_driver_due(&pb->driver, now)) {
@@ -1150,6 +1180,10 @@ static uint64_t process_retry_after_ms(struct backend *b, struct model *m)
     uint64_t now = clock_now_ms();
     if (pm->n_ready == 0 && pm->n_starting == 0 && now < pm->backoff_until_ms) {
         return pm->backoff_until_ms - now;
+    }
+    uint64_t remaining;
+    if (coldstart_remaining_ms(&m->cold, now, &remaining)) {
+        return remaining;
     }
     return m->cold_start_ms;
 }

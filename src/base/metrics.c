@@ -88,10 +88,10 @@ const double hist_bounds[HIST_NBUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.
                                            0.1,   0.25,   0.5,   1,    2.5,   5,
                                            10,    30,     60,    120,  300};
 
-void histogram_observe(struct histogram *h, double seconds)
+void histogram_observe_in(struct histogram *h, const double *bounds, double seconds)
 {
     for (int i = 0; i < HIST_NBUCKETS; i++) {
-        if (seconds <= hist_bounds[i]) {
+        if (seconds <= bounds[i]) {
             h->buckets[i]++;
             break;
         }
@@ -100,14 +100,19 @@ void histogram_observe(struct histogram *h, double seconds)
     h->sum += seconds;
 }
 
-void histogram_render(const struct histogram *h, struct buf *out, const char *name,
-                      const char *labels)
+void histogram_observe(struct histogram *h, double seconds)
+{
+    histogram_observe_in(h, hist_bounds, seconds);
+}
+
+void histogram_render_in(const struct histogram *h, const double *bounds, struct buf *out,
+                         const char *name, const char *labels)
 {
     uint64_t cum = 0;
     const char *sep = labels[0] ? "," : "";
     for (int i = 0; i < HIST_NBUCKETS; i++) {
         cum += h->buckets[i];
-        buf_printf(out, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, hist_bounds[i],
+        buf_printf(out, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, bounds[i],
                    (unsigned long long)cum);
     }
     buf_printf(out, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
@@ -119,6 +124,12 @@ void histogram_render(const struct histogram *h, struct buf *out, const char *na
         buf_printf(out, "%s_sum %.6f\n%s_count %llu\n", name, h->sum, name,
                    (unsigned long long)h->count);
     }
+}
+
+void histogram_render(const struct histogram *h, struct buf *out, const char *name,
+                      const char *labels)
+{
+    histogram_render_in(h, hist_bounds, out, name, labels);
 }
 
 void code_counts_add(struct code_counts *c, int code)

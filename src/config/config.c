@@ -617,6 +617,7 @@ static const struct conf_key kubernetes_keys[] = {
     K_STRING(struct config_kubernetes, context, NULL, NULL),
     K_BOOL(struct config_kubernetes, probe_pods, true),
     K_BOOL(struct config_kubernetes, events, true),
+    K_BOOL(struct config_kubernetes, pull_events, true),
     K_NUM(struct config_kubernetes, default_port, 8000, 1, 65535),
     K_BOOL(struct config_kubernetes, leader_election, false),
     K_STRING(struct config_kubernetes, lease_name, "thaw-leader", NULL),

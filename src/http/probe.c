@@ -64,6 +64,7 @@ void probe_start(struct probe *p, uint64_t expected_ms)
     p->attempt = 0;
     p->refused = true;
     p->started_ms = clock_now_ms();
+    p->listening_ms = 0;
     p->expected_ms = expected_ms;
     arm(p, 0);
 }
@@ -143,6 +144,12 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
             return;
         }
         p->refused = false;
+        if (!p->listening_ms) {
+            p->listening_ms = clock_now_ms();
+            if (p->listening) {
+                p->listening(p, p->ud);
+            }
+        }
         send_get(p, fd);
         return;
     }

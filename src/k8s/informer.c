@@ -224,19 +224,27 @@ static void on_watch_done(void *ud, long status, const char *body, size_t len, c
 
 static void build_path(struct k8s_informer *inf, char *out, size_t len, bool watch)
 {
-    char *sel = NULL;
+    char *lsel = NULL, *fsel = NULL;
     if (inf->label_selector && *inf->label_selector) {
-        sel = curl_easy_escape(NULL, inf->label_selector, 0);
+        lsel = curl_easy_escape(NULL, inf->label_selector, 0);
     }
+    if (inf->field_selector && *inf->field_selector) {
+        fsel = curl_easy_escape(NULL, inf->field_selector, 0);
+    }
+    char sels[1024];
+    snprintf(sels, sizeof sels, "%s%s%s%s", lsel ? "&labelSelector=" : "", lsel ? lsel : "",
+             fsel ? "&fieldSelector=" : "", fsel ? fsel : "");
     if (watch) {
         snprintf(out, len, "%s?watch=true&allowWatchBookmarks=true&timeoutSeconds=%ld"
-                 "&resourceVersion=%s%s%s",
-                 inf->path, inf->watch_timeout_s, inf->rv, sel ? "&labelSelector=" : "",
-                 sel ? sel : "");
+                 "&resourceVersion=%s%s",
+                 inf->path, inf->watch_timeout_s, inf->rv, sels);
+    } else if (sels[0]) {
+        snprintf(out, len, "%s?%s", inf->path, sels + 1);
     } else {
-        snprintf(out, len, "%s%s%s", inf->path, sel ? "?labelSelector=" : "", sel ? sel : "");
+        snprintf(out, len, "%s", inf->path);
     }
-    curl_free(sel);
+    curl_free(lsel);
+    curl_free(fsel);
 }
 
 static void start_list(struct k8s_informer *inf)
@@ -278,6 +286,12 @@ void k8s_informer_init(struct k8s_informer *inf, struct k8s_client *client,
     event_assign(&inf->retry, base, -1, 0, on_retry, inf);
 }
 
+void k8s_informer_set_field_selector(struct k8s_informer *inf, const char *field_selector)
+{
+    free(inf->field_selector);
+    inf->field_selector = field_selector ? strdup(field_selector) : NULL;
+}
+
 void k8s_informer_start(struct k8s_informer *inf)
 {
     start_list(inf);
@@ -292,4 +306,5 @@ void k8s_informer_dispose(struct k8s_informer *inf)
     free(inf->name);
     free(inf->path);
     free(inf->label_selector);
+    free(inf->field_selector);
 }

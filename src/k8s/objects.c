@@ -356,6 +356,8 @@ int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
     copy(o->node_name, sizeof o->node_name, k8s_get_string(obj, "spec.nodeName"));
     pod_requests(k8s_get(obj, "spec"), &o->requests);
     o->running = strcmp(o->phase, "Running") == 0;
+    const cJSON *first = cJSON_GetArrayItem(k8s_get(obj, "status.containerStatuses"), 0);
+    o->container_started = k8s_get(first, "state.running") != NULL;
     o->terminating = k8s_get(obj, "metadata.deletionTimestamp") != NULL ||
                      strcmp(o->phase, "Failed") == 0 || strcmp(o->phase, "Succeeded") == 0;
     const cJSON *c;
@@ -809,4 +811,54 @@ enum k8s_fit k8s_node_fits(const struct k8s_node_info *node, const struct k8s_po
         }
     }
     return K8S_FITS;
+}
+
+/* A Go time.Duration as String() writes it: [[Nh]Nm]N[.N]s, or N[.N]ms,
+ * us, µs, ns for under a second. */
+static int go_duration_ms(const char *s, uint64_t *ms)
+{
+    double total = 0;
+    bool any = false;
+    while (*s >= '0' && *s <= '9') {
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s) {
+            return -1;
+        }
+        s = end;
+        double unit;
+        if (strncmp(s, "ms", 2) == 0) {
+            unit = 1, s += 2;
+        } else if (strncmp(s, "us", 2) == 0 || strncmp(s, "ns", 2) == 0) {
+            unit = s[0] == 'u' ? 1e-3 : 1e-6, s += 2;
+        } else if (strncmp(s, "\xc2\xb5s", 3) == 0) {
+            unit = 1e-3, s += 3;
+        } else if (*s == 'h' || *s == 'm' || *s == 's') {
+            unit = *s == 'h' ? 3600e3 : *s == 'm' ? 60e3 : 1e3;
+            s++;
+        } else {
+            return -1;
+        }
+        total += v * unit;
+        any = true;
+    }
+    if (!any || total < 0 || total > 1e12) {
+        return -1;
+    }
+    *ms = (uint64_t)(total + 0.5);
+    return 0;
+}
+
+int k8s_pulled_duration_ms(const char *message, uint64_t *ms)
+{
+    static const char prefix[] = "Successfully pulled image \"";
+    if (!message || strncmp(message, prefix, sizeof prefix - 1) != 0) {
+        return -1;
+    }
+    /* An image reference has no quote in it: the next one closes it. */
+    const char *close = strchr(message + sizeof prefix - 1, '"');
+    if (!close || strncmp(close, "\" in ", 5) != 0) {
+        return -1;
+    }
+    return go_duration_ms(close + 5, ms);
 }

@@ -565,8 +565,22 @@ static void start_at(struct runtime *rt, struct request *r, struct endpoint *ep)
 
 /* Cold-start heartbeats: a streaming client held while its model loads gets
  * the event-stream head at once and an SSE comment every
- * loading_heartbeat_ms, so it (and proxies between) do not time out. */
-static const char heartbeat_chunk[] = "b\r\n: loading\n\n\r\n";
+ * loading_heartbeat_ms, so it (and proxies between) do not time out. The
+ * comment says how far along the cold start is (coldstart_heartbeat):
+ * ": loading phase=load elapsed=12s expected_remaining=40s". */
+struct heartbeat {
+    char chunk[192];
+    size_t len;
+};
+
+/* The comment as one chunk of the response's chunked body. */
+static void heartbeat_build(const struct model *m, struct heartbeat *hb)
+{
+    char comment[160];
+    size_t n = coldstart_heartbeat(&m->cold, clock_now_ms(), comment, sizeof comment);
+    int w = snprintf(hb->chunk, sizeof hb->chunk, "%zx\r\n%.*s\r\n", n, (int)n, comment);
+    hb->len = w > 0 && (size_t)w < sizeof hb->chunk ? (size_t)w : 0;
+}
 
 static bool wants_stream(const struct request *r)
 {
@@ -583,21 +597,28 @@ static bool wants_stream(const struct request *r)
     return st == JSONSCAN_NO_MODEL && scan.key_is_true;
 }
 
+struct heartbeat_round {
+    struct heartbeat hb;
+    bool any;
+};
+
 static void heartbeat_one(struct queue_item *it, void *ud)
 {
     struct request *r = container_of(it, struct request, qi);
+    struct heartbeat_round *round = ud;
     if (r->fwd.heartbeat) {
-        conn_write(r->conn, heartbeat_chunk, sizeof heartbeat_chunk - 1);
-        *(bool *)ud = true;
+        conn_write(r->conn, round->hb.chunk, round->hb.len);
+        round->any = true;
     }
 }
 
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
 {
     struct model *m = arg;
-    bool any = false;
-    queue_visit(&m->queue, heartbeat_one, &any);
-    if (any) {
+    struct heartbeat_round round = {.any = false};
+    heartbeat_build(m, &round.hb);
+    queue_visit(&m->queue, heartbeat_one, &round);
+    if (round.any) {
         uint64_t ms = m->set.loading_heartbeat_ms;
         struct timeval tv = clock_timeval(ms);
         event_add(m->heartbeat_timer, &tv);
@@ -620,7 +641,9 @@ static void start_heartbeat(struct runtime *rt, struct request *r)
     r->fwd.heartbeat = true;
     r->ex.response_started = true;
     conn_write(c, head, sizeof head - 1);
-    conn_write(c, heartbeat_chunk, sizeof heartbeat_chunk - 1);
+    struct heartbeat hb;
+    heartbeat_build(m, &hb);
+    conn_write(c, hb.chunk, hb.len);
     if (!event_pending(m->heartbeat_timer, EV_TIMEOUT, NULL)) {
         uint64_t ms = m->set.loading_heartbeat_ms;
         struct timeval tv = clock_timeval(ms);

@@ -4,6 +4,7 @@ Kubernetes documentation says the real ones do. No thaw here."""
 
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -286,6 +287,45 @@ def test_pod_needing_two_gpus_stays_pending_with_the_real_message(cluster, tmp_p
     wait_for(lambda: pods(sim)[0]["spec"].get("nodeName") == "c", timeout=10,
              what="scheduled on the new node")
     assert sim.state()["nodes"]["c"]["requested"] == {"nvidia.com/gpu": "2"}
+
+
+def test_scheduling_delay_and_image_pull_with_the_kubelets_events(cluster, tmp_path):
+    sim = cluster()
+    create(sim, web("slow", annotations={"sim.thaw.dev/schedule-delay-ms": "300",
+                                         "sim.thaw.dev/pull-ms": "400"}))
+    wait_for(lambda: pods(sim), what="pod created")
+    start = time.monotonic()
+    p = pods(sim)[0]
+    assert not p["spec"].get("nodeName") and pod_scheduled(p) is None  # not reached yet
+    wait_for(lambda: pods(sim)[0]["spec"].get("nodeName"), what="scheduled")
+    bound = time.monotonic()
+    assert bound - start >= 0.2
+    # Pulling: Pending, the container waiting in ContainerCreating, no container started.
+    wait_for(lambda: pods(sim)[0]["status"].get("containerStatuses"), what="pull started")
+    p = pods(sim)[0]
+    cs = p["status"]["containerStatuses"][0]
+    assert p["status"]["phase"] == "Pending"
+    assert cs["state"] == {"waiting": {"reason": "ContainerCreating"}} and not cs["started"]
+    wait_for(lambda: "running" in pods(sim)[0]["status"]["containerStatuses"][0]["state"],
+             what="container started")
+    assert time.monotonic() - bound >= 0.35
+    running = pods(sim)[0]["status"]["containerStatuses"][0]["state"]["running"]
+    assert running["startedAt"].endswith("Z")
+    # The kubelet's Events, as it words them, selectable by reason.
+    q = "fieldSelector=involvedObject.kind%3DPod%2Creason%3DPulled"
+    evs = sim.call("GET", f"/api/v1/namespaces/{NS}/events?{q}")[1]["items"]
+    assert len(evs) == 1 and evs[0]["source"]["component"] == "kubelet"
+    assert re.fullmatch(r'Successfully pulled image "vllm/vllm-openai:v0\.6\.0" in '
+                        r'(\d+\.\d{3})s \(\1s including waiting\)\. Image size: \d+ bytes\.',
+                        evs[0]["message"]), evs[0]["message"]
+    assert 0.35 <= float(re.search(r"in ([\d.]+)s", evs[0]["message"]).group(1)) < 1.5
+    evs = sim.call("GET", f"/api/v1/namespaces/{NS}/events")[1]["items"]
+    order = [e["reason"] for e in sorted(evs, key=lambda e: int(e["metadata"]["resourceVersion"]))
+             if e["involvedObject"]["kind"] == "Pod"]
+    # (then Unhealthy, perhaps: the readiness probe while the model loads)
+    assert order[:4] == ["Scheduled", "Pulling", "Pulled", "Started"], order
+    pulling = next(e for e in evs if e["reason"] == "Pulling")
+    assert pulling["message"] == 'Pulling image "vllm/vllm-openai:v0.6.0"'
 
 
 def test_cordon_and_uncordon_change_scheduling(cluster, tmp_path):

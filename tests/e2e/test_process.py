@@ -302,7 +302,7 @@ def test_loading_heartbeats_keep_a_streaming_client_company(thaw_factory):
     start, r = stream_request(t, {"model": "llama", "stream": True, "messages": []})
     assert r.status == 200 and r.header("content-type") == "text/event-stream"
     events = [e for e in r.body.decode().split("\n\n") if e]
-    beats = [e for e in events if e == ": loading"]
+    beats = [e for e in events if e.startswith(": loading phase=")]
     assert len(beats) >= 4  # one at once, then every 100 ms of a 700 ms load
     assert r.chunks[0][0] - start < 0.3  # the first heartbeat came at once
     data = [e for e in events if e.startswith("data: ")]
@@ -321,7 +321,7 @@ def test_failed_start_ends_a_heartbeat_stream_with_an_error_event(thaw_factory):
     _, r = stream_request(t, {"model": "llama", "stream": True, "messages": []})
     assert r.status == 200
     events = [e for e in r.body.decode().split("\n\n") if e]
-    assert events[0] == ": loading"
+    assert events[0].startswith(": loading phase=load ")
     # One SSE error event with the status, never raw JSON in the stream.
     assert events[-1].startswith("event: error\ndata: {")
     err = json.loads(events[-1][len("event: error\ndata: "):])["error"]

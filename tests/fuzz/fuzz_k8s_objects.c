@@ -2,7 +2,8 @@
  * The input goes to an informer twice over: as a list response body, then
  * line by line as watch events, then as a list again (so objects the
  * informer knows are swept). Every object the informer hands on goes through
- * all of thaw's decoders (Deployment model spec, Pod, EndpointSlice, Node),
+ * all of thaw's decoders (Deployment model spec, Pod, EndpointSlice, Node,
+ * a Pulled Event's message),
  * the label selector matcher and the Lease reader and writer, whatever its kind, as a confused or
  * hostile API server could send anything anywhere. Each line is also read
  * as a peer activator's demand report. */
@@ -50,6 +51,8 @@ static void decode_all(const cJSON *obj)
     }
     struct k8s_pod_info pod;
     (void)k8s_pod_decode(obj, &pod);
+    uint64_t pull_ms;
+    (void)k8s_pulled_duration_ms(k8s_get_string(obj, "message"), &pull_ms); /* a Pulled Event */
     /* Its selector against its own labels, and against a Deployment's. */
     (void)k8s_selector_matches(k8s_get(obj, "spec.selector"), k8s_get(obj, "metadata.labels"));
     (void)k8s_selector_matches(obj, k8s_get(obj, "spec.template.metadata.labels"));

@@ -71,6 +71,12 @@ kubelets of every node):
   ("asyncio-model"), as the pod annotation sim.thaw.dev/server says; sim.thaw.dev/loading is bind-late (the default:
   not listening until loaded) or 503 (listening, 503 while loading);
   sim.thaw.dev/load-ms the load time (default --load-ms),
+  sim.thaw.dev/pull-ms an image pull before the container starts (the pod
+  stays Pending with its container waiting in ContainerCreating; the kubelet
+  records Pulling `Pulling image "x"` and then Pulled `Successfully pulled
+  image "x" in 1.234s (1.234s including waiting). Image size: N bytes.`),
+  sim.thaw.dev/schedule-delay-ms how long the scheduler takes to get to the
+  pod (it stays Pending without a PodScheduled condition until then),
   sim.thaw.dev/token-ms the time per token, sim.thaw.dev/ready-file (c and asyncio-model)
   a file the server writes when loaded. The model name is the pod's
   thaw.dev/model label ("sim" without one). Probes run as the kubelet runs them: readiness once
@@ -99,7 +105,8 @@ kubelets of every node):
 - Events, as the components record them (counted when repeated):
   ScalingReplicaSet (deployment-controller), SuccessfulCreate and
   SuccessfulDelete (replicaset-controller), Scheduled and FailedScheduling
-  (default-scheduler), Started, Killing, Unhealthy and BackOff (kubelet).
+  (default-scheduler), Pulling and Pulled (with sim.thaw.dev/pull-ms), Started,
+  Killing, Unhealthy and BackOff (kubelet).
 
 Nodes: --nodes takes a JSON list of {"name", "gpus" (1), "replicas" (1; GPU
 sharing: allocatable nvidia.com/gpu = gpus x replicas), "product", "labels",
@@ -1221,6 +1228,8 @@ class Cluster:
         self.events = {}  # (namespace, uid, reason, message, component) -> Event name
         self.probes = concurrent.futures.ThreadPoolExecutor(max_workers=16)
         self.ip_next = 0
+        self.pulls = {}  # pod uid -> when its image pull ends (monotonic)
+        self.first_seen = {}  # pod uid -> when the scheduler first saw it (monotonic)
         self.seen_rv = None
         self.next_full = 0.0
         self.stop = False
@@ -1766,7 +1775,10 @@ class Cluster:
                     req[r] = req.get(r, 0) + q
                 used[node] = (req, count + 1)
         pending.sort(key=lambda p: (-int(p["spec"].get("priority") or 0), created(p)))
+        now = time.monotonic()
         for p in pending:
+            if not self.scheduler_reached(p, now):
+                continue
             want = pod_requests(p["spec"])
             fits, failures = [], []
             for n in nodes:
@@ -1787,6 +1799,19 @@ class Cluster:
                 self.bind(p, name)
             else:
                 self.mark_unschedulable(p, fit_error(len(nodes), failures))
+
+    def scheduler_reached(self, p, now):
+        """sim.thaw.dev/schedule-delay-ms: the pod waits in the scheduler's
+        queue that long after it was first seen."""
+        anns = meta(p).get("annotations") or {}
+        delay = int(anns.get("sim.thaw.dev/schedule-delay-ms", "0") or 0) / 1000
+        if delay <= 0:
+            return True
+        first = self.first_seen.setdefault(meta(p)["uid"], now)
+        if now >= first + delay:
+            return True
+        self.next_full = min(self.next_full, first + delay)  # come back then
+        return False
 
     @staticmethod
     def filter_node(p, want, node, used):
@@ -1896,6 +1921,8 @@ class Cluster:
                                                                                  "Failed"):
             return
         if c is None:
+            if not self.image_pulled(p, now):
+                return
             c = self.containers[md["uid"]] = Container(p, self.alloc_ip(), self.server_port(p))
             self.start_container(p, c, now)
         elif c.waiting and c.restart_at is not None and now >= c.restart_at:
@@ -1906,6 +1933,40 @@ class Cluster:
         if c.waiting is None:
             self.run_probes(p, c, now)
         self.write_pod_status(p, c)
+
+    def image_pulled(self, p, now):
+        """sim.thaw.dev/pull-ms: the kubelet pulls the image first, recording
+        Pulling and Pulled as the real kubelet words them; meanwhile the pod
+        is Pending with its container waiting in ContainerCreating."""
+        md = meta(p)
+        ms = int((md.get("annotations") or {}).get("sim.thaw.dev/pull-ms", "0") or 0)
+        if ms <= 0:
+            return True
+        image = ((p["spec"].get("containers") or [{}])[0]).get("image", "")
+        done = self.pulls.get(md["uid"])
+        if done is None:
+            self.pulls[md["uid"]] = now + ms / 1000
+            self.event(p, "Normal", "Pulling", f'Pulling image "{image}"', "kubelet")
+            self.write_waiting_status(p)
+            return False
+        if now < done:
+            return False
+        took = ms / 1000 + (now - done)
+        self.event(p, "Normal", "Pulled", f'Successfully pulled image "{image}" in {took:.3f}s '
+                   f'({took:.3f}s including waiting). Image size: 4143467520 bytes.', "kubelet")
+        del self.pulls[md["uid"]]
+        return True
+
+    def write_waiting_status(self, p):
+        def fn(o):
+            s = o.setdefault("status", {})
+            s["phase"] = "Pending"
+            s["containerStatuses"] = [
+                {"name": ctr.get("name"), "image": ctr.get("image", ""), "imageID": "",
+                 "ready": False, "started": False, "restartCount": 0,
+                 "state": {"waiting": {"reason": "ContainerCreating"}}, "lastState": {}}
+                for ctr in o["spec"].get("containers") or []]
+        self.store.mutate("pods", meta(p)["namespace"], meta(p)["name"], fn)
 
     def start_container(self, p, c, now):
         c.restart_at = None

@@ -1015,6 +1015,32 @@ static void test_backoff_is_capped_and_jittered(void **state)
     assert_true(k8s_backoff_ms(100, 0.99) <= 45000);
 }
 
+static void test_pulled_event_duration(void **state)
+{
+    uint64_t ms = 0;
+    assert_int_equal(k8s_pulled_duration_ms("Successfully pulled image \"nginx:latest\" in 1.234s "
+                                            "(1.234s including waiting). Image size: 67219037 "
+                                            "bytes.", &ms), 0);
+    assert_int_equal(ms, 1234);
+    assert_int_equal(k8s_pulled_duration_ms("Successfully pulled image \"vllm/vllm-openai:v0.6\" "
+                                            "in 2m3.5s (2m10s including waiting).", &ms), 0);
+    assert_int_equal(ms, 123500);
+    assert_int_equal(k8s_pulled_duration_ms("Successfully pulled image \"x\" in 850ms (850ms "
+                                            "including waiting)", &ms), 0);
+    assert_int_equal(ms, 850);
+    assert_int_equal(k8s_pulled_duration_ms("Successfully pulled image \"x\" in 1h0m0s", &ms), 0);
+    assert_int_equal(ms, 3600000);
+    /* Older kubelets: no "including waiting". */
+    assert_int_equal(k8s_pulled_duration_ms("Successfully pulled image \"x\" in 5.1s", &ms), 0);
+    assert_int_equal(ms, 5100);
+    assert_int_equal(k8s_pulled_duration_ms("Container image \"x\" already present on machine",
+                                            &ms), -1);
+    assert_int_equal(k8s_pulled_duration_ms("Successfully pulled image \"x\" in", &ms), -1);
+    assert_int_equal(k8s_pulled_duration_ms("Successfully pulled image \"x\" in abc", &ms), -1);
+    assert_int_equal(k8s_pulled_duration_ms("Successfully pulled image \"x", &ms), -1);
+    assert_int_equal(k8s_pulled_duration_ms(NULL, &ms), -1);
+}
+
 static void test_rfc3339_times(void **state)
 {
     int64_t ms;
@@ -1073,6 +1099,7 @@ int main(void)
         cmocka_unit_test(test_rfc3339_times),
         cmocka_unit_test(test_quantities),
         cmocka_unit_test(test_gpu_memory_annotation),
+        cmocka_unit_test(test_pulled_event_duration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,6 +32,7 @@ struct k8s_informer {
     char *name; /* for logs: "deployments" */
     char *path; /* collection path, e.g. /apis/apps/v1/deployments */
     char *label_selector;
+    char *field_selector;
     const struct k8s_informer_ops *ops;
     void *ud;
     struct k8s_call *call;
@@ -49,6 +50,9 @@ struct k8s_informer {
 void k8s_informer_init(struct k8s_informer *inf, struct k8s_client *client,
                        struct event_base *base, const char *name, const char *path,
                        const char *label_selector, const struct k8s_informer_ops *ops, void *ud);
+/* Narrows the list and watch to objects whose fields match (a
+ * fieldSelector, e.g. "involvedObject.kind=Pod,reason=Pulled"); before start. */
+void k8s_informer_set_field_selector(struct k8s_informer *inf, const char *field_selector);
 void k8s_informer_start(struct k8s_informer *inf);
 void k8s_informer_dispose(struct k8s_informer *inf);
 /* What the list and watch responses do, without the network (also used by

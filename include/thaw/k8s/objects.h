@@ -58,6 +58,7 @@ struct k8s_pod_info {
     char ip[64];     /* status.podIP; "" before it has one */
     char phase[16];
     bool running;       /* phase Running */
+    bool container_started; /* its first container's state is running (startedAt set) */
     bool terminating;   /* deletionTimestamp set, or Failed/Succeeded */
     bool unschedulable; /* PodScheduled=False, reason Unschedulable */
     char unschedulable_message[256];
@@ -67,6 +68,12 @@ struct k8s_pod_info {
 
 /* 0, or -1 when obj has no name. */
 int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *out);
+
+/* The pull time the kubelet reports in a Pulled Event's message:
+ * `Successfully pulled image "x" in 1.234s (1.234s including waiting). ...`
+ * (a Go duration: 850ms, 1.5s, 2m3.1s, 1h0m0s). 0, or -1 when the message is
+ * not of that shape (e.g. `Container image "x" already present on machine`). */
+int k8s_pulled_duration_ms(const char *message, uint64_t *ms);
 
 /* Whether an object with these labels (metadata.labels; NULL: none) is
  * selected by a LabelSelector: every matchLabels pair, and every

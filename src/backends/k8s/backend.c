@@ -36,6 +36,9 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
     struct kmodel *km = m->backend_data;
     uint64_t now = clock_now_ms();
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
+    /* Clients wait from now: the cold start they see begins (its phases
+     * come from the pods, kube_cold_refresh). */
+    kube_cold_begin(km, now);
     if (km->spec.replicas == 0 && !kube_memory_bound(km)) {
         kube_scale_from_zero(km);
     } else if (km->spec.replicas == 0 && km->kb->leading) {
@@ -46,6 +49,10 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 
 static uint64_t kube_retry_after_ms(struct backend *b, struct model *m)
 {
+    uint64_t remaining;
+    if (coldstart_remaining_ms(&m->cold, clock_now_ms(), &remaining)) {
+        return remaining;
+    }
     return m->cold_start_ms ? m->cold_start_ms : 5000;
 }
 
@@ -78,6 +85,8 @@ static void kube_free(struct backend *b)
         k8s_informer_dispose(&kb->ns[i].deployments);
         k8s_informer_dispose(&kb->ns[i].slices);
         k8s_informer_dispose(&kb->ns[i].pods);
+        k8s_informer_dispose(&kb->ns[i].pulling);
+        k8s_informer_dispose(&kb->ns[i].pulled);
     }
     k8s_informer_dispose(&kb->nodes);
     strmap_each(&kb->models, free_model_cb, NULL);
@@ -141,16 +150,18 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
         kb->n_ns = MAX_NAMESPACES;
     }
     for (size_t i = 0; i < kb->n_ns; i++) {
-        char dp[512], sp[512], pp[512];
+        char dp[512], sp[512], pp[512], ep[512];
         if (k->n_namespaces) {
             const char *ns = k->namespaces[i];
             snprintf(dp, sizeof dp, "/apis/apps/v1/namespaces/%s/deployments", ns);
             snprintf(sp, sizeof sp, "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices", ns);
             snprintf(pp, sizeof pp, "/api/v1/namespaces/%s/pods", ns);
+            snprintf(ep, sizeof ep, "/api/v1/namespaces/%s/events", ns);
         } else {
             snprintf(dp, sizeof dp, "/apis/apps/v1/deployments");
             snprintf(sp, sizeof sp, "/apis/discovery.k8s.io/v1/endpointslices");
             snprintf(pp, sizeof pp, "/api/v1/pods");
+            snprintf(ep, sizeof ep, "/api/v1/events");
         }
         k8s_informer_init(&kb->ns[i].deployments, kb->client, base, "deployments", dp, sel,
                           &kube_deployment_ops, kb);
@@ -159,6 +170,14 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
         /* Every pod: a model's are those its Deployment's selector picks,
          * which no single label selector can ask for (replicas.c). */
         k8s_informer_init(&kb->ns[i].pods, kb->client, base, "pods", pp, NULL, &kube_pod_ops, kb);
+        /* Only the two reasons, server-side: a namespace's other Events
+         * (probe failures, scheduling, other workloads') never reach thaw. */
+        k8s_informer_init(&kb->ns[i].pulling, kb->client, base, "events (Pulling)", ep, NULL,
+                          &kube_pull_event_ops, kb);
+        k8s_informer_set_field_selector(&kb->ns[i].pulling, "involvedObject.kind=Pod,reason=Pulling");
+        k8s_informer_init(&kb->ns[i].pulled, kb->client, base, "events (Pulled)", ep, NULL,
+                          &kube_pull_event_ops, kb);
+        k8s_informer_set_field_selector(&kb->ns[i].pulled, "involvedObject.kind=Pod,reason=Pulled");
     }
     k8s_informer_init(&kb->nodes, kb->client, base, "nodes", "/api/v1/nodes", NULL, &kube_node_ops,
                       kb);

@@ -55,6 +55,7 @@ struct kpod {
     char node[254];                /* spec.nodeName; "" while not scheduled */
     struct k8s_resources requests; /* its counted extended resources */
     char created[32]; /* creationTimestamp: the order slots are dealt in */
+    struct cs_timeline phases; /* tracked when it starts while its model is cold */
     struct probe probe;
 };
 
@@ -105,6 +106,9 @@ struct kube_placement {
 
 struct informer_set {
     struct k8s_informer deployments, slices, pods;
+    /* The kubelet's image pull Events of pods (Pulling, Pulled): the image
+     * pull phase of cold starts. Not counted for readiness. */
+    struct k8s_informer pulling, pulled;
 };
 
 struct kube_backend {
@@ -147,7 +151,13 @@ bool kube_synced(struct backend *b);
 
 /* backend_k8s_replicas.c */
 extern const struct k8s_informer_ops kube_deployment_ops, kube_pod_ops, kube_slice_ops,
-    kube_node_ops;
+    kube_node_ops, kube_pull_event_ops;
+/* The model's current cold-start phase from its pods' (the most advanced). */
+void kube_cold_refresh(struct kmodel *km);
+/* Clients wait for a model with no ready pod, or it is scaled from zero: its
+ * cold start begins (nothing when one is in progress or a pod is ready);
+ * pods already starting are tracked from what is known of them. */
+void kube_cold_begin(struct kmodel *km, uint64_t now);
 void kube_pod_ready(struct kpod *p, const char *via);
 /* The same, with the probe's open connection to the pod (-1: none). */
 void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);

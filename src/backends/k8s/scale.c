@@ -95,11 +95,13 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
         if (from == 0 && want > 0) {
             km->scale_ups++;
             km->woken_ms = clock_now_ms();
+            kube_cold_begin(km, km->woken_ms); /* also when no request asked (warm pool) */
             strmap_each(&km->pods, unretire_pod, NULL);
             kube_post_event(km, "Normal", "ScaledFromZero", msg);
         } else if (want == 0) {
             km->scale_downs++;
             kube_post_event(km, "Normal", "ScaledToZero", msg);
+            coldstart_cancel(&km->m->cold);
             /* Every pod goes now: send them nothing more, even before the
              * watch reports them terminating. */
             strmap_each(&km->pods, retire_pod, NULL);
@@ -146,6 +148,7 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
         int64_t to = (int64_t)km->sc.asc.activation_scale;
         km->spec.replicas = to;
         km->woken_ms = clock_now_ms();
+        kube_cold_begin(km, km->woken_ms);
         strmap_each(&km->pods, unretire_pod, NULL);
         km->scale_ups++;
         km->kb->conditional_scales++;
@@ -226,6 +229,7 @@ static void model_tick(void *ud, const char *key, void *value)
     if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0 &&
         !(km->kb->have_peers && km->kb->leading)) {
         km->waiting_since_ms = 0; /* scaled to zero and quiet: the common, cheap case */
+        coldstart_cancel(&m->cold); /* nobody waits any more */
         return;
     }
     uint64_t now = clock_now_ms();

@@ -46,6 +46,22 @@ static void describe_pod(void *ud, const char *key, void *value)
         cJSON_AddBoolToObject(j, "unschedulable", true);
         d->unschedulable++;
     }
+    if (p->phases.begun_ms) {
+        /* A pod of a cold start in progress: where it is, and the time so far in each phase. */
+        uint64_t now = clock_now_ms();
+        cJSON *cs = cJSON_AddObjectToObject(j, "cold_start");
+        cJSON_AddStringToObject(cs, "phase", cs_phase_name(p->phases.phase));
+        cJSON_AddNumberToObject(cs, "phase_elapsed_ms",
+                                (double)cs_timeline_phase_ms(&p->phases, p->phases.phase, now));
+        cJSON *ph = cJSON_AddObjectToObject(cs, "phases_ms");
+        for (int i = 0; i < CS_PHASES; i++) {
+            if (cs_timeline_entered(&p->phases, (enum cs_phase)i)) {
+                cJSON_AddNumberToObject(ph, cs_phase_name((enum cs_phase)i),
+                                        (double)cs_timeline_phase_ms(&p->phases, (enum cs_phase)i,
+                                                                     now));
+            }
+        }
+    }
     cJSON_AddItemToArray(d->arr, j);
 }
 
@@ -403,6 +419,10 @@ void kube_describe_capacity(struct backend *b, cJSON *out)
         add_informer(infs, &kb->ns[i].deployments, ns);
         add_informer(infs, &kb->ns[i].slices, ns);
         add_informer(infs, &kb->ns[i].pods, ns);
+        if (kb->cfg->kubernetes.pull_events) {
+            add_informer(infs, &kb->ns[i].pulling, ns);
+            add_informer(infs, &kb->ns[i].pulled, ns);
+        }
     }
     add_informer(infs, &kb->nodes, NULL);
     describe_nodes(kb, k);
