@@ -47,6 +47,10 @@ struct model_stats {
     struct histogram queue_wait[TIER_COUNT];
     struct histogram cold_start; /* replica start -> ready */
     uint64_t pool_decisions[6];  /* by enum wp_action */
+    /* sleep mode: replicas put to sleep, woken, and the calls that failed
+     * (each fell back to a stop, or to a cold start) */
+    uint64_t sleeps, sleep_failures, wakes, wake_failures;
+    struct histogram wake; /* a request finds it asleep -> the replica takes requests again */
 };
 
 struct model {
