@@ -178,3 +178,15 @@ def test_independent_server_sleeps_and_wakes(thaw_factory):
     st = replica_stats(port)
     assert st["sleeps"] == 1 and st["wakes"] == 1 and st["by_path"].get("/v1/completions") == 2
     t.assert_reconciled()
+
+
+def test_sleep_config_errors_name_the_key(tmp_path):
+    import subprocess
+    from conftest import THAW_BIN
+    bad = tmp_path / "bad.json"
+    for sleep, msg in [({"level": 3}, "models[0].sleep.level"),
+                       ({"enabled": "yes"}, "models[0].sleep.enabled"),
+                       ({"idle_before_sleep": 1}, "models[0].sleep.idle_before_sleep")]:
+        bad.write_text(json.dumps({"models": [{"name": "x", "command": [SIM], "sleep": sleep}]}))
+        r = subprocess.run([THAW_BIN, "--check-config", str(bad)], capture_output=True, text=True)
+        assert r.returncode == 1 and msg in r.stderr and "bad.json" in r.stderr, r.stderr
