@@ -133,7 +133,7 @@ def rules_of(objs):
 def test_rbac_is_exactly_what_the_docs_list():
     docs = {("apps", "deployments", ("get", "list", "patch", "watch")),
             ("apps", "deployments/scale", ("patch",)),
-            ("", "pods", ("get", "list", "watch")),
+            ("", "pods", ("delete", "get", "list", "watch")),
             ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
             ("", "events", ("create", "patch"))}
     everywhere = rules_of(render("thaw"))

@@ -35,6 +35,9 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
     struct kmodel *km = m->backend_data;
     uint64_t now = clock_now_ms();
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
+    if (kube_wake_for_demand(km)) {
+        return 0; /* a pod is asleep or waking: it serves in seconds */
+    }
     if (km->spec.replicas == 0) {
         kube_scale_from_zero(km);
     }
@@ -43,6 +46,11 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 
 static uint64_t kube_retry_after_ms(struct backend *b, struct model *m)
 {
+    struct kmodel *km = m->backend_data;
+    unsigned waking = 0, dozing = 0;
+    if (km->last_wake_ms && kube_pods_asleep(km, &waking, &dozing) + waking + dozing > 0) {
+        return km->last_wake_ms;
+    }
     return m->cold_start_ms ? m->cold_start_ms : 5000;
 }
 

@@ -233,7 +233,8 @@ static const char *const thaw_keys[] = {
     "first-byte-timeout", "upstream-idle-timeout", "loading-heartbeat", "min-scale", "max-scale",
     "initial-scale", "activation-scale", "target", "target-utilization-percentage", "window",
     "panic-window-percentage", "panic-threshold-percentage", "scale-down-delay", "idle-timeout",
-    "startup-timeout", "port", "health-path", "service", "hosts", "aliases", NULL};
+    "startup-timeout", "port", "health-path", "service", "hosts", "aliases", "sleep-mode",
+    "idle-before-sleep", "sleep-timeout", NULL};
 static const char *const knative_keys[] = {
     "class", "metric", "container-concurrency", "min-scale", "max-scale", "initial-scale",
     "activation-scale", "target", "target-utilization-percentage", "window",
@@ -325,6 +326,26 @@ static void read_settings(const struct ann_src *anns, struct k8s_model_spec *o)
                   "autoscaling.knative.dev/scale-to-zero-pod-retention-period", 0, DAY,
                   &o->idle_timeout_ms, o);
     read_duration(anns, "thaw.dev/startup-timeout", NULL, 1, DAY, &o->startup_timeout_ms, o);
+}
+
+/* thaw.dev/sleep-mode: "true" or "1" (level 1), "2", "false" or "0" (off). */
+static void read_sleep(const struct ann_src *anns, struct k8s_model_spec *o)
+{
+    const char *used;
+    const char *v = annotation(anns, "thaw.dev/sleep-mode", NULL, &used);
+    if (v) {
+        if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) {
+            o->sleep_level = 1;
+        } else if (strcmp(v, "2") == 0) {
+            o->sleep_level = 2;
+        } else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) {
+            o->sleep_level = 0;
+        } else {
+            add_error(o, used, v, "is not true, false, 1 or 2; sleep mode stays off");
+        }
+    }
+    read_duration(anns, "thaw.dev/idle-before-sleep", NULL, 1, DAY, &o->idle_before_sleep_ms, o);
+    read_duration(anns, "thaw.dev/sleep-timeout", NULL, 1, 10 * 60000, &o->sleep_timeout_ms, o);
 }
 
 static void read_scaling(const struct ann_src *anns, struct k8s_model_spec *o)
@@ -446,6 +467,7 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
         }
     }
     read_settings(&anns, o);
+    read_sleep(&anns, o);
     read_scaling(&anns, o);
     read_routing(&anns, o);
     report_unknown(anns.dep, NULL, o);

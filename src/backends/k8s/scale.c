@@ -222,6 +222,7 @@ static void model_tick(void *ud, const char *key, void *value)
     struct kmodel *km = value;
     struct model *m = km->m;
     kube_idle_tick(km, clock_now_ms());
+    kube_sleep_tick(km, clock_now_ms());
     bool busy = m->inflight > 0 || m->queue.count > 0;
     if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0 &&
         !(km->kb->have_peers && km->kb->leading)) {

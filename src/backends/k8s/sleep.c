@@ -1,0 +1,247 @@
+/* Kubernetes backend, sleep mode (thaw.dev/sleep-mode): the same states as
+ * the process backend's, through the pod's IP. A ready pod of a model that
+ * has had nothing in flight or held for idle-before-sleep leaves routing and
+ * is sent POST /sleep?level=N; asleep it keeps running (the Deployment keeps
+ * its count, the pod its node's resources) with its GPU memory free. Demand
+ * wakes it (POST /wake_up) before anything scales up; the idle timeout
+ * scales the Deployment down as before, taking the asleep pods with it.
+ * Failures: a /sleep answered with an error leaves the pod serving (not
+ * asked again when idle); one that is not answered sends it back through
+ * thaw's probe; a /wake_up that fails deletes the pod, so its ReplicaSet
+ * starts a new one and the held requests get a cold start. */
+#include "internal.h"
+#include "thaw/clock.h"
+#include "thaw/log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+const char *kube_pod_sleep_name(enum kpod_sleep s)
+{
+    switch (s) {
+    case KS_AWAKE: return "awake";
+    case KS_DOZING: return "falling_asleep";
+    case KS_ASLEEP: return "sleeping";
+    case KS_WAKING: return "waking";
+    case KS_FAILED: return "wake_failed";
+    }
+    return "unknown";
+}
+
+static void pod_addr(const struct kpod *p, char *out, size_t len)
+{
+    snprintf(out, len, strchr(p->ip, ':') ? "[%s]:%d" : "%s:%d", p->ip, p->km->spec.port);
+}
+
+void kube_pod_sleep_dispose(struct kpod *p)
+{
+    if (p->ctl_init) {
+        control_cancel(&p->ctl);
+    }
+    k8s_call_cancel(p->delete_call);
+    p->delete_call = NULL;
+}
+
+static int send_control(struct kpod *p, const char *path, control_done_cb done)
+{
+    struct kmodel *km = p->km;
+    if (!p->ctl_init) {
+        control_init(&p->ctl, km->kb->evbase);
+        p->ctl_init = true;
+    }
+    char addr[96];
+    pod_addr(p, addr, sizeof addr);
+    return control_send(&p->ctl, addr, "POST", path, km->spec.sleep_timeout_ms, done, p);
+}
+
+static void wake_wanted(struct kmodel *km);
+
+static void on_slept(struct control *c, int status, void *ud)
+{
+    struct kpod *p = ud;
+    struct kmodel *km = p->km;
+    if (status >= 200 && status <= 299) {
+        p->sleep = KS_ASLEEP;
+        km->m->stats.sleeps++;
+        LOGI("pod asleep", "model=%s pod=%s", km->m->name, p->name);
+        wake_wanted(km); /* a request may have come meanwhile */
+        return;
+    }
+    km->m->stats.sleep_failures++;
+    p->sleep = KS_AWAKE;
+    p->no_idle_sleep = true;
+    if (status > 0) {
+        /* It answered: it is serving and stays in routing. */
+        LOGW("pod refused to sleep: it stays awake", "model=%s pod=%s status=%d", km->m->name,
+             p->name, status);
+        kube_pod_ready(p, "sleep refused");
+    } else {
+        /* No answer: routed again only once thaw's probe (or its endpoint) says so. */
+        LOGW("pod did not answer /sleep: probing it again", "model=%s pod=%s error=%d",
+             km->m->name, p->name, status);
+        p->probe_ok = false;
+        kube_pod_probe(p);
+    }
+}
+
+/* Takes a ready pod out of routing and asks it to sleep. */
+static void pod_sleep(struct kpod *p, const char *why)
+{
+    struct kmodel *km = p->km;
+    char path[32];
+    snprintf(path, sizeof path, "/sleep?level=%u", (unsigned)km->spec.sleep_level);
+    if (send_control(p, path, on_slept)) {
+        return;
+    }
+    kube_pod_gone(p, "asleep");
+    p->sleep = KS_DOZING;
+    LOGI("putting pod to sleep", "model=%s pod=%s level=%u reason=\"%s\"", km->m->name, p->name,
+         (unsigned)km->spec.sleep_level, why);
+}
+
+static void on_deleted(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct kpod *p = ud;
+    p->delete_call = NULL;
+    if (status < 200 || status > 299) {
+        LOGW("deleting a pod that did not wake failed", "model=%s pod=%s status=%ld",
+             p->km->m->name, p->name, status);
+    }
+}
+
+/* /wake_up failed: the pod goes, its ReplicaSet replaces it (a cold start)
+ * and the held requests wait for that. */
+static void wake_failed(struct kpod *p, int status)
+{
+    struct kmodel *km = p->km;
+    km->m->stats.wake_failures++;
+    p->sleep = KS_FAILED;
+    LOGW("pod did not wake: deleting it for a cold start", "model=%s pod=%s status=%d",
+         km->m->name, p->name, status);
+    char path[700];
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
+    p->delete_call = k8s_request(km->kb->client, "DELETE", path, NULL, NULL, 0, 15000,
+                                 on_deleted, p);
+    char msg[400];
+    snprintf(msg, sizeof msg, "pod %s did not wake from sleep (status %d); deleted for a cold "
+             "start", p->name, status);
+    kube_post_event(km, "Warning", "WakeFailed", msg);
+    km->woken_ms = clock_now_ms(); /* the cold start as clients see it starts now */
+}
+
+static void on_woken(struct control *c, int status, void *ud)
+{
+    struct kpod *p = ud;
+    struct kmodel *km = p->km;
+    if (status < 200 || status > 299) {
+        wake_failed(p, status);
+        return;
+    }
+    uint64_t now = clock_now_ms();
+    p->sleep = KS_AWAKE;
+    km->m->stats.wakes++;
+    km->last_wake_ms = now - p->wake_asked_ms;
+    histogram_observe(&km->m->stats.wake, (double)km->last_wake_ms / 1000.0);
+    LOGI("pod awake", "model=%s pod=%s wake_ms=%llu", km->m->name, p->name,
+         (unsigned long long)km->last_wake_ms);
+    p->wake_asked_ms = 0;
+    kube_pod_ready(p, "woken");
+}
+
+static void pod_wake(struct kpod *p)
+{
+    p->wake_asked_ms = clock_now_ms();
+    int rc = send_control(p, "/wake_up", on_woken);
+    if (rc) {
+        wake_failed(p, rc);
+        return;
+    }
+    p->sleep = KS_WAKING;
+    LOGI("waking pod", "model=%s pod=%s", p->km->m->name, p->name);
+}
+
+struct sleep_count {
+    unsigned asleep, waking, dozing;
+    struct kpod *first_asleep;
+};
+
+static void count_pod(void *ud, const char *key, void *value)
+{
+    struct sleep_count *c = ud;
+    struct kpod *p = value;
+    if (p->terminating || p->retired) {
+        return;
+    }
+    if (p->sleep == KS_ASLEEP) {
+        c->asleep++;
+        if (!c->first_asleep) {
+            c->first_asleep = p;
+        }
+    } else if (p->sleep == KS_WAKING) {
+        c->waking++;
+    } else if (p->sleep == KS_DOZING) {
+        c->dozing++;
+    }
+}
+
+unsigned kube_pods_asleep(const struct kmodel *km, unsigned *waking, unsigned *dozing)
+{
+    struct sleep_count c = {0};
+    strmap_each((struct strmap *)&km->pods, count_pod, &c);
+    *waking = c.waking;
+    *dozing = c.dozing;
+    return c.asleep;
+}
+
+/* With requests in flight or held, the autoscaler's count (at least one)
+ * should be awake: asleep pods make up the difference, one per call. */
+static void wake_wanted(struct kmodel *km)
+{
+    struct model *m = km->m;
+    if (m->inflight == 0 && m->queue.count == 0) {
+        return;
+    }
+    unsigned want = km->sc.last.desired ? km->sc.last.desired : 1;
+    for (;;) {
+        struct sleep_count c = {0};
+        strmap_each(&km->pods, count_pod, &c);
+        if (!c.first_asleep || m->n_endpoints + c.waking >= want) {
+            return;
+        }
+        pod_wake(c.first_asleep);
+    }
+}
+
+bool kube_wake_for_demand(struct kmodel *km)
+{
+    struct sleep_count c = {0};
+    strmap_each(&km->pods, count_pod, &c);
+    if (c.first_asleep && km->m->n_endpoints == 0 && c.waking == 0) {
+        pod_wake(c.first_asleep);
+        return true;
+    }
+    return c.asleep + c.waking + c.dozing > 0;
+}
+
+static void sleep_if_awake(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    if (p->reported && p->sleep == KS_AWAKE && !p->no_idle_sleep && !p->terminating) {
+        pod_sleep(p, "idle-before-sleep passed");
+    }
+}
+
+void kube_sleep_tick(struct kmodel *km, uint64_t now)
+{
+    struct model *m = km->m;
+    if (m->inflight > 0 || m->queue.count > 0) {
+        km->busy_at_ms = now;
+        wake_wanted(km);
+        return;
+    }
+    if (!km->spec.sleep_level || m->n_endpoints == 0 ||
+        now - km->busy_at_ms < km->spec.idle_before_sleep_ms) {
+        return;
+    }
+    strmap_each(&km->pods, sleep_if_awake, NULL);
+}
