@@ -149,6 +149,7 @@ def test_failed_sleep_for_memory_stops_the_replica(thaw_factory):
     t.assert_reconciled()
 
 
+@pytest.mark.timer_heavy
 def test_asleep_replica_stops_at_the_idle_timeout(thaw_factory):
     t = thaw_factory({"gpus": [{"id": 0, "slices": 4, "memory_bytes": 24 * GB}],
                       "models": [sleepy(load_ms=100, idle_before_sleep_ms=200,

@@ -105,6 +105,7 @@ struct kmodel {
     /* sleep mode (sleep.c) */
     uint64_t busy_at_ms;   /* the last tick with requests in flight or held */
     uint64_t last_wake_ms; /* the last wake from sleep took this long; 0: none */
+    bool sleep_peers_warned;
 };
 
 /* The per-node view handed to the warm pool each planning step; arrays

@@ -243,5 +243,15 @@ void kube_sleep_tick(struct kmodel *km, uint64_t now)
         now - km->busy_at_ms < km->spec.idle_before_sleep_ms) {
         return;
     }
+    if (km->kb->have_peers) {
+        /* Another activator would keep routing to a pod this one put to
+         * sleep (and its idleness is not the model's): not with peers. */
+        if (!km->sleep_peers_warned) {
+            km->sleep_peers_warned = true;
+            LOGW("sleep mode is not used with several activators", "model=%s deployment=%s",
+                 m->name, km->key);
+        }
+        return;
+    }
     strmap_each(&km->pods, sleep_if_awake, NULL);
 }
