@@ -847,7 +847,6 @@ static void replica_wake(struct replica *r)
     }
     if (!memory_fits_back(r)) {
         struct gpu_need need = {0, r->gpu_memory, NULL};
-        need.slices = 0;
         if (sleep_for_memory(pb, &need, pm->m, r->gpu)) {
             return; /* woken when that memory is free (the tick asks again) */
         }
