@@ -40,6 +40,7 @@ MODEL_OPTIONS = {
                                "server.cache.shared.dataSource.apiGroup=snapshot.storage.k8s.io",
                                "server.cache.offline=true"],
     "prepull": ["prepull.enabled=true", "nodeSelector.pool=gpu-a100"],
+    "sleep": ["sleep.enabled=true", "sleep.level=2", "sleep.idleBeforeSleep=5m"],
 }
 DCGM = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
         "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_MGMT_LIMIT"}
@@ -101,6 +102,7 @@ def test_rendered_objects_are_valid_kubernetes():
     ("thaw-model", "server.cache.type=nfs"),
     ("thaw-model", "server.download.mode=always"),
     ("thaw-model", "server.cache.shared.accessMode=ReadWriteOnce"),
+    ("thaw-model", "sleep.level=3"),
 ])
 def test_values_schema_rejects_bad_values(chart, bad):
     r = helm("template", "rel", os.path.join(CHARTS, chart), "--set", bad, check=False)
@@ -490,3 +492,20 @@ def test_image_prepull_daemonset_runs_the_model_image_on_its_gpu_nodes():
     llama = by_kind(render("thaw-model", "server.kind=llamacpp", "prepull.enabled=true"),
                     "DaemonSet")[0]
     assert "llama.cpp" in llama["spec"]["template"]["spec"]["initContainers"][0]["image"]
+
+
+@needs_helm
+def test_sleep_mode_turns_on_vllm_and_the_annotations():
+    objs = render("thaw-model", *MODEL_OPTIONS["sleep"])
+    d = by_kind(objs, "Deployment")[0]
+    anns = d["metadata"]["annotations"]
+    assert anns["thaw.dev/sleep-mode"] == "2" and anns["thaw.dev/idle-before-sleep"] == "5m"
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"].count("--enable-sleep-mode") == 1
+    assert server_env(d["spec"]["template"]["spec"])["VLLM_SERVER_DEV_MODE"] == "1"
+    off = by_kind(render("thaw-model"), "Deployment")[0]
+    assert "thaw.dev/sleep-mode" not in off["metadata"]["annotations"]
+    assert "--enable-sleep-mode" not in off["spec"]["template"]["spec"]["containers"][0]["args"]
+    r = helm("template", "rel", os.path.join(CHARTS, "thaw-model"), "--set", "sleep.enabled=true",
+             "--set", "server.kind=llamacpp", check=False)
+    assert r.returncode != 0 and "server.kind=vllm" in r.stderr
