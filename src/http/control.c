@@ -17,6 +17,7 @@ void control_init(struct control *c, struct event_base *base)
     memset(c, 0, sizeof *c);
     c->base = base;
     c->fd = -1;
+    event_assign(&c->io, base, -1, 0, on_io, c); /* so event_del is always valid */
     http_head_init(&c->head);
     buf_init(&c->body);
 }
@@ -134,7 +135,7 @@ static void read_answer(struct control *c)
         return;
     }
     size_t off = 0;
-    while (off < (size_t)n) {
+    for (;;) {
         size_t used = 0;
         enum http_event ev = http_parser_execute(&c->parser, data + off, (size_t)n - off, &used);
         off += used;
@@ -150,6 +151,8 @@ static void read_answer(struct control *c)
         if (ev == HTTP_EV_NEED_MORE) {
             return;
         }
+        /* HTTP_EV_HEAD: the parser paused at the head; go on, even with no
+         * bytes left (a message without a body ends right there). */
     }
 }
 
