@@ -75,6 +75,7 @@ struct model {
     unsigned replicas_desired; /* what the backend is asked to hold */
     unsigned pool_slices;      /* GPU slices its replicas hold (backends with capacity) */
     bool pool_warm;            /* held only by the warm pool */
+    unsigned replicas_asleep;  /* sleep mode: replicas asleep or falling asleep (backends) */
     /* The fleet's link + one per request routed to it + backend holds. A
      * removed model leaves the fleet and its routes at once and is freed
      * when the last request that named it is done. */

@@ -991,6 +991,7 @@ static bool sleep_for_memory(struct process_backend *pb, const struct gpu_need *
  * idle_before_sleep_ms without requests; asleep ones wake for demand. */
 static void sleep_tick(struct proc_model *pm, uint64_t now)
 {
+    pm->m->replicas_asleep = pm->n_asleep + pm->n_dozing;
     if (!model_idle(pm)) {
         pm->busy_at_ms = now;
         pm->yielded = false;

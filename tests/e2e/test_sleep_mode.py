@@ -13,6 +13,8 @@ import urllib.request
 
 import pytest
 
+import httpc
+
 from conftest import wait_for
 from test_process import SIM, SLOW, complete, model_status, pid_alive, sim_model
 from test_upstream_faults import counterpart_model
@@ -44,6 +46,11 @@ def timed_complete(t, name="llama"):
     return r, time.monotonic() - t0
 
 
+def listed_state(t, name="llama"):
+    r = httpc.request(t.host, t.port, "GET", "/v1/models", {}, b"", timeout=10)
+    return next(m["state"] for m in json.loads(r.body)["data"] if m["id"] == name)
+
+
 def sleep_events(t, name, event):
     return t.metric("thaw_sleep_events_total", model=name, event=event)
 
@@ -63,6 +70,7 @@ def test_idle_replica_sleeps_and_a_request_wakes_it(thaw_factory):
     assert gpu(t)["used"] == 1  # its slice is not
     assert pid_alive(proc["pid"])
     assert replica_stats(proc["port"])["sleeping"] is True
+    wait_for(lambda: listed_state(t) == "sleeping", timeout=2, what="/v1/models says sleeping")
 
     r, woke = timed_complete(t)
     assert r.status == 200, r.body

@@ -234,6 +234,8 @@ static void sleep_if_awake(void *ud, const char *key, void *value)
 void kube_sleep_tick(struct kmodel *km, uint64_t now)
 {
     struct model *m = km->m;
+    unsigned waking, dozing;
+    m->replicas_asleep = kube_pods_asleep(km, &waking, &dozing) + dozing;
     if (m->inflight > 0 || m->queue.count > 0) {
         km->busy_at_ms = now;
         wake_wanted(km);
