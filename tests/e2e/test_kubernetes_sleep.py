@@ -75,3 +75,34 @@ def test_pod_that_fails_to_wake_is_replaced_by_a_cold_start(cluster, thaw_factor
                     event="wake_failed") == 1
     wait_for(lambda: all(p["name"] != old or p["terminating"] for p in kmodel(t)["pods"]),
              timeout=5, what="the pod that did not wake deleted")
+
+
+def test_gpu_memory_needed_on_a_node_puts_an_idle_pod_to_sleep(cluster, thaw_factory, tmp_path):
+    """One GPU of 24 GiB shared by time-slicing; two models of 14 GiB each. The
+    scheduler counts slices, not memory, so both land there: the idle one is put
+    to sleep for the other's start, and for its own wake the other sleeps."""
+    sim = cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 4,
+                          "labels": {"nvidia.com/gpu.memory": "24576"}}])
+    for name in ("a", "b"):
+        sim.create_deployment(deployment(name, load_ms=1200, annotations={
+            "thaw.dev/sleep-mode": "true", "thaw.dev/idle-before-sleep": "1h",
+            "thaw.dev/gpu-memory": "14Gi"}))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+
+    def node():
+        return next(n for n in t.status()["kubernetes"]["nodes"] if n["name"] == "gpu-a")
+    assert node()["gpu_memory_bytes"] == 24 << 30
+    assert complete(t, host="a.models").status == 200
+    assert node()["gpu_memory_used"] == 14 << 30
+    assert complete(t, host="b.models").status == 200
+    assert kmodel(t, "a")["state"] == "sleeping"
+    assert node()["gpu_memory_used"] == 14 << 30
+    t0 = time.monotonic()
+    r = complete(t, host="a.models")
+    assert r.status == 200, r.body
+    assert time.monotonic() - t0 < 3 * SLOW
+    assert kmodel(t, "b")["state"] == "sleeping" and kmodel(t, "a")["state"] == "ready"
+    assert node()["gpu_memory_used"] == 14 << 30
+    assert kmodel(t, "a")["sleep"]["wakes"] == 1
+    assert t.metric("thaw_cold_start_seconds_count", model="a", namespace="models") == 1

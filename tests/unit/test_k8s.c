@@ -103,6 +103,21 @@ static void test_sleep_mode_annotations(void **state)
     assert_int_equal(s.sleep_level, 0);
     assert_non_null(strstr(s.errors, "thaw.dev/sleep-mode"));
     assert_non_null(strstr(s.errors, "thaw.dev/sleep-timeout"));
+    assert_int_equal(parse("{\"thaw.dev/gpu-memory\":\"14Gi\"}", "", &s), 0);
+    assert_int_equal(s.gpu_memory_bytes, 14ull << 30);
+    assert_int_equal(parse("{\"thaw.dev/gpu-memory\":\"lots\"}", "", &s), 0);
+    assert_int_equal(s.gpu_memory_bytes, 0);
+    assert_non_null(strstr(s.errors, "thaw.dev/gpu-memory"));
+    uint64_t b = 0;
+    assert_int_equal(k8s_parse_bytes("512Mi", &b), 0);
+    assert_int_equal(b, 512ull << 20);
+    assert_int_equal(k8s_parse_bytes("16G", &b), 0);
+    assert_int_equal(b, 16000000000ull);
+    assert_int_equal(k8s_parse_bytes("1000", &b), 0);
+    assert_int_equal(b, 1000);
+    assert_int_equal(k8s_parse_bytes("2Pi", &b), -1);
+    assert_int_equal(k8s_parse_bytes("-1Gi", &b), -1);
+    assert_int_equal(k8s_parse_bytes("99999999Ti", &b), -1);
 }
 
 static void test_thaw_annotations(void **state)

@@ -62,6 +62,7 @@ struct k8s_model_spec {
     uint64_t sleep_level; /* 0: off; 1 or 2: POST /sleep?level=N */
     uint64_t idle_before_sleep_ms;
     uint64_t sleep_timeout_ms;
+    uint64_t gpu_memory_bytes; /* thaw.dev/gpu-memory: a pod's GPU memory; 0: not declared */
     int64_t replicas;       /* spec.replicas; missing means 0 */
     int64_t ready_replicas; /* status.readyReplicas */
     char resource_version[64];
@@ -72,6 +73,8 @@ struct k8s_model_spec {
  * when the object is not a usable Deployment (no name). */
 int k8s_model_spec_parse(const cJSON *deployment, const struct k8s_model_spec *defaults,
                          struct k8s_model_spec *out);
+/* A Kubernetes quantity of bytes: "20Gi", "512Mi", "16G", "1000". 0 or -1. */
+int k8s_parse_bytes(const char *s, uint64_t *out);
 /* "30s", "5m", "1h30m", "250ms", or plain seconds. 0 or -1. */
 int k8s_parse_duration_ms(const char *s, uint64_t *out);
 /* Does a K8S_MODEL_LABEL value only mark the Deployment as a model ("",

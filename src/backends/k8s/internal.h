@@ -237,6 +237,16 @@ void kube_pod_sleep_dispose(struct kpod *p);
 /* Pods asleep; those waking and falling asleep in *waking and *dozing. */
 unsigned kube_pods_asleep(const struct kmodel *km, unsigned *waking, unsigned *dozing);
 const char *kube_pod_sleep_name(enum kpod_sleep s);
+/* Every tick: on each node whose GPU memory the pods there (awake, starting,
+ * waking) need more of than it has, idle sleep-mode pods of the same or
+ * lower priority are put to sleep. */
+void kube_sleep_for_memory(struct kube_backend *kb);
+/* A node's GPU memory (label nvidia.com/gpu.memory, MiB per GPU, times its
+ * GPUs); 0: unknown. */
+uint64_t kube_node_gpu_memory(const struct k8s_node_info *ni);
+/* What thaw's model pods on the node hold of it (thaw.dev/gpu-memory each;
+ * asleep ones hold none). */
+uint64_t kube_node_gpu_memory_used(struct kube_backend *kb, const char *node);
 
 /* backend_k8s_status.c */
 void kube_describe(struct backend *b, struct model *m, cJSON *out);

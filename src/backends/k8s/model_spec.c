@@ -234,7 +234,7 @@ static const char *const thaw_keys[] = {
     "initial-scale", "activation-scale", "target", "target-utilization-percentage", "window",
     "panic-window-percentage", "panic-threshold-percentage", "scale-down-delay", "idle-timeout",
     "startup-timeout", "port", "health-path", "service", "hosts", "aliases", "sleep-mode",
-    "idle-before-sleep", "sleep-timeout", NULL};
+    "idle-before-sleep", "sleep-timeout", "gpu-memory", NULL};
 static const char *const knative_keys[] = {
     "class", "metric", "container-concurrency", "min-scale", "max-scale", "initial-scale",
     "activation-scale", "target", "target-utilization-percentage", "window",
@@ -346,6 +346,36 @@ static void read_sleep(const struct ann_src *anns, struct k8s_model_spec *o)
     }
     read_duration(anns, "thaw.dev/idle-before-sleep", NULL, 1, DAY, &o->idle_before_sleep_ms, o);
     read_duration(anns, "thaw.dev/sleep-timeout", NULL, 1, 10 * 60000, &o->sleep_timeout_ms, o);
+    v = annotation(anns, "thaw.dev/gpu-memory", NULL, &used);
+    if (v && k8s_parse_bytes(v, &o->gpu_memory_bytes)) {
+        add_error(o, used, v, "is not a quantity of bytes (like 20Gi or 16000Mi); not counted");
+        o->gpu_memory_bytes = 0;
+    }
+}
+
+int k8s_parse_bytes(const char *s, uint64_t *out)
+{
+    static const struct {
+        const char *suffix;
+        uint64_t mult;
+    } units[] = {{"Ki", 1ull << 10}, {"Mi", 1ull << 20}, {"Gi", 1ull << 30}, {"Ti", 1ull << 40},
+                 {"k", 1000ull}, {"K", 1000ull}, {"M", 1000000ull}, {"G", 1000000000ull},
+                 {"T", 1000000000000ull}, {"", 1}};
+    if (!s || !isdigit((unsigned char)s[0])) {
+        return -1;
+    }
+    char *end;
+    unsigned long long n = strtoull(s, &end, 10);
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) == 0) {
+            if (n > (1ull << 50) / units[i].mult) {
+                return -1; /* beyond any GPU (and thaw's 2^50 bound) */
+            }
+            *out = n * units[i].mult;
+            return 0;
+        }
+    }
+    return -1;
 }
 
 static void read_scaling(const struct ann_src *anns, struct k8s_model_spec *o)

@@ -8,12 +8,23 @@
  * Failures: a /sleep answered with an error leaves the pod serving (not
  * asked again when idle); one that is not answered sends it back through
  * thaw's probe; a /wake_up that fails deletes the pod, so its ReplicaSet
- * starts a new one and the held requests get a cold start. */
+ * starts a new one and the held requests get a cold start.
+ *
+ * GPU memory per node: a node's is GPU feature discovery's
+ * nvidia.com/gpu.memory label (MiB per GPU) times its GPUs; a pod's is its
+ * model's thaw.dev/gpu-memory. The scheduler counts neither, so a pod of one
+ * model can land where idle pods of others hold the memory: when the pods
+ * holding memory on a node (awake, starting, or asked to wake) need more than
+ * it has, idle sleep-mode pods there of the same or lower priority are put to
+ * sleep, lowest priority first. A wake waits for that; with nothing there to
+ * put to sleep, the pod is deleted for a cold start. */
 #include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *kube_pod_sleep_name(enum kpod_sleep s)
@@ -148,21 +159,178 @@ static void on_woken(struct control *c, int status, void *ud)
     kube_pod_ready(p, "woken");
 }
 
+/* ---- GPU memory per node ---- */
+
+uint64_t kube_node_gpu_memory(const struct k8s_node_info *ni)
+{
+    const char *mib = k8s_node_label(ni, "nvidia.com/gpu.memory");
+    if (!mib || !*mib) {
+        return 0;
+    }
+    char *end;
+    unsigned long long n = strtoull(mib, &end, 10);
+    if (*end || n == 0 || n > (1ull << 30)) {
+        return 0;
+    }
+    return (uint64_t)n * (1ull << 20) * (ni->gpu_count ? ni->gpu_count : 1);
+}
+
+/* Does p hold (or, asked to wake, want) its GPU memory on its node? */
+static bool holds_memory(const struct kpod *p)
+{
+    return p->node[0] && !p->terminating && !p->retired && p->km->spec.gpu_memory_bytes &&
+           (p->sleep == KS_AWAKE || p->sleep == KS_WAKING || p->sleep == KS_DOZING ||
+            (p->sleep == KS_ASLEEP && p->wake_asked_ms));
+}
+
+static bool model_idle(const struct kmodel *km)
+{
+    return km->m->inflight == 0 && km->m->queue.count == 0;
+}
+
+struct node_memory {
+    const char *node;
+    uint64_t held, coming; /* coming: held by pods falling asleep */
+    bool need;             /* a pod there wants memory it is not yet using */
+    enum tier need_tier;   /* the highest priority among them */
+    unsigned put_to_sleep;
+};
+
+static void tally_pod(void *ud, const char *key, void *value)
+{
+    struct node_memory *nm = ud;
+    const struct kpod *p = value;
+    const struct kmodel *km = p->km;
+    if (!holds_memory(p) || strcmp(p->node, nm->node) != 0) {
+        return;
+    }
+    nm->held += km->spec.gpu_memory_bytes;
+    if (p->sleep == KS_DOZING) {
+        nm->coming += km->spec.gpu_memory_bytes;
+    }
+    bool wants = (p->sleep == KS_AWAKE && !p->reported) || p->sleep == KS_ASLEEP ||
+                 p->sleep == KS_WAKING || !model_idle(km);
+    if (wants && (!nm->need || km->m->set.priority < nm->need_tier)) {
+        nm->need = true;
+        nm->need_tier = km->m->set.priority;
+    }
+}
+
+static void tally_model(void *ud, const char *key, void *value)
+{
+    strmap_each(&((struct kmodel *)value)->pods, tally_pod, ud);
+}
+
+static void node_tally(struct kube_backend *kb, struct node_memory *nm)
+{
+    const char *node = nm->node;
+    memset(nm, 0, sizeof *nm);
+    nm->node = node;
+    strmap_each(&kb->models, tally_model, nm);
+}
+
+struct victims {
+    struct node_memory *nm;
+    uint64_t cap;
+    int tier;
+};
+
+static void sleep_victim(void *ud, const char *key, void *value)
+{
+    struct victims *v = ud;
+    struct kpod *p = value;
+    struct kmodel *km = p->km;
+    if (v->nm->held - v->nm->coming <= v->cap || strcmp(p->node, v->nm->node) != 0 ||
+        (int)km->m->set.priority != v->tier || !km->spec.sleep_level || !p->reported ||
+        p->sleep != KS_AWAKE || p->terminating || !model_idle(km)) {
+        return;
+    }
+    char why[300];
+    snprintf(why, sizeof why, "GPU memory needed on node %s", p->node);
+    pod_sleep(p, why);
+    if (p->sleep == KS_DOZING) {
+        v->nm->coming += km->spec.gpu_memory_bytes;
+        v->nm->put_to_sleep++;
+    }
+}
+
+static void victims_in_model(void *ud, const char *key, void *value)
+{
+    strmap_each(&((struct kmodel *)value)->pods, sleep_victim, ud);
+}
+
+/* Puts idle pods on node to sleep, lowest priority first, until what the
+ * pods there hold fits its GPU memory. The memory still held after that
+ * (0 when it fits), with nm filled. */
+static uint64_t make_room(struct kube_backend *kb, const char *node, struct node_memory *nm)
+{
+    nm->node = node;
+    node_tally(kb, nm);
+    const struct k8s_node_info *ni = strmap_get(&kb->nodes_gpu, node, strlen(node));
+    uint64_t cap = ni ? kube_node_gpu_memory(ni) : 0;
+    if (!cap || nm->held - nm->coming <= cap) {
+        return 0;
+    }
+    if (nm->need && !kb->have_peers) {
+        struct victims v = {nm, cap, TIER_COUNT - 1};
+        for (; v.tier >= (int)nm->need_tier; v.tier--) {
+            strmap_each(&kb->models, victims_in_model, &v);
+        }
+    }
+    return nm->held - nm->coming > cap ? nm->held - nm->coming - cap : 0;
+}
+
+static void check_node(void *ud, const char *key, void *value)
+{
+    struct node_memory nm;
+    make_room(ud, key, &nm);
+}
+
+void kube_sleep_for_memory(struct kube_backend *kb)
+{
+    strmap_each(&kb->nodes_gpu, check_node, kb);
+}
+
+uint64_t kube_node_gpu_memory_used(struct kube_backend *kb, const char *node)
+{
+    struct node_memory nm = {.node = node};
+    node_tally(kb, &nm);
+    return nm.held - nm.coming;
+}
+
+/* ---- waking ---- */
+
+/* Wakes p once its node has the memory for it: idle pods there are put to
+ * sleep first (it waits for them; the tick asks again); with none to put to
+ * sleep, p is deleted for a cold start, which may land where there is room. */
 static void pod_wake(struct kpod *p)
 {
-    p->wake_asked_ms = clock_now_ms();
+    struct kmodel *km = p->km;
+    if (!p->wake_asked_ms) {
+        p->wake_asked_ms = clock_now_ms();
+    }
+    struct node_memory nm;
+    if (p->node[0] && make_room(km->kb, p->node, &nm) > 0) {
+        if (nm.coming) {
+            return; /* memory on its way */
+        }
+        LOGW("no GPU memory on its node to wake into", "model=%s pod=%s node=%s", km->m->name,
+             p->name, p->node);
+        wake_failed(p, -ENOSPC);
+        return;
+    }
     int rc = send_control(p, "/wake_up", on_woken);
     if (rc) {
         wake_failed(p, rc);
         return;
     }
     p->sleep = KS_WAKING;
-    LOGI("waking pod", "model=%s pod=%s", p->km->m->name, p->name);
+    LOGI("waking pod", "model=%s pod=%s", km->m->name, p->name);
 }
 
 struct sleep_count {
     unsigned asleep, waking, dozing;
-    struct kpod *first_asleep;
+    unsigned to_wake; /* wake_some: how many more */
 };
 
 static void count_pod(void *ud, const char *key, void *value)
@@ -174,9 +342,6 @@ static void count_pod(void *ud, const char *key, void *value)
     }
     if (p->sleep == KS_ASLEEP) {
         c->asleep++;
-        if (!c->first_asleep) {
-            c->first_asleep = p;
-        }
     } else if (p->sleep == KS_WAKING) {
         c->waking++;
     } else if (p->sleep == KS_DOZING) {
@@ -193,22 +358,36 @@ unsigned kube_pods_asleep(const struct kmodel *km, unsigned *waking, unsigned *d
     return c.asleep;
 }
 
+static void wake_one(void *ud, const char *key, void *value)
+{
+    struct sleep_count *c = ud;
+    struct kpod *p = value;
+    if (c->to_wake && p->sleep == KS_ASLEEP && !p->terminating && !p->retired) {
+        c->to_wake--;
+        pod_wake(p);
+    }
+}
+
+/* Asks n asleep pods of km to wake (each once). */
+static void wake_some(struct kmodel *km, unsigned n)
+{
+    struct sleep_count c = {.to_wake = n};
+    strmap_each(&km->pods, wake_one, &c);
+}
+
 /* With requests in flight or held, the autoscaler's count (at least one)
- * should be awake: asleep pods make up the difference, one per call. */
+ * should be awake: asleep pods make up the difference. */
 static void wake_wanted(struct kmodel *km)
 {
     struct model *m = km->m;
-    if (m->inflight == 0 && m->queue.count == 0) {
+    if (model_idle(km)) {
         return;
     }
     unsigned want = km->sc.last.desired ? km->sc.last.desired : 1;
-    for (;;) {
-        struct sleep_count c = {0};
-        strmap_each(&km->pods, count_pod, &c);
-        if (!c.first_asleep || m->n_endpoints + c.waking >= want) {
-            return;
-        }
-        pod_wake(c.first_asleep);
+    struct sleep_count c = {0};
+    strmap_each(&km->pods, count_pod, &c);
+    if (c.asleep && m->n_endpoints + c.waking < want) {
+        wake_some(km, want - (unsigned)m->n_endpoints - c.waking);
     }
 }
 
@@ -216,8 +395,8 @@ bool kube_wake_for_demand(struct kmodel *km)
 {
     struct sleep_count c = {0};
     strmap_each(&km->pods, count_pod, &c);
-    if (c.first_asleep && km->m->n_endpoints == 0 && c.waking == 0) {
-        pod_wake(c.first_asleep);
+    if (c.asleep && km->m->n_endpoints == 0 && c.waking == 0) {
+        wake_some(km, 1);
         return true;
     }
     return c.asleep + c.waking + c.dozing > 0;

@@ -246,6 +246,11 @@ static void add_node(void *ud, const char *key, void *value)
     if (ni->gpu_product[0]) {
         cJSON_AddStringToObject(j, "product", ni->gpu_product);
     }
+    uint64_t gpu_memory = kube_node_gpu_memory(ni);
+    if (gpu_memory) {
+        cJSON_AddNumberToObject(j, "gpu_memory_bytes", (double)gpu_memory);
+        cJSON_AddNumberToObject(j, "gpu_memory_used", (double)kube_node_gpu_memory_used(c->kb, key));
+    }
     cJSON_AddBoolToObject(j, "cordoned", ni->unschedulable);
     cJSON *taints = cJSON_AddArrayToObject(j, "taints");
     for (size_t i = 0; i < ni->n_taints; i++) {
