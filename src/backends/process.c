@@ -336,8 +336,11 @@ static int replica_start(struct proc_model *pm)
         gpu = procplan_gpu_place(pb->gpus, pb->n_gpus, &need);
         if (gpu < 0) {
             if (sleep_for_memory(pb, &need, pm->m, -1)) {
-                LOGI("waiting for replicas to sleep and free GPU memory", "model=%s "
-                     "memory_needed=%llu", pm->m->name, (unsigned long long)need.memory_bytes);
+                if (!pm->waiting_for_capacity) {
+                    LOGI("waiting for replicas to sleep and free GPU memory", "model=%s "
+                         "memory_needed=%llu", pm->m->name,
+                         (unsigned long long)need.memory_bytes);
+                }
                 pm->waiting_for_capacity = true;
                 return -ENOSPC;
             }
