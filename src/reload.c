@@ -90,7 +90,8 @@ static bool same_replicas(const struct config_model *a, const struct config_mode
            a->max_replicas == b->max_replicas && a->idle_timeout_ms == b->idle_timeout_ms &&
            a->startup_timeout_ms == b->startup_timeout_ms &&
            a->stop_grace_ms == b->stop_grace_ms && a->gpu_slices == b->gpu_slices &&
-           a->target == b->target && a->stable_window_ms == b->stable_window_ms;
+           a->target == b->target && a->stable_window_ms == b->stable_window_ms &&
+           memcmp(&a->sleep, &b->sleep, sizeof a->sleep) == 0;
 }
 
 static const struct config_model *find_config_model(const struct config *cfg, const char *ns,

@@ -51,6 +51,15 @@ struct config_upstream {
  * shadow (log what it would do); a model's INHERIT takes the global one. */
 enum prewarm_mode { PREWARM_INHERIT = 0, PREWARM_OFF, PREWARM_ON, PREWARM_SHADOW };
 
+/* Sleep mode (vLLM's --enable-sleep-mode: POST /sleep?level=N, POST
+ * /wake_up): a replica that keeps running but frees its GPU memory. */
+struct config_sleep {
+    bool enabled;
+    uint64_t level;                /* 1: weights kept in host memory; 2: discarded */
+    uint64_t idle_before_sleep_ms; /* asleep after this long idle; 0: only when memory is needed */
+    uint64_t timeout_ms;           /* for /sleep and /wake_up to answer */
+};
+
 struct config_model {
     char *name;
     char *namespace_;
@@ -79,6 +88,7 @@ struct config_model {
     uint64_t target;               /* autoscaler: concurrency per replica; 0: derived */
     uint64_t stable_window_ms;     /* autoscaler: 0: the global one */
     enum prewarm_mode prewarm;     /* PREWARM_INHERIT: autoscaler.prewarm */
+    struct config_sleep sleep;
     uint64_t max_concurrency;
     enum tier priority;
     uint64_t max_queue;

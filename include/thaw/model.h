@@ -49,6 +49,10 @@ struct model_stats {
     struct histogram cold_start; /* replica start -> ready (cs_hist_bounds) */
     struct histogram cold_phase[CS_PHASES]; /* time in each phase (cs_hist_bounds) */
     uint64_t pool_decisions[7];  /* by enum wp_action (WP_ACTIONS) */
+    /* sleep mode: replicas put to sleep, woken, and the calls that failed
+     * (each fell back to a stop, or to a cold start) */
+    uint64_t sleeps, sleep_failures, wakes, wake_failures;
+    struct histogram wake; /* a request finds it asleep -> the replica takes requests again */
 };
 
 struct model {
@@ -74,6 +78,7 @@ struct model {
     unsigned replicas_desired; /* what the backend is asked to hold */
     unsigned pool_slices;      /* GPU slices its replicas hold (backends with capacity) */
     bool pool_warm;            /* held only by the warm pool */
+    unsigned replicas_asleep;  /* sleep mode: replicas asleep or falling asleep (backends) */
     /* The fleet's link + one per request routed to it + backend holds. A
      * removed model leaves the fleet and its routes at once and is freed
      * when the last request that named it is done. */

@@ -242,6 +242,27 @@ static void cold_start_phase_seconds(const struct model_snap *m, struct buf *o)
     }
 }
 
+static void wake_seconds(const struct model_snap *m, struct buf *o)
+{
+    histogram_render(&m->stats.wake, o, "thaw_wake_from_sleep_seconds", m->labels);
+}
+
+static void sleep_events(const struct model_snap *m, struct buf *o)
+{
+    const struct model_stats *st = &m->stats;
+    const struct {
+        const char *event;
+        uint64_t n;
+    } rows[] = {{"sleep", st->sleeps}, {"sleep_failed", st->sleep_failures},
+                {"wake", st->wakes}, {"wake_failed", st->wake_failures}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        if (rows[i].n) {
+            buf_printf(o, "thaw_sleep_events_total{%s,event=\"%s\"} %llu\n", m->labels,
+                       rows[i].event, (unsigned long long)rows[i].n);
+        }
+    }
+}
+
 /* Each backend's own families (the Kubernetes client's, leadership). */
 static void backend_families(const struct metrics_stream *ms, struct buf *o)
 {
@@ -385,6 +406,14 @@ static const struct family families[] = {
      "Time replicas spent in each phase of their cold start (scale, schedule, capacity, "
      "image_pull, container_start, load, health), by model and phase.",
      NULL, cold_start_phase_seconds},
+    {"thaw_wake_from_sleep_seconds", "histogram",
+     "Time from a request finding a model's replica asleep (sleep mode) to that replica "
+     "taking requests again, by model; not counted as a cold start.",
+     NULL, wake_seconds},
+    {"thaw_sleep_events_total", "counter",
+     "Sleep mode by model and event (sleep, sleep_failed, wake, wake_failed); a failure "
+     "falls back to stopping the replica, or to a cold start.",
+     NULL, sleep_events},
     {.whole = backend_families},
     {"thaw_pool_decisions_total", "counter",
      "Capacity decisions by model and action (keep_warm, to_zero, admit, deny, evict, "

@@ -6,11 +6,24 @@
  * requests) -> STOPPING (SIGTERM to its process group, SIGKILL after the
  * grace) -> reaped. A replica that exits or misses its startup timeout while
  * STARTING is a failed start: held requests get 503 and restarts back off.
+ *
+ * Sleep mode (a model's `sleep`, for servers with vLLM's POST /sleep and
+ * POST /wake_up): READY -> DOZING (out of routing, /sleep sent) -> ASLEEP
+ * (the process runs, keeps its GPU slices, and its GPU memory is free in the
+ * accounting) -> WAKING (memory taken back, /wake_up sent) -> READY. A
+ * replica dozes after `idle_before_sleep_ms` without requests, or when a
+ * start of a model of equal or higher priority needs the memory on its GPU.
+ * A request held for an asleep model wakes it; when /sleep fails the replica
+ * is stopped, when /wake_up fails it is stopped and a cold start follows. An
+ * asleep replica counts as one of its model's replicas, so the autoscaler's
+ * idle timeout, and the warm pool's evictions when slices are needed, stop
+ * it (asleep replicas go first).
  * Children run in their own process group with PR_SET_PDEATHSIG, so they
  * die with thaw even if thaw is killed; on a normal exit thaw stops and
  * reaps them itself. */
 #include "thaw/backend.h"
 #include "thaw/clock.h"
+#include "thaw/control.h"
 #include "thaw/log.h"
 #include "thaw/probe.h"
 #include "thaw/procplan.h"
@@ -47,7 +60,7 @@ extern char **environ;
 /* R_DRAINING: taken out of routing (scaled down or preempted with requests in
  * flight, its model removed, or its definition changed by a reload); stopped
  * once its in-flight requests are done or stop_drain_ms has passed. */
-enum replica_state { R_STARTING, R_READY, R_DRAINING, R_STOPPING };
+enum replica_state { R_STARTING, R_READY, R_DRAINING, R_STOPPING, R_DOZING, R_ASLEEP, R_WAKING };
 
 struct proc_model;
 
@@ -59,7 +72,12 @@ struct replica {
     int port;
     int gpu; /* index into backend gpus, -1: none */
     unsigned slices; /* GPU slices it holds (its model's may change on reload) */
-    uint64_t gpu_memory; /* GPU memory it holds, likewise */
+    uint64_t gpu_memory; /* GPU memory it needs, likewise */
+    bool memory_held;    /* gpu_memory is counted on its GPU (not while asleep) */
+    struct control ctl;  /* DOZING, WAKING: its /sleep or /wake_up */
+    uint64_t wake_asked_ms; /* when demand first found it asleep; 0: none */
+    bool sleep_for_memory;  /* DOZING: another start needs its memory */
+    bool no_idle_sleep;     /* its server refused /sleep once: not asked again when idle */
     struct endpoint *drain_ep; /* R_DRAINING: its endpoint, referenced */
     uint64_t drain_until_ms;   /* R_DRAINING: stopped then even if busy */
     char id[48];
@@ -94,6 +112,11 @@ struct proc_model {
     uint64_t idle_timeout_ms, startup_timeout_ms, stop_grace_ms, stop_drain_ms;
     struct list_node replicas;
     unsigned n_starting, n_ready, n_draining, n_stopping;
+    unsigned n_dozing, n_asleep, n_waking; /* sleep mode */
+    struct config_sleep sleep;
+    uint64_t busy_at_ms;    /* the last tick it had requests in flight or held */
+    uint64_t last_wake_ms;  /* the last wake from sleep took this long; 0: none */
+    bool yielded; /* a replica was stopped for another's memory: no start until demand */
     bool retired; /* its model was removed: freed once its replicas are gone */
     uint64_t idle_since_ms;
     unsigned failures;
@@ -301,6 +324,8 @@ static char **build_env(struct proc_model *pm, int port, int gpu)
 static void on_probe_ready(struct probe *p, void *ud);
 static void on_probe_listening(struct probe *p, void *ud);
 static void on_kill_timer(evutil_socket_t fd, short what, void *arg);
+static bool sleep_for_memory(struct process_backend *pb, const struct gpu_need *need,
+                             const struct model *by, int only_gpu);
 
 /* Starts one replica. 0, -ENOSPC (no GPU slices free) or another error. */
 static int replica_start(struct proc_model *pm)
@@ -312,6 +337,15 @@ static int replica_start(struct proc_model *pm)
                                 pm->mig_profile};
         gpu = procplan_gpu_place(pb->gpus, pb->n_gpus, &need);
         if (gpu < 0) {
+            if (sleep_for_memory(pb, &need, pm->m, -1)) {
+                if (!pm->waiting_for_capacity) {
+                    LOGI("waiting for replicas to sleep and free GPU memory", "model=%s "
+                         "memory_needed=%llu", pm->m->name,
+                         (unsigned long long)need.memory_bytes);
+                }
+                pm->waiting_for_capacity = true;
+                return -ENOSPC;
+            }
             if (!pm->waiting_for_capacity) {
                 LOGI("waiting for GPU capacity", "model=%s slices_needed=%u mig_profile=%s "
                      "memory_needed=%llu", pm->m->name, need.slices,
@@ -404,6 +438,7 @@ static int replica_start(struct proc_model *pm)
         coldstart_begin(&pm->m->cold, CS_LOAD, r->started_ms);
     }
     event_assign(&r->kill_timer, pb->evbase, -1, 0, on_kill_timer, r);
+    control_init(&r->ctl, pb->evbase);
     /* The last cold start says when to probe tightly. */
     probe_start(&r->probe, pm->last_cold_start_ms);
     if (gpu >= 0) {
@@ -411,6 +446,7 @@ static int replica_start(struct proc_model *pm)
         r->gpu_memory = pm->gpu_memory_bytes;
         pb->gpus[gpu].used += r->slices;
         pb->gpus[gpu].memory_used += r->gpu_memory;
+        r->memory_held = true;
     }
     list_push_back(&pm->replicas, &r->node);
     pm->n_starting++;
@@ -428,6 +464,20 @@ static void release_drain_ep(struct replica *r)
     }
 }
 
+/* Leaves DOZING, ASLEEP or WAKING (its control request dropped). */
+static void sleep_state_leave(struct replica *r)
+{
+    struct proc_model *pm = r->pm;
+    control_cancel(&r->ctl);
+    if (r->state == R_DOZING) {
+        pm->n_dozing--;
+    } else if (r->state == R_ASLEEP) {
+        pm->n_asleep--;
+    } else if (r->state == R_WAKING) {
+        pm->n_waking--;
+    }
+}
+
 static void replica_stop(struct replica *r, const char *why)
 {
     struct proc_model *pm = r->pm;
@@ -440,8 +490,10 @@ static void replica_stop(struct replica *r, const char *why)
     } else if (r->state == R_DRAINING) {
         pm->n_draining--;
         release_drain_ep(r);
-    } else {
+    } else if (r->state == R_STARTING) {
         pm->n_starting--;
+    } else {
+        sleep_state_leave(r);
     }
     r->state = R_STOPPING;
     pm->n_stopping++;
@@ -467,6 +519,7 @@ static void replica_free(struct replica *r)
     struct process_backend *pb = r->pm->pb;
     release_drain_ep(r);
     probe_stop(&r->probe);
+    control_cancel(&r->ctl);
     event_del(&r->kill_timer);
     if (r->out_fd >= 0) {
         /* Take what the child wrote last before it went (not at shutdown:
@@ -481,7 +534,9 @@ static void replica_free(struct replica *r)
     }
     if (r->gpu >= 0) {
         pb->gpus[r->gpu].used -= r->slices;
-        pb->gpus[r->gpu].memory_used -= r->gpu_memory;
+        if (r->memory_held) {
+            pb->gpus[r->gpu].memory_used -= r->gpu_memory;
+        }
     }
     list_remove(&r->node);
     free(r);
@@ -500,6 +555,7 @@ static void became_ready(struct replica *r, int conn_fd)
     pm->backoff_until_ms = 0;
     pm->last_cold_start_ms = now - r->started_ms;
     pm->m->cold_start_ms = pm->last_cold_start_ms;
+    pm->busy_at_ms = now; /* idle_before_sleep_ms counts from here */
     histogram_observe_in(&pm->m->stats.cold_start, cs_hist_bounds,
                          (double)pm->last_cold_start_ms / 1000.0);
     coldstart_replica_ready(&pm->m->cold, &r->phases, now, pm->m->stats.cold_phase);
@@ -624,9 +680,14 @@ static void stop_drained(struct proc_model *pm)
 
 /* Starts or stops replicas until the model has `target`. Stopping takes
  * starting replicas first, then ready ones with the fewest in flight. */
+static unsigned replicas_held(const struct proc_model *pm)
+{
+    return pm->n_ready + pm->n_starting + pm->n_dozing + pm->n_asleep + pm->n_waking;
+}
+
 static void apply_target(struct proc_model *pm, unsigned target, const char *why)
 {
-    unsigned have = pm->n_ready + pm->n_starting;
+    unsigned have = replicas_held(pm);
     while (have < target) {
         if (replica_start(pm) != 0) {
             break;
@@ -640,12 +701,16 @@ static void apply_target(struct proc_model *pm, unsigned target, const char *why
         list_for_each_safe(pos, tmp, &pm->replicas)
         {
             struct replica *r = container_of(pos, struct replica, node);
-            if (r->state == R_STARTING) {
-                victim = r;
-                best = 0;
+            if (r->state == R_ASLEEP || r->state == R_DOZING) {
+                victim = r; /* serves nothing: gives up its slices first */
                 break;
             }
-            if (r->state == R_READY) {
+            if (r->state == R_STARTING || r->state == R_WAKING) {
+                victim = r;
+                best = 0;
+                continue;
+            }
+            if (r->state == R_READY && best > 0) {
                 uint32_t in = replica_inflight(r);
                 if (in < best) {
                     best = in;
@@ -658,6 +723,322 @@ static void apply_target(struct proc_model *pm, unsigned target, const char *why
         }
         replica_drain(victim, why);
         have--;
+    }
+}
+
+/* ---- sleep mode --------------------------------------------------------- */
+
+static void plan_all(struct process_backend *pb);
+
+static void replica_addr(const struct replica *r, char *out, size_t len)
+{
+    snprintf(out, len, "127.0.0.1:%d", r->port);
+}
+
+static bool model_idle(const struct proc_model *pm)
+{
+    return pm->m->inflight == 0 && pm->m->queue.count == 0;
+}
+
+static void take_memory(struct replica *r, bool take)
+{
+    if (r->gpu < 0 || r->memory_held == take) {
+        return;
+    }
+    struct gpu_slot *g = &r->pm->pb->gpus[r->gpu];
+    if (take) {
+        g->memory_used += r->gpu_memory;
+    } else {
+        g->memory_used -= r->gpu_memory;
+    }
+    r->memory_held = take;
+}
+
+static void wake_wanted(struct proc_model *pm);
+
+/* A /sleep that failed: when the server answered (an error status) and the
+ * sleep was only for idleness, the replica is still serving and goes back
+ * into routing. When it did not answer (timeout, reset), or the memory is
+ * needed, it is stopped. */
+static bool refused_but_serving(const struct replica *r, int status)
+{
+    return status > 0 && !r->sleep_for_memory;
+}
+
+static void on_slept(struct control *c, int status, void *ud)
+{
+    struct replica *r = ud;
+    struct proc_model *pm = r->pm;
+    pm->n_dozing--;
+    if ((status < 200 || status > 299) && refused_but_serving(r, status)) {
+        pm->m->stats.sleep_failures++;
+        LOGW("replica refused to sleep: it stays awake", "model=%s replica=%s status=%d",
+             pm->m->name, r->id, status);
+        r->no_idle_sleep = true;
+        r->state = R_READY;
+        pm->n_ready++;
+        char addr[32];
+        replica_addr(r, addr, sizeof addr);
+        fleet_replica_ready_with(pm->m->fleet, pm->m, r->id, addr, UINT32_MAX, -1);
+    } else if (status < 200 || status > 299) {
+        pm->m->stats.sleep_failures++;
+        LOGW("replica did not go to sleep: stopping it instead", "model=%s replica=%s "
+             "status=%d", pm->m->name, r->id, status);
+        /* Idle, it would start again at once and take the memory back. */
+        pm->yielded = r->sleep_for_memory;
+        r->state = R_ASLEEP; /* replica_stop leaves it from here */
+        pm->n_asleep++;
+        replica_stop(r, "sleep failed");
+    } else {
+        r->state = R_ASLEEP;
+        pm->n_asleep++;
+        take_memory(r, false);
+        pm->m->stats.sleeps++;
+        LOGI("replica asleep", "model=%s replica=%s gpu_memory_freed=%llu", pm->m->name, r->id,
+             (unsigned long long)(r->gpu >= 0 ? r->gpu_memory : 0));
+        wake_wanted(pm); /* a request may have come meanwhile */
+    }
+    plan_all(pm->pb); /* the memory (or the slices) may let a start go */
+}
+
+/* Takes a ready replica with nothing in flight out of routing and asks it to
+ * sleep. 0, or a negative errno (it stays ready). */
+static int replica_sleep(struct replica *r, const char *why)
+{
+    struct proc_model *pm = r->pm;
+    char addr[32], path[32];
+    replica_addr(r, addr, sizeof addr);
+    snprintf(path, sizeof path, "/sleep?level=%u", (unsigned)pm->sleep.level);
+    int rc = control_send(&r->ctl, addr, "POST", path, pm->sleep.timeout_ms,
+                          on_slept, r);
+    if (rc) {
+        return rc;
+    }
+    pm->n_ready--;
+    fleet_replica_gone(pm->m->fleet, pm->m, r->id, why);
+    r->state = R_DOZING;
+    pm->n_dozing++;
+    LOGI("putting replica to sleep", "model=%s replica=%s level=%u reason=\"%s\"", pm->m->name,
+         r->id, (unsigned)pm->sleep.level, why);
+    return 0;
+}
+
+static void on_woken(struct control *c, int status, void *ud)
+{
+    struct replica *r = ud;
+    struct proc_model *pm = r->pm;
+    uint64_t now = clock_now_ms();
+    pm->n_waking--;
+    if (status < 200 || status > 299) {
+        pm->m->stats.wake_failures++;
+        LOGW("replica did not wake: stopping it for a cold start", "model=%s replica=%s "
+             "status=%d", pm->m->name, r->id, status);
+        r->state = R_ASLEEP;
+        pm->n_asleep++;
+        replica_stop(r, "wake failed");
+        plan_all(pm->pb); /* held requests still count as demand: a new replica starts */
+        return;
+    }
+    r->state = R_READY;
+    pm->n_ready++;
+    pm->m->stats.wakes++;
+    pm->last_wake_ms = now - r->wake_asked_ms;
+    histogram_observe(&pm->m->stats.wake, (double)pm->last_wake_ms / 1000.0);
+    LOGI("replica awake", "model=%s replica=%s wake_ms=%llu", pm->m->name, r->id,
+         (unsigned long long)pm->last_wake_ms);
+    r->wake_asked_ms = 0;
+    pm->busy_at_ms = now;
+    char addr[32];
+    replica_addr(r, addr, sizeof addr);
+    fleet_replica_ready_with(pm->m->fleet, pm->m, r->id, addr, UINT32_MAX, -1);
+}
+
+/* Does the replica's memory fit back on its GPU? */
+static bool memory_fits_back(const struct replica *r)
+{
+    if (r->gpu < 0) {
+        return true;
+    }
+    const struct gpu_slot *g = &r->pm->pb->gpus[r->gpu];
+    return !g->memory_bytes || g->memory_used + r->gpu_memory <= g->memory_bytes;
+}
+
+/* Wakes an asleep replica: takes its memory back and sends /wake_up. When
+ * its GPU's memory is taken meanwhile, idle replicas there are put to sleep
+ * for it (it waits), or, with none, it is stopped and a cold start places a
+ * new one where there is room. */
+static void replica_wake(struct replica *r)
+{
+    struct proc_model *pm = r->pm;
+    struct process_backend *pb = pm->pb;
+    if (!r->wake_asked_ms) {
+        r->wake_asked_ms = clock_now_ms();
+    }
+    if (!memory_fits_back(r)) {
+        struct gpu_need need = {0, r->gpu_memory, NULL};
+        if (sleep_for_memory(pb, &need, pm->m, r->gpu)) {
+            return; /* woken when that memory is free (the tick asks again) */
+        }
+        LOGW("no GPU memory to wake into: stopping the replica for a cold start",
+             "model=%s replica=%s", pm->m->name, r->id);
+        pm->m->stats.wake_failures++;
+        replica_stop(r, "no GPU memory to wake into");
+        plan_all(pb);
+        return;
+    }
+    char addr[32];
+    replica_addr(r, addr, sizeof addr);
+    int rc = control_send(&r->ctl, addr, "POST", "/wake_up", pm->sleep.timeout_ms,
+                          on_woken, r);
+    if (rc) {
+        pm->m->stats.wake_failures++;
+        LOGW("cannot send /wake_up: stopping the replica for a cold start", "model=%s "
+             "replica=%s error=\"%s\"", pm->m->name, r->id, strerror(-rc));
+        replica_stop(r, "wake failed");
+        plan_all(pb);
+        return;
+    }
+    take_memory(r, true);
+    pm->n_asleep--;
+    r->state = R_WAKING;
+    pm->n_waking++;
+    LOGI("waking replica", "model=%s replica=%s", pm->m->name, r->id);
+}
+
+/* With requests in flight or held, the model wants the autoscaler's count
+ * awake (at least one while requests wait); asleep replicas make up the
+ * difference before anything starts. An idle model wakes nothing. */
+static void wake_wanted(struct proc_model *pm)
+{
+    if (model_idle(pm) || pm->n_asleep == 0) {
+        return;
+    }
+    unsigned want = pm->sc.last.desired;
+    if (want < 1) {
+        want = 1;
+    }
+    unsigned awake = pm->n_ready + pm->n_starting + pm->n_waking;
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pm->replicas)
+    {
+        struct replica *r = container_of(pos, struct replica, node);
+        if (awake >= want) {
+            break;
+        }
+        if (r->state == R_ASLEEP) {
+            replica_wake(r);
+            awake++;
+        }
+    }
+}
+
+/* May r's memory be freed by sleeping it for a replica of model `by`? An
+ * idle ready replica of a sleep-capable model of equal or lower priority
+ * (waking it again takes seconds, so equal priority may yield too). */
+static bool may_sleep_for(const struct replica *r, const struct model *by)
+{
+    const struct proc_model *pm = r->pm;
+    return r->state == R_READY && pm->sleep.enabled && pm->m != by && model_idle(pm) &&
+           pm->m->set.priority >= by->set.priority && r->memory_held;
+}
+
+/* A start (or a wake) of `by` needs need->memory_bytes on one GPU with
+ * need->slices free (on only_gpu when >= 0). Finds the GPU where sleeping idle replicas (lowest
+ * priority first) frees enough, counting those already dozing there, and
+ * puts them to sleep. True when memory is on its way. */
+static bool sleep_for_memory(struct process_backend *pb, const struct gpu_need *need,
+                             const struct model *by, int only_gpu)
+{
+    if (!need->memory_bytes || need->profile) {
+        return false;
+    }
+    for (size_t g = 0; g < pb->n_gpus; g++) {
+        struct gpu_slot *slot = &pb->gpus[g];
+        if ((only_gpu >= 0 && (int)g != only_gpu) || slot->profile || !slot->memory_bytes ||
+            slot->slices - slot->used < need->slices) {
+            continue;
+        }
+        uint64_t free_now = slot->memory_used < slot->memory_bytes
+                                ? slot->memory_bytes - slot->memory_used : 0;
+        uint64_t coming = 0, can = 0;
+        struct list_node *mp, *mt;
+        list_for_each_safe(mp, mt, &pb->models)
+        {
+            struct proc_model *pm = container_of(mp, struct proc_model, node);
+            struct list_node *rp, *rt;
+            list_for_each_safe(rp, rt, &pm->replicas)
+            {
+                struct replica *r = container_of(rp, struct replica, node);
+                if (r->gpu != (int)g) {
+                    continue;
+                }
+                if (r->state == R_DOZING && r->memory_held) {
+                    coming += r->gpu_memory;
+                } else if (may_sleep_for(r, by)) {
+                    can += r->gpu_memory;
+                }
+            }
+        }
+        if (free_now + coming >= need->memory_bytes && coming) {
+            return true; /* enough is on its way already */
+        }
+        if (free_now + coming + can < need->memory_bytes) {
+            continue;
+        }
+        /* Lowest priority first, until enough is coming. */
+        for (int t = TIER_COUNT - 1; t >= 0 && free_now + coming < need->memory_bytes; t--) {
+            list_for_each_safe(mp, mt, &pb->models)
+            {
+                struct proc_model *pm = container_of(mp, struct proc_model, node);
+                if ((int)pm->m->set.priority != t) {
+                    continue;
+                }
+                struct list_node *rp, *rt;
+                list_for_each_safe(rp, rt, &pm->replicas)
+                {
+                    struct replica *r = container_of(rp, struct replica, node);
+                    if (free_now + coming >= need->memory_bytes) {
+                        break;
+                    }
+                    if (r->gpu == (int)g && may_sleep_for(r, by)) {
+                        char why[96];
+                        snprintf(why, sizeof why, "GPU memory needed by %s", by->name);
+                        r->sleep_for_memory = true;
+                        if (replica_sleep(r, why) == 0) {
+                            coming += r->gpu_memory;
+                        }
+                    }
+                }
+            }
+        }
+        return coming > 0 && free_now + coming >= need->memory_bytes;
+    }
+    return false;
+}
+
+/* The tick's part: idle sleep-capable replicas doze after
+ * idle_before_sleep_ms without requests; asleep ones wake for demand. */
+static void sleep_tick(struct proc_model *pm, uint64_t now)
+{
+    pm->m->replicas_asleep = pm->n_asleep + pm->n_dozing;
+    if (!model_idle(pm)) {
+        pm->busy_at_ms = now;
+        pm->yielded = false;
+        wake_wanted(pm);
+        return;
+    }
+    if (!pm->sleep.enabled || !pm->sleep.idle_before_sleep_ms || pm->n_ready == 0 ||
+        now - pm->busy_at_ms < pm->sleep.idle_before_sleep_ms) {
+        return;
+    }
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pm->replicas)
+    {
+        struct replica *r = container_of(pos, struct replica, node);
+        if (r->state == R_READY && !r->no_idle_sleep) {
+            r->sleep_for_memory = false;
+            replica_sleep(r, "idle_before_sleep_ms passed");
+        }
     }
 }
 
@@ -686,9 +1067,9 @@ static size_t collect_models(void *ud, uint64_t now_ms, struct scaler_model **sm
         if (n == max) {
             break;
         }
-        pm->sc.current = pm->n_ready + pm->n_starting;
+        pm->sc.current = replicas_held(pm);
         pm->sc.ready = pm->n_ready;
-        pm->sc.hold_starts = now_ms < pm->backoff_until_ms;
+        pm->sc.hold_starts = now_ms < pm->backoff_until_ms || (pm->yielded && model_idle(pm));
         sms[n++] = &pm->sc;
     }
     return n;
@@ -721,7 +1102,7 @@ static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < n; i++) {
             struct proc_model *pm = proc_model_of(sms[i]);
-            unsigned have = pm->n_ready + pm->n_starting;
+            unsigned have = replicas_held(pm);
             unsigned target = pm->sc.target;
             if ((pass == 0 && target < have) || (pass == 1 && target > have)) {
                 apply_target(pm, target,
@@ -813,6 +1194,7 @@ static void reconcile_all(struct process_backend *pb)
     {
         struct proc_model *pm = container_of(pos, struct proc_model, node);
         scaler_record(&pm->sc, now);
+        sleep_tick(pm, now);
         /* Startup timeouts. */
         struct list_node *rp, *rt;
         list_for_each_safe(rp, rt, &pm->replicas)
@@ -963,6 +1345,16 @@ static void reaped(struct process_backend *pb, pid_t pid, int status)
         LOGI("replica stopped", "model=%s replica=%s how=\"%s\"", pm->m->name, r->id, how);
         replica_free(r);
         break;
+    case R_DOZING:
+    case R_ASLEEP:
+    case R_WAKING:
+        pm->crashes++;
+        LOGW("replica exited in sleep mode", "model=%s replica=%s how=\"%s\"", pm->m->name,
+             r->id, how);
+        log_last_lines(r);
+        sleep_state_leave(r);
+        replica_free(r);
+        break;
     }
 }
 
@@ -1052,6 +1444,7 @@ static int take_definition(struct proc_model *pm, const struct config_model *cm)
     pm->startup_timeout_ms = cm->startup_timeout_ms;
     pm->stop_grace_ms = cm->stop_grace_ms;
     pm->stop_drain_ms = cm->stop_drain_ms;
+    pm->sleep = cm->sleep;
     /* New autoscaler numbers; the demand it has seen stays (a fresh start
      * would see none and could stop replicas that are busy), unless the
      * window, which sizes its buckets, changed. */
@@ -1162,10 +1555,27 @@ static int process_scale(struct backend *b, struct model *m, unsigned replicas)
 {
     struct proc_model *pm = m->backend_data;
     uint64_t now = clock_now_ms();
+    pm->yielded = false; /* demand: it may start again */
+    if (pm->n_ready == 0 && pm->n_starting == 0 && pm->n_waking == 0 && pm->n_asleep) {
+        /* The request queues right after this: wake one now, not at the tick. */
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &pm->replicas)
+        {
+            struct replica *r = container_of(pos, struct replica, node);
+            if (r->state == R_ASLEEP) {
+                replica_wake(r);
+                break;
+            }
+        }
+        return 0;
+    }
+    if (pm->n_ready == 0 && pm->n_starting == 0 && pm->n_waking == 0 && pm->n_dozing) {
+        return 0; /* woken as soon as it is asleep (on_slept) */
+    }
     if (pm->n_ready == 0 && pm->n_starting == 0 && now < pm->backoff_until_ms) {
         return -EAGAIN;
     }
-    if (pm->n_ready + pm->n_starting >= replicas) {
+    if (pm->n_ready + pm->n_starting + pm->n_waking >= replicas) {
         return 0; /* one start per need */
     }
     as_record(&pm->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
@@ -1181,6 +1591,9 @@ static uint64_t process_retry_after_ms(struct backend *b, struct model *m)
     if (pm->n_ready == 0 && pm->n_starting == 0 && now < pm->backoff_until_ms) {
         return pm->backoff_until_ms - now;
     }
+    if (pm->n_waking + pm->n_asleep + pm->n_dozing && pm->last_wake_ms) {
+        return pm->last_wake_ms;
+    }
     uint64_t remaining;
     if (coldstart_remaining_ms(&m->cold, now, &remaining)) {
         return remaining;
@@ -1188,13 +1601,30 @@ static uint64_t process_retry_after_ms(struct backend *b, struct model *m)
     return m->cold_start_ms;
 }
 
+static const char *replica_state_name(enum replica_state s)
+{
+    switch (s) {
+    case R_STARTING: return "starting";
+    case R_READY: return "ready";
+    case R_DRAINING: return "draining";
+    case R_STOPPING: return "stopping";
+    case R_DOZING: return "falling_asleep";
+    case R_ASLEEP: return "sleeping";
+    case R_WAKING: return "waking";
+    }
+    return "unknown";
+}
+
 static void process_describe(struct backend *b, struct model *m, cJSON *out)
 {
     struct proc_model *pm = m->backend_data;
     uint64_t now = clock_now_ms();
     const char *state = pm->n_ready             ? "ready"
+                        : pm->n_waking          ? "waking"
                         : pm->waiting_for_capacity ? "waiting_for_capacity"
                         : pm->n_starting        ? "starting"
+                        : pm->n_asleep          ? "sleeping"
+                        : pm->n_dozing          ? "falling_asleep"
                         : now < pm->backoff_until_ms ? "start_failed"
                                                       : "scaled_to_zero";
     cJSON_AddStringToObject(out, "backend", "process");
@@ -1203,6 +1633,16 @@ static void process_describe(struct backend *b, struct model *m, cJSON *out)
     cJSON_AddNumberToObject(out, "replicas_starting", pm->n_starting);
     cJSON_AddNumberToObject(out, "replicas_draining", pm->n_draining);
     cJSON_AddNumberToObject(out, "replicas_stopping", pm->n_stopping);
+    cJSON_AddNumberToObject(out, "replicas_sleeping", pm->n_asleep + pm->n_dozing);
+    cJSON_AddNumberToObject(out, "replicas_waking", pm->n_waking);
+    if (pm->sleep.enabled) {
+        cJSON *sl = cJSON_AddObjectToObject(out, "sleep");
+        cJSON_AddNumberToObject(sl, "level", (double)pm->sleep.level);
+        cJSON_AddNumberToObject(sl, "idle_before_sleep_ms", (double)pm->sleep.idle_before_sleep_ms);
+        cJSON_AddNumberToObject(sl, "last_wake_ms", (double)pm->last_wake_ms);
+        cJSON_AddNumberToObject(sl, "sleeps", (double)pm->m->stats.sleeps);
+        cJSON_AddNumberToObject(sl, "wakes", (double)pm->m->stats.wakes);
+    }
     cJSON_AddNumberToObject(out, "min_replicas", pm->min_replicas);
     cJSON_AddNumberToObject(out, "max_replicas", pm->max_replicas);
     cJSON_AddNumberToObject(out, "gpu_slices", pm->gpu_slices);
@@ -1229,10 +1669,7 @@ static void process_describe(struct backend *b, struct model *m, cJSON *out)
         cJSON_AddStringToObject(j, "id", r->id);
         cJSON_AddNumberToObject(j, "pid", r->pid);
         cJSON_AddNumberToObject(j, "port", r->port);
-        cJSON_AddStringToObject(j, "state", r->state == R_STARTING   ? "starting"
-                                            : r->state == R_READY    ? "ready"
-                                            : r->state == R_DRAINING ? "draining"
-                                                                     : "stopping");
+        cJSON_AddStringToObject(j, "state", replica_state_name(r->state));
         if (r->gpu >= 0) {
             cJSON_AddNumberToObject(j, "gpu", r->pm->pb->gpus[r->gpu].id);
         }

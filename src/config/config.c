@@ -701,6 +701,14 @@ static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, 
     return 0;
 }
 
+static const struct conf_key sleep_keys[] = {
+    K_BOOL(struct config_sleep, enabled, false),
+    K_NUM(struct config_sleep, level, 1, 1, 2),
+    K_NUM(struct config_sleep, idle_before_sleep_ms, 0, 0, 86400000),
+    K_NUM(struct config_sleep, timeout_ms, 30000, 1, 600000),
+};
+static const struct section sleep_section = SECTION(sleep_keys, NULL);
+
 /* max_queue's default is limits.max_queue_per_model, queue_timeout_ms's
  * default_queue_timeout(), idle_timeout_ms's by the model's priority;
  * UINT64_MAX marks "unset". */
@@ -737,6 +745,7 @@ static const struct conf_key model_keys[] = {
     K_NUM(struct config_model, stable_window_ms, 0, 0, 3600000),
     {.name = "prewarm", .type = KEY_ENUM, .offset = offsetof(struct config_model, prewarm),
      .def = PREWARM_INHERIT, .lookup = lookup_prewarm, .enum_msg = PREWARM_MSG},
+    K_OBJECT(struct config_model, sleep, &sleep_section),
 };
 static const struct section model_section = SECTION(model_keys, model_finish);
 

@@ -69,6 +69,9 @@ static const char *model_state(const struct model *m)
     if (m->fixed_replicas) {
         return "unavailable"; /* static endpoints, none left */
     }
+    if (m->replicas_asleep > 0 && m->queue.count == 0) {
+        return "sleeping"; /* the next request wakes one in seconds */
+    }
     if (m->replicas_desired > 0 || m->queue.count > 0) {
         return "starting";
     }

@@ -191,6 +191,11 @@ class ModelServer:
         self.by_path = {}
         self.acceptor = asyncio.Lock()
         self.writers = set()
+        # Sleep mode (vLLM's --enable-sleep-mode): asleep or waking, the
+        # generation routes answer 503.
+        self.sleeping = False
+        self.sleeps = 0
+        self.wakes = 0
 
     def loaded(self):
         return time.monotonic() >= self.load_deadline
@@ -254,6 +259,10 @@ class ModelServer:
             await self.send_error(writer, req, 429, "too many requests in flight",
                                   "overloaded", close)
             return close
+        if self.sleeping and path in ("/v1/chat/completions", "/v1/completions",
+                                      "/v1/embeddings"):
+            await self.send_error(writer, req, 503, "the model is sleeping", "unavailable", close)
+            return close
         routes = {
             "/health": ("GET", self.route_health),
             "/v1/models": ("GET", self.route_models),
@@ -261,6 +270,10 @@ class ModelServer:
             "/v1/completions": ("POST", self.route_completions),
             "/v1/embeddings": ("POST", self.route_embeddings),
         }
+        if self.args.enable_sleep_mode:
+            routes["/sleep"] = ("POST", self.route_sleep)
+            routes["/wake_up"] = ("POST", self.route_wake_up)
+            routes["/is_sleeping"] = ("GET", self.route_is_sleeping)
         if path not in routes:
             await self.send_error(writer, req, 404, f"no route for {path}", "not_found", close)
             return close
@@ -277,6 +290,40 @@ class ModelServer:
 
     async def route_models(self, writer, req, close):
         await self.send(writer, req, 200, mp.models_list(self.args.model), close)
+        return close
+
+    # --- sleep mode, as vLLM serves it: POST /sleep?level=1|2 and POST
+    # /wake_up answer 200 with an empty body once done; GET /is_sleeping.
+
+    async def route_sleep(self, writer, req, close):
+        level = req.query.get("level", "1")
+        if level not in ("1", "2"):
+            await self.send_error(writer, req, 400, "level must be 1 or 2",
+                                  "invalid_request_error", close)
+            return close
+        if self.args.fail_sleep:
+            await self.send_error(writer, req, 500, "sleep failed", "internal_error", close)
+            return close
+        if not self.sleeping:
+            await asyncio.sleep(self.args.sleep_seconds)
+            self.sleeping = True
+            self.sleeps += 1
+        await self.send(writer, req, 200, b"", close)
+        return close
+
+    async def route_wake_up(self, writer, req, close):
+        if self.args.fail_wake:
+            await self.send_error(writer, req, 500, "wake_up failed", "internal_error", close)
+            return close
+        if self.sleeping:
+            await asyncio.sleep(self.args.wake_seconds)
+            self.sleeping = False
+            self.wakes += 1
+        await self.send(writer, req, 200, b"", close)
+        return close
+
+    async def route_is_sleeping(self, writer, req, close):
+        await self.send(writer, req, 200, mp.dumps({"is_sleeping": self.sleeping}), close)
         return close
 
     async def parse_body(self, writer, req, close):
@@ -422,6 +469,7 @@ class ModelServer:
         return mp.dumps({"requests": self.requests, "connections": self.connections,
                          "max_inflight": self.max_inflight, "inflight": self.inflight,
                          "by_path": self.by_path, "loaded": self.loaded(),
+                         "sleeping": self.sleeping, "sleeps": self.sleeps, "wakes": self.wakes,
                          "pid": os.getpid(), "port": self.port})
 
 
@@ -460,6 +508,12 @@ def parse_args(argv=None):
     p.add_argument("--strict-model", action="store_true",
                    help="answer 404 when the request's model is not --model")
     p.add_argument("--backlog", type=int, default=128)
+    p.add_argument("--enable-sleep-mode", action="store_true",
+                   help="serve POST /sleep, POST /wake_up and GET /is_sleeping as vLLM does")
+    p.add_argument("--sleep-seconds", type=float, default=0.01)
+    p.add_argument("--wake-seconds", type=float, default=0.05)
+    p.add_argument("--fail-sleep", action="store_true", help="answer /sleep with 500")
+    p.add_argument("--fail-wake", action="store_true", help="answer /wake_up with 500")
     return p.parse_args(argv)
 
 

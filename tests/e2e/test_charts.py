@@ -23,6 +23,25 @@ CHECKS = os.path.join(ROOT, "tests", "charts")
 ALL_ON = ["priorityClasses.create=true", "devicePlugin.enabled=true",
           "metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true",
           "metrics.grafanaDashboard.enabled=true"]
+# Each weights-cache, download and pre-pull option of the model chart.
+HF = "meta-llama/Llama-3.1-8B-Instruct"
+MODEL_OPTIONS = {
+    "hostPath+initContainer": ["server.cache.type=hostPath", "server.download.mode=initContainer",
+                               f"server.download.model={HF}", "server.cache.offline=true"],
+    "pvc+job": ["server.cache.type=pvc", "server.cache.pvc=weights",
+                "server.download.mode=job", f"server.download.model={HF}",
+                "server.download.tokenSecret=hf-token"],
+    "sharedPvc+job": ["server.cache.type=sharedPvc", "server.cache.shared.storageClassName=nfs",
+                      "server.download.mode=job", f"server.download.model={HF}"],
+    "sharedPvc-ROX-snapshot": ["server.cache.type=sharedPvc",
+                               "server.cache.shared.accessMode=ReadOnlyMany",
+                               "server.cache.shared.dataSource.kind=VolumeSnapshot",
+                               "server.cache.shared.dataSource.name=llama-weights",
+                               "server.cache.shared.dataSource.apiGroup=snapshot.storage.k8s.io",
+                               "server.cache.offline=true"],
+    "prepull": ["prepull.enabled=true", "nodeSelector.pool=gpu-a100"],
+    "sleep": ["sleep.enabled=true", "sleep.level=2", "sleep.idleBeforeSleep=5m"],
+}
 DCGM = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
         "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_MGMT_LIMIT"}
 
@@ -62,7 +81,9 @@ def test_rendered_objects_are_valid_kubernetes():
     objs = (render("thaw") + render("thaw", *ALL_ON, "watchNamespaces[0]=models")
             + render("thaw-model", namespace="models")
             + render("thaw-model", "server.kind=llamacpp", "priorityClassName=thaw-batch",
-                     namespace="models"))
+                     namespace="models")
+            + [o for sets in MODEL_OPTIONS.values()
+               for o in render("thaw-model", *sets, namespace="models")])
     r = subprocess.run(["node", "validate.mjs"], input=json.dumps(objs), capture_output=True,
                        text=True, cwd=CHECKS, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -79,6 +100,10 @@ def test_rendered_objects_are_valid_kubernetes():
     ("thaw-model", "server.kind=tgi"),
     ("thaw-model", "thawAnnotations.priority=urgent"),
     ("thaw-model", "name=Not_A_DNS_Name"),
+    ("thaw-model", "server.cache.type=nfs"),
+    ("thaw-model", "server.download.mode=always"),
+    ("thaw-model", "server.cache.shared.accessMode=ReadWriteOnce"),
+    ("thaw-model", "sleep.level=3"),
 ])
 def test_values_schema_rejects_bad_values(chart, bad):
     r = helm("template", "rel", os.path.join(CHARTS, chart), "--set", bad, check=False)
@@ -111,7 +136,7 @@ def rules_of(objs):
 def test_rbac_is_exactly_what_the_docs_list():
     docs = {("apps", "deployments", ("get", "list", "patch", "watch")),
             ("apps", "deployments/scale", ("patch",)),
-            ("", "pods", ("get", "list", "watch")),
+            ("", "pods", ("delete", "get", "list", "watch")),
             ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
             ("", "events", ("create", "list", "patch", "watch"))}
     everywhere = rules_of(render("thaw"))
@@ -356,3 +381,137 @@ def test_prometheus_scrapes_a_cold_start(thaw_factory, tmp_path):
     finally:
         p.terminate()
         p.wait(20)
+
+
+def deployment_pod(objs):
+    return by_kind(objs, "Deployment")[0]["spec"]["template"]["spec"]
+
+
+def server_env(pod):
+    return {e["name"]: e.get("value") for e in pod["containers"][0].get("env", [])}
+
+
+@needs_helm
+def test_weights_cache_on_the_node_filled_by_an_init_container():
+    pod = deployment_pod(render("thaw-model", *MODEL_OPTIONS["hostPath+initContainer"]))
+    cache = next(v for v in pod["volumes"] if v["name"] == "cache")
+    assert cache["hostPath"] == {"path": "/var/lib/thaw/weights", "type": "DirectoryOrCreate"}
+    env = server_env(pod)
+    assert env["HF_HOME"] == "/root/.cache/huggingface" == env["LLAMA_CACHE"]
+    assert env["HF_HUB_OFFLINE"] == "1"  # a start never reaches the Hub
+    init = pod["initContainers"][0]
+    assert init["name"] == "download-weights" and init["args"][-1] == HF
+    assert {"name": "cache", "mountPath": "/root/.cache/huggingface"} in init["volumeMounts"]
+
+
+@needs_helm
+def test_shared_weights_claim_filled_once_by_a_job():
+    objs = render("thaw-model", *MODEL_OPTIONS["sharedPvc+job"], namespace="models")
+    pvc = by_kind(objs, "PersistentVolumeClaim")[0]
+    assert pvc["metadata"]["name"] == "rel-weights"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["spec"]["storageClassName"] == "nfs"
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    job = by_kind(objs, "Job")[0]
+    jc = job["spec"]["template"]["spec"]["containers"][0]
+    marker = next(e["value"] for e in jc["env"] if e["name"] == "THAW_MARKER")
+    pod = deployment_pod(objs)
+    wait = pod["initContainers"][0]
+    assert wait["name"] == "wait-for-weights"
+    assert next(e["value"] for e in wait["env"] if e["name"] == "THAW_MARKER") == marker
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "cache")
+    assert mount["readOnly"] is True  # replicas only read the shared claim
+    assert next(v for v in pod["volumes"] if v["name"] == "cache")[
+        "persistentVolumeClaim"]["claimName"] == "rel-weights"
+    # The Job's name follows what it downloads: the same values, the same Job.
+    again = by_kind(render("thaw-model", *MODEL_OPTIONS["sharedPvc+job"], namespace="models"),
+                    "Job")[0]
+    other = by_kind(render("thaw-model", *MODEL_OPTIONS["sharedPvc+job"],
+                           "server.download.model=Qwen/Qwen3-8B", namespace="models"), "Job")[0]
+    assert again["metadata"]["name"] == job["metadata"]["name"] != other["metadata"]["name"]
+
+
+@needs_helm
+def test_existing_and_read_only_many_claims():
+    objs = render("thaw-model", *MODEL_OPTIONS["pvc+job"])
+    assert not by_kind(objs, "PersistentVolumeClaim")  # the claim is the user's
+    pod = deployment_pod(objs)
+    assert next(v for v in pod["volumes"] if v["name"] == "cache")[
+        "persistentVolumeClaim"]["claimName"] == "weights"
+    jc = by_kind(objs, "Job")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token",
+                                                               "key": "HF_TOKEN"}}} in jc["env"]
+    rox = render("thaw-model", *MODEL_OPTIONS["sharedPvc-ROX-snapshot"])
+    pvc = by_kind(rox, "PersistentVolumeClaim")[0]
+    assert pvc["spec"]["accessModes"] == ["ReadOnlyMany"]
+    assert pvc["spec"]["dataSource"]["kind"] == "VolumeSnapshot"
+    assert not by_kind(rox, "Job") and "initContainers" not in deployment_pod(rox)
+    # chart 0.2's bare cache.pvc still means that claim
+    old = deployment_pod(render("thaw-model", "server.cache.pvc=weights"))
+    assert next(v for v in old["volumes"] if v["name"] == "cache")[
+        "persistentVolumeClaim"]["claimName"] == "weights"
+
+
+@needs_helm
+@pytest.mark.parametrize("sets,why", [
+    (["server.download.mode=job", f"server.download.model={HF}"], "download at every start"),
+    (["server.cache.type=hostPath", "server.download.mode=job", f"server.download.model={HF}"],
+     "only the node it runs on"),
+    (["server.cache.type=hostPath", "server.download.mode=initContainer"], "download.model"),
+    (["server.cache.type=sharedPvc", "server.cache.shared.accessMode=ReadOnlyMany",
+      "server.download.mode=job", f"server.download.model={HF}"], "cannot be written"),
+    (["server.cache.type=pvc"], "existing claim"),
+])
+def test_cache_combinations_that_cannot_work_fail_the_render(sets, why):
+    args = ["template", "rel", os.path.join(CHARTS, "thaw-model")]
+    for x in sets:
+        args += ["--set", x]
+    r = helm(*args, check=False)
+    assert r.returncode != 0 and why in r.stderr, r.stderr
+
+
+@needs_helm
+def test_default_cache_is_an_empty_dir_without_a_download():
+    objs = render("thaw-model")
+    pod = deployment_pod(objs)
+    assert next(v for v in pod["volumes"] if v["name"] == "cache")["emptyDir"]
+    assert not by_kind(objs, "Job") and not by_kind(objs, "DaemonSet")
+    assert "initContainers" not in pod and "HF_HUB_OFFLINE" not in server_env(pod)
+
+
+@needs_helm
+def test_image_prepull_daemonset_runs_the_model_image_on_its_gpu_nodes():
+    objs = render("thaw-model", *MODEL_OPTIONS["prepull"], namespace="models")
+    ds = by_kind(objs, "DaemonSet")[0]
+    spec = ds["spec"]["template"]["spec"]
+    server = deployment_pod(objs)["containers"][0]
+    pull = spec["initContainers"][0]
+    assert pull["image"] == server["image"] and pull["command"] == ["sh", "-c", "exit 0"]
+    assert pull["imagePullPolicy"] == server["imagePullPolicy"] == "IfNotPresent"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "gpu-a100"}
+    assert spec["tolerations"] == deployment_pod(objs)["tolerations"]
+    assert "nvidia.com/gpu" not in json.dumps(spec.get("containers"))  # holds no GPU
+    # its pods are not the model's: neither the Deployment's selector nor the Service's
+    sel = by_kind(objs, "Deployment")[0]["spec"]["selector"]["matchLabels"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert not all(labels.get(k) == v for k, v in sel.items())
+    llama = by_kind(render("thaw-model", "server.kind=llamacpp", "prepull.enabled=true"),
+                    "DaemonSet")[0]
+    assert "llama.cpp" in llama["spec"]["template"]["spec"]["initContainers"][0]["image"]
+
+
+@needs_helm
+def test_sleep_mode_turns_on_vllm_and_the_annotations():
+    objs = render("thaw-model", *MODEL_OPTIONS["sleep"])
+    d = by_kind(objs, "Deployment")[0]
+    anns = d["metadata"]["annotations"]
+    assert anns["thaw.dev/sleep-mode"] == "2" and anns["thaw.dev/idle-before-sleep"] == "5m"
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"].count("--enable-sleep-mode") == 1
+    assert server_env(d["spec"]["template"]["spec"])["VLLM_SERVER_DEV_MODE"] == "1"
+    off = by_kind(render("thaw-model"), "Deployment")[0]
+    assert "thaw.dev/sleep-mode" not in off["metadata"]["annotations"]
+    assert "--enable-sleep-mode" not in off["spec"]["template"]["spec"]["containers"][0]["args"]
+    r = helm("template", "rel", os.path.join(CHARTS, "thaw-model"), "--set", "sleep.enabled=true",
+             "--set", "server.kind=llamacpp", check=False)
+    assert r.returncode != 0 and "server.kind=vllm" in r.stderr

@@ -78,7 +78,8 @@ kubelets of every node):
   sim.thaw.dev/schedule-delay-ms how long the scheduler takes to get to the
   pod (it stays Pending without a PodScheduled condition until then),
   sim.thaw.dev/token-ms the time per token, sim.thaw.dev/ready-file (c and asyncio-model)
-  a file the server writes when loaded. The model name is the pod's
+  a file the server writes when loaded, sim.thaw.dev/sleep-fault (c: fail-sleep or
+  fail-wake, the sleep-mode call the server answers 500). The model name is the pod's
   thaw.dev/model label ("sim" without one). Probes run as the kubelet runs them: readiness once
   when the container starts and then every periodSeconds (default 10 s;
   --kubelet-period-ms overrides every probe's period), honouring
@@ -2149,6 +2150,12 @@ class Cluster:
                    "--token-ms", token_ms, "--tokens", "4", "--model", model]
             if anns.get("sim.thaw.dev/ready-file"):
                 cmd += ["--ready-file", anns["sim.thaw.dev/ready-file"]]
+            fault = anns.get("sim.thaw.dev/sleep-fault")
+            if fault:
+                if fault not in ("fail-sleep", "fail-wake"):
+                    raise ValueError(f'sim.thaw.dev/sleep-fault: "{fault}" is not fail-sleep '
+                                     'or fail-wake')
+                cmd += ["--" + fault]
             return cmd
         if kind == "asyncio":
             return [sys.executable, os.path.join(HERE, "pod_netns.py"), ip,

@@ -16,11 +16,22 @@
  *   --fail-start         exit with status 1 instead of finishing the load
  *   --ready-file FILE    write CLOCK_MONOTONIC nanoseconds when /health first
  *                        answers 200 (load tests measure from that moment)
+ *   --sleep-ms N         sleep mode: time POST /sleep takes (default 10)
+ *   --wake-ms N          sleep mode: time POST /wake_up takes (default 50), the
+ *                        short wake that replaces a --load-ms cold start
+ *   --fail-sleep         answer POST /sleep with 500 (the model stays awake)
+ *   --fail-wake          answer POST /wake_up with 500 (the model stays asleep)
+ *
+ * Sleep mode as vLLM's --enable-sleep-mode serves it: POST /sleep?level=1|2
+ * answers 200 with no body once asleep; POST /wake_up answers 200 once awake;
+ * GET /is_sleeping gives {"is_sleeping": bool}. While asleep (or waking),
+ * completions answer 503; /health, /v1/models and /stats still answer.
  *
  * Paths: /health, /v1/models, /v1/chat/completions, /v1/completions
  * (JSON, or SSE chunks ending in "data: [DONE]" with "stream": true), and
  * /stats: {"active", "peak_active", "completions"} (completions in progress
- * now, the most ever in progress at once, and how many were started). */
+ * now, the most ever in progress at once, and how many were started; with
+ * "sleeping", "sleeps" and "wakes" for sleep mode). */
 #include <errno.h>
 #include <getopt.h>
 #include <netinet/in.h>
@@ -55,6 +66,10 @@ struct sim {
     bool fail_start;
     const char *ready_file;
     bool ready_written;
+    long sleep_ms, wake_ms;
+    bool fail_sleep, fail_wake;
+    bool sleeping; /* asleep, or waking: completions answer 503 */
+    long sleeps, wakes;
     long active;
     long peak_active; /* most completions ever in progress at once (GET /stats) */
     long completions;
@@ -76,6 +91,8 @@ struct client {
     bool stream, chat, counted_active;
     long id;
     bool crash_here;
+    struct event *control; /* a /sleep or /wake_up finishing */
+    bool control_is_wake;
 };
 
 static void client_free(struct client *c)
@@ -85,6 +102,9 @@ static void client_free(struct client *c)
     }
     if (c->tick) {
         event_free(c->tick);
+    }
+    if (c->control) {
+        event_free(c->control);
     }
     bufferevent_free(c->bev);
     http_head_dispose(&c->head);
@@ -255,6 +275,74 @@ static void start_completion(struct client *c, bool chat)
     event_add(c->tick, &tv);
 }
 
+/* A /sleep or /wake_up whose delay has passed: the state changes, then the
+ * answer goes out (vLLM answers once the engine has slept or woken). */
+static void on_control_done(evutil_socket_t fd, short what, void *arg)
+{
+    struct client *c = arg;
+    struct sim *s = c->sim;
+    if (c->control_is_wake) {
+        s->sleeping = false;
+        s->wakes++;
+        fprintf(stderr, "thaw-model-sim: model %s awake\n", s->model);
+    } else {
+        s->sleeping = true;
+        s->sleeps++;
+        fprintf(stderr, "thaw-model-sim: model %s asleep\n", s->model);
+    }
+    respond(c, 200, "application/json", "");
+    finish_completion(c);
+}
+
+/* level=N in the query (q with its '?', qlen bytes); 1 when absent, -1 when
+ * not one digit. */
+static long query_level(const char *q, size_t qlen)
+{
+    for (size_t i = 0; q && i + 6 < qlen; i++) {
+        if (memcmp(q + i, "level=", 6) == 0 && (q[i - (i > 0)] == '?' || q[i - 1] == '&')) {
+            bool one_digit = i + 7 == qlen || q[i + 7] == '&';
+            return one_digit ? q[i + 6] - '0' : -1;
+        }
+    }
+    return 1;
+}
+
+/* POST /sleep?level=N and POST /wake_up. Returns true when answered at once. */
+static bool sleep_control(struct client *c, bool wake, const char *query, size_t qlen)
+{
+    struct sim *s = c->sim;
+    if (!wake) {
+        long level = query_level(query, qlen);
+        if (level != 1 && level != 2) {
+            respond(c, 400, "application/json",
+                    "{\"error\":{\"message\":\"level must be 1 or 2\"}}");
+            return true;
+        }
+    }
+    if ((wake && s->fail_wake) || (!wake && s->fail_sleep)) {
+        respond(c, 500, "application/json",
+                "{\"error\":{\"message\":\"simulated failure\"}}");
+        return true;
+    }
+    if (wake == !s->sleeping) {
+        respond(c, 200, "application/json", ""); /* already there */
+        return true;
+    }
+    if (wake) {
+        /* Waking: still not serving until the weights are back. */
+        s->sleeping = true;
+    }
+    c->control_is_wake = wake;
+    c->busy = true;
+    if (!c->control) {
+        c->control = evtimer_new(s->base, on_control_done, c);
+    }
+    long ms = wake ? s->wake_ms : s->sleep_ms;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    event_add(c->control, &tv);
+    return false;
+}
+
 /* Handles one complete request. Returns true when it finished at once. */
 static bool handle(struct client *c)
 {
@@ -262,7 +350,9 @@ static bool handle(struct client *c)
     const char *t = http_target(&c->head);
     size_t len = c->head.target_len;
     const char *q = memchr(t, '?', len);
+    size_t qlen = 0;
     if (q) {
+        qlen = len - (size_t)(q - t);
         len = (size_t)(q - t);
     }
     c->close_after = !c->head.keep_alive;
@@ -284,9 +374,24 @@ static bool handle(struct client *c)
         respond(c, 200, "application/json", "{\"status\":\"ok\"}");
     } else if (http_name_eq(t, len, "/stats")) {
         char body[256];
-        snprintf(body, sizeof body, "{\"active\":%ld,\"peak_active\":%ld,\"completions\":%ld}",
-                 s->active, s->peak_active, s->completions);
+        snprintf(body, sizeof body,
+                 "{\"active\":%ld,\"peak_active\":%ld,\"completions\":%ld,\"sleeping\":%s,"
+                 "\"sleeps\":%ld,\"wakes\":%ld}",
+                 s->active, s->peak_active, s->completions, s->sleeping ? "true" : "false",
+                 s->sleeps, s->wakes);
         respond(c, 200, "application/json", body);
+    } else if (http_name_eq(t, len, "/is_sleeping")) {
+        respond(c, 200, "application/json",
+                s->sleeping ? "{\"is_sleeping\":true}" : "{\"is_sleeping\":false}");
+    } else if (c->head.method == HTTP_POST &&
+               (http_name_eq(t, len, "/sleep") || http_name_eq(t, len, "/wake_up"))) {
+        return sleep_control(c, http_name_eq(t, len, "/wake_up"), q, qlen);
+    } else if (s->sleeping && c->head.method == HTTP_POST &&
+               (http_name_eq(t, len, "/v1/chat/completions") ||
+                http_name_eq(t, len, "/v1/completions"))) {
+        respond(c, 503, "application/json",
+                "{\"error\":{\"message\":\"the model is sleeping\",\"type\":"
+                "\"service_unavailable\"}}");
     } else if (http_name_eq(t, len, "/v1/models")) {
         char body[512];
         snprintf(body, sizeof body,
@@ -454,6 +559,7 @@ static long num_arg(const char *name, const char *v)
 int main(int argc, char **argv)
 {
     struct sim s = {.host = "127.0.0.1", .model = "sim", .token_ms = 20, .tokens = 16,
+                    .sleep_ms = 10, .wake_ms = 50,
                     .capacity = 4, .limits = {65536, 100, 16 << 20}};
     static const struct option opts[] = {
         {"host", required_argument, NULL, 'H'},      {"port", required_argument, NULL, 'p'},
@@ -462,6 +568,8 @@ int main(int argc, char **argv)
         {"token-ms", required_argument, NULL, 't'},  {"tokens", required_argument, NULL, 'n'},
         {"capacity", required_argument, NULL, 'c'},  {"crash-after", required_argument, NULL, 'x'},
         {"fail-start", no_argument, NULL, 'F'},      {"ready-file", required_argument, NULL, 'R'},
+        {"sleep-ms", required_argument, NULL, 's'},  {"wake-ms", required_argument, NULL, 'w'},
+        {"fail-sleep", no_argument, NULL, 'S'},      {"fail-wake", no_argument, NULL, 'W'},
         {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
     };
     int o;
@@ -486,11 +594,16 @@ int main(int argc, char **argv)
         case 'x': s.crash_after = num_arg("crash-after", optarg); break;
         case 'F': s.fail_start = true; break;
         case 'R': s.ready_file = optarg; break;
+        case 's': s.sleep_ms = num_arg("sleep-ms", optarg); break;
+        case 'w': s.wake_ms = num_arg("wake-ms", optarg); break;
+        case 'S': s.fail_sleep = true; break;
+        case 'W': s.fail_wake = true; break;
         case 'h':
             printf("usage: thaw-model-sim [--host A] [--port N] [--port-file F] [--model NAME]\n"
                    "       [--load-ms N] [--load-mode listen-late|503] [--token-ms N]\n"
                    "       [--tokens N] [--capacity N] [--crash-after N] [--fail-start]\n"
-                   "       [--ready-file FILE]\n");
+                   "       [--ready-file FILE] [--sleep-ms N] [--wake-ms N] [--fail-sleep]\n"
+                   "       [--fail-wake]\n");
             return 0;
         default: return 2;
         }

@@ -85,6 +85,31 @@ static void test_deployment_defaults_from_the_pod_template(void **state)
     assert_int_equal(s.replicas, 0);
 }
 
+static void test_sleep_mode_annotations(void **state)
+{
+    struct k8s_model_spec s;
+    assert_int_equal(parse("{}", "", &s), 0);
+    assert_int_equal(s.sleep_level, 0); /* off unless asked */
+    assert_int_equal(parse("{\"thaw.dev/sleep-mode\":\"true\",\"thaw.dev/idle-before-sleep\":"
+                           "\"90s\",\"thaw.dev/sleep-timeout\":\"10s\"}", "", &s), 0);
+    assert_int_equal(s.sleep_level, 1);
+    assert_int_equal(s.idle_before_sleep_ms, 90000);
+    assert_int_equal(s.sleep_timeout_ms, 10000);
+    assert_string_equal(s.errors, "");
+    assert_int_equal(parse("{\"thaw.dev/sleep-mode\":\"2\"}", "", &s), 0);
+    assert_int_equal(s.sleep_level, 2);
+    assert_int_equal(parse("{\"thaw.dev/sleep-mode\":\"deep\",\"thaw.dev/sleep-timeout\":"
+                           "\"1h\"}", "", &s), 0);
+    assert_int_equal(s.sleep_level, 0);
+    assert_non_null(strstr(s.errors, "thaw.dev/sleep-mode"));
+    assert_non_null(strstr(s.errors, "thaw.dev/sleep-timeout"));
+    assert_int_equal(parse("{\"thaw.dev/gpu-memory\":\"14Gi\"}", "", &s), 0);
+    assert_int_equal(s.gpu_memory_bytes, 14ull << 30);
+    assert_int_equal(parse("{\"thaw.dev/gpu-memory\":\"lots\"}", "", &s), 0);
+    assert_int_equal(s.gpu_memory_bytes, 0);
+    assert_non_null(strstr(s.errors, "thaw.dev/gpu-memory"));
+}
+
 static void test_thaw_annotations(void **state)
 {
     struct k8s_model_spec s;
@@ -1068,6 +1093,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deployment_defaults_from_the_pod_template),
         cmocka_unit_test(test_thaw_annotations),
+        cmocka_unit_test(test_sleep_mode_annotations),
         cmocka_unit_test(test_knative_aliases_and_precedence),
         cmocka_unit_test(test_bad_values_keep_defaults_and_say_why),
         cmocka_unit_test(test_not_a_deployment),

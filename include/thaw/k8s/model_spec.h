@@ -24,6 +24,10 @@
  * clients held through one get ": loading" heartbeats. */
 #define K8S_DEFAULT_STARTUP_TIMEOUT_MS (15 * 60 * 1000)
 #define K8S_DEFAULT_LOADING_HEARTBEAT_MS 15000
+/* Sleep mode in a cluster: a pod sleeps after this long idle (no memory
+ * accounting there decides it), and /sleep and /wake_up get this long. */
+#define K8S_DEFAULT_IDLE_BEFORE_SLEEP_MS 60000
+#define K8S_DEFAULT_SLEEP_TIMEOUT_MS 30000
 
 struct k8s_model_spec {
     char name[254];       /* model name: K8S_MODEL_LABEL value, or the Deployment's */
@@ -58,6 +62,10 @@ struct k8s_model_spec {
     char aliases[1024];
     uint64_t gpu_slices;
     uint64_t gpu_memory_bytes; /* thaw.dev/gpu-memory: per replica, on one GPU; 0: not declared */
+    /* sleep mode (thaw.dev/sleep-mode, idle-before-sleep, sleep-timeout) */
+    uint64_t sleep_level; /* 0: off; 1 or 2: POST /sleep?level=N */
+    uint64_t idle_before_sleep_ms;
+    uint64_t sleep_timeout_ms;
     int64_t replicas;       /* spec.replicas; missing means 0 */
     int64_t ready_replicas; /* status.readyReplicas */
     char resource_version[64];

@@ -38,6 +38,9 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
     /* Clients wait from now: the cold start they see begins (its phases
      * come from the pods, kube_cold_refresh). */
+    if (kube_wake_for_demand(km)) {
+        return 0; /* a pod is asleep or waking: it serves in seconds */
+    }
     kube_cold_begin(km, now);
     if (km->spec.replicas == 0 && !kube_memory_bound(km)) {
         kube_scale_from_zero(km);
@@ -49,6 +52,11 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 
 static uint64_t kube_retry_after_ms(struct backend *b, struct model *m)
 {
+    struct kmodel *km = m->backend_data;
+    unsigned waking = 0, dozing = 0;
+    if (km->last_wake_ms && kube_pods_asleep(km, &waking, &dozing) + waking + dozing > 0) {
+        return km->last_wake_ms;
+    }
     uint64_t remaining;
     if (coldstart_remaining_ms(&m->cold, clock_now_ms(), &remaining)) {
         return remaining;

@@ -7,7 +7,8 @@
  *   backend_k8s_ha.c       identity, leader lease, peers, the /demand answer
  *   backend_k8s_status.c   describe, capacity, metrics
  *   placement.c            nodes and pod templates -> the warm pool's per-node view
- *   idle.c                 the idle clock kept on the Deployment across restarts */
+ *   idle.c                 the idle clock kept on the Deployment across restarts
+ *   sleep.c                sleep mode: idle pods sleep (POST /sleep), demand wakes them */
 #ifndef THAW_BACKEND_K8S_INT_H
 #define THAW_BACKEND_K8S_INT_H
 
@@ -19,6 +20,7 @@
 #include "thaw/k8s/model_spec.h"
 #include "thaw/k8s/objects.h"
 #include "thaw/k8s/peers.h"
+#include "thaw/control.h"
 #include "thaw/probe.h"
 #include "thaw/scale_driver.h"
 #include "thaw/scaler.h"
@@ -39,6 +41,12 @@
 struct kube_backend;
 struct kmodel;
 
+/* Sleep mode, per pod: AWAKE -> DOZING (out of routing, /sleep sent) ->
+ * ASLEEP (the pod runs and keeps its node's resources) -> WAKING (/wake_up
+ * sent) -> AWAKE; FAILED: /wake_up failed, the pod is being deleted so its
+ * ReplicaSet starts a new one (a cold start). */
+enum kpod_sleep { KS_AWAKE, KS_DOZING, KS_ASLEEP, KS_WAKING, KS_FAILED };
+
 struct kpod {
     struct kmodel *km;
     char name[254];
@@ -57,6 +65,13 @@ struct kpod {
     char created[32]; /* creationTimestamp: the order slots are dealt in */
     struct cs_timeline phases; /* tracked when it starts while its model is cold */
     struct probe probe;
+    /* sleep mode (sleep.c) */
+    enum kpod_sleep sleep;
+    struct control ctl;
+    bool ctl_init;
+    bool no_idle_sleep;     /* its server refused /sleep: not asked again when idle */
+    uint64_t wake_asked_ms; /* when demand first found it asleep */
+    struct k8s_call *delete_call;
 };
 
 struct kmodel {
@@ -88,6 +103,10 @@ struct kmodel {
     uint64_t writing_traffic_ms; /* traffic_ms of the write in flight */
     uint64_t last_write_ms;      /* when the last write was sent */
     struct k8s_call *idle_call;
+    /* sleep mode (sleep.c) */
+    uint64_t busy_at_ms;   /* the last tick with requests in flight or held */
+    uint64_t last_wake_ms; /* the last wake from sleep took this long; 0: none */
+    bool sleep_peers_warned;
 };
 
 /* The per-node view handed to the warm pool each planning step; arrays
@@ -162,6 +181,8 @@ void kube_pod_ready(struct kpod *p, const char *via);
 /* The same, with the probe's open connection to the pod (-1: none). */
 void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);
 void kube_pod_gone(struct kpod *p, const char *why);
+/* Starts thaw's own probe of the pod (when probe_pods is on and it runs). */
+void kube_pod_probe(struct kpod *p);
 void kube_kmodel_free(struct kmodel *km);
 void kube_node_free(struct k8s_node_info *ni);
 /* This activator's share of each ready pod's slots, from the activators
@@ -214,6 +235,11 @@ uint64_t kube_gpu_memory(const struct kube_backend *kb, const struct k8s_node_in
 /* GPU memory one replica takes on a shared GPU: thaw.dev/gpu-memory when its
  * pod template asks for a shared GPU; 0 otherwise (MIG, or not declared). */
 uint64_t kube_replica_memory(const struct kmodel *km);
+/* What the warm pool's admission counts of it: none for a sleep-mode model,
+ * whose memory sleep mode frees on its node when another pod needs it
+ * (sleep.c), so the admission neither holds its wake nor counts its idle
+ * replicas against others. */
+uint64_t kube_admitted_memory(const struct kmodel *km);
 /* Its replicas declare GPU memory and some GPU node knows its own: a wake
  * from zero must go through the plan (memory admission), not straight to a
  * scale PATCH. */
@@ -246,6 +272,23 @@ void kube_idle_tick(struct kmodel *km, uint64_t now);
 /* ms since this activator's last request for the model, for /demand;
  * UINT64_MAX when none within its idle timeout. */
 uint64_t kube_idle_demand_age(const struct kmodel *km, uint64_t now);
+
+/* sleep.c */
+/* Every tick: idle pods of a sleep-mode model doze after idle-before-sleep;
+ * demand wakes asleep ones. */
+void kube_sleep_tick(struct kmodel *km, uint64_t now);
+/* Demand for a model with no ready pod: wakes an asleep one. True when one
+ * is asleep or waking (no scale-up is needed for it). */
+bool kube_wake_for_demand(struct kmodel *km);
+/* A pod leaves: its control request and delete are dropped. */
+void kube_pod_sleep_dispose(struct kpod *p);
+/* Pods asleep; those waking and falling asleep in *waking and *dozing. */
+unsigned kube_pods_asleep(const struct kmodel *km, unsigned *waking, unsigned *dozing);
+const char *kube_pod_sleep_name(enum kpod_sleep s);
+/* Every tick: on each node whose GPU memory the pods there (awake, starting,
+ * waking) need more of than it has, idle sleep-mode pods of the same or
+ * lower priority are put to sleep. */
+void kube_sleep_for_memory(struct kube_backend *kb);
 
 /* backend_k8s_status.c */
 void kube_describe(struct backend *b, struct model *m, cJSON *out);

@@ -278,7 +278,7 @@ static const char *const thaw_keys[] = {
     "initial-scale", "activation-scale", "target", "target-utilization-percentage", "window",
     "panic-window-percentage", "panic-threshold-percentage", "scale-down-delay", "idle-timeout",
     "startup-timeout", "port", "health-path", "service", "hosts", "aliases", "prewarm",
-    "gpu-memory", NULL};
+    "sleep-mode", "idle-before-sleep", "sleep-timeout", "gpu-memory", NULL};
 static const char *const knative_keys[] = {
     "class", "metric", "container-concurrency", "min-scale", "max-scale", "initial-scale",
     "activation-scale", "target", "target-utilization-percentage", "window",
@@ -388,6 +388,26 @@ static void read_prewarm(const struct ann_src *anns, struct k8s_model_spec *o)
         }
     }
     add_error(o, used, v, "is not off, on or shadow; using autoscaler.prewarm");
+}
+
+/* thaw.dev/sleep-mode: "true" or "1" (level 1), "2", "false" or "0" (off). */
+static void read_sleep(const struct ann_src *anns, struct k8s_model_spec *o)
+{
+    const char *used;
+    const char *v = annotation(anns, "thaw.dev/sleep-mode", NULL, &used);
+    if (v) {
+        if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) {
+            o->sleep_level = 1;
+        } else if (strcmp(v, "2") == 0) {
+            o->sleep_level = 2;
+        } else if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) {
+            o->sleep_level = 0;
+        } else {
+            add_error(o, used, v, "is not true, false, 1 or 2; sleep mode stays off");
+        }
+    }
+    read_duration(anns, "thaw.dev/idle-before-sleep", NULL, 1, DAY, &o->idle_before_sleep_ms, o);
+    read_duration(anns, "thaw.dev/sleep-timeout", NULL, 1, 10 * 60000, &o->sleep_timeout_ms, o);
 }
 
 static void read_scaling(const struct ann_src *anns, struct k8s_model_spec *o)
@@ -513,6 +533,7 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
         }
     }
     read_settings(&anns, o);
+    read_sleep(&anns, o);
     read_scaling(&anns, o);
     read_routing(&anns, o);
     read_gpu_memory(&anns, pod_spec, o);

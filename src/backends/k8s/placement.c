@@ -78,6 +78,11 @@ uint64_t kube_replica_memory(const struct kmodel *km)
     return 0;
 }
 
+uint64_t kube_admitted_memory(const struct kmodel *km)
+{
+    return km->spec.sleep_level ? 0 : kube_replica_memory(km);
+}
+
 static void any_memory(void *ud, const char *key, void *value)
 {
     const struct k8s_node_info *ni = value;
@@ -88,7 +93,7 @@ static void any_memory(void *ud, const char *key, void *value)
 
 bool kube_memory_bound(const struct kmodel *km)
 {
-    if (!kube_replica_memory(km)) {
+    if (!kube_admitted_memory(km)) {
         return false;
     }
     bool any = km->kb->cfg->kubernetes.gpu_memory_bytes > 0;
@@ -166,7 +171,9 @@ static void memory_pod(void *ud, const char *key, void *value)
     struct memory_ctx *c = ud;
     const struct kpod *p = value;
     uint64_t mem = kube_replica_memory(p->km);
-    if (!mem || p->terminating || strcmp(p->node, c->node) != 0) {
+    /* An asleep pod (sleep mode) holds none until it is asked to wake. */
+    if (!mem || p->terminating || strcmp(p->node, c->node) != 0 ||
+        (p->sleep == KS_ASLEEP && !p->wake_asked_ms)) {
         return;
     }
     struct kube_node_memory *o = c->out;
@@ -300,7 +307,7 @@ static void model_row(struct kube_placement *pl, struct kmodel *km, bool *eligib
 {
     struct scaler_model *sm = &km->sc;
     memset(sm->req, 0, sizeof sm->req);
-    sm->gpu_memory = kube_replica_memory(km);
+    sm->gpu_memory = kube_admitted_memory(km);
     bool all_known = !km->tpl.requests.truncated;
     for (size_t i = 0; i < km->tpl.requests.n; i++) {
         int r = res_index(pl, km->tpl.requests.r[i].name);

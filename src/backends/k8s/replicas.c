@@ -44,7 +44,8 @@ void kube_pod_ready(struct kpod *p, const char *via)
 
 void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd)
 {
-    if (p->reported || p->terminating || p->retired || !p->ip[0]) {
+    /* Asleep (or on its way there or back): sleep.c reports it when woken. */
+    if (p->reported || p->terminating || p->retired || !p->ip[0] || p->sleep != KS_AWAKE) {
         if (conn_fd >= 0) {
             close(conn_fd);
         }
@@ -58,6 +59,7 @@ void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd)
     /* With several activators, the one whose scale from zero landed tells
      * the cold start's Event; the others only count it. */
     bool tell = km->woken_ms || !km->kb->elect;
+    km->busy_at_ms = clock_now_ms(); /* idle-before-sleep counts from here */
     if (km->woken_ms && km->m->n_endpoints == 0) {
         /* The cold start as clients see it: scale-up landed -> first pod ready. */
         uint64_t ms = clock_now_ms() - km->woken_ms;
@@ -388,6 +390,7 @@ static struct kpod *pod_get(struct kmodel *km, const char *name, bool create)
 static void pod_free(struct kmodel *km, struct kpod *p, const char *why)
 {
     kube_pod_gone(p, why);
+    kube_pod_sleep_dispose(p);
     strmap_del(&km->pods, p->name, strlen(p->name));
     free(p);
 }
@@ -447,6 +450,8 @@ static void spec_defaults(const struct kube_backend *kb, struct k8s_model_spec *
     d->startup_timeout_ms = K8S_DEFAULT_STARTUP_TIMEOUT_MS;
     d->target = 0;
     d->port = (int)kb->cfg->kubernetes.default_port;
+    d->idle_before_sleep_ms = K8S_DEFAULT_IDLE_BEFORE_SLEEP_MS;
+    d->sleep_timeout_ms = K8S_DEFAULT_SLEEP_TIMEOUT_MS;
     snprintf(d->health_path, sizeof d->health_path, "/health");
 }
 
@@ -528,6 +533,7 @@ static void free_pod_cb(void *ud, const char *key, void *value)
     if (p->probing) {
         probe_stop(&p->probe);
     }
+    kube_pod_sleep_dispose(p);
     free(p);
 }
 
@@ -774,15 +780,25 @@ static void pod_upsert(void *ud, const cJSON *obj)
         snprintf(p->ip, sizeof p->ip, "%s", pi.ip);
     }
     /* Probe as soon as the pod has an IP, not when the kubelet says so. */
-    if (kb->cfg->kubernetes.probe_pods && p->ip[0] && !p->reported && !p->probing &&
-        pi.running) {
-        char addr[96];
-        pod_addr(p, addr, sizeof addr);
-        if (probe_init(&p->probe, kb->evbase, addr, km->spec.health_path, on_pod_probe, p) == 0) {
-            p->probe.listening = on_pod_listening;
-            p->probing = true;
-            probe_start(&p->probe, expected_ready_ms(km));
-        }
+    if (pi.running) {
+        kube_pod_probe(p);
+    }
+}
+
+void kube_pod_probe(struct kpod *p)
+{
+    struct kmodel *km = p->km;
+    struct kube_backend *kb = km->kb;
+    if (!kb->cfg->kubernetes.probe_pods || !p->ip[0] || p->reported || p->probing ||
+        p->sleep != KS_AWAKE) {
+        return;
+    }
+    char addr[96];
+    pod_addr(p, addr, sizeof addr);
+    if (probe_init(&p->probe, kb->evbase, addr, km->spec.health_path, on_pod_probe, p) == 0) {
+        p->probe.listening = on_pod_listening;
+        p->probing = true;
+        probe_start(&p->probe, expected_ready_ms(km));
     }
 }
 

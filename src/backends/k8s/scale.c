@@ -225,6 +225,7 @@ static void model_tick(void *ud, const char *key, void *value)
     struct kmodel *km = value;
     struct model *m = km->m;
     kube_idle_tick(km, clock_now_ms());
+    kube_sleep_tick(km, clock_now_ms());
     bool busy = m->inflight > 0 || m->queue.count > 0;
     if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0 &&
         !(km->kb->have_peers && km->kb->leading)) {
@@ -345,6 +346,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct kube_backend *kb = arg;
     strmap_each(&kb->models, model_tick, kb);
+    kube_sleep_for_memory(kb);
     if (kb->leading && scale_driver_due(&kb->driver, clock_now_ms())) {
         scale_driver_plan(&kb->driver, kb->cfg);
     }

@@ -40,6 +40,9 @@ static void describe_pod(void *ud, const char *key, void *value)
     cJSON_AddBoolToObject(j, "probe_ok", p->probe_ok);
     cJSON_AddBoolToObject(j, "endpoint_ready", p->slice_ready);
     cJSON_AddBoolToObject(j, "terminating", p->terminating);
+    if (p->sleep != KS_AWAKE) {
+        cJSON_AddStringToObject(j, "sleep", kube_pod_sleep_name(p->sleep));
+    }
     cJSON_AddStringToObject(j, "node", p->node);
     cJSON_AddNumberToObject(j, "slots", pod_slots(d->m, p->name));
     if (p->unschedulable) {
@@ -211,7 +214,22 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
     struct describe_ctx d = {cJSON_AddArrayToObject(out, "pods"), m, 0};
     strmap_each(&km->pods, describe_pod, &d);
     describe_placement(km, out);
+    unsigned waking = 0, dozing = 0;
+    unsigned asleep = kube_pods_asleep(km, &waking, &dozing);
+    if (km->spec.sleep_level) {
+        cJSON *sm = cJSON_AddObjectToObject(out, "sleep");
+        cJSON_AddNumberToObject(sm, "level", (double)km->spec.sleep_level);
+        cJSON_AddNumberToObject(sm, "idle_before_sleep_ms", (double)km->spec.idle_before_sleep_ms);
+        cJSON_AddNumberToObject(sm, "last_wake_ms", (double)km->last_wake_ms);
+        cJSON_AddNumberToObject(sm, "sleeps", (double)m->stats.sleeps);
+        cJSON_AddNumberToObject(sm, "wakes", (double)m->stats.wakes);
+    }
+    cJSON_AddNumberToObject(out, "replicas_sleeping", asleep + dozing);
+    cJSON_AddNumberToObject(out, "replicas_waking", waking);
     const char *state = m->n_endpoints       ? "ready"
+                        : waking             ? "waking"
+                        : asleep             ? "sleeping"
+                        : dozing             ? "falling_asleep"
                         : d.unschedulable    ? "waiting_for_capacity"
                         : km->spec.replicas  ? "starting"
                         : km->scale_inflight ? "scaling_up"

@@ -1,0 +1,427 @@
+/* Kubernetes backend, sleep mode (thaw.dev/sleep-mode): the same states as
+ * the process backend's, through the pod's IP. A ready pod of a model that
+ * has had nothing in flight or held for idle-before-sleep leaves routing and
+ * is sent POST /sleep?level=N; asleep it keeps running (the Deployment keeps
+ * its count, the pod its node's resources) with its GPU memory free. Demand
+ * wakes it (POST /wake_up) before anything scales up; the idle timeout
+ * scales the Deployment down as before, taking the asleep pods with it.
+ * Failures: a /sleep answered with an error leaves the pod serving (not
+ * asked again when idle); one that is not answered sends it back through
+ * thaw's probe; a /wake_up that fails deletes the pod, so its ReplicaSet
+ * starts a new one and the held requests get a cold start.
+ *
+ * GPU memory per node: a node's is GPU feature discovery's
+ * nvidia.com/gpu.memory label (MiB per GPU) times its GPUs; a pod's is its
+ * model's thaw.dev/gpu-memory. The scheduler counts neither, so a pod of one
+ * model can land where idle pods of others hold the memory: when the pods
+ * holding memory on a node (awake, starting, or asked to wake) need more than
+ * it has, idle sleep-mode pods there of the same or lower priority are put to
+ * sleep, lowest priority first. A wake waits for that; with nothing there to
+ * put to sleep, the pod is deleted for a cold start. */
+#include "internal.h"
+#include "thaw/clock.h"
+#include "thaw/log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *kube_pod_sleep_name(enum kpod_sleep s)
+{
+    switch (s) {
+    case KS_AWAKE: return "awake";
+    case KS_DOZING: return "falling_asleep";
+    case KS_ASLEEP: return "sleeping";
+    case KS_WAKING: return "waking";
+    case KS_FAILED: return "wake_failed";
+    }
+    return "unknown";
+}
+
+static void pod_addr(const struct kpod *p, char *out, size_t len)
+{
+    snprintf(out, len, strchr(p->ip, ':') ? "[%s]:%d" : "%s:%d", p->ip, p->km->spec.port);
+}
+
+void kube_pod_sleep_dispose(struct kpod *p)
+{
+    if (p->ctl_init) {
+        control_cancel(&p->ctl);
+    }
+    k8s_call_cancel(p->delete_call);
+    p->delete_call = NULL;
+}
+
+static int send_control(struct kpod *p, const char *path, control_done_cb done)
+{
+    struct kmodel *km = p->km;
+    if (!p->ctl_init) {
+        control_init(&p->ctl, km->kb->evbase);
+        p->ctl_init = true;
+    }
+    char addr[96];
+    pod_addr(p, addr, sizeof addr);
+    return control_send(&p->ctl, addr, "POST", path, km->spec.sleep_timeout_ms, done, p);
+}
+
+static void wake_wanted(struct kmodel *km);
+
+static void on_slept(struct control *c, int status, void *ud)
+{
+    struct kpod *p = ud;
+    struct kmodel *km = p->km;
+    if (status >= 200 && status <= 299) {
+        p->sleep = KS_ASLEEP;
+        km->m->stats.sleeps++;
+        LOGI("pod asleep", "model=%s pod=%s", km->m->name, p->name);
+        wake_wanted(km); /* a request may have come meanwhile */
+        return;
+    }
+    km->m->stats.sleep_failures++;
+    p->sleep = KS_AWAKE;
+    p->no_idle_sleep = true;
+    if (status > 0) {
+        /* It answered: it is serving and stays in routing. */
+        LOGW("pod refused to sleep: it stays awake", "model=%s pod=%s status=%d", km->m->name,
+             p->name, status);
+        kube_pod_ready(p, "sleep refused");
+    } else {
+        /* No answer: routed again only once thaw's probe (or its endpoint) says so. */
+        LOGW("pod did not answer /sleep: probing it again", "model=%s pod=%s error=%d",
+             km->m->name, p->name, status);
+        p->probe_ok = false;
+        kube_pod_probe(p);
+    }
+}
+
+/* Takes a ready pod out of routing and asks it to sleep. */
+static void pod_sleep(struct kpod *p, const char *why)
+{
+    struct kmodel *km = p->km;
+    char path[32];
+    snprintf(path, sizeof path, "/sleep?level=%u", (unsigned)km->spec.sleep_level);
+    if (send_control(p, path, on_slept)) {
+        return;
+    }
+    kube_pod_gone(p, "asleep");
+    p->sleep = KS_DOZING;
+    LOGI("putting pod to sleep", "model=%s pod=%s level=%u reason=\"%s\"", km->m->name, p->name,
+         (unsigned)km->spec.sleep_level, why);
+}
+
+static void on_deleted(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct kpod *p = ud;
+    p->delete_call = NULL;
+    if (status < 200 || status > 299) {
+        LOGW("deleting a pod that did not wake failed", "model=%s pod=%s status=%ld",
+             p->km->m->name, p->name, status);
+    }
+}
+
+/* /wake_up failed: the pod goes, its ReplicaSet replaces it (a cold start)
+ * and the held requests wait for that. */
+static void wake_failed(struct kpod *p, int status)
+{
+    struct kmodel *km = p->km;
+    km->m->stats.wake_failures++;
+    p->sleep = KS_FAILED;
+    LOGW("pod did not wake: deleting it for a cold start", "model=%s pod=%s status=%d",
+         km->m->name, p->name, status);
+    char path[700];
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
+    p->delete_call = k8s_request(km->kb->client, "DELETE", path, NULL, NULL, 0, 15000,
+                                 on_deleted, p);
+    char msg[400];
+    snprintf(msg, sizeof msg, "pod %s did not wake from sleep (status %d); deleted for a cold "
+             "start", p->name, status);
+    kube_post_event(km, "Warning", "WakeFailed", msg);
+    km->woken_ms = clock_now_ms(); /* the cold start as clients see it starts now */
+}
+
+static void on_woken(struct control *c, int status, void *ud)
+{
+    struct kpod *p = ud;
+    struct kmodel *km = p->km;
+    if (status < 200 || status > 299) {
+        wake_failed(p, status);
+        return;
+    }
+    uint64_t now = clock_now_ms();
+    p->sleep = KS_AWAKE;
+    km->m->stats.wakes++;
+    km->last_wake_ms = now - p->wake_asked_ms;
+    histogram_observe(&km->m->stats.wake, (double)km->last_wake_ms / 1000.0);
+    LOGI("pod awake", "model=%s pod=%s wake_ms=%llu", km->m->name, p->name,
+         (unsigned long long)km->last_wake_ms);
+    p->wake_asked_ms = 0;
+    kube_pod_ready(p, "woken");
+}
+
+/* ---- GPU memory per node ---- */
+
+/* The node's GPU memory that replicas share (time-sliced or MPS GPUs): its
+ * per-GPU memory (label or config) times its shared GPUs; 0: unknown. */
+static uint64_t node_shared_memory(const struct kube_backend *kb, const struct k8s_node_info *ni)
+{
+    const char *source;
+    uint64_t per_gpu = kube_gpu_memory(kb, ni, &source);
+    uint64_t gpus = kube_shared_gpus(ni);
+    return per_gpu && gpus ? per_gpu * gpus : 0;
+}
+
+/* Does p hold (or, asked to wake, want) its GPU memory on its node? */
+static bool holds_memory(const struct kpod *p)
+{
+    return p->node[0] && !p->terminating && !p->retired && kube_replica_memory(p->km) &&
+           (p->sleep == KS_AWAKE || p->sleep == KS_WAKING || p->sleep == KS_DOZING ||
+            (p->sleep == KS_ASLEEP && p->wake_asked_ms));
+}
+
+static bool model_idle(const struct kmodel *km)
+{
+    return km->m->inflight == 0 && km->m->queue.count == 0;
+}
+
+struct node_memory {
+    const char *node;
+    uint64_t held, coming; /* coming: held by pods falling asleep */
+    bool need;             /* a pod there wants memory it is not yet using */
+    enum tier need_tier;   /* the highest priority among them */
+    unsigned put_to_sleep;
+};
+
+static void tally_pod(void *ud, const char *key, void *value)
+{
+    struct node_memory *nm = ud;
+    const struct kpod *p = value;
+    const struct kmodel *km = p->km;
+    if (!holds_memory(p) || strcmp(p->node, nm->node) != 0) {
+        return;
+    }
+    nm->held += kube_replica_memory(km);
+    if (p->sleep == KS_DOZING) {
+        nm->coming += kube_replica_memory(km);
+    }
+    bool wants = (p->sleep == KS_AWAKE && !p->reported) || p->sleep == KS_ASLEEP ||
+                 p->sleep == KS_WAKING || !model_idle(km);
+    if (wants && (!nm->need || km->m->set.priority < nm->need_tier)) {
+        nm->need = true;
+        nm->need_tier = km->m->set.priority;
+    }
+}
+
+static void tally_model(void *ud, const char *key, void *value)
+{
+    strmap_each(&((struct kmodel *)value)->pods, tally_pod, ud);
+}
+
+static void node_tally(struct kube_backend *kb, struct node_memory *nm)
+{
+    const char *node = nm->node;
+    memset(nm, 0, sizeof *nm);
+    nm->node = node;
+    strmap_each(&kb->models, tally_model, nm);
+}
+
+struct victims {
+    struct node_memory *nm;
+    uint64_t cap;
+    int tier;
+};
+
+static void sleep_victim(void *ud, const char *key, void *value)
+{
+    struct victims *v = ud;
+    struct kpod *p = value;
+    struct kmodel *km = p->km;
+    if (v->nm->held - v->nm->coming <= v->cap || strcmp(p->node, v->nm->node) != 0 ||
+        (int)km->m->set.priority != v->tier || !km->spec.sleep_level || !p->reported ||
+        p->sleep != KS_AWAKE || p->terminating || !model_idle(km)) {
+        return;
+    }
+    char why[300];
+    snprintf(why, sizeof why, "GPU memory needed on node %s", p->node);
+    pod_sleep(p, why);
+    if (p->sleep == KS_DOZING) {
+        v->nm->coming += kube_replica_memory(km);
+        v->nm->put_to_sleep++;
+    }
+}
+
+static void victims_in_model(void *ud, const char *key, void *value)
+{
+    strmap_each(&((struct kmodel *)value)->pods, sleep_victim, ud);
+}
+
+/* Puts idle pods on node to sleep, lowest priority first, until what the
+ * pods there hold fits its GPU memory. The memory still held after that
+ * (0 when it fits), with nm filled. */
+static uint64_t make_room(struct kube_backend *kb, const char *node, struct node_memory *nm)
+{
+    nm->node = node;
+    node_tally(kb, nm);
+    const struct k8s_node_info *ni = strmap_get(&kb->nodes_gpu, node, strlen(node));
+    uint64_t cap = ni ? node_shared_memory(kb, ni) : 0;
+    if (!cap || nm->held - nm->coming <= cap) {
+        return 0;
+    }
+    if (nm->need && !kb->have_peers) {
+        struct victims v = {nm, cap, TIER_COUNT - 1};
+        for (; v.tier >= (int)nm->need_tier; v.tier--) {
+            strmap_each(&kb->models, victims_in_model, &v);
+        }
+    }
+    return nm->held - nm->coming > cap ? nm->held - nm->coming - cap : 0;
+}
+
+static void check_node(void *ud, const char *key, void *value)
+{
+    struct node_memory nm;
+    make_room(ud, key, &nm);
+}
+
+void kube_sleep_for_memory(struct kube_backend *kb)
+{
+    strmap_each(&kb->nodes_gpu, check_node, kb);
+}
+
+/* ---- waking ---- */
+
+/* Wakes p once its node has the memory for it: idle pods there are put to
+ * sleep first (it waits for them; the tick asks again); with none to put to
+ * sleep, p is deleted for a cold start, which may land where there is room. */
+static void pod_wake(struct kpod *p)
+{
+    struct kmodel *km = p->km;
+    if (!p->wake_asked_ms) {
+        p->wake_asked_ms = clock_now_ms();
+    }
+    struct node_memory nm;
+    if (p->node[0] && make_room(km->kb, p->node, &nm) > 0) {
+        if (nm.coming) {
+            return; /* memory on its way */
+        }
+        LOGW("no GPU memory on its node to wake into", "model=%s pod=%s node=%s", km->m->name,
+             p->name, p->node);
+        wake_failed(p, -ENOSPC);
+        return;
+    }
+    int rc = send_control(p, "/wake_up", on_woken);
+    if (rc) {
+        wake_failed(p, rc);
+        return;
+    }
+    p->sleep = KS_WAKING;
+    LOGI("waking pod", "model=%s pod=%s", km->m->name, p->name);
+}
+
+struct sleep_count {
+    unsigned asleep, waking, dozing;
+    unsigned to_wake; /* wake_some: how many more */
+};
+
+static void count_pod(void *ud, const char *key, void *value)
+{
+    struct sleep_count *c = ud;
+    struct kpod *p = value;
+    if (p->terminating || p->retired) {
+        return;
+    }
+    if (p->sleep == KS_ASLEEP) {
+        c->asleep++;
+    } else if (p->sleep == KS_WAKING) {
+        c->waking++;
+    } else if (p->sleep == KS_DOZING) {
+        c->dozing++;
+    }
+}
+
+unsigned kube_pods_asleep(const struct kmodel *km, unsigned *waking, unsigned *dozing)
+{
+    struct sleep_count c = {0};
+    strmap_each((struct strmap *)&km->pods, count_pod, &c);
+    *waking = c.waking;
+    *dozing = c.dozing;
+    return c.asleep;
+}
+
+static void wake_one(void *ud, const char *key, void *value)
+{
+    struct sleep_count *c = ud;
+    struct kpod *p = value;
+    if (c->to_wake && p->sleep == KS_ASLEEP && !p->terminating && !p->retired) {
+        c->to_wake--;
+        pod_wake(p);
+    }
+}
+
+/* Asks n asleep pods of km to wake (each once). */
+static void wake_some(struct kmodel *km, unsigned n)
+{
+    struct sleep_count c = {.to_wake = n};
+    strmap_each(&km->pods, wake_one, &c);
+}
+
+/* With requests in flight or held, the autoscaler's count (at least one)
+ * should be awake: asleep pods make up the difference. */
+static void wake_wanted(struct kmodel *km)
+{
+    struct model *m = km->m;
+    if (model_idle(km)) {
+        return;
+    }
+    unsigned want = km->sc.last.desired ? km->sc.last.desired : 1;
+    struct sleep_count c = {0};
+    strmap_each(&km->pods, count_pod, &c);
+    if (c.asleep && m->n_endpoints + c.waking < want) {
+        wake_some(km, want - (unsigned)m->n_endpoints - c.waking);
+    }
+}
+
+bool kube_wake_for_demand(struct kmodel *km)
+{
+    struct sleep_count c = {0};
+    strmap_each(&km->pods, count_pod, &c);
+    if (c.asleep && km->m->n_endpoints == 0 && c.waking == 0) {
+        wake_some(km, 1);
+        return true;
+    }
+    return c.asleep + c.waking + c.dozing > 0;
+}
+
+static void sleep_if_awake(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    if (p->reported && p->sleep == KS_AWAKE && !p->no_idle_sleep && !p->terminating) {
+        pod_sleep(p, "idle-before-sleep passed");
+    }
+}
+
+void kube_sleep_tick(struct kmodel *km, uint64_t now)
+{
+    struct model *m = km->m;
+    unsigned waking, dozing;
+    m->replicas_asleep = kube_pods_asleep(km, &waking, &dozing) + dozing;
+    if (m->inflight > 0 || m->queue.count > 0) {
+        km->busy_at_ms = now;
+        wake_wanted(km);
+        return;
+    }
+    if (!km->spec.sleep_level || m->n_endpoints == 0 ||
+        now - km->busy_at_ms < km->spec.idle_before_sleep_ms) {
+        return;
+    }
+    if (km->kb->have_peers) {
+        /* Another activator would keep routing to a pod this one put to
+         * sleep (and its idleness is not the model's): not with peers. */
+        if (!km->sleep_peers_warned) {
+            km->sleep_peers_warned = true;
+            LOGW("sleep mode is not used with several activators", "model=%s deployment=%s",
+                 m->name, km->key);
+        }
+        return;
+    }
+    strmap_each(&km->pods, sleep_if_awake, NULL);
+}
