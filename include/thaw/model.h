@@ -47,7 +47,10 @@ struct model_stats {
     struct histogram queue_wait[TIER_COUNT];
     struct histogram cold_start; /* replica start -> ready */
     uint64_t pool_decisions[6];  /* by enum wp_action */
+    uint64_t failed; /* finished with a 5xx or an upstream failure (rollout's error rate) */
 };
+
+struct model_revisions; /* revisions.h */
 
 struct model {
     struct list_node node; /* in fleet->models */
@@ -65,6 +68,7 @@ struct model {
     struct event *dispatch_more; /* set by the proxy: continues a large dispatch */
     struct event *heartbeat_timer; /* set by the proxy: SSE comments while loading */
     struct event *eject_timer;     /* set by the proxy: retry when an ejection ends */
+    struct event *rollout_timer;   /* set by the proxy: a model with a rollout */
     uint64_t cold_start_ms;    /* last measured, 0 when never */
     bool fixed_replicas;       /* the backend cannot replace replicas (static) */
     bool namespaced;           /* a cluster's: metrics carry its namespace */
@@ -77,6 +81,11 @@ struct model {
     uint32_t refs;
     bool removed;
     struct model_stats stats;
+    /* A model with revisions routes each request to one of them (see
+     * revisions.h); a revision points back at it and carries its name. */
+    struct model_revisions *revs;
+    struct model *parent; /* not referenced: unlinked when either goes */
+    char *revision;
 };
 
 /* Called when a model gained capacity (replica ready or a slot freed). */

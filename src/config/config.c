@@ -23,6 +23,9 @@ struct parser {
     struct jsonpos pos;
     struct config_error *err;
     struct config *cfg; /* the one being read */
+    /* Reading a revision: its model's keys are read into it first (without
+     * the model-only ones), then the revision's own. */
+    enum { READ_MODEL, READ_REVISION_BASE, READ_REVISION } reading;
 };
 
 __attribute__((format(printf, 4, 5))) static int fail(struct parser *p, const cJSON *at,
@@ -167,6 +170,10 @@ static int read_string_array(struct parser *p, const cJSON *item, const char *pa
         }
         arr[i] = strdup(e->valuestring);
     }
+    for (size_t j = 0; *out && j < *n_out; j++) {
+        free((*out)[j]); /* a revision's own list replaces its model's */
+    }
+    free(*out);
     *out = arr;
     *n_out = n;
     return 0;
@@ -632,11 +639,129 @@ static uint64_t default_queue_timeout(const struct config_model *m)
     return ms > QUEUE_TIMEOUT_DEFAULT_MS ? ms : QUEUE_TIMEOUT_DEFAULT_MS;
 }
 
+/* "revisions": [{"name": N, "percent": P, ...model keys}, ...] on a model:
+ * here only the split (names and percents); each revision's own keys are
+ * read by parse_revisions once every model is read. */
+static int parse_revision_list(struct parser *p, const cJSON *arr, const char *path, void *base)
+{
+    struct config_model *m = base;
+    if (p->reading == READ_REVISION_BASE) {
+        return 0;
+    }
+    if (p->reading == READ_REVISION) {
+        return fail(p, arr, path, "a revision cannot have revisions of its own");
+    }
+    size_t n = cJSON_IsArray(arr) ? (size_t)cJSON_GetArraySize(arr) : 0;
+    if (n == 0 || n > CONFIG_MAX_REVISIONS) {
+        return fail(p, arr, path, "must be an array of 1 to %d revisions "
+                    "({\"name\", \"percent\", and the model keys it sets})", CONFIG_MAX_REVISIONS);
+    }
+    m->revisions = calloc(n, sizeof *m->revisions);
+    if (!m->revisions) {
+        return fail(p, arr, path, "out of memory");
+    }
+    size_t i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        char epath[300];
+        snprintf(epath, sizeof epath, "%s[%zu]", path, i);
+        if (!cJSON_IsObject(e)) {
+            return fail(p, e, epath, "must be an object");
+        }
+        struct config_revision *r = &m->revisions[i];
+        m->n_revisions = i + 1;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+        const cJSON *pct = cJSON_GetObjectItemCaseSensitive(e, "percent");
+        char kpath[320];
+        snprintf(kpath, sizeof kpath, "%s.name", epath);
+        if (!name) {
+            return fail(p, e, kpath, "is required");
+        }
+        int rc = read_string(p, name, kpath, &r->name);
+        if (rc == 0 && check_name(r->name)) {
+            rc = fail(p, name, kpath, "may hold only letters, digits, '-', '.' and '_'");
+        }
+        snprintf(kpath, sizeof kpath, "%s.percent", epath);
+        if (rc == 0 && !pct) {
+            rc = fail(p, e, kpath, "is required (0 to 100; the revisions' percents add up to 100)");
+        }
+        if (rc == 0) {
+            rc = read_uint(p, pct, kpath, 0, 100, &r->percent);
+        }
+        for (size_t j = 0; rc == 0 && j < i; j++) {
+            if (strcmp(m->revisions[j].name, r->name) == 0) {
+                rc = fail(p, name, kpath, "revision \"%s\" is listed twice", r->name);
+            }
+        }
+        if (rc) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* The rules for a model with revisions. */
+static int revisions_finish(struct parser *p, const cJSON *obj, const char *prefix,
+                            struct config_model *m)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%srevisions", prefix);
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(obj, "revisions");
+    if (m->n_endpoints || m->n_command) {
+        return fail(p, obj, prefix, "a model with \"revisions\" takes \"endpoints\" or "
+                    "\"command\" in each revision, not in the model");
+    }
+    uint64_t sum = 0;
+    for (size_t i = 0; i < m->n_revisions; i++) {
+        sum += m->revisions[i].percent;
+    }
+    if (sum != 100) {
+        return fail(p, arr, path, "the revisions' percents add up to %llu, not 100",
+                    (unsigned long long)sum);
+    }
+    if (m->rollout.enabled && m->n_revisions != 2) {
+        snprintf(path, sizeof path, "%srollout", prefix);
+        return fail(p, cJSON_GetObjectItemCaseSensitive(obj, "rollout"), path,
+                    "a rollout needs exactly two revisions: the stable one first, then the "
+                    "canary (has %zu)", m->n_revisions);
+    }
+    return 0;
+}
+
+/* Keys of the model only: a revision may not set them. */
+static const char *const model_only_keys[] = {
+    "namespace", "hosts", "aliases", "revisions", "fallback_to_warm_revision",
+    "sticky_header", "sticky_tenant", "rollout",
+};
+
+static bool is_model_only_key(const char *key)
+{
+    for (size_t i = 0; i < N_ELEMS(model_only_keys); i++) {
+        if (strcmp(model_only_keys[i], key) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
 {
     struct config_model *m = base;
     if (!m->name) {
         return fail(p, obj, prefix, "\"name\" is required");
+    }
+    const cJSON *pct = cJSON_GetObjectItemCaseSensitive(obj, "percent");
+    if (pct && p->reading == READ_MODEL) {
+        char path[300];
+        snprintf(path, sizeof path, "%spercent", prefix);
+        return fail(p, pct, path, "applies only to an entry of \"revisions\"");
+    }
+    if (p->reading == READ_MODEL && m->n_revisions) {
+        return revisions_finish(p, obj, prefix, m);
+    }
+    if (p->reading == READ_MODEL && (m->rollout.enabled || m->sticky_header || m->sticky_tenant ||
+                                     m->fallback_to_warm_revision)) {
+        return fail(p, obj, prefix, "\"rollout\", \"sticky_header\", \"sticky_tenant\" and "
+                    "\"fallback_to_warm_revision\" apply only to a model with \"revisions\"");
     }
     if (m->n_endpoints == 0 && m->n_command == 0) {
         return fail(p, obj, prefix,
@@ -655,6 +780,29 @@ static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, 
     }
     if (m->queue_timeout_ms == UINT64_MAX) {
         m->queue_timeout_ms = default_queue_timeout(m);
+    }
+    return 0;
+}
+
+static const struct conf_key rollout_keys[] = {
+    K_BOOL(struct config_rollout, enabled, false),
+    K_NUM(struct config_rollout, step_percent, 10, 1, 100),
+    K_NUM(struct config_rollout, step_interval_ms, 60000, 100, 86400000),
+    K_NUM(struct config_rollout, min_requests, 20, 1, 1000000),
+    K_NUM(struct config_rollout, max_error_rate_increase_pct, 5, 0, 100),
+    K_NUM(struct config_rollout, max_ttfb_p99_ratio_pct, 150, 100, 10000),
+};
+static const struct section rollout_section = SECTION(rollout_keys, NULL);
+
+/* A header name: an RFC 9110 token, kept lower-case for lookups. */
+static int check_sticky_header(struct parser *p, const cJSON *item, const char *path, void *field)
+{
+    char *s = *(char **)field;
+    for (char *c = s; *c; c++) {
+        if (!(isalnum((unsigned char)*c) || strchr("!#$%&'*+-.^_`|~", *c))) {
+            return fail(p, item, path, "must be a header name");
+        }
+        *c = (char)tolower((unsigned char)*c);
     }
     return 0;
 }
@@ -692,8 +840,17 @@ static const struct conf_key model_keys[] = {
     K_NUM(struct config_model, loading_heartbeat_ms, 0, 0, 600000),
     K_NUM(struct config_model, target, 0, 0, 100000),
     K_NUM(struct config_model, stable_window_ms, 0, 0, 3600000),
+    {.name = "revisions", .type = KEY_CUSTOM, .parse = parse_revision_list},
+    K_NUM(struct config_model, percent, 0, 0, 100),
+    K_BOOL(struct config_model, fallback_to_warm_revision, false),
+    K_STRING(struct config_model, sticky_header, NULL, check_sticky_header),
+    K_BOOL(struct config_model, sticky_tenant, false),
+    K_OBJECT(struct config_model, rollout, &rollout_section),
 };
 static const struct section model_section = SECTION(model_keys, model_finish);
+/* A revision's model keys, before its own: no rules yet (its own keys may
+ * complete it). */
+static const struct section model_keys_only = SECTION(model_keys, NULL);
 
 void config_model_defaults(struct config_model *m, const struct config_limits *lim)
 {
@@ -1034,6 +1191,105 @@ static int check_models_array(struct parser *p, const cJSON *item, const char *p
     return cJSON_IsArray(item) ? 0 : fail(p, item, path, "must be an array of objects");
 }
 
+static void free_strings(char **arr, size_t n);
+
+static int set_tag_hosts(struct config_model *rev, const struct config_model *m)
+{
+    /* The revision's own addresses, as Knative's tags: "<revision>-<host>"
+     * for the model's name and each of its hosts. */
+    free_strings(rev->hosts, rev->n_hosts);
+    free_strings(rev->aliases, rev->n_aliases);
+    rev->aliases = NULL;
+    rev->n_aliases = 0;
+    rev->n_hosts = 0;
+    rev->hosts = calloc(m->n_hosts + 1, sizeof *rev->hosts);
+    if (!rev->hosts) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i <= m->n_hosts; i++) {
+        const char *h = i == 0 ? m->name : m->hosts[i - 1];
+        if (asprintf(&rev->hosts[rev->n_hosts], "%s-%s", rev->revision, h) < 0) {
+            return -ENOMEM;
+        }
+        rev->n_hosts++;
+    }
+    return 0;
+}
+
+/* Reads revision j of model m (whose object is obj) into rev: the model's
+ * keys, then the revision's own, then the model's rules on the result. */
+static int parse_revision(struct parser *p, const cJSON *obj, size_t i, size_t j,
+                          const struct config_model *m, struct config_model *rev)
+{
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, "models[%zu].", i);
+    const cJSON *robj = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(obj, "revisions"),
+                                           (int)j);
+    memset(rev, 0, sizeof *rev);
+    rev->line = jsonpos_line(&p->pos, robj);
+    if (set_defaults(&model_section, rev, true)) {
+        return fail(p, robj, prefix, "out of memory");
+    }
+    p->reading = READ_REVISION_BASE;
+    int rc = parse_section(p, &model_keys_only, obj, prefix, rev);
+    snprintf(prefix, sizeof prefix, "models[%zu].revisions[%zu].", i, j);
+    for (const cJSON *k = robj->child; rc == 0 && k; k = k->next) {
+        if (is_model_only_key(k->string)) {
+            char path[160];
+            snprintf(path, sizeof path, "%s%s", prefix, k->string);
+            rc = fail(p, k, path, "applies to the model, not to one revision");
+        }
+    }
+    /* What only the model has does not carry over. */
+    free(rev->sticky_header);
+    rev->sticky_header = NULL;
+    rev->sticky_tenant = rev->fallback_to_warm_revision = false;
+    rev->rollout.enabled = false;
+    p->reading = READ_REVISION;
+    if (rc == 0) {
+        rc = parse_section(p, &model_section, robj, prefix, rev);
+    }
+    p->reading = READ_MODEL;
+    if (rc) {
+        return rc;
+    }
+    rev->revision = rev->name;
+    rev->name = NULL;
+    if (asprintf(&rev->name, "%s@%s", m->name, rev->revision) < 0 ||
+        !(rev->parent = strdup(m->name)) || set_tag_hosts(rev, m)) {
+        return fail(p, robj, prefix, "out of memory");
+    }
+    return 0;
+}
+
+/* Every model's revisions become models of their own, after the models. */
+static int parse_revisions(struct parser *p, const cJSON *models, struct config *cfg)
+{
+    size_t n = cfg->n_models, total = n;
+    for (size_t i = 0; i < n; i++) {
+        total += cfg->models[i].n_revisions;
+    }
+    if (total == n) {
+        return 0;
+    }
+    struct config_model *all = realloc(cfg->models, total * sizeof *all);
+    if (!all) {
+        return fail(p, models, "models", "out of memory");
+    }
+    cfg->models = all;
+    const cJSON *obj = models->child;
+    for (size_t i = 0; i < n; i++, obj = obj->next) {
+        for (size_t j = 0; j < cfg->models[i].n_revisions; j++) {
+            struct config_model *rev = &cfg->models[cfg->n_models++];
+            int rc = parse_revision(p, obj, i, j, &cfg->models[i], rev);
+            if (rc) {
+                return rc;
+            }
+        }
+    }
+    return 0;
+}
+
 static int parse_models(struct parser *p, const cJSON *models, struct config *cfg)
 {
     size_t n = (size_t)cJSON_GetArraySize(models);
@@ -1059,7 +1315,7 @@ static int parse_models(struct parser *p, const cJSON *models, struct config *cf
             }
         }
     }
-    return 0;
+    return parse_revisions(p, models, cfg);
 }
 
 /* A model's GPU needs (gpu_slices, gpu_memory_bytes, mig_profile) need a
@@ -1401,6 +1657,13 @@ void config_free(struct config *cfg)
         free_strings(m->env, m->n_env);
         free(m->health_path);
         free(m->mig_profile);
+        for (size_t j = 0; j < m->n_revisions; j++) {
+            free(m->revisions[j].name);
+        }
+        free(m->revisions);
+        free(m->sticky_header);
+        free(m->parent);
+        free(m->revision);
     }
     free(cfg->models);
     for (size_t i = 0; i < cfg->n_gpus; i++) {

@@ -1,4 +1,5 @@
 #include "thaw/model.h"
+#include "thaw/revisions.h"
 #include "thaw/netaddr.h"
 #include "thaw/log.h"
 
@@ -190,6 +191,7 @@ void fleet_remove_model(struct fleet *f, struct model *m, const char *reason)
         f->on_removing(f->cb_ud, m, reason);
     }
     router_remove(&f->router, m);
+    model_revisions_unlink(m);
     while (m->n_endpoints) {
         detach_endpoint(m, m->n_endpoints - 1);
     }
@@ -214,6 +216,8 @@ void model_unref(struct model *m)
     }
     queue_dispose(&m->queue);
     free(m->endpoints);
+    model_revisions_free(m->revs);
+    free(m->revision);
     free(m->name);
     free(m->namespace_);
     free(m);
