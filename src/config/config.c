@@ -1318,6 +1318,36 @@ static int parse_models(struct parser *p, const cJSON *models, struct config *cf
     return parse_revisions(p, models, cfg);
 }
 
+/* Where model i was written: its object in the file's "models" (NULL when
+ * models is) and its path, "models[k]." or, for a revision,
+ * "models[k].revisions[j].". */
+static const cJSON *model_source(const cJSON *models, const struct config *cfg, size_t i,
+                                 char *prefix, size_t n)
+{
+    const struct config_model *m = &cfg->models[i];
+    snprintf(prefix, n, "models[%zu].", i);
+    if (!m->parent) {
+        return cJSON_GetArrayItem(models, (int)i);
+    }
+    for (size_t k = 0; k < cfg->n_models; k++) {
+        const struct config_model *pm = &cfg->models[k];
+        if (pm->parent || strcmp(pm->name, m->parent) != 0 ||
+            strcmp(pm->namespace_, m->namespace_) != 0) {
+            continue;
+        }
+        for (size_t j = 0; j < pm->n_revisions; j++) {
+            if (strcmp(pm->revisions[j].name, m->revision) == 0) {
+                snprintf(prefix, n, "models[%zu].revisions[%zu].", k, j);
+                return cJSON_GetArrayItem(
+                    cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(models, (int)k),
+                                                     "revisions"),
+                    (int)j);
+            }
+        }
+    }
+    return NULL;
+}
+
 /* A model's GPU needs (gpu_slices, gpu_memory_bytes, mig_profile) need a
  * command and a declared GPU that can hold them (checked at start-up
  * instead when the GPUs are discovered). */
@@ -1325,8 +1355,9 @@ static int check_model_gpu(struct parser *p, const struct config *cfg, size_t i)
 {
     const struct config_model *m = &cfg->models[i];
     const char *key = m->mig_profile ? "mig_profile" : "gpu_slices";
-    char path[64];
-    snprintf(path, sizeof path, "models[%zu].%s", i, key);
+    char prefix[96], path[128];
+    model_source(NULL, cfg, i, prefix, sizeof prefix);
+    snprintf(path, sizeof path, "%s%s", prefix, key);
     if (m->n_command == 0) {
         return fail(p, NULL, path, "applies only to models with a \"command\"");
     }
@@ -1334,7 +1365,7 @@ static int check_model_gpu(struct parser *p, const struct config *cfg, size_t i)
         return fail(p, NULL, path, "a model takes a MIG instance or GPU slices, not both");
     }
     if (m->gpu_memory_bytes && !m->gpu_slices) {
-        snprintf(path, sizeof path, "models[%zu].gpu_memory_bytes", i);
+        snprintf(path, sizeof path, "%sgpu_memory_bytes", prefix);
         return fail(p, NULL, path, "needs \"gpu_slices\" (a MIG instance has its own memory)");
     }
     if (cfg->gpu_discovery) {
@@ -1442,8 +1473,9 @@ static int resolve_endpoints(struct parser *p, const cJSON *root, const struct c
     const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
     for (size_t i = 0; i < cfg->n_models; i++) {
         const struct config_model *m = &cfg->models[i];
+        char prefix[96];
         const cJSON *eps = cJSON_GetObjectItemCaseSensitive(
-            cJSON_GetArrayItem(models, (int)i), "endpoints");
+            model_source(models, cfg, i, prefix, sizeof prefix), "endpoints");
         for (size_t j = 0; j < m->n_endpoints; j++) {
             char host[256];
             endpoint_host(m->endpoints[j], host, sizeof host);
@@ -1459,8 +1491,8 @@ static int resolve_endpoints(struct parser *p, const cJSON *root, const struct c
                 freeaddrinfo(res);
             }
             if (rc || !res) {
-                char path[64];
-                snprintf(path, sizeof path, "models[%zu].endpoints[%zu]", i, j);
+                char path[128];
+                snprintf(path, sizeof path, "%sendpoints[%zu]", prefix, j);
                 return fail(p, cJSON_GetArrayItem(eps, (int)j), path,
                             "host \"%.100s\" does not resolve (%s)", host,
                             rc ? gai_strerror(rc) : "no address");
