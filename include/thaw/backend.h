@@ -58,6 +58,9 @@ struct backend_ops {
      * was applied; keep it where a restarted activator finds it. */
     void (*rollout_decided)(struct backend *b, struct model *parent,
                             const struct rollout_decision *d);
+    /* Optional: whether this activator decides rollouts (the leader);
+     * NULL: it does. */
+    bool (*rollout_leads)(struct backend *b);
     void (*stop)(struct backend *b);
     void (*free)(struct backend *b);
 };

@@ -109,6 +109,8 @@ struct fleet {
     void (*on_endpoint_gone)(void *ud, struct endpoint *ep);
     /* A new endpoint comes with an open idle connection: pool it (it owns fd). */
     void (*on_endpoint_conn)(void *ud, struct endpoint *ep, int fd);
+    /* A model's revisions or rollout changed (a backend set them). */
+    void (*on_revisions)(void *ud, struct model *m);
     void *cb_ud;
 };
 
@@ -138,6 +140,7 @@ int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const 
 int fleet_replica_ready_with(struct fleet *f, struct model *m, const char *id, const char *addr,
                              uint32_t share, int conn_fd);
 void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const char *reason);
+void fleet_revisions_changed(struct fleet *f, struct model *m);
 void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reason,
                              uint64_t retry_after_ms);
 

@@ -60,6 +60,9 @@ struct model_revisions {
  * names, percents and policy are kept. 0, -EINVAL (percents), -ENOMEM. */
 int model_revisions_set(struct model *parent, char *const *names, const uint32_t *percent,
                         size_t n, const struct config_model *opts, uint64_t now_ms);
+/* Makes parent a model with revisions before it has a valid split (it
+ * routes nowhere until model_revisions_set). 0 or -ENOMEM. */
+int model_revisions_start(struct model *parent);
 /* Links (or, with NULL, unlinks) revision `name` of parent to its model. */
 void model_revisions_link(struct model *parent, const char *name, struct model *rev);
 /* Config models: links every model with revisions in cfg to its revisions'

@@ -185,6 +185,13 @@ void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reaso
     }
 }
 
+void fleet_revisions_changed(struct fleet *f, struct model *m)
+{
+    if (f->on_revisions) {
+        f->on_revisions(f->cb_ud, m);
+    }
+}
+
 void fleet_remove_model(struct fleet *f, struct model *m, const char *reason)
 {
     if (f->on_removing) {

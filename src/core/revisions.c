@@ -164,6 +164,14 @@ int model_revisions_set(struct model *parent, char *const *names, const uint32_t
     return 0;
 }
 
+int model_revisions_start(struct model *parent)
+{
+    if (!parent->revs && !(parent->revs = calloc(1, sizeof *parent->revs))) {
+        return -ENOMEM;
+    }
+    return 0;
+}
+
 void model_revisions_link(struct model *parent, const char *name, struct model *rev)
 {
     struct model_revisions *rv = parent->revs;

@@ -897,6 +897,13 @@ static void on_rollout_timer(evutil_socket_t fd, short what, void *arg)
         return;
     }
     struct model_revisions *rv = m->revs;
+    struct backend *b = m->backend;
+    if (b && b->ops->rollout_leads && !b->ops->rollout_leads(b)) {
+        /* Another activator runs this rollout; its writes reach us. */
+        struct timeval tv = clock_timeval(rollout_period_ms(m));
+        event_add(m->rollout_timer, &tv);
+        return;
+    }
     struct rollout_decision d = model_rollout_tick(m, clock_now_ms());
     if (d.action == ROLLOUT_ROLLBACK) {
         LOGW("canary rolled back", "model=%s namespace=%s canary=%s stable=%s why=\"%s\"",
@@ -1259,6 +1266,11 @@ static void fleet_removing(void *ud, struct model *m, const char *reason)
     }
 }
 
+static void fleet_revisions(void *ud, struct model *m)
+{
+    proxy_revisions_changed(ud, m);
+}
+
 void proxy_wire(struct runtime *rt)
 {
     rt->up.handler = &proxy_upstream_handler;
@@ -1269,4 +1281,5 @@ void proxy_wire(struct runtime *rt)
     rt->fleet.on_endpoint_gone = fleet_endpoint_gone;
     rt->fleet.on_endpoint_conn = fleet_endpoint_conn;
     rt->fleet.on_removing = fleet_removing;
+    rt->fleet.on_revisions = fleet_revisions;
 }

@@ -72,7 +72,8 @@ kubelets of every node):
   not listening until loaded) or 503 (listening, 503 while loading);
   sim.thaw.dev/load-ms the load time (default --load-ms),
   sim.thaw.dev/token-ms the time per token, sim.thaw.dev/ready-file (c and asyncio-model)
-  a file the server writes when loaded. The model name is the pod's
+  a file the server writes when loaded, sim.thaw.dev/error-pct (c) the share of
+  completions answered 500. The model name is the pod's
   thaw.dev/model label ("sim" without one). Probes run as the kubelet runs them: readiness once
   when the container starts and then every periodSeconds (default 10 s;
   --kubelet-period-ms overrides every probe's period), honouring
@@ -2088,6 +2089,8 @@ class Cluster:
                    "--token-ms", token_ms, "--tokens", "4", "--model", model]
             if anns.get("sim.thaw.dev/ready-file"):
                 cmd += ["--ready-file", anns["sim.thaw.dev/ready-file"]]
+            if anns.get("sim.thaw.dev/error-pct", "").isdigit():
+                cmd += ["--error-pct", anns["sim.thaw.dev/error-pct"]]
             return cmd
         if kind == "asyncio":
             return [sys.executable, os.path.join(HERE, "pod_netns.py"), ip,

@@ -7,7 +7,9 @@
  *   backend_k8s_ha.c       identity, leader lease, peers, the /demand answer
  *   backend_k8s_status.c   describe, capacity, metrics
  *   placement.c            nodes and pod templates -> the warm pool's per-node view
- *   idle.c                 the idle clock kept on the Deployment across restarts */
+ *   idle.c                 the idle clock kept on the Deployment across restarts
+ *   traffic.c              Deployments that are one model's revisions -> its routing
+ *                          entry, split and rollout (kept in annotations) */
 #ifndef THAW_BACKEND_K8S_INT_H
 #define THAW_BACKEND_K8S_INT_H
 
@@ -87,6 +89,20 @@ struct kmodel {
     uint64_t writing_traffic_ms; /* traffic_ms of the write in flight */
     uint64_t last_write_ms;      /* when the last write was sent */
     struct k8s_call *idle_call;
+    /* traffic.c: "ns/model" of the model it is a revision of; "" if none */
+    char group[600];
+    struct k8s_call *rollout_call;
+};
+
+/* A model whose Deployments are its revisions: the routing entry that
+ * splits its requests (its struct model has revs set, and this as its
+ * backend_data). */
+struct kgroup {
+    struct kube_backend *kb;
+    struct model *m;
+    char key[600]; /* "ns/model" */
+    char namespace_[254], name[254];
+    char error[400]; /* why the split is not what the Deployments say; "" */
 };
 
 /* The per-node view handed to the warm pool each planning step; arrays
@@ -117,6 +133,8 @@ struct kube_backend {
     unsigned synced_count, informer_count;
     size_t deployments_synced;
     struct strmap models;   /* "ns/deployment" -> kmodel */
+    struct strmap groups;   /* "ns/model" -> kgroup (models with revisions) */
+    uint64_t rollout_writes, rollout_write_errors;
     struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
     struct strmap nodes_gpu; /* node name -> struct k8s_node_info (heap, owns its parts) */
     struct kube_placement placement;
@@ -203,6 +221,20 @@ void kube_idle_tick(struct kmodel *km, uint64_t now);
 /* ms since this activator's last request for the model, for /demand;
  * UINT64_MAX when none within its idle timeout. */
 uint64_t kube_idle_demand_age(const struct kmodel *km, uint64_t now);
+
+/* traffic.c */
+/* The revisions of model ns/name changed (a Deployment came, changed or
+ * went): its routing entry, split and rollout follow. */
+void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *name);
+/* A config_model name and tag hosts for a revision's own model. */
+void kube_revision_names(const struct k8s_model_spec *sp, struct config_model *cm, char *name,
+                         size_t name_len, char *hosts_buf, size_t hosts_len, char **hosts,
+                         size_t max_hosts);
+void kube_rollout_decided(struct backend *b, struct model *parent,
+                          const struct rollout_decision *d);
+bool kube_rollout_leads(struct backend *b);
+void kube_describe_group(struct kgroup *g, cJSON *out);
+void kube_groups_free(struct kube_backend *kb);
 
 /* backend_k8s_status.c */
 void kube_describe(struct backend *b, struct model *m, cJSON *out);

@@ -240,6 +240,12 @@ static void spec_defaults(const struct kube_backend *kb, struct k8s_model_spec *
     d->target = 0;
     d->port = (int)kb->cfg->kubernetes.default_port;
     snprintf(d->health_path, sizeof d->health_path, "/health");
+    /* A rollout's defaults: the configuration's (config.c rollout_keys). */
+    d->rollout_step_percent = 10;
+    d->rollout_step_interval_ms = 60000;
+    d->rollout_min_requests = 20;
+    d->rollout_max_error_rate_increase_pct = 5;
+    d->rollout_max_ttfb_p99_ratio_pct = 150;
 }
 
 /* The annotations' autoscaler settings over the global ones. */
@@ -327,6 +333,7 @@ void kube_kmodel_free(struct kmodel *km)
     event_del(&km->scale_retry);
     k8s_call_cancel(km->scale_call);
     k8s_call_cancel(km->idle_call);
+    k8s_call_cancel(km->rollout_call);
     strmap_each(&km->pods, free_pod_cb, NULL);
     strmap_dispose(&km->pods);
     k8s_pod_template_dispose(&km->tpl);
@@ -375,6 +382,8 @@ static void set_selector(struct kmodel *km, const cJSON *deployment)
     km->selector = sel;
 }
 
+static void deployment_remove(void *ud, const cJSON *obj);
+
 static void deployment_upsert(void *ud, const cJSON *obj)
 {
     struct kube_backend *kb = ud;
@@ -391,6 +400,19 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     char *hosts[32], *aliases[32];
     struct config_model cm;
     to_config_model(&sp, &kb->cfg->limits, &cm, hosts_buf, aliases_buf, hosts, aliases);
+    char rev_name[600], rev_hosts_buf[4096];
+    char *rev_hosts[36];
+    if (sp.revision[0]) {
+        /* One revision of a model: a model of its own, reached by tag. */
+        kube_revision_names(&sp, &cm, rev_name, sizeof rev_name, rev_hosts_buf,
+                            sizeof rev_hosts_buf, rev_hosts, 36);
+    }
+    if (km && strcmp(km->spec.revision, sp.revision) != 0) {
+        /* A Deployment that became (or stopped being) a revision, or changed
+         * its revision: its model is a different one now. */
+        deployment_remove(kb, obj);
+        km = NULL;
+    }
     if (!km) {
         km = kmodel_new(kb, &sp, key, &cm);
         if (!km) {
@@ -405,8 +427,14 @@ static void deployment_upsert(void *ud, const cJSON *obj)
              sp.name, key, (long long)sp.replicas, (unsigned long long)sp.gpu_slices);
         report_annotation_errors(km, "");
         apply_initial_scale(km);
+        if (sp.revision[0]) {
+            kube_revisions_sync(kb, sp.namespace_, sp.name);
+        }
         return;
     }
+    char old_ns[254], old_name[254];
+    snprintf(old_ns, sizeof old_ns, "%s", km->spec.namespace_);
+    snprintf(old_name, sizeof old_name, "%s", km->spec.name);
     index_model(kb, km, false);
     bool names_changed = strcmp(km->spec.hosts, sp.hosts) || strcmp(km->spec.aliases, sp.aliases);
     /* Keep thaw's own view of replicas while a PATCH is on its way. */
@@ -428,6 +456,13 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         fleet_reroute_model(kb->base.fleet, km->m, &cm, NULL);
     }
     kube_idle_observe(km, obj, false);
+    if (sp.revision[0]) {
+        if (strcmp(old_name, sp.name) != 0) {
+            km->group[0] = '\0';
+            kube_revisions_sync(kb, old_ns, old_name);
+        }
+        kube_revisions_sync(kb, sp.namespace_, sp.name);
+    }
 }
 
 static void deployment_remove(void *ud, const cJSON *obj)
@@ -450,7 +485,14 @@ static void deployment_remove(void *ud, const cJSON *obj)
     strmap_dispose(&km->pods);
     strmap_init(&km->pods);
     fleet_remove_model(kb->base.fleet, m, why);
+    bool revision = km->spec.revision[0] != '\0';
+    char ns[254], name[254];
+    snprintf(ns, sizeof ns, "%s", km->spec.namespace_);
+    snprintf(name, sizeof name, "%s", km->spec.name);
     kube_kmodel_free(km);
+    if (revision) {
+        kube_revisions_sync(kb, ns, name);
+    }
 }
 
 /* ---- pods ------------------------------------------------------------------ */

@@ -141,6 +141,10 @@ static void describe_idle_clock(const struct kmodel *km, cJSON *out)
 
 void kube_describe(struct backend *b, struct model *m, cJSON *out)
 {
+    if (m->revs) {
+        kube_describe_group(m->backend_data, out);
+        return;
+    }
     struct kmodel *km = m->backend_data;
     cJSON_AddStringToObject(out, "backend", "kubernetes");
     cJSON_AddStringToObject(out, "deployment", km->key);

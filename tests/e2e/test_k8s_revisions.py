@@ -1,0 +1,155 @@
+"""End-to-end: a cluster model with revisions (several Deployments with the
+same thaw.dev/model and each a thaw.dev/revision) against the API simulator:
+each revision is scaled from zero on its own, a tag reaches one, a bad split
+is an error, and a rollout's steps, rollback and promotion are written to
+the Deployments so a restarted activator continues from them."""
+
+import time
+
+import httpc
+from conftest import wait_for
+from test_kubernetes import (SLOW, cluster, deployment, events_by_reason,  # noqa: F401
+                             pki, start_thaw, urllib_status)
+
+
+def revision(rev, percent=None, annotations=None, pod_annotations=None, load_ms=200):
+    anns = dict(annotations or {})
+    if percent is not None:
+        anns["thaw.dev/traffic-percent"] = str(percent)
+    d = deployment(f"llama-{rev}", gpus=0, annotations=anns, load_ms=load_ms,
+                   model_label="llama")
+    d["metadata"]["labels"]["thaw.dev/revision"] = rev
+    d["spec"]["template"]["metadata"]["annotations"].update(pod_annotations or {})
+    return d
+
+
+def start(cluster, thaw_factory, tmp_path, *deployments, **sim_kw):
+    sim = cluster(**sim_kw)
+    for d in deployments:
+        sim.create_deployment(d)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    wait_for(lambda: any(m["name"] == "llama" for m in t.status()["models"]),
+             what="the model with revisions")
+    return sim, t
+
+
+def complete(t, headers=None):
+    return httpc.request(t.host, t.port, "POST", "/v1/completions",
+                         {"Host": "llama.models", **(headers or {})},
+                         b'{"model": "llama", "prompt": "hi"}', timeout=60)
+
+
+def replicas(sim, name):
+    _, d = sim.call("GET", f"/apis/apps/v1/namespaces/models/deployments/{name}")
+    return d["spec"].get("replicas", 0)
+
+
+def annotations(sim, name):
+    _, d = sim.call("GET", f"/apis/apps/v1/namespaces/models/deployments/{name}")
+    return d["metadata"].get("annotations") or {}
+
+
+def served(t, rev):
+    return t.metric("thaw_requests_total", model="llama", namespace="models", revision=rev,
+                    code="200")
+
+
+def status_of(t, name="llama"):
+    return next(m for m in t.status()["models"] if m["name"] == name)
+
+
+def test_split_90_10_each_revision_scales_from_zero_on_its_own(cluster, thaw_factory, tmp_path):
+    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1", 90), revision("v2", 10))
+    for _ in range(5):  # weighted round robin: the sixth is the first for v2
+        assert complete(t).status == 200
+    assert replicas(sim, "llama-v1") == 1 and replicas(sim, "llama-v2") == 0
+    assert complete(t).status == 200
+    assert replicas(sim, "llama-v2") == 1
+    for _ in range(14):
+        assert complete(t).status == 200
+    assert served(t, "v1") == 18 and served(t, "v2") == 2
+    st = status_of(t)
+    assert [(r["name"], r["percent"]) for r in st["revisions"]] == [("v1", 90), ("v2", 10)]
+    t.assert_reconciled()
+
+
+def test_tag_reaches_the_canary_and_a_bad_split_is_an_error(cluster, thaw_factory, tmp_path):
+    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1", 100), revision("v2", 0))
+    assert complete(t, {"thaw-revision": "v2"}).status == 200
+    assert httpc.request(t.host, t.port, "POST", "/v1/completions", {"Host": "v2-llama.models"},
+                         b'{"prompt": "hi"}', timeout=60).status == 200
+    assert served(t, "v2") == 2 and replicas(sim, "llama-v1") == 0
+    # 100 + 30: not a guess; the split in force stays and the Deployments say why.
+    sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/llama-v2",
+             {"metadata": {"annotations": {"thaw.dev/traffic-percent": "30"}}},
+             ctype="application/merge-patch+json")
+    wait_for(lambda: "InvalidTrafficSplit" in events_by_reason(sim), timeout=5 * SLOW,
+             what="the Warning Event")
+    assert "add up to 130" in status_of(t)["split_error"]
+    assert "invalid traffic split" in t.logs()
+    assert complete(t).status == 200 and served(t, "v1") == 1
+
+
+def rollout_annotations(**kw):
+    a = {"thaw.dev/rollout": "true", "thaw.dev/rollout-step-percent": "30",
+         "thaw.dev/rollout-step-interval": "300ms", "thaw.dev/rollout-min-requests": "3"}
+    a.update(kw)
+    return a
+
+
+def drive(t, until, timeout):
+    codes = []
+    deadline = time.monotonic() + timeout
+    while not until() and time.monotonic() < deadline:
+        codes.append(complete(t).status)
+    return codes
+
+
+def test_failing_canary_is_rolled_back_with_an_event(cluster, thaw_factory, tmp_path):
+    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1"),
+                   revision("v2", 20, rollout_annotations(),
+                            pod_annotations={"sim.thaw.dev/error-pct": "50"}))
+    rolled_back = lambda: status_of(t)["rollout"]["stage"] == "rolled_back"
+    codes = drive(t, rolled_back, 20 * SLOW)
+    assert rolled_back(), codes
+    assert set(codes) <= {200, 500}
+    wait_for(lambda: annotations(sim, "llama-v2").get("thaw.dev/rollout-stage") == "rolled_back",
+             timeout=5 * SLOW, what="the rollback written to the canary")
+    assert annotations(sim, "llama-v2")["thaw.dev/traffic-percent"] == "0"
+    wait_for(lambda: annotations(sim, "llama-v1").get("thaw.dev/traffic-percent") == "100",
+             timeout=5 * SLOW, what="the stable revision's share written")
+    ev = events_by_reason(sim)["CanaryRolledBack"][0]
+    assert ev["type"] == "Warning" and "error rate" in ev["message"]
+    assert ev["involvedObject"]["name"] == "llama-v2"
+    before = served(t, "v2")
+    for _ in range(10):
+        assert complete(t).status == 200
+    assert served(t, "v2") == before
+
+
+def test_healthy_canary_is_promoted_and_a_restart_continues(cluster, thaw_factory, tmp_path):
+    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1"),
+                   revision("v2", 10, rollout_annotations()))
+    stepped = lambda: status_of(t)["rollout"]["canary_percent"] >= 40
+    assert set(drive(t, stepped, 20 * SLOW)) == {200}
+    wait_for(lambda: annotations(sim, "llama-v2").get("thaw.dev/traffic-percent") in ("40", "70"),
+             timeout=5 * SLOW, what="the step written to the canary")
+    written = int(annotations(sim, "llama-v2")["thaw.dev/traffic-percent"])
+    assert annotations(sim, "llama-v2")["thaw.dev/rollout-stage"] == "progressing"
+    t.stop()
+    # A new activator continues from the annotations, not from 10%.
+    t2 = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t2, "/readyz") == 200, what="informers synced")
+    wait_for(lambda: any(m["name"] == "llama" for m in t2.status()["models"]),
+             what="the model with revisions")
+    ro = status_of(t2)["rollout"]
+    assert ro["stage"] == "progressing" and ro["canary_percent"] == written
+    promoted = lambda: status_of(t2)["rollout"]["stage"] == "promoted"
+    assert set(drive(t2, promoted, 20 * SLOW)) == {200}
+    st = status_of(t2)
+    assert [(r["name"], r["percent"], r["stable"]) for r in st["revisions"]] == \
+        [("v1", 0, False), ("v2", 100, True)]
+    wait_for(lambda: annotations(sim, "llama-v2").get("thaw.dev/rollout-stage") == "promoted",
+             timeout=5 * SLOW, what="the promotion written")
+    assert "CanaryPromoted" in events_by_reason(sim)
