@@ -56,6 +56,7 @@ struct config_rollout {
     uint64_t min_requests;
     uint64_t max_error_rate_increase_pct;
     uint64_t max_ttfb_p99_ratio_pct;
+    uint64_t ttfb_p99_tolerance_ms;
 };
 
 /* One entry of a model's traffic split. */

@@ -7,8 +7,10 @@
  * min_requests and its error rate (5xx answers and upstream failures, in
  * percent of its requests) exceeds the stable revision's by more than
  * max_error_rate_increase_pct points, or its time-to-first-byte p99 exceeds
- * the stable revision's times max_ttfb_p99_ratio_pct / 100 (compared only
- * when the stable revision has answered in the window). Otherwise, once the
+ * the stable revision's times max_ttfb_p99_ratio_pct / 100 and by more than
+ * ttfb_p99_tolerance_ms (compared only when the stable revision has answered
+ * in the window; the tolerance keeps the noise of fast answers, a few ms
+ * apart in coarse histogram buckets, from rolling a healthy canary back). Otherwise, once the
  * step's time is up, the canary's percent goes up by step_percent; reaching
  * 100 promotes it (it becomes the stable revision). */
 #ifndef THAW_ROLLOUT_H
@@ -26,6 +28,7 @@ struct rollout_policy {
     uint64_t min_requests;
     uint32_t max_error_rate_increase_pct;
     uint32_t max_ttfb_p99_ratio_pct;
+    uint64_t ttfb_p99_tolerance_ms;
 };
 
 enum rollout_stage {

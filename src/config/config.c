@@ -791,6 +791,7 @@ static const struct conf_key rollout_keys[] = {
     K_NUM(struct config_rollout, min_requests, 20, 1, 1000000),
     K_NUM(struct config_rollout, max_error_rate_increase_pct, 5, 0, 100),
     K_NUM(struct config_rollout, max_ttfb_p99_ratio_pct, 150, 100, 10000),
+    K_NUM(struct config_rollout, ttfb_p99_tolerance_ms, 50, 0, 600000),
 };
 static const struct section rollout_section = SECTION(rollout_keys, NULL);
 

@@ -103,6 +103,7 @@ static void take_options(struct model_revisions *rv, const struct config_model *
         .min_requests = o->rollout.min_requests,
         .max_error_rate_increase_pct = (uint32_t)o->rollout.max_error_rate_increase_pct,
         .max_ttfb_p99_ratio_pct = (uint32_t)o->rollout.max_ttfb_p99_ratio_pct,
+        .ttfb_p99_tolerance_ms = o->rollout.ttfb_p99_tolerance_ms,
     };
 }
 
@@ -198,8 +199,29 @@ void model_revisions_link(struct model *parent, const char *name, struct model *
     }
 }
 
+static bool has_revisions_in(const struct config *cfg, const struct model *m)
+{
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const struct config_model *cm = &cfg->models[i];
+        if (cm->n_revisions && strcmp(cm->name, m->name) == 0 &&
+            strcmp(cm->namespace_, m->namespace_) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 int fleet_link_revisions(struct fleet *f, const struct config *cfg, uint64_t now_ms)
 {
+    /* A file model that no longer lists revisions routes to itself again. */
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &f->models)
+    {
+        struct model *m = container_of(pos, struct model, node);
+        if (m->revs && !m->namespaced && !has_revisions_in(cfg, m)) {
+            model_revisions_unlink(m);
+        }
+    }
     for (size_t i = 0; i < cfg->n_models; i++) {
         const struct config_model *cm = &cfg->models[i];
         struct model *parent = cm->n_revisions ? fleet_find(f, cm->namespace_, cm->name) : NULL;

@@ -55,10 +55,13 @@ static bool canary_unhealthy(const struct rollout_policy *p, const struct rollou
         return true;
     }
     double limit = stable->ttfb_p99_s * (double)p->max_ttfb_p99_ratio_pct / 100.0;
-    if (stable->ttfb_p99_s > 0 && canary->ttfb_p99_s > limit) {
+    double tolerance = stable->ttfb_p99_s + (double)p->ttfb_p99_tolerance_ms / 1000.0;
+    if (stable->ttfb_p99_s > 0 && canary->ttfb_p99_s > limit && canary->ttfb_p99_s > tolerance) {
         snprintf(why, whylen,
-                 "canary time-to-first-byte p99 %.3fs exceeds %u%% of stable's %.3fs",
-                 canary->ttfb_p99_s, p->max_ttfb_p99_ratio_pct, stable->ttfb_p99_s);
+                 "canary time-to-first-byte p99 %.3fs exceeds %u%% of stable's %.3fs (and it "
+                 "by more than %llums)",
+                 canary->ttfb_p99_s, p->max_ttfb_p99_ratio_pct, stable->ttfb_p99_s,
+                 (unsigned long long)p->ttfb_p99_tolerance_ms);
         return true;
     }
     return false;

@@ -175,7 +175,9 @@ static int tenant_flow_at_model(struct request *r)
 {
     const struct tenant *t = r->tenant;
     uint64_t max_running, max_queued;
-    tenant_caps(t, r->model->name, &max_running, &max_queued);
+    /* A tenant's caps name the model, not one of its revisions. */
+    const struct model *m = r->model;
+    tenant_caps(t, m->parent ? m->parent->name : m->name, &max_running, &max_queued);
     r->qi.flow = t->id;
     return queue_flow_set(&r->model->queue, t->id, t->weight, max_running, max_queued);
 }
@@ -194,7 +196,7 @@ void proxy_tenants_changed(struct runtime *rt)
                 continue;
             }
             uint64_t max_running, max_queued;
-            tenant_caps(t, m->name, &max_running, &max_queued);
+            tenant_caps(t, m->parent ? m->parent->name : m->name, &max_running, &max_queued);
             queue_flow_set(&m->queue, t->id, t->weight, max_running, max_queued);
         }
         proxy_dispatch(rt, m);

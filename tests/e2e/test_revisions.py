@@ -166,3 +166,31 @@ def test_healthy_canary_is_promoted_step_by_step(thaw_factory):
         assert complete(t).status == 200
     assert served(t, "v1") == before
     t.assert_reconciled()
+
+
+def test_reload_moves_the_split_and_a_bad_split_is_refused(thaw_factory):
+    import signal
+
+    def hup(expect):
+        before = t.metric("thaw_config_reloads_total", result=expect)
+        t.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: t.metric("thaw_config_reloads_total", result=expect) == before + 1,
+                 timeout=10 * SLOW, what=f"reload counted as {expect}")
+
+    def write(revs, **kw):
+        cfg = json.load(open(t.config_path))
+        cfg["models"] = [model(revs, **kw)]
+        with open(t.config_path, "w") as f:
+            json.dump(cfg, f)
+
+    t = thaw_factory({"models": [model([revision("v1", 90), revision("v2", 10)])]})
+    write([revision("v1", 50), revision("v2", 50)])
+    hup("success")
+    for _ in range(10):
+        assert complete(t).status == 200
+    assert served(t, "v1") == 5 and served(t, "v2") == 5
+    write([revision("v1", 50), revision("v2", 40)])
+    hup("failure")
+    assert "add up to 90, not 100" in t.status()["config"]["last_error"]
+    assert [r["percent"] for r in status_of(t, "llama")["revisions"]] == [50, 50]
+    t.assert_reconciled()

@@ -18,6 +18,7 @@ static const struct rollout_policy policy = {
     .min_requests = 50,
     .max_error_rate_increase_pct = 5,
     .max_ttfb_p99_ratio_pct = 150,
+    .ttfb_p99_tolerance_ms = 100,
 };
 
 static struct rollout_state at(uint32_t pct, uint64_t started)
@@ -83,6 +84,10 @@ static void test_latency_rollback(void **state)
     struct rollout_decision d = rollout_decide(&policy, &s, &stable, &slow, 1);
     assert_int_equal(d.action, ROLLOUT_ROLLBACK);
     assert_non_null(strstr(d.why, "p99"));
+    /* 3x slower but only 4 ms more: within the tolerance. */
+    struct rollout_window fast = {1000, 10, 0.002};
+    struct rollout_window noisy = {100, 0, 0.006};
+    assert_int_equal(rollout_decide(&policy, &s, &fast, &noisy, 1).action, ROLLOUT_HOLD);
     /* No stable answers in the window: latency is not compared. */
     struct rollout_window idle = {0, 0, 0};
     assert_int_equal(rollout_decide(&policy, &s, &idle, &slow, 1).action, ROLLOUT_HOLD);

@@ -65,6 +65,7 @@ struct k8s_model_spec {
     bool rollout;
     uint64_t rollout_step_percent, rollout_step_interval_ms, rollout_min_requests;
     uint64_t rollout_max_error_rate_increase_pct, rollout_max_ttfb_p99_ratio_pct;
+    uint64_t rollout_ttfb_p99_tolerance_ms;
     int rollout_stage;            /* enum rollout_stage; -1: not written yet */
     int64_t rollout_step_started; /* wall ms; 0: not written yet */
     bool fallback_to_warm_revision;

@@ -238,7 +238,7 @@ static const char *const thaw_keys[] = {
     "startup-timeout", "port", "health-path", "service", "hosts", "aliases",
     "revision", "traffic-percent", "rollout", "rollout-step-percent", "rollout-step-interval",
     "rollout-min-requests", "rollout-max-error-rate-increase-percent",
-    "rollout-max-ttfb-p99-ratio-percent", "rollout-stage", "rollout-step-started-at",
+    "rollout-max-ttfb-p99-ratio-percent", "rollout-ttfb-p99-tolerance", "rollout-stage", "rollout-step-started-at",
     "fallback-to-warm-revision", "sticky-header", NULL};
 static const char *const knative_keys[] = {
     "class", "metric", "container-concurrency", "min-scale", "max-scale", "initial-scale",
@@ -440,6 +440,8 @@ static void read_revision(const cJSON *labels, const struct ann_src *anns,
               &o->rollout_max_error_rate_increase_pct, o);
     read_uint(anns, "thaw.dev/rollout-max-ttfb-p99-ratio-percent", NULL, 100, 10000,
               &o->rollout_max_ttfb_p99_ratio_pct, o);
+    read_duration(anns, "thaw.dev/rollout-ttfb-p99-tolerance", NULL, 0, 10 * 60000,
+                  &o->rollout_ttfb_p99_tolerance_ms, o);
     v = annotation(anns, "thaw.dev/rollout-stage", NULL, &used);
     o->rollout_stage = v ? rollout_stage_parse(v, strlen(v)) : -1;
     if (v && o->rollout_stage < 0) {

@@ -246,6 +246,7 @@ static void spec_defaults(const struct kube_backend *kb, struct k8s_model_spec *
     d->rollout_min_requests = 20;
     d->rollout_max_error_rate_increase_pct = 5;
     d->rollout_max_ttfb_p99_ratio_pct = 150;
+    d->rollout_ttfb_p99_tolerance_ms = 50;
 }
 
 /* The annotations' autoscaler settings over the global ones. */

@@ -227,6 +227,7 @@ static void group_options(const struct members *ms, bool rollout, struct config_
         .min_requests = c->rollout_min_requests,
         .max_error_rate_increase_pct = c->rollout_max_error_rate_increase_pct,
         .max_ttfb_p99_ratio_pct = c->rollout_max_ttfb_p99_ratio_pct,
+        .ttfb_p99_tolerance_ms = c->rollout_ttfb_p99_tolerance_ms,
     };
 }
 
