@@ -71,7 +71,14 @@ def test_split_90_10_each_revision_cold_starts_on_first_request(thaw_factory):
 def test_tag_reaches_the_canary_only(thaw_factory):
     t = thaw_factory({"models": [model([revision("v1", 100), revision("v2", 0)],
                                        hosts=["llama.example"])]})
+
+    def listed():
+        r = httpc.request(t.host, t.port, "GET", "/v1/models/llama", {}, b"", timeout=10)
+        return json.loads(r.body)
+    # The model's state is its revisions' (it has no replicas of its own).
+    assert listed()["state"] == "scaled_to_zero"
     assert complete(t, headers={"thaw-revision": "v2"}).status == 200
+    assert listed()["state"] == "ready" and listed()["replicas"] == 1
     assert complete(t, path="/models/llama@v2/v1/completions").status == 200
     assert complete(t, headers={"Host": "v2-llama.example"}).status == 200
     assert served(t, "v2") == 3

@@ -420,6 +420,14 @@ void kube_render_metrics(struct backend *b, struct buf *o)
                       "Writes of thaw.dev/last-request-at that failed.");
     buf_printf(o, "thaw_kubernetes_last_request_write_errors_total %llu\n",
                (unsigned long long)kb->idle_write_errors);
+    metrics_help_type(o, "thaw_kubernetes_rollout_writes_total", "counter",
+                      "Writes of a rollout's state to its revisions' Deployments.");
+    buf_printf(o, "thaw_kubernetes_rollout_writes_total %llu\n",
+               (unsigned long long)kb->rollout_writes);
+    metrics_help_type(o, "thaw_kubernetes_rollout_write_errors_total", "counter",
+                      "Writes of a rollout's state that failed.");
+    buf_printf(o, "thaw_kubernetes_rollout_write_errors_total %llu\n",
+               (unsigned long long)kb->rollout_write_errors);
     metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
     buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
     render_node_metrics(kb, o);
