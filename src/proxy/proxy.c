@@ -348,6 +348,8 @@ static int take_model(struct runtime *rt, struct request *r)
     }
     r->model = m;
     model_ref(r->model);
+    /* The model the request holds: a routing entry may go before it ends. */
+    r->ex.error_model = m->name;
     r->model_resolved = true;
     r->tier = request_tier(rt, r);
     return REJECT_COUNT;
