@@ -349,9 +349,13 @@ static void revision_families(const struct metrics_stream *ms, struct buf *o)
                       "Share of a model's requests its revision gets, in percent.");
     FOR_EACH_MODEL(adm, m)
     {
+        char ns[300] = "";
+        if (m->namespaced) {
+            snprintf(ns, sizeof ns, ",namespace=\"%s\"", m->namespace_);
+        }
         for (size_t i = 0; m->revs && i < m->revs->n; i++) {
-            buf_printf(o, "thaw_revision_traffic_percent{model=\"%s\",revision=\"%s\"} %u\n",
-                       m->name, m->revs->names[i], model_revision_percent(m, i));
+            buf_printf(o, "thaw_revision_traffic_percent{model=\"%s\"%s,revision=\"%s\"} %u\n",
+                       m->name, ns, m->revs->names[i], model_revision_percent(m, i));
         }
     }
     metrics_help_type(o, "thaw_rollout_decisions_total", "counter",
@@ -365,10 +369,14 @@ static void revision_families(const struct metrics_stream *ms, struct buf *o)
         }
         const uint64_t n[3] = {rv->steps, rv->promotions, rv->rollbacks};
         const char *const what[3] = {"step", "promote", "rollback"};
+        char ns[300] = "";
+        if (m->namespaced) {
+            snprintf(ns, sizeof ns, ",namespace=\"%s\"", m->namespace_);
+        }
         for (int a = 0; a < 3; a++) {
-            buf_printf(o, "thaw_rollout_decisions_total{model=\"%s\",revision=\"%s\","
+            buf_printf(o, "thaw_rollout_decisions_total{model=\"%s\"%s,revision=\"%s\","
                           "action=\"%s\"} %llu\n",
-                       m->name, rv->names[1], what[a], (unsigned long long)n[a]);
+                       m->name, ns, rv->names[1], what[a], (unsigned long long)n[a]);
         }
     }
 }

@@ -157,6 +157,11 @@ int model_revisions_set(struct model *parent, char *const *names, const uint32_t
         rollout_was = false;
     }
     take_options(rv, opts);
+    if (!rv->rollout && rollout_was) {
+        /* The rollout was turned off: the split is the one set again. */
+        revsplit_set(&rv->split, rv->configured, rv->n);
+        rv->stable = 0;
+    }
     if (rv->rollout && !rollout_was) {
         rv->state = (struct rollout_state){ROLLOUT_PROGRESSING, percent[1], now_ms};
         apply_state(rv);
