@@ -99,6 +99,22 @@ static void test_pick_split_tag_and_sticky(void **state)
         assert_ptr_equal(pick(&w, "GET / HTTP/1.1\r\nHost: m\r\nX-User: ann\r\n\r\n", &wake, &why),
                          first);
     }
+    /* By tenant: the same tenant, the same revision; the default tenant
+     * (NULL) follows the round robin. */
+    w.opts.sticky_header = NULL;
+    w.opts.sticky_tenant = true;
+    model_revisions_set(w.m, names, pct, 2, &w.opts, 0);
+    struct http_head h;
+    parse(&h, PLAIN);
+    struct model *acme = model_pick_revision(w.m, &h, "acme", &wake, &why);
+    size_t same = 0, rr_v2 = 0;
+    for (int i = 0; i < 10; i++) {
+        same += model_pick_revision(w.m, &h, "acme", &wake, &why) == acme;
+        rr_v2 += model_pick_revision(w.m, &h, NULL, &wake, &why) == w.v2;
+    }
+    http_head_dispose(&h);
+    assert_int_equal(same, 10);
+    assert_int_equal(rr_v2, 5);
     /* A revision whose model went: its picks are answered, not crashed. */
     fleet_remove_model(&w.f, w.v2, "test");
     assert_null(pick(&w, "GET / HTTP/1.1\r\nHost: m\r\nthaw-revision: v2\r\n\r\n", &wake, &why));
