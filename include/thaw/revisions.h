@@ -40,7 +40,7 @@ struct model_revisions {
     size_t n;
     char *names[REVSPLIT_MAX];
     uint32_t configured[REVSPLIT_MAX]; /* the split as set, before any rollout step */
-    struct model *rev[REVSPLIT_MAX]; /* NULL while that revision has no model */
+    struct model *rev[REVSPLIT_MAX];   /* NULL while that revision has no model */
     struct revsplit split;
     bool fallback;
     char *sticky_header; /* lower-case; NULL: none */
@@ -58,8 +58,8 @@ struct model_revisions {
  * and links the revisions' models (NULL entries allowed: linked later by
  * model_revisions_link). A split and rollout already running with the same
  * names, percents and policy are kept. 0, -EINVAL (percents), -ENOMEM. */
-int model_revisions_set(struct model *parent, char *const *names, const uint32_t *percent,
-                        size_t n, const struct config_model *opts, uint64_t now_ms);
+int model_revisions_set(struct model *parent, char *const *names, const uint32_t *percent, size_t n,
+                        const struct config_model *opts, uint64_t now_ms);
 /* Makes parent a model with revisions before it has a valid split (it
  * routes nowhere until model_revisions_set). 0 or -ENOMEM. */
 int model_revisions_start(struct model *parent);
@@ -77,16 +77,14 @@ void model_revisions_free(struct model_revisions *rv);
  * NULL with *why set: REJECT_UNKNOWN_REVISION, or REJECT_NO_REPLICAS when
  * no revision is there. */
 struct model *model_pick_revision(struct model *parent, const struct http_head *h,
-                                  const char *tenant, struct model **wake,
-                                  enum reject_reason *why);
+                                  const char *tenant, struct model **wake, enum reject_reason *why);
 
 /* One rollout step for parent at now_ms: decides and applies (the split,
  * the state, a new window on a step). Returns the decision (HOLD when
  * nothing changed or parent has no rollout). */
 struct rollout_decision model_rollout_tick(struct model *parent, uint64_t now_ms);
 /* Takes a rollout state read back from where it was kept (a restart). */
-void model_revisions_restore(struct model *parent, const struct rollout_state *s,
-                             uint64_t now_ms);
+void model_revisions_restore(struct model *parent, const struct rollout_state *s, uint64_t now_ms);
 /* The percent revision i has now. */
 uint32_t model_revision_percent(const struct model *parent, size_t i);
 

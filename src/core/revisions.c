@@ -107,8 +107,8 @@ static void take_options(struct model_revisions *rv, const struct config_model *
     };
 }
 
-int model_revisions_set(struct model *parent, char *const *names, const uint32_t *percent,
-                        size_t n, const struct config_model *opts, uint64_t now_ms)
+int model_revisions_set(struct model *parent, char *const *names, const uint32_t *percent, size_t n,
+                        const struct config_model *opts, uint64_t now_ms)
 {
     struct revsplit check;
     revsplit_init(&check);
@@ -327,8 +327,7 @@ static struct model *warm_instead(const struct model_revisions *rv)
 }
 
 struct model *model_pick_revision(struct model *parent, const struct http_head *h,
-                                  const char *tenant, struct model **wake,
-                                  enum reject_reason *why)
+                                  const char *tenant, struct model **wake, enum reject_reason *why)
 {
     struct model_revisions *rv = parent->revs;
     *wake = NULL;
@@ -394,8 +393,7 @@ struct rollout_decision model_rollout_tick(struct model *parent, uint64_t now_ms
     return d;
 }
 
-void model_revisions_restore(struct model *parent, const struct rollout_state *s,
-                             uint64_t now_ms)
+void model_revisions_restore(struct model *parent, const struct rollout_state *s, uint64_t now_ms)
 {
     struct model_revisions *rv = parent->revs;
     if (!rv || rv->n != 2) {

@@ -37,8 +37,8 @@ struct world {
 
 static struct model *add(struct world *w, const char *name)
 {
-    struct config_model cm = {.name = (char *)name, .namespace_ = "ns", .max_concurrency = 4,
-                              .max_queue = 10};
+    struct config_model cm = {
+        .name = (char *)name, .namespace_ = "ns", .max_concurrency = 4, .max_queue = 10};
     return fleet_add_model(&w->f, &cm, NULL);
 }
 
@@ -84,9 +84,8 @@ static void test_pick_split_tag_and_sticky(void **state)
         assert_null(wake);
     }
     assert_int_equal(on_v2, 10);
-    assert_ptr_equal(pick(&w, "GET / HTTP/1.1\r\nHost: m\r\nThaw-Revision: v2\r\n\r\n", &wake,
-                          &why),
-                     w.v2);
+    assert_ptr_equal(
+        pick(&w, "GET / HTTP/1.1\r\nHost: m\r\nThaw-Revision: v2\r\n\r\n", &wake, &why), w.v2);
     assert_null(pick(&w, "GET / HTTP/1.1\r\nHost: m\r\nthaw-revision: v3\r\n\r\n", &wake, &why));
     assert_int_equal(why, REJECT_UNKNOWN_REVISION);
     /* Sticky: one key, one revision, whatever the round robin's turn. */
@@ -163,8 +162,10 @@ static void serve(struct model *m, uint64_t n, uint64_t errors, double ttfb)
 static void rollout_world(struct world *w)
 {
     setup_world(w, 90, 10);
-    w->opts.rollout = (struct config_rollout){.enabled = true, .step_percent = 30,
-                                              .step_interval_ms = 1000, .min_requests = 10,
+    w->opts.rollout = (struct config_rollout){.enabled = true,
+                                              .step_percent = 30,
+                                              .step_interval_ms = 1000,
+                                              .min_requests = 10,
                                               .max_error_rate_increase_pct = 5,
                                               .max_ttfb_p99_ratio_pct = 150,
                                               .ttfb_p99_tolerance_ms = 50};

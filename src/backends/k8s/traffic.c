@@ -50,8 +50,7 @@ void kube_revision_names(const struct k8s_model_spec *sp, struct config_model *c
             snprintf(suffix, sizeof suffix, ns_forms[f], sp->namespace_);
         }
         const char *base = f < 4 ? sp->name : cm->hosts[f - 4];
-        int w = snprintf(hosts_buf + used, hosts_len - used, "%s-%s%s", sp->revision, base,
-                         suffix);
+        int w = snprintf(hosts_buf + used, hosts_len - used, "%s-%s%s", sp->revision, base, suffix);
         if (w < 0 || (size_t)w >= hosts_len - used) {
             break;
         }
@@ -150,8 +149,7 @@ static void group_remove(struct kube_backend *kb, struct kgroup *g, const char *
 }
 
 /* The split the Deployments ask for, into pct; 0, or -1 with why set. */
-static int split_of(const struct members *ms, bool rollout, uint32_t *pct, char *why,
-                    size_t whylen)
+static int split_of(const struct members *ms, bool rollout, uint32_t *pct, char *why, size_t whylen)
 {
     if (rollout) {
         const struct k8s_model_spec *c = &ms->km[1]->spec;
@@ -286,9 +284,11 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
     if (ms.too_many) {
         snprintf(why, sizeof why, "more than %d revisions", REVSPLIT_MAX);
     } else if (canaries > 1 || (canaries == 1 && ms.n != 2)) {
-        snprintf(why, sizeof why, "thaw.dev/rollout needs exactly two revisions, one of them "
-                                  "the canary with the annotation (have %zu revisions, %zu "
-                                  "canaries)", ms.n, canaries);
+        snprintf(why, sizeof why,
+                 "thaw.dev/rollout needs exactly two revisions, one of them "
+                 "the canary with the annotation (have %zu revisions, %zu "
+                 "canaries)",
+                 ms.n, canaries);
     } else {
         split_of(&ms, rollout, pct, why, sizeof why);
     }
@@ -328,8 +328,7 @@ static struct kmodel *member_named(struct kgroup *g, const char *revision)
     return NULL;
 }
 
-static void on_rollout_written(void *ud, long status, const char *body, size_t len,
-                               const char *err)
+static void on_rollout_written(void *ud, long status, const char *body, size_t len, const char *err)
 {
     struct kmodel *km = ud;
     km->rollout_call = NULL;
@@ -346,15 +345,14 @@ static void patch_annotations(struct kmodel *km, const char *annotations)
 {
     char body[600], path[700];
     snprintf(body, sizeof body, "{\"metadata\":{\"annotations\":{%s}}}", annotations);
-    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s",
-             km->spec.namespace_, km->spec.deployment);
+    snprintf(path, sizeof path, "/apis/apps/v1/namespaces/%s/deployments/%s", km->spec.namespace_,
+             km->spec.deployment);
     k8s_call_cancel(km->rollout_call); /* this write carries all of it */
     km->rollout_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
                                    body, strlen(body), 15000, on_rollout_written, km);
 }
 
-void kube_rollout_decided(struct backend *b, struct model *parent,
-                          const struct rollout_decision *d)
+void kube_rollout_decided(struct backend *b, struct model *parent, const struct rollout_decision *d)
 {
     struct kgroup *g = parent->backend_data;
     struct model_revisions *rv = parent->revs;
@@ -366,8 +364,8 @@ void kube_rollout_decided(struct backend *b, struct model *parent,
         return;
     }
     char when[40], anns[400];
-    k8s_time_format_ms(wall_now_ms() - (int64_t)(clock_now_ms() - rv->state.step_started_ms),
-                       when, sizeof when);
+    k8s_time_format_ms(wall_now_ms() - (int64_t)(clock_now_ms() - rv->state.step_started_ms), when,
+                       sizeof when);
     snprintf(anns, sizeof anns,
              "\"thaw.dev/traffic-percent\":\"%u\",\"thaw.dev/rollout-stage\":\"%s\","
              "\"thaw.dev/rollout-step-started-at\":\"%s\"",
