@@ -756,6 +756,13 @@ static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, 
         return fail(p, pct, path, "applies only to an entry of \"revisions\"");
     }
     if (p->reading == READ_MODEL && m->n_revisions) {
+        /* A routing entry: it holds no requests, but shows sane values. */
+        if (m->max_queue == UINT64_MAX) {
+            m->max_queue = p->cfg->limits.max_queue_per_model;
+        }
+        if (m->queue_timeout_ms == UINT64_MAX) {
+            m->queue_timeout_ms = QUEUE_TIMEOUT_DEFAULT_MS;
+        }
         return revisions_finish(p, obj, prefix, m);
     }
     if (p->reading == READ_MODEL && (m->rollout.enabled || m->sticky_header || m->sticky_tenant ||
