@@ -8,6 +8,7 @@ import time
 
 import httpc
 from conftest import wait_for
+from test_ha import fleet  # noqa: F401  (a fixture)
 from test_kubernetes import (SLOW, cluster, deployment, events_by_reason,  # noqa: F401
                              pki, start_thaw, urllib_status)
 
@@ -35,6 +36,7 @@ def start(cluster, thaw_factory, tmp_path, *deployments, **sim_kw):
 
 
 def complete(t, headers=None):
+    # (an activator of a fleet listens on its own loopback address)
     return httpc.request(t.host, t.port, "POST", "/v1/completions",
                          {"Host": "llama.models", **(headers or {})},
                          b'{"model": "llama", "prompt": "hi"}', timeout=60)
@@ -153,3 +155,32 @@ def test_healthy_canary_is_promoted_and_a_restart_continues(cluster, thaw_factor
     wait_for(lambda: annotations(sim, "llama-v2").get("thaw.dev/rollout-stage") == "promoted",
              timeout=5 * SLOW, what="the promotion written")
     assert "CanaryPromoted" in events_by_reason(sim)
+
+
+def test_with_several_activators_the_leader_runs_the_rollout(fleet):
+    f = fleet(2, load_ms=200)
+    leader = f.one_leader()
+    follower = next(t for t in f.thaws if t is not leader)
+    f.sim.create_deployment(revision("v1"))
+    f.sim.create_deployment(revision("v2", 10, rollout_annotations()))
+    for t in f.thaws:
+        wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
+                 what="the model with revisions")
+    # Traffic through the follower alone: it serves the split, decides nothing.
+    for _ in range(30):
+        assert complete(follower).status == 200
+    time.sleep(0.5)
+    assert status_of(follower)["rollout"]["canary_percent"] == 10
+    assert follower.metric("thaw_kubernetes_rollout_writes_total") == 0
+    # Through the leader: it steps the canary up and writes it; the follower
+    # takes the new split from the Deployment.
+    drive(leader, lambda: status_of(leader)["rollout"]["canary_percent"] >= 40, 20 * SLOW)
+    pct = status_of(leader)["rollout"]["canary_percent"]
+    assert pct >= 40
+    wait_for(lambda: status_of(follower)["rollout"]["canary_percent"] >= 40, timeout=5 * SLOW,
+             what="the follower following the leader's step")
+    # One write to each Deployment per step (the stable one's may land last).
+    wait_for(lambda: leader.metric("thaw_kubernetes_rollout_writes_total") >= 2,
+             timeout=5 * SLOW, what="the leader's writes")
+    assert leader.metric("thaw_kubernetes_rollout_write_errors_total") == 0
+    assert follower.metric("thaw_kubernetes_rollout_writes_total") == 0
