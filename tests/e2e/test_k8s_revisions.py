@@ -184,3 +184,20 @@ def test_with_several_activators_the_leader_runs_the_rollout(fleet):
              timeout=5 * SLOW, what="the leader's writes")
     assert leader.metric("thaw_kubernetes_rollout_write_errors_total") == 0
     assert follower.metric("thaw_kubernetes_rollout_writes_total") == 0
+
+
+def test_a_model_that_gains_a_revision_label_becomes_a_model_with_revisions(cluster, thaw_factory,
+                                                                            tmp_path):
+    sim, t = start(cluster, thaw_factory, tmp_path,
+                   deployment("llama", gpus=0, load_ms=100))
+    assert complete(t).status == 200
+    assert "revisions" not in status_of(t)
+    sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/llama",
+             {"metadata": {"labels": {"thaw.dev/revision": "v1"}}},
+             ctype="application/merge-patch+json")
+    wait_for(lambda: [r["name"] for r in status_of(t).get("revisions", [])] == ["v1"],
+             timeout=5 * SLOW, what="the model with one revision")
+    assert status_of(t)["revisions"][0]["percent"] == 100
+    assert complete(t).status == 200
+    assert served(t, "v1") == 1
+    t.assert_reconciled()

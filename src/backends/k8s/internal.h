@@ -89,8 +89,6 @@ struct kmodel {
     uint64_t writing_traffic_ms; /* traffic_ms of the write in flight */
     uint64_t last_write_ms;      /* when the last write was sent */
     struct k8s_call *idle_call;
-    /* traffic.c: "ns/model" of the model it is a revision of; "" if none */
-    char group[600];
     struct k8s_call *rollout_call;
 };
 

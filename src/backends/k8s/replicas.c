@@ -408,9 +408,10 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         kube_revision_names(&sp, &cm, rev_name, sizeof rev_name, rev_hosts_buf,
                             sizeof rev_hosts_buf, rev_hosts, 36);
     }
-    if (km && strcmp(km->spec.revision, sp.revision) != 0) {
+    if (km && (strcmp(km->spec.revision, sp.revision) != 0 ||
+               (sp.revision[0] && strcmp(km->spec.name, sp.name) != 0))) {
         /* A Deployment that became (or stopped being) a revision, or changed
-         * its revision: its model is a different one now. */
+         * its revision or model: its model is a different one now. */
         deployment_remove(kb, obj);
         km = NULL;
     }
@@ -433,9 +434,6 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         }
         return;
     }
-    char old_ns[254], old_name[254];
-    snprintf(old_ns, sizeof old_ns, "%s", km->spec.namespace_);
-    snprintf(old_name, sizeof old_name, "%s", km->spec.name);
     index_model(kb, km, false);
     bool names_changed = strcmp(km->spec.hosts, sp.hosts) || strcmp(km->spec.aliases, sp.aliases);
     /* Keep thaw's own view of replicas while a PATCH is on its way. */
@@ -458,10 +456,6 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     }
     kube_idle_observe(km, obj, false);
     if (sp.revision[0]) {
-        if (strcmp(old_name, sp.name) != 0) {
-            km->group[0] = '\0';
-            kube_revisions_sync(kb, old_ns, old_name);
-        }
         kube_revisions_sync(kb, sp.namespace_, sp.name);
     }
 }

@@ -271,9 +271,6 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
         LOGE("out of memory adding a model with revisions", "model=%s", key);
         return;
     }
-    for (size_t i = 0; i < ms.n; i++) {
-        snprintf(ms.km[i]->group, sizeof ms.km[i]->group, "%s", key);
-    }
     char why[400] = "";
     size_t canaries = 0;
     for (size_t i = 0; i < ms.n; i++) {
