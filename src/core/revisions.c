@@ -151,6 +151,9 @@ int model_revisions_set(struct model *parent, char *const *names, const uint32_t
                 keep[i]->parent = parent;
             }
         }
+        for (size_t i = n; i < REVSPLIT_MAX; i++) {
+            rv->rev[i] = NULL;
+        }
         rv->n = n;
         rv->split = check;
         rv->stable = 0;

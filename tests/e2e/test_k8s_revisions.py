@@ -6,6 +6,8 @@ the Deployments so a restarted activator continues from them."""
 
 import time
 
+import pytest
+
 import httpc
 from conftest import wait_for
 from test_ha import fleet  # noqa: F401  (a fixture)
@@ -160,6 +162,7 @@ def test_healthy_canary_is_promoted_and_a_restart_continues(cluster, thaw_factor
     assert "CanaryPromoted" in events_by_reason(sim)
 
 
+@pytest.mark.timer_heavy  # mostly the lease's election
 def test_with_several_activators_the_leader_runs_the_rollout(fleet):
     f = fleet(2, load_ms=200)
     leader = f.one_leader()
