@@ -79,11 +79,19 @@ def test_split_90_10_each_revision_scales_from_zero_on_its_own(cluster, thaw_fac
 
 
 def test_tag_reaches_the_canary_and_a_bad_split_is_an_error(cluster, thaw_factory, tmp_path):
-    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1", 100), revision("v2", 0))
+    sim, t = start(cluster, thaw_factory, tmp_path,
+                   revision("v1", 100, {"thaw.dev/aliases": "meta-llama/Llama-3.1-8B"}),
+                   revision("v2", 0, {"thaw.dev/aliases": "llama-8b"}))
     assert complete(t, {"thaw-revision": "v2"}).status == 200
     assert httpc.request(t.host, t.port, "POST", "/v1/completions", {"Host": "v2-llama.models"},
                          b'{"prompt": "hi"}', timeout=60).status == 200
     assert served(t, "v2") == 2 and replicas(sim, "llama-v1") == 0
+    # The revisions' aliases name the model (the split picks the revision).
+    for alias in ("meta-llama/Llama-3.1-8B", "llama-8b"):
+        r = httpc.request(t.host, t.port, "POST", "/v1/completions", {"Host": "thaw"},
+                          b'{"model": "%s", "prompt": "hi"}' % alias.encode(), timeout=60)
+        assert r.status == 200
+    assert served(t, "v1") == 2 and served(t, "v2") == 2
     # 100 + 30: not a guess; the split in force stays and the Deployments say why.
     sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/llama-v2",
              {"metadata": {"annotations": {"thaw.dev/traffic-percent": "30"}}},
@@ -92,7 +100,7 @@ def test_tag_reaches_the_canary_and_a_bad_split_is_an_error(cluster, thaw_factor
              what="the Warning Event")
     assert "add up to 130" in status_of(t)["split_error"]
     assert "invalid traffic split" in t.logs()
-    assert complete(t).status == 200 and served(t, "v1") == 1
+    assert complete(t).status == 200 and served(t, "v1") == 3
 
 
 def rollout_annotations(**kw):

@@ -101,6 +101,7 @@ struct kgroup {
     char key[600]; /* "ns/model" */
     char namespace_[254], name[254];
     char error[400]; /* why the split is not what the Deployments say; "" */
+    char names[2048];  /* its hosts and aliases (the revisions'), as routed */
 };
 
 /* The per-node view handed to the warm pool each planning step; arrays

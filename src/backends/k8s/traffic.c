@@ -95,8 +95,67 @@ static int member_order(const void *a, const void *b)
     return strcmp(x->spec.revision, y->spec.revision);
 }
 
-static struct kgroup *group_new(struct kube_backend *kb, const char *key,
-                                const struct kmodel *first)
+/* Adds the comma- or space-separated names of list to out (n of them, at
+ * most max, each once), copying them into buf. */
+static void add_names(const char *list, char *buf, size_t buflen, size_t *used, char **out,
+                      size_t *n, size_t max)
+{
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", list);
+    char *save = NULL;
+    for (char *tok = strtok_r(tmp, ", ", &save); tok && *n < max;
+         tok = strtok_r(NULL, ", ", &save)) {
+        bool seen = false;
+        for (size_t i = 0; i < *n && !seen; i++) {
+            seen = strcmp(out[i], tok) == 0;
+        }
+        size_t len = strlen(tok) + 1;
+        if (seen || *used + len > buflen) {
+            continue;
+        }
+        memcpy(buf + *used, tok, len);
+        out[(*n)++] = buf + *used;
+        *used += len;
+    }
+}
+
+/* The routing entry's names: the model's, and every revision's
+ * thaw.dev/hosts and thaw.dev/aliases (the union). */
+struct group_names {
+    char buf[4096];
+    char *hosts[32], *aliases[32];
+    char joined[2048]; /* to tell a change */
+};
+
+static void group_names_of(const struct members *ms, struct config_model *cm,
+                           struct group_names *gn)
+{
+    size_t used = 0;
+    cm->n_hosts = cm->n_aliases = 0;
+    for (size_t i = 0; i < ms->n; i++) {
+        add_names(ms->km[i]->spec.hosts, gn->buf, sizeof gn->buf, &used, gn->hosts, &cm->n_hosts,
+                  32);
+    }
+    for (size_t i = 0; i < ms->n; i++) {
+        add_names(ms->km[i]->spec.aliases, gn->buf, sizeof gn->buf, &used, gn->aliases,
+                  &cm->n_aliases, 32);
+    }
+    cm->hosts = gn->hosts;
+    cm->aliases = gn->aliases;
+    size_t w = 0;
+    gn->joined[0] = '\0';
+    for (size_t i = 0; i < cm->n_hosts + cm->n_aliases; i++) {
+        const char *x = i < cm->n_hosts ? cm->hosts[i] : cm->aliases[i - cm->n_hosts];
+        int k = snprintf(gn->joined + w, sizeof gn->joined - w, "%s%s",
+                         i == cm->n_hosts ? "|" : ",", x);
+        if (k < 0 || (size_t)k >= sizeof gn->joined - w) {
+            break;
+        }
+        w += (size_t)k;
+    }
+}
+
+static struct kgroup *group_new(struct kube_backend *kb, const char *key, const struct members *ms)
 {
     struct kgroup *g = calloc(1, sizeof *g);
     if (!g) {
@@ -104,20 +163,15 @@ static struct kgroup *group_new(struct kube_backend *kb, const char *key,
     }
     g->kb = kb;
     snprintf(g->key, sizeof g->key, "%s", key);
-    snprintf(g->namespace_, sizeof g->namespace_, "%s", first->spec.namespace_);
-    snprintf(g->name, sizeof g->name, "%s", first->spec.name);
+    snprintf(g->namespace_, sizeof g->namespace_, "%s", ms->km[0]->spec.namespace_);
+    snprintf(g->name, sizeof g->name, "%s", ms->km[0]->spec.name);
     struct config_model cm;
     config_model_defaults(&cm, &kb->cfg->limits);
     cm.name = g->name;
     cm.namespace_ = g->namespace_;
-    char hosts_buf[1024];
-    char *hosts[32];
-    snprintf(hosts_buf, sizeof hosts_buf, "%s", first->spec.hosts);
-    cm.n_hosts = 0;
-    for (char *tok = strtok(hosts_buf, ", "); tok && cm.n_hosts < 32; tok = strtok(NULL, ", ")) {
-        hosts[cm.n_hosts++] = tok;
-    }
-    cm.hosts = hosts;
+    struct group_names gn;
+    group_names_of(ms, &cm, &gn);
+    snprintf(g->names, sizeof g->names, "%s", gn.joined);
     size_t conflicts = 0;
     g->m = fleet_add_model(kb->base.fleet, &cm, &conflicts);
     if (!g->m) {
@@ -139,6 +193,27 @@ static struct kgroup *group_new(struct kube_backend *kb, const char *key,
     strmap_put(&kb->groups, g->key, strlen(g->key), g);
     LOGI("model with revisions discovered", "model=%s namespace=%s", g->name, g->namespace_);
     return g;
+}
+
+/* The revisions' hosts or aliases changed: the model's routes follow. */
+static void group_reroute(struct kgroup *g, const struct members *ms)
+{
+    struct config_model cm;
+    config_model_defaults(&cm, &g->kb->cfg->limits);
+    cm.name = g->name;
+    cm.namespace_ = g->namespace_;
+    struct group_names gn;
+    group_names_of(ms, &cm, &gn);
+    if (strcmp(gn.joined, g->names) == 0) {
+        return;
+    }
+    snprintf(g->names, sizeof g->names, "%s", gn.joined);
+    size_t conflicts = 0;
+    fleet_reroute_model(g->kb->base.fleet, g->m, &cm, &conflicts);
+    if (conflicts) {
+        LOGW("model names already taken by another model are ignored",
+             "model=%s namespace=%s conflicts=%zu", g->name, g->namespace_, conflicts);
+    }
 }
 
 static void group_remove(struct kube_backend *kb, struct kgroup *g, const char *why)
@@ -267,10 +342,11 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
         return;
     }
     qsort(ms.km, ms.n, sizeof ms.km[0], member_order);
-    if (!g && !(g = group_new(kb, key, ms.km[0]))) {
+    if (!g && !(g = group_new(kb, key, &ms))) {
         LOGE("out of memory adding a model with revisions", "model=%s", key);
         return;
     }
+    group_reroute(g, &ms);
     char why[400] = "";
     size_t canaries = 0;
     for (size_t i = 0; i < ms.n; i++) {
