@@ -25,7 +25,8 @@ HEADER_ONLY = {"list": "base", "backend": "backends"}
 # Layers that sit side by side: neither may include the other.
 SIDE_BY_SIDE = {frozenset({"http", "k8s"})}
 
-PURE = {"queue", "tenant", "router", "autoscaler", "warmpool", "procplan", "forecast", "k8s/objects"}
+PURE = {"queue", "tenant", "router", "revsplit", "rollout", "autoscaler", "warmpool", "procplan",
+        "forecast", "k8s/objects"}
 
 # (includer module, included module): upward includes allowed while a
 # restructuring is under way, each with what removes it. Empty: none is.

@@ -388,6 +388,9 @@ void reload_apply(struct server *srv, struct config *next)
     struct model_counts n = {0};
     apply_models(srv, next, &n);
     keep_running_kinds(srv->rt.cfg, next);
+    if (proxy_link_revisions(&srv->rt, next)) {
+        LOGE("out of memory linking models to their revisions", NULL);
+    }
     struct config *old = srv->rt.cfg;
     srv->rt.cfg = next;
     runtime_apply_config(&srv->rt); /* tenants too: keys, caps, tiers, weights */

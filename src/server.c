@@ -405,6 +405,10 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
             return -1;
         }
     }
+    if (proxy_link_revisions(&srv->rt, cfg)) {
+        LOGE("out of memory linking models to their revisions", NULL);
+        return -1;
+    }
 
     if (cfg->kubernetes.enabled) {
         struct k8s_auth auth;

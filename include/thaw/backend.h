@@ -17,6 +17,8 @@
 #include "thaw/config.h"
 #include "thaw/model.h"
 
+struct rollout_decision;
+
 struct backend;
 
 struct backend_ops {
@@ -52,6 +54,13 @@ struct backend_ops {
      * admin port). NULL: the backend has no peers; the path is a 404. */
     void (*demand)(struct backend *b, cJSON *out);
     /* Stops everything the backend started; called once, at exit. */
+    /* Optional: a rollout step, promotion or rollback of parent's canary
+     * was applied; keep it where a restarted activator finds it. */
+    void (*rollout_decided)(struct backend *b, struct model *parent,
+                            const struct rollout_decision *d);
+    /* Optional: whether this activator decides rollouts (the leader);
+     * NULL: it does. */
+    bool (*rollout_leads)(struct backend *b);
     void (*stop)(struct backend *b);
     void (*free)(struct backend *b);
 };

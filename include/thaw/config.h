@@ -60,6 +60,26 @@ struct config_sleep {
     uint64_t timeout_ms;           /* for /sleep and /wake_up to answer */
 };
 
+/* Progressive rollout of a model's second revision (the canary) against
+ * its first (the stable one); see rollout.h. */
+struct config_rollout {
+    bool enabled;
+    uint64_t step_percent;
+    uint64_t step_interval_ms;
+    uint64_t min_requests;
+    uint64_t max_error_rate_increase_pct;
+    uint64_t max_ttfb_p99_ratio_pct;
+    uint64_t ttfb_p99_tolerance_ms;
+};
+
+/* One entry of a model's traffic split. */
+struct config_revision {
+    char *name;
+    uint64_t percent;
+};
+
+#define CONFIG_MAX_REVISIONS 8
+
 struct config_model {
     char *name;
     char *namespace_;
@@ -96,6 +116,20 @@ struct config_model {
     uint64_t connect_timeout_ms;
     uint64_t first_byte_timeout_ms;
     uint64_t upstream_idle_timeout_ms;
+    /* A model with revisions is a routing entry: each request goes to one of
+     * its revisions, which are models of their own in this list, named
+     * "<model>@<revision>", with parent and revision set and each with its
+     * own command or endpoints, GPU needs and settings (the model's keys are
+     * their defaults). */
+    struct config_revision *revisions;
+    size_t n_revisions;
+    bool fallback_to_warm_revision; /* a cold pick goes to a warm revision while it wakes */
+    char *sticky_header;            /* a client's revision follows this header's value */
+    bool sticky_tenant;             /* ... or its tenant's name */
+    struct config_rollout rollout;
+    uint64_t percent;  /* a revision: its share (read inside "revisions" only) */
+    char *parent;      /* a revision: the model it belongs to; NULL otherwise */
+    char *revision;    /* a revision: its name */
     int line;
 };
 

@@ -53,7 +53,10 @@ struct model_stats {
      * (each fell back to a stop, or to a cold start) */
     uint64_t sleeps, sleep_failures, wakes, wake_failures;
     struct histogram wake; /* a request finds it asleep -> the replica takes requests again */
+    uint64_t failed; /* finished with a 5xx or an upstream failure (rollout's error rate) */
 };
+
+struct model_revisions; /* revisions.h */
 
 struct model {
     struct list_node node; /* in fleet->models */
@@ -71,6 +74,7 @@ struct model {
     struct event *dispatch_more; /* set by the proxy: continues a large dispatch */
     struct event *heartbeat_timer; /* set by the proxy: SSE comments while loading */
     struct event *eject_timer;     /* set by the proxy: retry when an ejection ends */
+    struct event *rollout_timer;   /* set by the proxy: a model with a rollout */
     uint64_t cold_start_ms;    /* last measured, 0 when never */
     struct coldstart cold;     /* the cold start in progress and recent ones (backends) */
     bool fixed_replicas;       /* the backend cannot replace replicas (static) */
@@ -85,6 +89,11 @@ struct model {
     uint32_t refs;
     bool removed;
     struct model_stats stats;
+    /* A model with revisions routes each request to one of them (see
+     * revisions.h); a revision points back at it and carries its name. */
+    struct model_revisions *revs;
+    struct model *parent; /* not referenced: unlinked when either goes */
+    char *revision;
 };
 
 /* Called when a model gained capacity (replica ready or a slot freed). */
@@ -108,6 +117,8 @@ struct fleet {
     void (*on_endpoint_gone)(void *ud, struct endpoint *ep);
     /* A new endpoint comes with an open idle connection: pool it (it owns fd). */
     void (*on_endpoint_conn)(void *ud, struct endpoint *ep, int fd);
+    /* A model's revisions or rollout changed (a backend set them). */
+    void (*on_revisions)(void *ud, struct model *m);
     void *cb_ud;
 };
 
@@ -137,6 +148,7 @@ int fleet_replica_ready(struct fleet *f, struct model *m, const char *id, const 
 int fleet_replica_ready_with(struct fleet *f, struct model *m, const char *id, const char *addr,
                              uint32_t share, int conn_fd);
 void fleet_replica_gone(struct fleet *f, struct model *m, const char *id, const char *reason);
+void fleet_revisions_changed(struct fleet *f, struct model *m);
 void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reason,
                              uint64_t retry_after_ms);
 

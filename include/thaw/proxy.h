@@ -62,6 +62,11 @@ unsigned proxy_retry_after_s(const struct request *r);
  * gone, pool a new replica's first connection) and the handler of rt's
  * replica connections. */
 void proxy_wire(struct runtime *rt);
+/* m's revisions or rollout changed: runs (or stops) its rollout timer. */
+void proxy_revisions_changed(struct runtime *rt, struct model *m);
+/* Links the configuration's models with revisions to their revisions'
+ * models (start-up, reload) and runs their rollouts. 0 or -ENOMEM. */
+int proxy_link_revisions(struct runtime *rt, const struct config *cfg);
 
 /* What the proxy port's connections call (see conn.h). */
 extern const struct conn_handler proxy_conn_handler;

@@ -3,6 +3,7 @@
 #include "thaw/backend.h"
 #include "thaw/coldstart.h"
 #include "thaw/conn.h"
+#include "thaw/revisions.h"
 #include "thaw/runtime.h"
 #include "thaw/warmpool.h"
 
@@ -377,6 +378,48 @@ static void tenant_families(const struct metrics_stream *ms, struct buf *o)
     }
 }
 
+/* Per model with revisions: each revision's share now, and the rollout's
+ * decisions. */
+static void revision_families(const struct metrics_stream *ms, struct buf *o)
+{
+    struct admin_ctx *adm = ms->adm;
+    struct model *m;
+    metrics_help_type(o, "thaw_revision_traffic_percent", "gauge",
+                      "Share of a model's requests its revision gets, in percent.");
+    FOR_EACH_MODEL(adm, m)
+    {
+        char ns[300] = "";
+        if (m->namespaced) {
+            snprintf(ns, sizeof ns, ",namespace=\"%s\"", m->namespace_);
+        }
+        for (size_t i = 0; m->revs && i < m->revs->n; i++) {
+            buf_printf(o, "thaw_revision_traffic_percent{model=\"%s\"%s,revision=\"%s\"} %u\n",
+                       m->name, ns, m->revs->names[i], model_revision_percent(m, i));
+        }
+    }
+    metrics_help_type(o, "thaw_rollout_decisions_total", "counter",
+                      "Rollout decisions on a model's canary, by action (step, promote, "
+                      "rollback).");
+    FOR_EACH_MODEL(adm, m)
+    {
+        const struct model_revisions *rv = m->revs;
+        if (!rv || !rv->rollout) {
+            continue;
+        }
+        const uint64_t n[3] = {rv->steps, rv->promotions, rv->rollbacks};
+        const char *const what[3] = {"step", "promote", "rollback"};
+        char ns[300] = "";
+        if (m->namespaced) {
+            snprintf(ns, sizeof ns, ",namespace=\"%s\"", m->namespace_);
+        }
+        for (int a = 0; a < 3; a++) {
+            buf_printf(o, "thaw_rollout_decisions_total{model=\"%s\"%s,revision=\"%s\","
+                          "action=\"%s\"} %llu\n",
+                       m->name, ns, rv->names[1], what[a], (unsigned long long)n[a]);
+        }
+    }
+}
+
 static const struct family families[] = {
     {.whole = requests_totals},
     {"thaw_requests_total", "counter", "Finished requests by model and status code.", NULL,
@@ -420,6 +463,7 @@ static const struct family families[] = {
      "preempt).",
      NULL, pool_decisions},
     {.whole = pool_slices},
+    {.whole = revision_families},
     {.whole = tenant_families},
     {.whole = connections},
 };
@@ -434,7 +478,7 @@ static int snapshot_models(struct metrics_stream *ms)
     FOR_EACH_MODEL(adm, m)
     {
         n++;
-        name_bytes += 2 * strlen(m->name) + strlen(m->namespace_) + 32;
+        name_bytes += 2 * strlen(m->name) + strlen(m->namespace_) + 64;
     }
     ms->models = calloc(n ? n : 1, sizeof *ms->models);
     ms->names = malloc(name_bytes ? name_bytes : 1);
@@ -444,16 +488,25 @@ static int snapshot_models(struct metrics_stream *ms)
     char *at = ms->names;
     FOR_EACH_MODEL(adm, m)
     {
+        if (m->revs) {
+            continue; /* a routing entry: its revisions have the series */
+        }
         struct model_snap *s = &ms->models[ms->n_models++];
         size_t len = strlen(m->name) + 1;
         memcpy(at, m->name, len);
         s->name = at;
         at += len;
         /* Cluster models are named within a namespace: the same name may be
-         * in two, so their series carry it. */
-        int w = m->namespaced ? sprintf(at, "model=\"%s\",namespace=\"%s\"", m->name,
-                                        m->namespace_)
-                              : sprintf(at, "model=\"%s\"", m->name);
+         * in two, so their series carry it. A revision's series carry its
+         * model's name and its own. */
+        const char *model = m->parent ? m->parent->name : m->name;
+        int w = sprintf(at, "model=\"%s\"", model);
+        if (m->namespaced) {
+            w += sprintf(at + w, ",namespace=\"%s\"", m->namespace_);
+        }
+        if (m->parent && m->revision) {
+            w += sprintf(at + w, ",revision=\"%s\"", m->revision);
+        }
         s->labels = at;
         at += w + 1;
         s->stats = m->stats;
@@ -663,6 +716,65 @@ static void status_tenants(const struct tenants *ts, cJSON *root)
 }
 
 /* A model's tenants with requests waiting or running there. */
+static void status_rollout(const struct model_revisions *rv, cJSON *jm, uint64_t now)
+{
+    cJSON *ro = cJSON_AddObjectToObject(jm, "rollout");
+    cJSON_AddStringToObject(ro, "stage", rollout_stage_name(rv->state.stage));
+    cJSON_AddStringToObject(ro, "canary", rv->names[1]);
+    cJSON_AddNumberToObject(ro, "canary_percent", rv->state.canary_percent);
+    cJSON_AddNumberToObject(ro, "step_percent", rv->policy.step_percent);
+    cJSON_AddNumberToObject(ro, "step_interval_ms", (double)rv->policy.step_interval_ms);
+    cJSON_AddNumberToObject(ro, "step_age_ms",
+                            now > rv->state.step_started_ms
+                                ? (double)(now - rv->state.step_started_ms)
+                                : 0);
+    cJSON_AddNumberToObject(ro, "steps", (double)rv->steps);
+    cJSON_AddNumberToObject(ro, "promotions", (double)rv->promotions);
+    cJSON_AddNumberToObject(ro, "rollbacks", (double)rv->rollbacks);
+    if (rv->last.why[0]) {
+        cJSON_AddStringToObject(ro, "last_action", rollout_action_name(rv->last.action));
+        cJSON_AddStringToObject(ro, "last_reason", rv->last.why);
+    }
+}
+
+/* A model with revisions: its split and rollout; a revision: whose it is. */
+static void status_revisions(const struct model *m, cJSON *jm, uint64_t now)
+{
+    if (m->parent && m->revision) {
+        cJSON_AddStringToObject(jm, "model", m->parent->name);
+        cJSON_AddStringToObject(jm, "revision", m->revision);
+    }
+    const struct model_revisions *rv = m->revs;
+    if (!rv) {
+        return;
+    }
+    cJSON *list = cJSON_AddArrayToObject(jm, "revisions");
+    for (size_t i = 0; i < rv->n; i++) {
+        const struct model *r = rv->rev[i];
+        cJSON *jr = cJSON_CreateObject();
+        cJSON_AddStringToObject(jr, "name", rv->names[i]);
+        cJSON_AddNumberToObject(jr, "percent", rv->split.percent[i]);
+        cJSON_AddBoolToObject(jr, "stable", i == rv->stable);
+        if (r) {
+            cJSON_AddStringToObject(jr, "model", r->name);
+            cJSON_AddNumberToObject(jr, "replicas_ready", (double)r->n_endpoints);
+            cJSON_AddNumberToObject(jr, "requests",
+                                    (double)(r->stats.proxied + r->stats.rejected +
+                                             r->stats.aborted));
+            cJSON_AddNumberToObject(jr, "errors", (double)r->stats.failed);
+        }
+        cJSON_AddItemToArray(list, jr);
+    }
+    cJSON_AddBoolToObject(jm, "fallback_to_warm_revision", rv->fallback);
+    if (rv->sticky_header) {
+        cJSON_AddStringToObject(jm, "sticky_header", rv->sticky_header);
+    }
+    cJSON_AddBoolToObject(jm, "sticky_tenant", rv->sticky_tenant);
+    if (rv->rollout) {
+        status_rollout(rv, jm, now);
+    }
+}
+
 static void status_model_tenants(const struct tenants *ts, const struct model *m, cJSON *jq)
 {
     cJSON *obj = cJSON_AddObjectToObject(jq, "tenants");
@@ -732,6 +844,7 @@ static void render_status(struct admin_ctx *adm, struct buf *out)
         cJSON_AddNumberToObject(jm, "max_concurrency", m->set.max_concurrency);
         cJSON_AddNumberToObject(jm, "inflight", m->inflight);
         cJSON_AddNumberToObject(jm, "capacity", model_capacity(m));
+        status_revisions(m, jm, now);
         if (m->backend) {
             m->backend->ops->describe(m->backend, m, jm);
         }

@@ -67,6 +67,9 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_BAD_FORM] = {"bad_form", 400, false,
                          "the request body is not a multipart/form-data form with the "
                          "Content-Type's boundary"},
+    [REJECT_UNKNOWN_REVISION] = {"revision_not_found", 404, false,
+                                 "the model has no revision of the name in the thaw-revision "
+                                 "header"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

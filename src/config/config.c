@@ -23,6 +23,9 @@ struct parser {
     struct jsonpos pos;
     struct config_error *err;
     struct config *cfg; /* the one being read */
+    /* Reading a revision: its model's keys are read into it first (without
+     * the model-only ones), then the revision's own. */
+    enum { READ_MODEL, READ_REVISION_BASE, READ_REVISION } reading;
 };
 
 __attribute__((format(printf, 4, 5))) static int fail(struct parser *p, const cJSON *at,
@@ -167,6 +170,10 @@ static int read_string_array(struct parser *p, const cJSON *item, const char *pa
         }
         arr[i] = strdup(e->valuestring);
     }
+    for (size_t j = 0; *out && j < *n_out; j++) {
+        free((*out)[j]); /* a revision's own list replaces its model's */
+    }
+    free(*out);
     *out = arr;
     *n_out = n;
     return 0;
@@ -671,11 +678,136 @@ static uint64_t default_queue_timeout(const struct config_model *m)
     return config_default_queue_timeout_ms(m->priority, m->n_command ? m->startup_timeout_ms : 0);
 }
 
+/* "revisions": [{"name": N, "percent": P, ...model keys}, ...] on a model:
+ * here only the split (names and percents); each revision's own keys are
+ * read by parse_revisions once every model is read. */
+static int parse_revision_list(struct parser *p, const cJSON *arr, const char *path, void *base)
+{
+    struct config_model *m = base;
+    if (p->reading == READ_REVISION_BASE) {
+        return 0;
+    }
+    if (p->reading == READ_REVISION) {
+        return fail(p, arr, path, "a revision cannot have revisions of its own");
+    }
+    size_t n = cJSON_IsArray(arr) ? (size_t)cJSON_GetArraySize(arr) : 0;
+    if (n == 0 || n > CONFIG_MAX_REVISIONS) {
+        return fail(p, arr, path, "must be an array of 1 to %d revisions "
+                    "({\"name\", \"percent\", and the model keys it sets})", CONFIG_MAX_REVISIONS);
+    }
+    m->revisions = calloc(n, sizeof *m->revisions);
+    if (!m->revisions) {
+        return fail(p, arr, path, "out of memory");
+    }
+    size_t i = 0;
+    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+        char epath[300];
+        snprintf(epath, sizeof epath, "%s[%zu]", path, i);
+        if (!cJSON_IsObject(e)) {
+            return fail(p, e, epath, "must be an object");
+        }
+        struct config_revision *r = &m->revisions[i];
+        m->n_revisions = i + 1;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+        const cJSON *pct = cJSON_GetObjectItemCaseSensitive(e, "percent");
+        char kpath[320];
+        snprintf(kpath, sizeof kpath, "%s.name", epath);
+        if (!name) {
+            return fail(p, e, kpath, "is required");
+        }
+        int rc = read_string(p, name, kpath, &r->name);
+        if (rc == 0 && check_name(r->name)) {
+            rc = fail(p, name, kpath, "may hold only letters, digits, '-', '.' and '_'");
+        }
+        snprintf(kpath, sizeof kpath, "%s.percent", epath);
+        if (rc == 0 && !pct) {
+            rc = fail(p, e, kpath, "is required (0 to 100; the revisions' percents add up to 100)");
+        }
+        if (rc == 0) {
+            rc = read_uint(p, pct, kpath, 0, 100, &r->percent);
+        }
+        for (size_t j = 0; rc == 0 && j < i; j++) {
+            if (strcmp(m->revisions[j].name, r->name) == 0) {
+                rc = fail(p, name, kpath, "revision \"%s\" is listed twice", r->name);
+            }
+        }
+        if (rc) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* The rules for a model with revisions. */
+static int revisions_finish(struct parser *p, const cJSON *obj, const char *prefix,
+                            struct config_model *m)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%srevisions", prefix);
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(obj, "revisions");
+    if (m->n_endpoints || m->n_command) {
+        return fail(p, obj, prefix, "a model with \"revisions\" takes \"endpoints\" or "
+                    "\"command\" in each revision, not in the model");
+    }
+    uint64_t sum = 0;
+    for (size_t i = 0; i < m->n_revisions; i++) {
+        sum += m->revisions[i].percent;
+    }
+    if (sum != 100) {
+        return fail(p, arr, path, "the revisions' percents add up to %llu, not 100",
+                    (unsigned long long)sum);
+    }
+    if (m->rollout.enabled && m->n_revisions != 2) {
+        snprintf(path, sizeof path, "%srollout", prefix);
+        return fail(p, cJSON_GetObjectItemCaseSensitive(obj, "rollout"), path,
+                    "a rollout needs exactly two revisions: the stable one first, then the "
+                    "canary (has %zu)", m->n_revisions);
+    }
+    return 0;
+}
+
+/* Keys of the model only: a revision may not set them. */
+static const char *const model_only_keys[] = {
+    "namespace", "hosts", "aliases", "revisions", "fallback_to_warm_revision",
+    "sticky_header", "sticky_tenant", "rollout",
+};
+
+static bool is_model_only_key(const char *key)
+{
+    for (size_t i = 0; i < N_ELEMS(model_only_keys); i++) {
+        if (strcmp(model_only_keys[i], key) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
 {
     struct config_model *m = base;
     if (!m->name) {
         return fail(p, obj, prefix, "\"name\" is required");
+    }
+    const cJSON *pct = cJSON_GetObjectItemCaseSensitive(obj, "percent");
+    if (pct && p->reading == READ_MODEL) {
+        char path[300];
+        snprintf(path, sizeof path, "%spercent", prefix);
+        return fail(p, pct, path, "applies only to an entry of \"revisions\"");
+    }
+    if (p->reading == READ_MODEL && m->n_revisions) {
+        /* A routing entry: it holds no requests, but shows sane values. */
+        if (m->max_queue == UINT64_MAX) {
+            m->max_queue = p->cfg->limits.max_queue_per_model;
+        }
+        if (m->queue_timeout_ms == UINT64_MAX) {
+            m->queue_timeout_ms = QUEUE_TIMEOUT_DEFAULT_MS;
+        }
+        return revisions_finish(p, obj, prefix, m);
+    }
+    if (p->reading == READ_MODEL && (m->rollout.enabled || m->sticky_header || m->sticky_tenant ||
+                                     m->fallback_to_warm_revision)) {
+        return fail(p, obj, prefix, "\"rollout\", \"sticky_header\", \"sticky_tenant\" and "
+                    "\"fallback_to_warm_revision\" apply only to a model with \"revisions\"");
     }
     if (m->n_endpoints == 0 && m->n_command == 0) {
         return fail(p, obj, prefix,
@@ -708,6 +840,29 @@ static const struct conf_key sleep_keys[] = {
     K_NUM(struct config_sleep, timeout_ms, 30000, 1, 600000),
 };
 static const struct section sleep_section = SECTION(sleep_keys, NULL);
+static const struct conf_key rollout_keys[] = {
+    K_BOOL(struct config_rollout, enabled, false),
+    K_NUM(struct config_rollout, step_percent, 10, 1, 100),
+    K_NUM(struct config_rollout, step_interval_ms, 60000, 100, 86400000),
+    K_NUM(struct config_rollout, min_requests, 20, 1, 1000000),
+    K_NUM(struct config_rollout, max_error_rate_increase_pct, 5, 0, 100),
+    K_NUM(struct config_rollout, max_ttfb_p99_ratio_pct, 150, 100, 10000),
+    K_NUM(struct config_rollout, ttfb_p99_tolerance_ms, 50, 0, 600000),
+};
+static const struct section rollout_section = SECTION(rollout_keys, NULL);
+
+/* A header name: an RFC 9110 token, kept lower-case for lookups. */
+static int check_sticky_header(struct parser *p, const cJSON *item, const char *path, void *field)
+{
+    char *s = *(char **)field;
+    for (char *c = s; *c; c++) {
+        if (!(isalnum((unsigned char)*c) || strchr("!#$%&'*+-.^_`|~", *c))) {
+            return fail(p, item, path, "must be a header name");
+        }
+        *c = (char)tolower((unsigned char)*c);
+    }
+    return 0;
+}
 
 /* max_queue's default is limits.max_queue_per_model, queue_timeout_ms's
  * default_queue_timeout(), idle_timeout_ms's by the model's priority;
@@ -746,8 +901,17 @@ static const struct conf_key model_keys[] = {
     {.name = "prewarm", .type = KEY_ENUM, .offset = offsetof(struct config_model, prewarm),
      .def = PREWARM_INHERIT, .lookup = lookup_prewarm, .enum_msg = PREWARM_MSG},
     K_OBJECT(struct config_model, sleep, &sleep_section),
+    {.name = "revisions", .type = KEY_CUSTOM, .parse = parse_revision_list},
+    K_NUM(struct config_model, percent, 0, 0, 100),
+    K_BOOL(struct config_model, fallback_to_warm_revision, false),
+    K_STRING(struct config_model, sticky_header, NULL, check_sticky_header),
+    K_BOOL(struct config_model, sticky_tenant, false),
+    K_OBJECT(struct config_model, rollout, &rollout_section),
 };
 static const struct section model_section = SECTION(model_keys, model_finish);
+/* A revision's model keys, before its own: no rules yet (its own keys may
+ * complete it). */
+static const struct section model_keys_only = SECTION(model_keys, NULL);
 
 void config_model_defaults(struct config_model *m, const struct config_limits *lim)
 {
@@ -1089,6 +1253,105 @@ static int check_models_array(struct parser *p, const cJSON *item, const char *p
     return cJSON_IsArray(item) ? 0 : fail(p, item, path, "must be an array of objects");
 }
 
+static void free_strings(char **arr, size_t n);
+
+static int set_tag_hosts(struct config_model *rev, const struct config_model *m)
+{
+    /* The revision's own addresses, as Knative's tags: "<revision>-<host>"
+     * for the model's name and each of its hosts. */
+    free_strings(rev->hosts, rev->n_hosts);
+    free_strings(rev->aliases, rev->n_aliases);
+    rev->aliases = NULL;
+    rev->n_aliases = 0;
+    rev->n_hosts = 0;
+    rev->hosts = calloc(m->n_hosts + 1, sizeof *rev->hosts);
+    if (!rev->hosts) {
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i <= m->n_hosts; i++) {
+        const char *h = i == 0 ? m->name : m->hosts[i - 1];
+        if (asprintf(&rev->hosts[rev->n_hosts], "%s-%s", rev->revision, h) < 0) {
+            return -ENOMEM;
+        }
+        rev->n_hosts++;
+    }
+    return 0;
+}
+
+/* Reads revision j of model m (whose object is obj) into rev: the model's
+ * keys, then the revision's own, then the model's rules on the result. */
+static int parse_revision(struct parser *p, const cJSON *obj, size_t i, size_t j,
+                          const struct config_model *m, struct config_model *rev)
+{
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, "models[%zu].", i);
+    const cJSON *robj = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(obj, "revisions"),
+                                           (int)j);
+    memset(rev, 0, sizeof *rev);
+    rev->line = jsonpos_line(&p->pos, robj);
+    if (set_defaults(&model_section, rev, true)) {
+        return fail(p, robj, prefix, "out of memory");
+    }
+    p->reading = READ_REVISION_BASE;
+    int rc = parse_section(p, &model_keys_only, obj, prefix, rev);
+    snprintf(prefix, sizeof prefix, "models[%zu].revisions[%zu].", i, j);
+    for (const cJSON *k = robj->child; rc == 0 && k; k = k->next) {
+        if (is_model_only_key(k->string)) {
+            char path[160];
+            snprintf(path, sizeof path, "%s%s", prefix, k->string);
+            rc = fail(p, k, path, "applies to the model, not to one revision");
+        }
+    }
+    /* What only the model has does not carry over. */
+    free(rev->sticky_header);
+    rev->sticky_header = NULL;
+    rev->sticky_tenant = rev->fallback_to_warm_revision = false;
+    rev->rollout.enabled = false;
+    p->reading = READ_REVISION;
+    if (rc == 0) {
+        rc = parse_section(p, &model_section, robj, prefix, rev);
+    }
+    p->reading = READ_MODEL;
+    if (rc) {
+        return rc;
+    }
+    rev->revision = rev->name;
+    rev->name = NULL;
+    if (asprintf(&rev->name, "%s@%s", m->name, rev->revision) < 0 ||
+        !(rev->parent = strdup(m->name)) || set_tag_hosts(rev, m)) {
+        return fail(p, robj, prefix, "out of memory");
+    }
+    return 0;
+}
+
+/* Every model's revisions become models of their own, after the models. */
+static int parse_revisions(struct parser *p, const cJSON *models, struct config *cfg)
+{
+    size_t n = cfg->n_models, total = n;
+    for (size_t i = 0; i < n; i++) {
+        total += cfg->models[i].n_revisions;
+    }
+    if (total == n) {
+        return 0;
+    }
+    struct config_model *all = realloc(cfg->models, total * sizeof *all);
+    if (!all) {
+        return fail(p, models, "models", "out of memory");
+    }
+    cfg->models = all;
+    const cJSON *obj = models->child;
+    for (size_t i = 0; i < n; i++, obj = obj->next) {
+        for (size_t j = 0; j < cfg->models[i].n_revisions; j++) {
+            struct config_model *rev = &cfg->models[cfg->n_models++];
+            int rc = parse_revision(p, obj, i, j, &cfg->models[i], rev);
+            if (rc) {
+                return rc;
+            }
+        }
+    }
+    return 0;
+}
+
 static int parse_models(struct parser *p, const cJSON *models, struct config *cfg)
 {
     size_t n = (size_t)cJSON_GetArraySize(models);
@@ -1114,7 +1377,37 @@ static int parse_models(struct parser *p, const cJSON *models, struct config *cf
             }
         }
     }
-    return 0;
+    return parse_revisions(p, models, cfg);
+}
+
+/* Where model i was written: its object in the file's "models" (NULL when
+ * models is) and its path, "models[k]." or, for a revision,
+ * "models[k].revisions[j].". */
+static const cJSON *model_source(const cJSON *models, const struct config *cfg, size_t i,
+                                 char *prefix, size_t n)
+{
+    const struct config_model *m = &cfg->models[i];
+    snprintf(prefix, n, "models[%zu].", i);
+    if (!m->parent) {
+        return cJSON_GetArrayItem(models, (int)i);
+    }
+    for (size_t k = 0; k < cfg->n_models; k++) {
+        const struct config_model *pm = &cfg->models[k];
+        if (pm->parent || strcmp(pm->name, m->parent) != 0 ||
+            strcmp(pm->namespace_, m->namespace_) != 0) {
+            continue;
+        }
+        for (size_t j = 0; j < pm->n_revisions; j++) {
+            if (strcmp(pm->revisions[j].name, m->revision) == 0) {
+                snprintf(prefix, n, "models[%zu].revisions[%zu].", k, j);
+                return cJSON_GetArrayItem(
+                    cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(models, (int)k),
+                                                     "revisions"),
+                    (int)j);
+            }
+        }
+    }
+    return NULL;
 }
 
 /* A model's GPU needs (gpu_slices, gpu_memory_bytes, mig_profile) need a
@@ -1124,8 +1417,9 @@ static int check_model_gpu(struct parser *p, const struct config *cfg, size_t i)
 {
     const struct config_model *m = &cfg->models[i];
     const char *key = m->mig_profile ? "mig_profile" : "gpu_slices";
-    char path[64];
-    snprintf(path, sizeof path, "models[%zu].%s", i, key);
+    char prefix[96], path[128];
+    model_source(NULL, cfg, i, prefix, sizeof prefix);
+    snprintf(path, sizeof path, "%s%s", prefix, key);
     if (m->n_command == 0) {
         return fail(p, NULL, path, "applies only to models with a \"command\"");
     }
@@ -1133,7 +1427,7 @@ static int check_model_gpu(struct parser *p, const struct config *cfg, size_t i)
         return fail(p, NULL, path, "a model takes a MIG instance or GPU slices, not both");
     }
     if (m->gpu_memory_bytes && !m->gpu_slices) {
-        snprintf(path, sizeof path, "models[%zu].gpu_memory_bytes", i);
+        snprintf(path, sizeof path, "%sgpu_memory_bytes", prefix);
         return fail(p, NULL, path, "needs \"gpu_slices\" (a MIG instance has its own memory)");
     }
     if (cfg->gpu_discovery) {
@@ -1241,8 +1535,9 @@ static int resolve_endpoints(struct parser *p, const cJSON *root, const struct c
     const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
     for (size_t i = 0; i < cfg->n_models; i++) {
         const struct config_model *m = &cfg->models[i];
+        char prefix[96];
         const cJSON *eps = cJSON_GetObjectItemCaseSensitive(
-            cJSON_GetArrayItem(models, (int)i), "endpoints");
+            model_source(models, cfg, i, prefix, sizeof prefix), "endpoints");
         for (size_t j = 0; j < m->n_endpoints; j++) {
             char host[256];
             endpoint_host(m->endpoints[j], host, sizeof host);
@@ -1258,8 +1553,8 @@ static int resolve_endpoints(struct parser *p, const cJSON *root, const struct c
                 freeaddrinfo(res);
             }
             if (rc || !res) {
-                char path[64];
-                snprintf(path, sizeof path, "models[%zu].endpoints[%zu]", i, j);
+                char path[128];
+                snprintf(path, sizeof path, "%sendpoints[%zu]", prefix, j);
                 return fail(p, cJSON_GetArrayItem(eps, (int)j), path,
                             "host \"%.100s\" does not resolve (%s)", host,
                             rc ? gai_strerror(rc) : "no address");
@@ -1456,6 +1751,13 @@ void config_free(struct config *cfg)
         free_strings(m->env, m->n_env);
         free(m->health_path);
         free(m->mig_profile);
+        for (size_t j = 0; j < m->n_revisions; j++) {
+            free(m->revisions[j].name);
+        }
+        free(m->revisions);
+        free(m->sticky_header);
+        free(m->parent);
+        free(m->revision);
     }
     free(cfg->models);
     for (size_t i = 0; i < cfg->n_gpus; i++) {

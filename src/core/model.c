@@ -1,4 +1,5 @@
 #include "thaw/model.h"
+#include "thaw/revisions.h"
 #include "thaw/netaddr.h"
 #include "thaw/log.h"
 
@@ -184,12 +185,20 @@ void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reaso
     }
 }
 
+void fleet_revisions_changed(struct fleet *f, struct model *m)
+{
+    if (f->on_revisions) {
+        f->on_revisions(f->cb_ud, m);
+    }
+}
+
 void fleet_remove_model(struct fleet *f, struct model *m, const char *reason)
 {
     if (f->on_removing) {
         f->on_removing(f->cb_ud, m, reason);
     }
     router_remove(&f->router, m);
+    model_revisions_unlink(m);
     while (m->n_endpoints) {
         detach_endpoint(m, m->n_endpoints - 1);
     }
@@ -214,6 +223,8 @@ void model_unref(struct model *m)
     }
     queue_dispose(&m->queue);
     free(m->endpoints);
+    model_revisions_free(m->revs);
+    free(m->revision);
     free(m->name);
     free(m->namespace_);
     free(m);

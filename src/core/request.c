@@ -157,6 +157,7 @@ void request_count_proxied(struct request_pool *pool, struct request *r, int sta
     pool->metrics->requests_proxied++;
     if (r->model) {
         r->model->stats.proxied++;
+        r->model->stats.failed += status >= 500;
         code_counts_add(&r->model->stats.codes, status);
     }
     access_log(pool, r, "proxied", status, "-");
@@ -177,6 +178,7 @@ void request_count_rejected(struct request_pool *pool, struct request *r, enum r
     if (r->model && r->model_resolved) {
         r->model->stats.rejected++;
         r->model->stats.rejections[reason]++;
+        r->model->stats.failed += status >= 500;
         code_counts_add(&r->model->stats.codes, status);
     } else {
         code_counts_add(&pool->metrics->unrouted_codes, status);
@@ -194,6 +196,8 @@ void request_count_aborted(struct request_pool *pool, struct request *r, enum ab
     pool->metrics->aborts[reason]++;
     if (r->model && r->model_resolved) {
         r->model->stats.aborted++;
+        r->model->stats.failed +=
+            reason == ABORT_UPSTREAM_CLOSED || reason == ABORT_UPSTREAM_TIMEOUT;
     }
     access_log(pool, r, "aborted", 0, abort_reason_name(reason));
     finish(pool, r);

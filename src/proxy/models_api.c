@@ -1,4 +1,5 @@
 #include "thaw/models_api.h"
+#include "thaw/revisions.h"
 #include "thaw/clock.h"
 #include "thaw/tier.h"
 
@@ -60,9 +61,44 @@ static int by_id(const void *a, const void *b)
     return strcmp(((const struct named *)a)->id, ((const struct named *)b)->id);
 }
 
+static const char *model_state(const struct model *m);
+
+/* A model with revisions: the most awake of its revisions. */
+static const char *revisions_state(const struct model *m)
+{
+    static const char *const order[] = {"ready", "starting", "scaled_to_zero", "unavailable"};
+    size_t best = 3;
+    for (size_t i = 0; i < m->revs->n; i++) {
+        const struct model *r = m->revs->rev[i];
+        const char *s = r ? model_state(r) : "unavailable";
+        for (size_t k = 0; k < best; k++) {
+            if (strcmp(order[k], s) == 0) {
+                best = k;
+            }
+        }
+    }
+    return order[best];
+}
+
+/* Replicas and held requests of a model, or of all its revisions. */
+static void model_counts(const struct model *m, size_t *replicas, size_t *queued)
+{
+    *replicas = m->n_endpoints;
+    *queued = m->queue.count;
+    for (size_t i = 0; m->revs && i < m->revs->n; i++) {
+        if (m->revs->rev[i]) {
+            *replicas += m->revs->rev[i]->n_endpoints;
+            *queued += m->revs->rev[i]->queue.count;
+        }
+    }
+}
+
 /* What a UI shows of a model without asking it anything. */
 static const char *model_state(const struct model *m)
 {
+    if (m->revs) {
+        return revisions_state(m);
+    }
     if (m->n_endpoints > 0) {
         return "ready";
     }
@@ -97,8 +133,10 @@ static void append_entry(struct buf *out, const char *id, const struct model *m,
     buf_append_json_escaped(out, owner, strlen(owner));
     buf_append_str(out, "\",\"root\":\"");
     buf_append_json_escaped(out, m->name, strlen(m->name));
+    size_t replicas, queued;
+    model_counts(m, &replicas, &queued);
     buf_printf(out, "\",\"state\":\"%s\",\"tier\":\"%s\",\"replicas\":%zu,\"queued\":%zu}",
-               model_state(m), tier_name(m->set.priority), m->n_endpoints, (size_t)m->queue.count);
+               model_state(m), tier_name(m->set.priority), replicas, queued);
 }
 
 void models_api_list(const struct runtime *rt, struct buf *out)

@@ -1,4 +1,5 @@
 #include "thaw/proxy.h"
+#include "thaw/revisions.h"
 #include "thaw/clock.h"
 #include "thaw/backend.h"
 #include "thaw/conn.h"
@@ -174,7 +175,9 @@ static int tenant_flow_at_model(struct request *r)
 {
     const struct tenant *t = r->tenant;
     uint64_t max_running, max_queued;
-    tenant_caps(t, r->model->name, &max_running, &max_queued);
+    /* A tenant's caps name the model, not one of its revisions. */
+    const struct model *m = r->model;
+    tenant_caps(t, m->parent ? m->parent->name : m->name, &max_running, &max_queued);
     r->qi.flow = t->id;
     return queue_flow_set(&r->model->queue, t->id, t->weight, max_running, max_queued);
 }
@@ -193,7 +196,7 @@ void proxy_tenants_changed(struct runtime *rt)
                 continue;
             }
             uint64_t max_running, max_queued;
-            tenant_caps(t, m->name, &max_running, &max_queued);
+            tenant_caps(t, m->parent ? m->parent->name : m->name, &max_running, &max_queued);
             queue_flow_set(&m->queue, t->id, t->weight, max_running, max_queued);
         }
         proxy_dispatch(rt, m);
@@ -201,6 +204,7 @@ void proxy_tenants_changed(struct runtime *rt)
 }
 
 static int reserve_body(struct runtime *rt, struct request *r, uint64_t bytes);
+static int take_model(struct runtime *rt, struct request *r);
 
 /* Keeps the name a request asked for when no model has it, for the error. */
 static void note_asked_model(struct request *r, const char *name, size_t len)
@@ -272,11 +276,10 @@ int proxy_on_head(struct conn *c, struct request *r)
     if (is_models_api(r)) {
         r->models_api = true;
     } else if (st == ROUTE_FOUND) {
-        r->model = r->route.target;
-        model_ref(r->model);
-        r->model_resolved = true;
-        r->ex.error_model = r->model->name;
-        r->tier = request_tier(rt, r);
+        int rc = take_model(rt, r);
+        if (rc != REJECT_COUNT) {
+            return rc;
+        }
     } else if (st == ROUTE_NEED_BODY) {
         int rc = start_body_scan(r);
         if (rc != REJECT_COUNT) {
@@ -323,16 +326,41 @@ static void reject_ambiguous(struct conn *c, const char *name, size_t len, bool 
     conn_reject(c, REJECT_AMBIGUOUS_MODEL, candidates);
 }
 
-/* Takes the model the body named (early, while the body still arrives). */
-static void route_by_body(struct runtime *rt, struct request *r)
+/* The model a routed request goes to: the route's, or for a model with
+ * revisions the revision picked for this request (waking a cold one that a
+ * fallback stands in for). REJECT_COUNT, or why not. */
+static int take_model(struct runtime *rt, struct request *r)
 {
-    r->model = r->route.target;
+    struct model *m = r->route.target;
+    r->ex.error_model = m->name;
+    if (m->revs) {
+        const char *tenant = r->tenant && r->tenant != rt->tenants.all[0] ? r->tenant->name : NULL;
+        struct model *wake;
+        enum reject_reason why = REJECT_NO_REPLICAS;
+        struct model *rev = model_pick_revision(m, &r->ex.head, tenant, &wake, &why);
+        if (!rev) {
+            return why;
+        }
+        if (wake && wake->backend && wake->n_endpoints == 0) {
+            backend_scale(wake->backend, wake, 1);
+        }
+        m = rev;
+    }
+    r->model = m;
     model_ref(r->model);
+    /* The model the request holds: a routing entry may go before it ends. */
+    r->ex.error_model = m->name;
     r->model_resolved = true;
-    r->ex.error_model = r->model->name;
-    /* route.path_* still describe the target from the head: origin-form,
-     * without an absolute-form scheme and authority. */
     r->tier = request_tier(rt, r);
+    return REJECT_COUNT;
+}
+
+/* Takes the model the body named (early, while the body still arrives).
+ * route.path_* still describe the target from the head: origin-form,
+ * without an absolute-form scheme and authority. */
+static int route_by_body(struct runtime *rt, struct request *r)
+{
+    return take_model(rt, r);
 }
 
 /* Feeds the body's new bytes to the JSON scan (at_end: the body is complete). */
@@ -424,9 +452,14 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
     free(r->form);
     r->form = NULL;
     switch (st) {
-    case ROUTE_FOUND:
-        route_by_body(rt, r);
+    case ROUTE_FOUND: {
+        int rc = route_by_body(rt, r);
+        if (rc != REJECT_COUNT) {
+            conn_reject(c, (enum reject_reason)rc, NULL);
+            return false;
+        }
         return true;
+    }
     case ROUTE_BAD_JSON:
         conn_reject(c, form ? REJECT_BAD_FORM : REJECT_BAD_JSON, why);
         return false;
@@ -870,6 +903,86 @@ void proxy_flush_queue(struct runtime *rt, struct model *m, enum reject_reason r
         event_free(m->eject_timer);
         m->eject_timer = NULL;
     }
+    if (m->rollout_timer) {
+        event_free(m->rollout_timer);
+        m->rollout_timer = NULL;
+    }
+}
+
+/* How often a rollout looks at its canary: often enough to roll back
+ * within a fraction of a step. */
+static uint64_t rollout_period_ms(const struct model *m)
+{
+    uint64_t ms = m->revs->policy.step_interval_ms / 4;
+    return ms < 50 ? 50 : ms > 1000 ? 1000 : ms;
+}
+
+static void on_rollout_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct model *m = arg;
+    if (!m->revs || !m->revs->rollout) {
+        return;
+    }
+    struct model_revisions *rv = m->revs;
+    struct backend *b = m->backend;
+    if (b && b->ops->rollout_leads && !b->ops->rollout_leads(b)) {
+        /* Another activator runs this rollout; its writes reach us. */
+        struct timeval tv = clock_timeval(rollout_period_ms(m));
+        event_add(m->rollout_timer, &tv);
+        return;
+    }
+    struct rollout_decision d = model_rollout_tick(m, clock_now_ms());
+    if (d.action == ROLLOUT_ROLLBACK) {
+        LOGW("canary rolled back", "model=%s namespace=%s canary=%s stable=%s why=\"%s\"",
+             m->name, m->namespace_, rv->names[1], rv->names[0], d.why);
+    } else if (d.action != ROLLOUT_HOLD) {
+        LOGI(d.action == ROLLOUT_PROMOTE ? "canary promoted" : "canary stepped up",
+             "model=%s namespace=%s canary=%s percent=%u why=\"%s\"", m->name, m->namespace_,
+             rv->names[1], d.canary_percent, d.why);
+    }
+    if (d.action != ROLLOUT_HOLD && m->backend && m->backend->ops->rollout_decided) {
+        m->backend->ops->rollout_decided(m->backend, m, &d);
+    }
+    if (rv->state.stage == ROLLOUT_PROGRESSING) {
+        struct timeval tv = clock_timeval(rollout_period_ms(m));
+        event_add(m->rollout_timer, &tv);
+    }
+}
+
+int proxy_link_revisions(struct runtime *rt, const struct config *cfg)
+{
+    int rc = fleet_link_revisions(&rt->fleet, cfg, clock_now_ms());
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &rt->fleet.models)
+    {
+        struct model *m = container_of(pos, struct model, node);
+        if (m->revs) {
+            proxy_revisions_changed(rt, m);
+        }
+    }
+    return rc;
+}
+
+void proxy_revisions_changed(struct runtime *rt, struct model *m)
+{
+    bool runs = m->revs && m->revs->rollout && m->revs->state.stage == ROLLOUT_PROGRESSING;
+    if (!runs) {
+        if (m->rollout_timer) {
+            event_del(m->rollout_timer);
+        }
+        return;
+    }
+    if (!m->rollout_timer) {
+        m->rollout_timer = evtimer_new(rt->base, on_rollout_timer, m);
+        if (!m->rollout_timer) {
+            LOGE("out of memory starting a rollout", "model=%s", m->name);
+            return;
+        }
+    }
+    if (!event_pending(m->rollout_timer, EV_TIMEOUT, NULL)) {
+        struct timeval tv = clock_timeval(rollout_period_ms(m));
+        event_add(m->rollout_timer, &tv);
+    }
 }
 
 unsigned proxy_retry_after_s(const struct request *r)
@@ -1180,6 +1293,11 @@ static void fleet_removing(void *ud, struct model *m, const char *reason)
     }
 }
 
+static void fleet_revisions(void *ud, struct model *m)
+{
+    proxy_revisions_changed(ud, m);
+}
+
 void proxy_wire(struct runtime *rt)
 {
     rt->up.handler = &proxy_upstream_handler;
@@ -1190,4 +1308,5 @@ void proxy_wire(struct runtime *rt)
     rt->fleet.on_endpoint_gone = fleet_endpoint_gone;
     rt->fleet.on_endpoint_conn = fleet_endpoint_conn;
     rt->fleet.on_removing = fleet_removing;
+    rt->fleet.on_revisions = fleet_revisions;
 }

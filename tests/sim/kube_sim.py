@@ -79,7 +79,8 @@ kubelets of every node):
   pod (it stays Pending without a PodScheduled condition until then),
   sim.thaw.dev/token-ms the time per token, sim.thaw.dev/ready-file (c and asyncio-model)
   a file the server writes when loaded, sim.thaw.dev/sleep-fault (c: fail-sleep or
-  fail-wake, the sleep-mode call the server answers 500). The model name is the pod's
+  fail-wake, the sleep-mode call the server answers 500), sim.thaw.dev/error-pct (c)
+  the share of completions answered 500. The model name is the pod's
   thaw.dev/model label ("sim" without one). Probes run as the kubelet runs them: readiness once
   when the container starts and then every periodSeconds (default 10 s;
   --kubelet-period-ms overrides every probe's period), honouring
@@ -2156,6 +2157,8 @@ class Cluster:
                     raise ValueError(f'sim.thaw.dev/sleep-fault: "{fault}" is not fail-sleep '
                                      'or fail-wake')
                 cmd += ["--" + fault]
+            if anns.get("sim.thaw.dev/error-pct", "").isdigit():
+                cmd += ["--error-pct", anns["sim.thaw.dev/error-pct"]]
             return cmd
         if kind == "asyncio":
             return [sys.executable, os.path.join(HERE, "pod_netns.py"), ip,

@@ -14,6 +14,8 @@
  *                        token slows by active/capacity (a time-sliced GPU)
  *   --crash-after N      exit abruptly during the Nth completion, mid-stream
  *   --fail-start         exit with status 1 instead of finishing the load
+ *   --error-pct N        answer N% of completions with a 500 (spread evenly:
+ *                        completion k fails when k*N/100 passes a whole number)
  *   --ready-file FILE    write CLOCK_MONOTONIC nanoseconds when /health first
  *                        answers 200 (load tests measure from that moment)
  *   --sleep-ms N         sleep mode: time POST /sleep takes (default 10)
@@ -60,7 +62,7 @@ struct sim {
     int port;
     const char *port_file;
     const char *model;
-    long load_ms, token_ms, tokens, capacity, crash_after;
+    long load_ms, token_ms, tokens, capacity, crash_after, error_pct;
     bool mode_503;
     bool loaded;
     bool fail_start;
@@ -251,6 +253,13 @@ static void start_completion(struct client *c, bool chat)
         c->total = 1;
     }
     cJSON_Delete(req);
+    long k = s->completions + 1;
+    if (s->error_pct > 0 && (k * s->error_pct) / 100 != ((k - 1) * s->error_pct) / 100) {
+        s->completions = k;
+        respond(c, 500, "application/json",
+                "{\"error\":{\"message\":\"simulated failure\",\"type\":\"server_error\"}}");
+        return;
+    }
     c->sent = 0;
     c->busy = true;
     c->id = ++s->completions;
@@ -570,7 +579,8 @@ int main(int argc, char **argv)
         {"fail-start", no_argument, NULL, 'F'},      {"ready-file", required_argument, NULL, 'R'},
         {"sleep-ms", required_argument, NULL, 's'},  {"wake-ms", required_argument, NULL, 'w'},
         {"fail-sleep", no_argument, NULL, 'S'},      {"fail-wake", no_argument, NULL, 'W'},
-        {"help", no_argument, NULL, 'h'},            {NULL, 0, NULL, 0},
+        {"error-pct", required_argument, NULL, 'e'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -598,12 +608,13 @@ int main(int argc, char **argv)
         case 'w': s.wake_ms = num_arg("wake-ms", optarg); break;
         case 'S': s.fail_sleep = true; break;
         case 'W': s.fail_wake = true; break;
+        case 'e': s.error_pct = num_arg("error-pct", optarg); break;
         case 'h':
             printf("usage: thaw-model-sim [--host A] [--port N] [--port-file F] [--model NAME]\n"
                    "       [--load-ms N] [--load-mode listen-late|503] [--token-ms N]\n"
                    "       [--tokens N] [--capacity N] [--crash-after N] [--fail-start]\n"
                    "       [--ready-file FILE] [--sleep-ms N] [--wake-ms N] [--fail-sleep]\n"
-                   "       [--fail-wake]\n");
+                   "       [--fail-wake] [--error-pct N]\n");
             return 0;
         default: return 2;
         }

@@ -341,6 +341,93 @@ static void test_strictness(void **state)
     config_free(cfg);
 }
 
+static struct config *parse_ok(const char *text)
+{
+    struct config_error err;
+    struct config *cfg = config_parse(text, strlen(text), "test.json", &err);
+    if (!cfg) {
+        fprintf(stderr, "%s\n", err.msg);
+    }
+    assert_non_null(cfg);
+    return cfg;
+}
+
+/* A model with revisions: each becomes a model "<model>@<revision>" with the
+ * model's keys as defaults, its own on top, and tag hosts. */
+static void test_revisions(void **state)
+{
+    (void)state;
+    struct config *cfg = parse_ok(
+        "{\"models\": [{\"name\": \"m\", \"hosts\": [\"m.example\"], \"max_concurrency\": 4,\n"
+        " \"sticky_header\": \"X-User\", \"rollout\": {\"enabled\": true},\n"
+        " \"revisions\": [{\"name\": \"v1\", \"percent\": 90, \"command\": [\"a\"]},\n"
+        "   {\"name\": \"v2\", \"percent\": 10, \"endpoints\": [\"127.0.0.1:1\"], \"max_concurrency\": 2}]}]}");
+    assert_int_equal(cfg->n_models, 3);
+    const struct config_model *m = &cfg->models[0], *v1 = &cfg->models[1], *v2 = &cfg->models[2];
+    assert_int_equal(m->n_revisions, 2);
+    assert_string_equal(m->revisions[1].name, "v2");
+    assert_int_equal(m->revisions[1].percent, 10);
+    assert_string_equal(m->sticky_header, "x-user");
+    assert_true(m->rollout.enabled);
+    assert_int_equal(m->rollout.step_percent, 10);
+    assert_int_equal(m->rollout.step_interval_ms, 60000);
+    assert_string_equal(v1->name, "m@v1");
+    assert_string_equal(v1->parent, "m");
+    assert_string_equal(v1->revision, "v1");
+    assert_int_equal(v1->max_concurrency, 4);
+    assert_int_equal(v1->n_command, 1);
+    assert_int_equal(v2->max_concurrency, 2);
+    assert_int_equal(v2->n_endpoints, 1);
+    assert_int_equal(v2->n_hosts, 2);
+    assert_string_equal(v2->hosts[0], "v2-m");
+    assert_string_equal(v2->hosts[1], "v2-m.example");
+    assert_null(v2->sticky_header);
+    assert_false(v2->rollout.enabled);
+    config_free(cfg);
+}
+
+static void test_revision_errors(void **state)
+{
+    (void)state;
+    expect_error("{\"models\": [{\"name\": \"m\",\n\"revisions\": [\n"
+                 "{\"name\": \"a\", \"percent\": 60, \"command\": [\"x\"]},\n"
+                 "{\"name\": \"b\", \"percent\": 30, \"command\": [\"x\"]}]}]}",
+                 "test.json:2: models[0].revisions: the revisions' percents add up to 90, not 100");
+    expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [\n"
+                 "{\"name\": \"a\", \"percent\": 100}]}]}",
+                 "models[0].revisions[0].: \"endpoints\"");
+    expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [\n"
+                 "{\"name\": \"a\", \"percent\": 100, \"command\": [\"x\"], \"hosts\": [\"h\"]}]}]}",
+                 "models[0].revisions[0].hosts: applies to the model");
+    expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [\n"
+                 "{\"name\": \"a\", \"percent\": 50, \"command\": [\"x\"]},\n"
+                 "{\"name\": \"a\", \"percent\": 50, \"command\": [\"x\"]}]}]}",
+                 "revision \"a\" is listed twice");
+    expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [\n"
+                 "{\"name\": \"a\", \"percent\": 101, \"command\": [\"x\"]}]}]}",
+                 "models[0].revisions[0].percent: must be between 0 and 100");
+    expect_error("{\"models\": [{\"name\": \"m\", \"command\": [\"x\"], \"revisions\": [\n"
+                 "{\"name\": \"a\", \"percent\": 100}]}]}",
+                 "in each revision, not in the model");
+    expect_error("{\"models\": [{\"name\": \"m\", \"rollout\": {\"enabled\": true}, \"revisions\": [\n"
+                 "{\"name\": \"a\", \"percent\": 100, \"command\": [\"x\"]}]}]}",
+                 "a rollout needs exactly two revisions");
+    expect_error("{\"models\": [{\"name\": \"m\", \"endpoints\": [\"h:1\"], \"percent\": 5}]}",
+                 "models[0].percent: applies only to an entry of \"revisions\"");
+    expect_error("{\"models\": [{\"name\": \"m\", \"endpoints\": [\"h:1\"], \"sticky_tenant\": true}]}",
+                 "apply only to a model with \"revisions\"");
+    expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [\n"
+                 "{\"name\": \"a\", \"percent\": 100,\n \"endpoints\": [\"nosuchhost.invalid:1\"]}]}]}",
+                 "test.json:3: models[0].revisions[0].endpoints[0]: host");
+    expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [\n"
+                 "{\"name\": \"a\", \"percent\": 100, \"endpoints\": [\"h:1\"], \"gpu_slices\": 1}]}]}",
+                 "models[0].revisions[0].gpu_slices: applies only to models with a \"command\"");
+    expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": []}]}",
+                 "models[0].revisions: must be an array of 1 to 8");
+    expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [{\"name\": \"a@b\", \"percent\": 100}]}]}",
+                 "may hold only letters");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -358,6 +445,8 @@ int main(void)
         cmocka_unit_test(test_kubernetes_defaults),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_listen_override),
+        cmocka_unit_test(test_revisions),
+        cmocka_unit_test(test_revision_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

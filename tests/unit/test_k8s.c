@@ -110,6 +110,66 @@ static void test_sleep_mode_annotations(void **state)
     assert_non_null(strstr(s.errors, "thaw.dev/gpu-memory"));
 }
 
+/* A revision: its name, share (thaw's or KServe's), the rollout's settings
+ * and the state thaw writes; bad values are reported and not used. */
+static void test_revision_annotations(void **state)
+{
+    struct k8s_model_spec s;
+    assert_int_equal(parse("{}", "", &s), 0);
+    assert_string_equal(s.revision, "");
+    assert_false(s.traffic_percent_set);
+    assert_int_equal(s.rollout_stage, -1);
+    assert_int_equal(
+        parse("{\"thaw.dev/revision\":\"v2\",\"thaw.dev/traffic-percent\":\"10\","
+              "\"thaw.dev/rollout\":\"true\",\"thaw.dev/rollout-step-percent\":\"25\","
+              "\"thaw.dev/rollout-step-interval\":\"300ms\","
+              "\"thaw.dev/rollout-min-requests\":\"7\","
+              "\"thaw.dev/rollout-max-error-rate-increase-percent\":\"2\","
+              "\"thaw.dev/rollout-max-ttfb-p99-ratio-percent\":\"200\","
+              "\"thaw.dev/rollout-ttfb-p99-tolerance\":\"20ms\","
+              "\"thaw.dev/rollout-stage\":\"progressing\","
+              "\"thaw.dev/rollout-step-started-at\":\"2026-01-02T03:04:05.678Z\","
+              "\"thaw.dev/sticky-header\":\"X-User\","
+              "\"thaw.dev/fallback-to-warm-revision\":\"true\"}",
+              "", &s),
+        0);
+    assert_string_equal(s.errors, "");
+    assert_string_equal(s.revision, "v2");
+    assert_true(s.traffic_percent_set);
+    assert_false(s.traffic_from_kserve);
+    assert_int_equal(s.traffic_percent, 10);
+    assert_true(s.rollout);
+    assert_int_equal(s.rollout_step_percent, 25);
+    assert_int_equal(s.rollout_step_interval_ms, 300);
+    assert_int_equal(s.rollout_min_requests, 7);
+    assert_int_equal(s.rollout_max_error_rate_increase_pct, 2);
+    assert_int_equal(s.rollout_max_ttfb_p99_ratio_pct, 200);
+    assert_int_equal(s.rollout_ttfb_p99_tolerance_ms, 20);
+    assert_int_equal(s.rollout_stage, 0);
+    assert_true(s.rollout_step_started > 1700000000000LL);
+    assert_string_equal(s.sticky_header, "x-user");
+    assert_true(s.fallback_to_warm_revision);
+    /* KServe's canaryTrafficPercent is read as the share when thaw's is absent. */
+    assert_int_equal(parse("{\"thaw.dev/revision\":\"v2\","
+                           "\"serving.kserve.io/canaryTrafficPercent\":\"30\"}",
+                           "", &s),
+                     0);
+    assert_true(s.traffic_percent_set && s.traffic_from_kserve);
+    assert_int_equal(s.traffic_percent, 30);
+    assert_int_equal(parse("{\"thaw.dev/revision\":\"v/2\",\"thaw.dev/traffic-percent\":\"120\","
+                           "\"thaw.dev/rollout\":\"yes\",\"thaw.dev/rollout-stage\":\"done\"}",
+                           "", &s),
+                     0);
+    assert_string_equal(s.revision, "");
+    assert_false(s.traffic_percent_set);
+    assert_false(s.rollout);
+    assert_int_equal(s.rollout_stage, -1);
+    assert_non_null(strstr(s.errors, "thaw.dev/revision: \"v/2\" is not a revision name"));
+    assert_non_null(strstr(s.errors, "thaw.dev/traffic-percent: \"120\" is out of range 0..100"));
+    assert_non_null(strstr(s.errors, "thaw.dev/rollout: \"yes\" is not true or false"));
+    assert_non_null(strstr(s.errors, "thaw.dev/rollout-stage: \"done\""));
+}
+
 static void test_thaw_annotations(void **state)
 {
     struct k8s_model_spec s;
@@ -1094,6 +1154,7 @@ int main(void)
         cmocka_unit_test(test_deployment_defaults_from_the_pod_template),
         cmocka_unit_test(test_thaw_annotations),
         cmocka_unit_test(test_sleep_mode_annotations),
+        cmocka_unit_test(test_revision_annotations),
         cmocka_unit_test(test_knative_aliases_and_precedence),
         cmocka_unit_test(test_bad_values_keep_defaults_and_say_why),
         cmocka_unit_test(test_not_a_deployment),

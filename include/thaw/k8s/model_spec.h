@@ -66,6 +66,22 @@ struct k8s_model_spec {
     uint64_t sleep_level; /* 0: off; 1 or 2: POST /sleep?level=N */
     uint64_t idle_before_sleep_ms;
     uint64_t sleep_timeout_ms;
+    /* Revisions: Deployments with the same model name and a revision name
+     * (label or annotation thaw.dev/revision) are one model's revisions. */
+    char revision[64];           /* "": not a revision */
+    uint64_t traffic_percent;    /* thaw.dev/traffic-percent */
+    bool traffic_percent_set;
+    bool traffic_from_kserve;    /* given as serving.kserve.io/canaryTrafficPercent */
+    /* Progressive rollout, on the canary's Deployment (rollout.h); stage and
+     * step start are written by thaw so a restarted activator continues. */
+    bool rollout;
+    uint64_t rollout_step_percent, rollout_step_interval_ms, rollout_min_requests;
+    uint64_t rollout_max_error_rate_increase_pct, rollout_max_ttfb_p99_ratio_pct;
+    uint64_t rollout_ttfb_p99_tolerance_ms;
+    int rollout_stage;            /* enum rollout_stage; -1: not written yet */
+    int64_t rollout_step_started; /* wall ms; 0: not written yet */
+    bool fallback_to_warm_revision;
+    char sticky_header[64];
     int64_t replicas;       /* spec.replicas; missing means 0 */
     int64_t ready_replicas; /* status.readyReplicas */
     char resource_version[64];

@@ -33,6 +33,9 @@ static int kube_attach(struct backend *b, struct model *m, const struct config_m
  * memory is bound waits for the leader's plan (at most one tick). */
 static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 {
+    if (m->revs) {
+        return -ENOTSUP; /* a routing entry: its revisions scale */
+    }
     struct kmodel *km = m->backend_data;
     uint64_t now = clock_now_ms();
     as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
@@ -99,6 +102,7 @@ static void kube_free(struct backend *b)
     k8s_informer_dispose(&kb->nodes);
     strmap_each(&kb->models, free_model_cb, NULL);
     strmap_dispose(&kb->models);
+    kube_groups_free(kb);
     strmap_dispose(&kb->by_svc);
     strmap_each(&kb->nodes_gpu, free_node, NULL);
     strmap_dispose(&kb->nodes_gpu);
@@ -124,6 +128,8 @@ static const struct backend_ops kube_ops = {
     .set_config = kube_set_config,
     .render_metrics = kube_render_metrics,
     .demand = kube_demand,
+    .rollout_decided = kube_rollout_decided,
+    .rollout_leads = kube_rollout_leads,
     .stop = kube_stop,
     .free = kube_free,
 };
@@ -142,6 +148,7 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
     kb->evbase = base;
     kb->cfg = cfg;
     strmap_init(&kb->models);
+    strmap_init(&kb->groups);
     strmap_init(&kb->by_svc);
     strmap_init(&kb->nodes_gpu);
     kb->client = k8s_client_new(base, auth, err, errlen);

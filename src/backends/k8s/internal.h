@@ -8,7 +8,9 @@
  *   backend_k8s_status.c   describe, capacity, metrics
  *   placement.c            nodes and pod templates -> the warm pool's per-node view
  *   idle.c                 the idle clock kept on the Deployment across restarts
- *   sleep.c                sleep mode: idle pods sleep (POST /sleep), demand wakes them */
+ *   sleep.c                sleep mode: idle pods sleep (POST /sleep), demand wakes them
+ *   traffic.c              Deployments that are one model's revisions -> its routing
+ *                          entry, split and rollout (kept in annotations) */
 #ifndef THAW_BACKEND_K8S_INT_H
 #define THAW_BACKEND_K8S_INT_H
 
@@ -107,6 +109,19 @@ struct kmodel {
     uint64_t busy_at_ms;   /* the last tick with requests in flight or held */
     uint64_t last_wake_ms; /* the last wake from sleep took this long; 0: none */
     bool sleep_peers_warned;
+    struct k8s_call *rollout_call;
+};
+
+/* A model whose Deployments are its revisions: the routing entry that
+ * splits its requests (its struct model has revs set, and this as its
+ * backend_data). */
+struct kgroup {
+    struct kube_backend *kb;
+    struct model *m;
+    char key[600]; /* "ns/model" */
+    char namespace_[254], name[254];
+    char error[400]; /* why the split is not what the Deployments say; "" */
+    char names[2048];  /* its hosts and aliases (the revisions'), as routed */
 };
 
 /* The per-node view handed to the warm pool each planning step; arrays
@@ -141,6 +156,8 @@ struct kube_backend {
     unsigned synced_count, informer_count;
     size_t deployments_synced;
     struct strmap models;   /* "ns/deployment" -> kmodel */
+    struct strmap groups;   /* "ns/model" -> kgroup (models with revisions) */
+    uint64_t rollout_writes, rollout_write_errors;
     struct strmap by_svc;   /* "ns/service" -> kmodel (slices) */
     struct strmap nodes_gpu; /* node name -> struct k8s_node_info (heap, owns its parts) */
     struct kube_placement placement;
@@ -289,6 +306,19 @@ const char *kube_pod_sleep_name(enum kpod_sleep s);
  * waking) need more of than it has, idle sleep-mode pods of the same or
  * lower priority are put to sleep. */
 void kube_sleep_for_memory(struct kube_backend *kb);
+/* traffic.c */
+/* The revisions of model ns/name changed (a Deployment came, changed or
+ * went): its routing entry, split and rollout follow. */
+void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *name);
+/* A config_model name and tag hosts for a revision's own model. */
+void kube_revision_names(const struct k8s_model_spec *sp, struct config_model *cm, char *name,
+                         size_t name_len, char *hosts_buf, size_t hosts_len, char **hosts,
+                         size_t max_hosts);
+void kube_rollout_decided(struct backend *b, struct model *parent,
+                          const struct rollout_decision *d);
+bool kube_rollout_leads(struct backend *b);
+void kube_describe_group(struct kgroup *g, cJSON *out);
+void kube_groups_free(struct kube_backend *kb);
 
 /* backend_k8s_status.c */
 void kube_describe(struct backend *b, struct model *m, cJSON *out);

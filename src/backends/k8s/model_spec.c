@@ -2,6 +2,8 @@
 #include "thaw/config.h"
 #include "thaw/k8s/informer.h"
 #include "thaw/k8s/objects.h"
+#include "thaw/k8s/json.h"
+#include "thaw/rollout.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -278,7 +280,11 @@ static const char *const thaw_keys[] = {
     "initial-scale", "activation-scale", "target", "target-utilization-percentage", "window",
     "panic-window-percentage", "panic-threshold-percentage", "scale-down-delay", "idle-timeout",
     "startup-timeout", "port", "health-path", "service", "hosts", "aliases", "prewarm",
-    "sleep-mode", "idle-before-sleep", "sleep-timeout", "gpu-memory", NULL};
+    "sleep-mode", "idle-before-sleep", "sleep-timeout", "gpu-memory",
+    "revision", "traffic-percent", "rollout", "rollout-step-percent", "rollout-step-interval",
+    "rollout-min-requests", "rollout-max-error-rate-increase-percent",
+    "rollout-max-ttfb-p99-ratio-percent", "rollout-ttfb-p99-tolerance", "rollout-stage", "rollout-step-started-at",
+    "fallback-to-warm-revision", "sticky-header", NULL};
 static const char *const knative_keys[] = {
     "class", "metric", "container-concurrency", "min-scale", "max-scale", "initial-scale",
     "activation-scale", "target", "target-utilization-percentage", "window",
@@ -463,6 +469,87 @@ static void read_routing(const struct ann_src *anns, struct k8s_model_spec *o)
     copy_str(o->aliases, sizeof o->aliases, v);
 }
 
+static bool read_bool(const struct ann_src *anns, const char *key, bool *field,
+                      struct k8s_model_spec *o)
+{
+    const char *used;
+    const char *v = annotation(anns, key, NULL, &used);
+    if (!v) {
+        return false;
+    }
+    if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0) {
+        add_error(o, used, v, "is not true or false; using the default");
+        return false;
+    }
+    *field = strcmp(v, "true") == 0;
+    return true;
+}
+
+static bool name_chars_ok(const char *v)
+{
+    for (const char *c = v; *c; c++) {
+        if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '.' || *c == '_')) {
+            return false;
+        }
+    }
+    return *v != '\0';
+}
+
+/* The revision (label, else annotation), its share and the rollout. */
+static void read_revision(const cJSON *labels, const struct ann_src *anns,
+                          struct k8s_model_spec *o)
+{
+    const cJSON *rl = cJSON_GetObjectItemCaseSensitive(labels, "thaw.dev/revision");
+    const char *used;
+    const char *v = cJSON_IsString(rl) ? rl->valuestring
+                                       : annotation(anns, "thaw.dev/revision", NULL, &used);
+    if (v && (strlen(v) >= sizeof o->revision || !name_chars_ok(v))) {
+        add_error(o, "thaw.dev/revision", v, "is not a revision name (letters, digits, '-', "
+                                             "'.', '_'; at most 63); not a revision");
+        v = NULL;
+    }
+    copy_str(o->revision, sizeof o->revision, v);
+    o->traffic_percent_set = read_uint(anns, "thaw.dev/traffic-percent",
+                                       "serving.kserve.io/canaryTrafficPercent", 0, 100,
+                                       &o->traffic_percent, o);
+    o->traffic_from_kserve = o->traffic_percent_set &&
+                             !ann_lookup(anns, "thaw.dev/traffic-percent");
+    read_bool(anns, "thaw.dev/rollout", &o->rollout, o);
+    read_uint(anns, "thaw.dev/rollout-step-percent", NULL, 1, 100, &o->rollout_step_percent, o);
+    read_duration(anns, "thaw.dev/rollout-step-interval", NULL, 100, DAY,
+                  &o->rollout_step_interval_ms, o);
+    read_uint(anns, "thaw.dev/rollout-min-requests", NULL, 1, 1000000, &o->rollout_min_requests,
+              o);
+    read_uint(anns, "thaw.dev/rollout-max-error-rate-increase-percent", NULL, 0, 100,
+              &o->rollout_max_error_rate_increase_pct, o);
+    read_uint(anns, "thaw.dev/rollout-max-ttfb-p99-ratio-percent", NULL, 100, 10000,
+              &o->rollout_max_ttfb_p99_ratio_pct, o);
+    read_duration(anns, "thaw.dev/rollout-ttfb-p99-tolerance", NULL, 0, 10 * 60000,
+                  &o->rollout_ttfb_p99_tolerance_ms, o);
+    v = annotation(anns, "thaw.dev/rollout-stage", NULL, &used);
+    o->rollout_stage = v ? rollout_stage_parse(v, strlen(v)) : -1;
+    if (v && o->rollout_stage < 0) {
+        add_error(o, used, v, "is not progressing, promoted or rolled_back; starting over");
+    }
+    v = annotation(anns, "thaw.dev/rollout-step-started-at", NULL, &used);
+    o->rollout_step_started = 0;
+    if (v && (k8s_time_parse_ms(v, &o->rollout_step_started) || o->rollout_step_started <= 0)) {
+        add_error(o, used, v, "is not an RFC 3339 time; the step starts now");
+        o->rollout_step_started = 0;
+    }
+    read_bool(anns, "thaw.dev/fallback-to-warm-revision", &o->fallback_to_warm_revision, o);
+    v = annotation(anns, "thaw.dev/sticky-header", NULL, &used);
+    o->sticky_header[0] = '\0';
+    if (v && (strlen(v) >= sizeof o->sticky_header || !name_chars_ok(v))) {
+        add_error(o, used, v, "is not a header name; no sticky header");
+    } else if (v) {
+        for (size_t i = 0; v[i]; i++) {
+            o->sticky_header[i] = (char)tolower((unsigned char)v[i]);
+            o->sticky_header[i + 1] = '\0';
+        }
+    }
+}
+
 /* Settings that depend on one another, once all are read. */
 static void reconcile(struct k8s_model_spec *o)
 {
@@ -537,6 +624,7 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
     read_scaling(&anns, o);
     read_routing(&anns, o);
     read_gpu_memory(&anns, pod_spec, o);
+    read_revision(labels, &anns, o);
     report_unknown(anns.dep, NULL, o);
     report_unknown(anns.tpl, anns.dep, o);
     reconcile(o);

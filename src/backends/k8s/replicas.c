@@ -453,6 +453,13 @@ static void spec_defaults(const struct kube_backend *kb, struct k8s_model_spec *
     d->idle_before_sleep_ms = K8S_DEFAULT_IDLE_BEFORE_SLEEP_MS;
     d->sleep_timeout_ms = K8S_DEFAULT_SLEEP_TIMEOUT_MS;
     snprintf(d->health_path, sizeof d->health_path, "/health");
+    /* A rollout's defaults: the configuration's (config.c rollout_keys). */
+    d->rollout_step_percent = 10;
+    d->rollout_step_interval_ms = 60000;
+    d->rollout_min_requests = 20;
+    d->rollout_max_error_rate_increase_pct = 5;
+    d->rollout_max_ttfb_p99_ratio_pct = 150;
+    d->rollout_ttfb_p99_tolerance_ms = 50;
 }
 
 /* The annotations' autoscaler settings over the global ones. */
@@ -542,6 +549,7 @@ void kube_kmodel_free(struct kmodel *km)
     event_del(&km->scale_retry);
     k8s_call_cancel(km->scale_call);
     k8s_call_cancel(km->idle_call);
+    k8s_call_cancel(km->rollout_call);
     strmap_each(&km->pods, free_pod_cb, NULL);
     strmap_dispose(&km->pods);
     k8s_pod_template_dispose(&km->tpl);
@@ -591,6 +599,8 @@ static void set_selector(struct kmodel *km, const cJSON *deployment)
     km->selector = sel;
 }
 
+static void deployment_remove(void *ud, const cJSON *obj);
+
 static void deployment_upsert(void *ud, const cJSON *obj)
 {
     struct kube_backend *kb = ud;
@@ -607,6 +617,20 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     char *hosts[32], *aliases[32];
     struct config_model cm;
     to_config_model(&sp, &kb->cfg->limits, &cm, hosts_buf, aliases_buf, hosts, aliases);
+    char rev_name[600], rev_hosts_buf[4096];
+    char *rev_hosts[36];
+    if (sp.revision[0]) {
+        /* One revision of a model: a model of its own, reached by tag. */
+        kube_revision_names(&sp, &cm, rev_name, sizeof rev_name, rev_hosts_buf,
+                            sizeof rev_hosts_buf, rev_hosts, 36);
+    }
+    if (km && (strcmp(km->spec.revision, sp.revision) != 0 ||
+               (sp.revision[0] && strcmp(km->spec.name, sp.name) != 0))) {
+        /* A Deployment that became (or stopped being) a revision, or changed
+         * its revision or model: its model is a different one now. */
+        deployment_remove(kb, obj);
+        km = NULL;
+    }
     if (!km) {
         km = kmodel_new(kb, &sp, key, &cm);
         if (!km) {
@@ -621,6 +645,9 @@ static void deployment_upsert(void *ud, const cJSON *obj)
              sp.name, key, (long long)sp.replicas, (unsigned long long)sp.gpu_slices);
         report_annotation_errors(km, "");
         apply_initial_scale(km);
+        if (sp.revision[0]) {
+            kube_revisions_sync(kb, sp.namespace_, sp.name);
+        }
         return;
     }
     index_model(kb, km, false);
@@ -644,6 +671,9 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         fleet_reroute_model(kb->base.fleet, km->m, &cm, NULL);
     }
     kube_idle_observe(km, obj, false);
+    if (sp.revision[0]) {
+        kube_revisions_sync(kb, sp.namespace_, sp.name);
+    }
 }
 
 static void deployment_remove(void *ud, const cJSON *obj)
@@ -666,7 +696,14 @@ static void deployment_remove(void *ud, const cJSON *obj)
     strmap_dispose(&km->pods);
     strmap_init(&km->pods);
     fleet_remove_model(kb->base.fleet, m, why);
+    bool revision = km->spec.revision[0] != '\0';
+    char ns[254], name[254];
+    snprintf(ns, sizeof ns, "%s", km->spec.namespace_);
+    snprintf(name, sizeof name, "%s", km->spec.name);
     kube_kmodel_free(km);
+    if (revision) {
+        kube_revisions_sync(kb, ns, name);
+    }
 }
 
 /* ---- pods ------------------------------------------------------------------ */

@@ -176,6 +176,10 @@ static void describe_idle_clock(const struct kmodel *km, cJSON *out)
 
 void kube_describe(struct backend *b, struct model *m, cJSON *out)
 {
+    if (m->revs) {
+        kube_describe_group(m->backend_data, out);
+        return;
+    }
     struct kmodel *km = m->backend_data;
     cJSON_AddStringToObject(out, "backend", "kubernetes");
     cJSON_AddStringToObject(out, "deployment", km->key);
@@ -576,6 +580,14 @@ void kube_render_metrics(struct backend *b, struct buf *o)
                       "Writes of thaw.dev/last-request-at that failed.");
     buf_printf(o, "thaw_kubernetes_last_request_write_errors_total %llu\n",
                (unsigned long long)kb->idle_write_errors);
+    metrics_help_type(o, "thaw_kubernetes_rollout_writes_total", "counter",
+                      "Writes of a rollout's state to its revisions' Deployments.");
+    buf_printf(o, "thaw_kubernetes_rollout_writes_total %llu\n",
+               (unsigned long long)kb->rollout_writes);
+    metrics_help_type(o, "thaw_kubernetes_rollout_write_errors_total", "counter",
+                      "Writes of a rollout's state that failed.");
+    buf_printf(o, "thaw_kubernetes_rollout_write_errors_total %llu\n",
+               (unsigned long long)kb->rollout_write_errors);
     metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
     buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
     render_node_metrics(kb, o);
