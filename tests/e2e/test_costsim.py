@@ -12,7 +12,7 @@ from conftest import ROOT
 
 COSTSIM = os.path.join(os.path.dirname(os.environ.get("THAW_BIN", os.path.join(
     ROOT, "build", "thaw"))), "thaw-costsim")
-POLICIES = ["dedicated", "static", "knative", "thaw"]
+POLICIES = ["dedicated", "static", "knative", "thaw", "thaw-prewarm"]
 TIERS = {"critical", "standard", "batch"}
 
 
@@ -36,7 +36,8 @@ def test_json_per_policy_and_tier_and_the_same_seed_gives_the_same_day():
         assert r["trace"] == "fleet24" and r["seed"] == 7 and r["gpu_slice_hours"] > 0
         assert r["cost_usd"] > 0 and set(r["tiers"]) == TIERS
         for t in r["tiers"].values():
-            assert {"gpu_slice_hours", "cost_usd", "cold_starts", "p50_wait_ms", "p99_wait_ms",
+            assert {"gpu_slice_hours", "cost_usd", "cold_starts", "ahead_starts", "cold_requests",
+                    "p50_wait_ms", "p99_wait_ms",
                     "served", "rejected", "slo_attainment", "slo_target_ms"} <= set(t)
             assert 0 <= t["slo_attainment"] <= 1
         # Every request is accounted for once, under every policy.
