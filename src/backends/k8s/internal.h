@@ -35,6 +35,9 @@
 #define K8S_LAST_REQUEST_ANNOTATION "thaw.dev/last-request-at"
 /* Writes of it, per model: at most one per max(idle-timeout / 4, this). */
 #define IDLE_WRITE_MIN_MS 10000
+/* How long a grown share of a pod's slots waits before it is used: longer
+ * than the activators take to see the same change of pods or activators. */
+#define SHARE_SETTLE_MS 1000
 
 struct kube_backend;
 struct kmodel;
@@ -55,6 +58,11 @@ struct kpod {
     char node[254];                /* spec.nodeName; "" while not scheduled */
     struct k8s_resources requests; /* its counted extended resources */
     char created[32]; /* creationTimestamp: the order slots are dealt in */
+    int64_t created_ms; /* the same in wall ms; 0: unknown */
+    bool pod_ready;     /* the pod object's Ready condition */
+    uint32_t dealt;     /* this activator's slots on it in the latest deal */
+    uint32_t share;     /* the slots it uses: dealt, once settled */
+    struct k8s_share_hold hold; /* the share used while the deal settles */
     struct probe probe;
 };
 
@@ -154,7 +162,10 @@ void kube_pod_gone(struct kpod *p, const char *why);
 void kube_kmodel_free(struct kmodel *km);
 void kube_node_free(struct k8s_node_info *ni);
 /* This activator's share of each ready pod's slots, from the activators
- * (peers) and the ready pods; waiting requests go when a share grew. */
+ * (peers) and the Deployment's pods in the deal (k8s_pod_in_deal); a share
+ * grows only once settled (k8s_share_settle). Waiting requests go when a
+ * share grew. Also called every tick: pods age out of the deal, and shares
+ * held back settle. */
 void kube_shares_update(struct kmodel *km);
 /* The set of activators changed: every model's shares move. */
 void kube_peers_changed(void *kb);

@@ -222,6 +222,9 @@ static void model_tick(void *ud, const char *key, void *value)
     struct kmodel *km = value;
     struct model *m = km->m;
     kube_idle_tick(km, clock_now_ms());
+    if (km->kb->have_peers) {
+        kube_shares_update(km); /* shares held back settle, pods age out of the deal */
+    }
     bool busy = m->inflight > 0 || m->queue.count > 0;
     if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0 &&
         !(km->kb->have_peers && km->kb->leading)) {
