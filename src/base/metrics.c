@@ -67,6 +67,9 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_BAD_FORM] = {"bad_form", 400, false,
                          "the request body is not a multipart/form-data form with the "
                          "Content-Type's boundary"},
+    [REJECT_TENANTS_NOT_LOADED] = {"tenants_not_loaded", 503, true,
+                                   "thaw has not loaded its tenants yet (tenants.source), so "
+                                   "it cannot check API keys; retry after Retry-After seconds"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

@@ -222,21 +222,33 @@ static void on_watch_done(void *ud, long status, const char *body, size_t len, c
     retry_later(inf, why);
 }
 
+/* "&labelSelector=...&fieldSelector=..." for the selectors set, escaped. */
+static void selectors(const struct k8s_informer *inf, char *out, size_t len)
+{
+    out[0] = '\0';
+    const char *names[] = {"labelSelector", "fieldSelector"};
+    const char *values[] = {inf->label_selector, inf->field_selector};
+    for (size_t i = 0; i < 2; i++) {
+        if (values[i] && *values[i]) {
+            char *esc = curl_easy_escape(NULL, values[i], 0);
+            size_t at = strlen(out);
+            snprintf(out + at, len - at, "&%s=%s", names[i], esc ? esc : "");
+            curl_free(esc);
+        }
+    }
+}
+
 static void build_path(struct k8s_informer *inf, char *out, size_t len, bool watch)
 {
-    char *sel = NULL;
-    if (inf->label_selector && *inf->label_selector) {
-        sel = curl_easy_escape(NULL, inf->label_selector, 0);
-    }
+    char sel[1024];
+    selectors(inf, sel, sizeof sel);
     if (watch) {
         snprintf(out, len, "%s?watch=true&allowWatchBookmarks=true&timeoutSeconds=%ld"
-                 "&resourceVersion=%s%s%s",
-                 inf->path, inf->watch_timeout_s, inf->rv, sel ? "&labelSelector=" : "",
-                 sel ? sel : "");
+                 "&resourceVersion=%s%s",
+                 inf->path, inf->watch_timeout_s, inf->rv, sel);
     } else {
-        snprintf(out, len, "%s%s%s", inf->path, sel ? "?labelSelector=" : "", sel ? sel : "");
+        snprintf(out, len, "%s%s%s", inf->path, sel[0] ? "?" : "", sel[0] ? sel + 1 : "");
     }
-    curl_free(sel);
 }
 
 static void start_list(struct k8s_informer *inf)
@@ -278,6 +290,12 @@ void k8s_informer_init(struct k8s_informer *inf, struct k8s_client *client,
     event_assign(&inf->retry, base, -1, 0, on_retry, inf);
 }
 
+void k8s_informer_set_field_selector(struct k8s_informer *inf, const char *sel)
+{
+    free(inf->field_selector);
+    inf->field_selector = sel ? strdup(sel) : NULL;
+}
+
 void k8s_informer_start(struct k8s_informer *inf)
 {
     start_list(inf);
@@ -292,4 +310,5 @@ void k8s_informer_dispose(struct k8s_informer *inf)
     free(inf->name);
     free(inf->path);
     free(inf->label_selector);
+    free(inf->field_selector);
 }

@@ -32,6 +32,7 @@ struct k8s_informer {
     char *name; /* for logs: "deployments" */
     char *path; /* collection path, e.g. /apis/apps/v1/deployments */
     char *label_selector;
+    char *field_selector; /* NULL: none (k8s_informer_set_field_selector) */
     const struct k8s_informer_ops *ops;
     void *ud;
     struct k8s_call *call;
@@ -49,6 +50,8 @@ struct k8s_informer {
 void k8s_informer_init(struct k8s_informer *inf, struct k8s_client *client,
                        struct event_base *base, const char *name, const char *path,
                        const char *label_selector, const struct k8s_informer_ops *ops, void *ud);
+/* Before start: list and watch only objects matching sel ("metadata.name=x"). */
+void k8s_informer_set_field_selector(struct k8s_informer *inf, const char *sel);
 void k8s_informer_start(struct k8s_informer *inf);
 void k8s_informer_dispose(struct k8s_informer *inf);
 /* What the list and watch responses do, without the network (also used by

@@ -77,6 +77,7 @@ static void kube_free(struct backend *b)
         k8s_informer_dispose(&kb->ns[i].pods);
     }
     k8s_informer_dispose(&kb->nodes);
+    kube_tenants_source_dispose(&kb->tenants);
     strmap_each(&kb->models, free_model_cb, NULL);
     strmap_dispose(&kb->models);
     strmap_dispose(&kb->by_svc);

@@ -110,6 +110,24 @@ struct kube_placement {
     size_t n_res;
 };
 
+/* tenants.source: the watched Secret or ConfigMap (tenants_source.c). */
+struct kube_tenants_source {
+    bool on;
+    struct kube_backend *kb;
+    enum tenants_source_kind kind;
+    char ns[254], name[254], key[254];
+    struct k8s_informer inf;
+    backend_tenants_apply_fn apply;
+    void *apply_ud;
+    bool present;     /* the object exists (as last listed or watched) */
+    bool loaded;      /* a document was applied since start */
+    char seen_rv[64]; /* the version last read (applied or not) */
+    char applied_rv[64];
+    int64_t applied_unix;
+    uint64_t applied, rejected;
+    char last_error[768]; /* "" while the latest version is in force */
+};
+
 struct informer_set {
     struct k8s_informer deployments, slices, pods;
 };
@@ -142,6 +160,7 @@ struct kube_backend {
     struct k8s_events events;
     uint64_t scale_errors;
     uint64_t idle_writes, idle_write_errors;
+    struct kube_tenants_source tenants;
 };
 
 static inline struct kube_backend *KB(struct backend *b)
@@ -214,6 +233,11 @@ void kube_idle_tick(struct kmodel *km, uint64_t now);
 /* ms since this activator's last request for the model, for /demand;
  * UINT64_MAX when none within its idle timeout. */
 uint64_t kube_idle_demand_age(const struct kmodel *km, uint64_t now);
+
+/* tenants_source.c */
+void kube_tenants_source_dispose(struct kube_tenants_source *ts);
+void kube_tenants_source_describe(const struct kube_tenants_source *ts, cJSON *k);
+void kube_tenants_source_metrics(const struct kube_tenants_source *ts, struct buf *o);
 
 /* backend_k8s_status.c */
 void kube_describe(struct backend *b, struct model *m, cJSON *out);

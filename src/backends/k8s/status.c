@@ -313,6 +313,10 @@ void kube_describe_capacity(struct backend *b, cJSON *out)
         add_informer(infs, &kb->ns[i].pods, ns);
     }
     add_informer(infs, &kb->nodes, NULL);
+    if (kb->tenants.on) {
+        add_informer(infs, &kb->tenants.inf, kb->tenants.ns);
+    }
+    kube_tenants_source_describe(&kb->tenants, k);
     describe_nodes(kb, k);
     kube_ha_describe(kb, k);
 }
@@ -416,6 +420,7 @@ void kube_render_metrics(struct backend *b, struct buf *o)
                       "Writes of thaw.dev/last-request-at that failed.");
     buf_printf(o, "thaw_kubernetes_last_request_write_errors_total %llu\n",
                (unsigned long long)kb->idle_write_errors);
+    kube_tenants_source_metrics(&kb->tenants, o);
     metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
     buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
     render_node_metrics(kb, o);
