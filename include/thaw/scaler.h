@@ -44,7 +44,7 @@ struct scaler_model {
 void scaler_model_init(struct scaler_model *sm, struct model *m, const struct config *cfg,
                        uint64_t target, uint64_t window_ms, unsigned min_replicas,
                        unsigned max_replicas, uint64_t grace_ms, unsigned slices);
-/* One concurrency sample (in flight + queued). */
+/* One concurrency sample (model_demand: in flight + waiting that could start). */
 void scaler_record(struct scaler_model *sm, uint64_t now_ms);
 /* Plans all models: fills each target (and warm). c: the nodes (each
  * model's req, eligible and on_node index them), or no nodes and a cap of

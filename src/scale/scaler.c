@@ -34,7 +34,7 @@ void scaler_model_init(struct scaler_model *sm, struct model *m, const struct co
 
 void scaler_record(struct scaler_model *sm, uint64_t now_ms)
 {
-    as_record(&sm->ass, now_ms, (double)sm->m->inflight + (double)sm->m->queue.count);
+    as_record(&sm->ass, now_ms, model_demand(sm->m));
 }
 
 static void update_rate(struct scaler_model *sm, uint64_t now_ms)

@@ -34,7 +34,7 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
 {
     struct kmodel *km = m->backend_data;
     uint64_t now = clock_now_ms();
-    as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
+    as_record(&km->sc.ass, now, model_demand(m) + 1);
     if (km->spec.replicas == 0) {
         kube_scale_from_zero(km);
     }

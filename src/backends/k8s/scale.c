@@ -234,7 +234,7 @@ static void model_tick(void *ud, const char *key, void *value)
     uint64_t now = clock_now_ms();
     uint64_t peer = km->kb->have_peers && km->kb->leading ? k8s_peers_demand(&km->kb->peers, km->key)
                                                            : 0;
-    as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + (double)peer);
+    as_record(&km->sc.ass, now, model_demand(m) + (double)peer);
     if (busy && m->n_endpoints == 0 && km->spec.replicas == 0) {
         kube_scale_from_zero(km); /* retried until the Deployment says otherwise */
     }

@@ -164,7 +164,7 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
     scaler_describe(&km->sc, out);
     describe_idle_clock(km, out);
     cJSON *dm = cJSON_AddObjectToObject(out, "demand");
-    cJSON_AddNumberToObject(dm, "local", (double)m->inflight + (double)m->queue.count);
+    cJSON_AddNumberToObject(dm, "local", model_demand(m));
     if (km->kb->have_peers) {
         cJSON_AddNumberToObject(dm, "peers", (double)k8s_peers_demand(&km->kb->peers, km->key));
     }
