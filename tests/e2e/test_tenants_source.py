@@ -3,6 +3,7 @@ watched and applied live, against the API simulator."""
 
 import base64
 import json
+import signal
 import time
 
 from conftest import wait_for
@@ -116,6 +117,12 @@ def test_required_tenants_answer_503_until_the_configmap_is_loaded(cluster, thaw
              what="served once loaded")
     assert get(t, "/echo", key=KEYS["big"]).status == 401
     assert source(t)["kind"] == "configmap" and source(t)["namespace"] == "models"
+    # A reload of the file keeps the tenants the source gave.
+    before = t.metric("thaw_config_reloads_total", result="success")
+    t.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: t.metric("thaw_config_reloads_total", result="success") == before + 1,
+             what="reload")
+    assert get(t, "/echo", key=KEYS["small"]).status == 200
 
 
 def test_config_rejects_a_source_beside_a_list(tmp_path):
