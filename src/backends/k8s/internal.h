@@ -7,7 +7,8 @@
  *   backend_k8s_ha.c       identity, leader lease, peers, the /demand answer
  *   backend_k8s_status.c   describe, capacity, metrics
  *   placement.c            nodes and pod templates -> the warm pool's per-node view
- *   idle.c                 the idle clock kept on the Deployment across restarts */
+ *   idle.c                 the idle clock kept on the Deployment across restarts
+ *   tenants_source.c       tenants.source: the watched Secret or ConfigMap of tenants */
 #ifndef THAW_BACKEND_K8S_INT_H
 #define THAW_BACKEND_K8S_INT_H
 
