@@ -437,3 +437,50 @@ def test_pods_ready_together_keep_their_limit_across_activators(fleet):
     peaks = {name: s["peak_active"] for name, s in pod_stats(f.sim).items()}
     assert len(peaks) == 3 and max(peaks.values()) <= 1, peaks
     assert [r.status for r in res] == [200] * 24
+
+
+def test_a_deleted_pod_moves_the_shares_without_overlap(fleet):
+    """Two activators, a limit of 1, three pods busy. Deleting the oldest pod
+    moves the other two up the deal, each to the other activator; the
+    activator that gains a pod waits until the deal has settled, by when the
+    one that lost it has let go (its request there finished), so no pod ever
+    serves two at once."""
+    f = fleet(2, load_ms=100)
+    d = deployment("llama", replicas=3, gpus=0, load_ms=100,
+                   annotations={"thaw.dev/max-concurrency": "1", "thaw.dev/min-scale": "3",
+                                "thaw.dev/max-scale": "3"})
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "40"
+    f.sim.create_deployment(d)
+
+    def ready(t, n):
+        m = next((x for x in t.status()["models"] if x["name"] == "llama"), None)
+        return m and sum(p["ready"] for p in m["pods"]) == n
+    for t in f.thaws:
+        wait_for(lambda t=t: ready(t, 3), timeout=30, what="three pods ready")
+    _, pods = f.sim.call("GET", "/api/v1/namespaces/models/pods?labelSelector=app%3Dllama")
+    by_age = sorted(pods["items"], key=lambda p: (p["metadata"]["creationTimestamp"],
+                                                  p["metadata"]["name"]))
+    survivors = {p["metadata"]["name"]: p["status"]["podIP"] for p in by_age[1:]}
+    stop = threading.Event()
+    res = []
+
+    def load(t):
+        while not stop.is_set():
+            res.append(complete(t, timeout=30).status)
+    ths = [threading.Thread(target=load, args=(t,)) for t in f.thaws for _ in range(3)]
+    for th in ths:
+        th.start()
+    try:
+        time.sleep(0.5)
+        f.sim.call("DELETE", f"/api/v1/namespaces/models/pods/{by_age[0]['metadata']['name']}")
+        time.sleep(1.6)  # the deal settles (1 s) and the shares move
+    finally:
+        stop.set()
+        for th in ths:
+            th.join(30)
+    peaks = {}
+    for name, ip in survivors.items():
+        st = httpc.request(ip, 8000, "GET", "/stats", {}, b"", timeout=5)
+        peaks[name] = json.loads(st.body)["peak_active"]
+    assert max(peaks.values()) <= 1, peaks
+    assert res and set(res) == {200}, set(res)
