@@ -412,16 +412,17 @@ def test_a_scale_up_under_load_keeps_the_serving_pods_shares(fleet):
     assert res and set(res) == {200}
 
 
-def test_pods_ready_together_keep_their_limit_across_activators(fleet):
-    """A cold start to three pods that get ready within the same moment, 24
-    requests held on two activators: each activator sees the pods get ready in
+@pytest.mark.parametrize("pods", [3, 4])
+def test_pods_ready_together_keep_their_limit_across_activators(fleet, pods):
+    """A cold start to pods that get ready within the same moment, 8 requests
+    per pod held on two activators: each activator sees the pods get ready in
     its own order, yet both deal every pod's single slot the same way, so no
     pod ever serves two requests at once and every request is served."""
     f = fleet(2, load_ms=100)
     d = deployment("llama", gpus=0, load_ms=600,
                    annotations={"thaw.dev/max-concurrency": "1",
-                                "thaw.dev/activation-scale": "3",
-                                "thaw.dev/max-scale": "3"})
+                                "thaw.dev/activation-scale": str(pods),
+                                "thaw.dev/max-scale": str(pods)})
     d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "30"
     f.sim.create_deployment(d)
     for t in f.thaws:
@@ -429,14 +430,14 @@ def test_pods_ready_together_keep_their_limit_across_activators(fleet):
                  what="model discovered")
     res = []
     ths = [threading.Thread(target=lambda t=t: res.append(complete(t, timeout=30)))
-           for t in f.thaws for _ in range(12)]
+           for t in f.thaws for _ in range(4 * pods)]
     for th in ths:
         th.start()
     for th in ths:
         th.join(30)
     peaks = {name: s["peak_active"] for name, s in pod_stats(f.sim).items()}
-    assert len(peaks) == 3 and max(peaks.values()) <= 1, peaks
-    assert [r.status for r in res] == [200] * 24
+    assert len(peaks) == pods and max(peaks.values()) <= 1, peaks
+    assert [r.status for r in res] == [200] * (8 * pods)
 
 
 def test_a_deleted_pod_moves_the_shares_without_overlap(fleet):
