@@ -307,6 +307,9 @@ def test_a_pods_concurrency_holds_across_activators(fleet, activators, concurren
                 and m.get("slots", {}).get("activators", activators) == activators)
     for t in f.thaws:
         wait_for(lambda t=t: settled(t), timeout=30, what="every pod ready on every activator")
+    total = pods * concurrency
+    wait_for(lambda: sum(next(x for x in t.status()["models"] if x["name"] == "llama")["slots"]
+                         ["here"] for t in f.thaws) == total, what="the shares settled")
     per_activator = 3 * pods * concurrency
     res = []
     ths = [threading.Thread(target=lambda t=t: res.append(complete(t, timeout=90)))
@@ -322,7 +325,6 @@ def test_a_pods_concurrency_holds_across_activators(fleet, activators, concurren
     assert sum(s["completions"] for s in stats.values()) == per_activator * activators
     # What each activator holds: dealt round-robin, totals within one of each
     # other, each pod's shares adding up to its limit.
-    total = pods * concurrency
     held = sorted((t.status()["models"][0]["slots"]["here"] for t in f.thaws), reverse=True)
     assert sum(held) == total and held[0] - held[-1] <= 1, held
     by_pod = {}
@@ -347,7 +349,10 @@ def test_shares_move_when_an_activator_leaves(fleet):
     for t in f.thaws:
         wait_for(lambda t=t: model(t) and model(t)["state"] == "ready", timeout=30,
                  what="pod ready")
-    holder = next(t for t in f.thaws if model(t)["slots"]["here"] == 1)
+    # A share that grows (this activator just placed among the two) is used
+    # once the deal has settled.
+    holder = wait_for(lambda: next((t for t in f.thaws if model(t)["slots"]["here"] == 1), None),
+                      what="one activator holding the slot")
     other = next(t for t in f.thaws if t is not holder)
     assert model(other)["slots"]["here"] == 0
     res = []
