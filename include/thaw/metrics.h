@@ -41,9 +41,9 @@ enum reject_reason {
     REJECT_VERSION_NOT_SUPPORTED,
     REJECT_MODEL_REMOVED,
     REJECT_AMBIGUOUS_MODEL,
-    REJECT_INVALID_API_KEY,   /* tenants.required and no tenant claims the request */
-    REJECT_TENANT_QUEUE_FULL, /* the tenant's max_queue at this model */
-    REJECT_BAD_FORM, /* a multipart/form-data body that is not one */
+    REJECT_INVALID_API_KEY,    /* tenants.required and no tenant claims the request */
+    REJECT_TENANT_QUEUE_FULL,  /* the tenant's max_queue at this model */
+    REJECT_BAD_FORM,           /* a multipart/form-data body that is not one */
     REJECT_TENANTS_NOT_LOADED, /* tenants.required, from a source not loaded yet */
     REJECT_COUNT
 };

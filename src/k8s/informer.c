@@ -243,7 +243,8 @@ static void build_path(struct k8s_informer *inf, char *out, size_t len, bool wat
     char sel[1024];
     selectors(inf, sel, sizeof sel);
     if (watch) {
-        snprintf(out, len, "%s?watch=true&allowWatchBookmarks=true&timeoutSeconds=%ld"
+        snprintf(out, len,
+                 "%s?watch=true&allowWatchBookmarks=true&timeoutSeconds=%ld"
                  "&resourceVersion=%s%s",
                  inf->path, inf->watch_timeout_s, inf->rv, sel);
     } else {

@@ -59,10 +59,10 @@ struct kpod {
     char node[254];                /* spec.nodeName; "" while not scheduled */
     struct k8s_resources requests; /* its counted extended resources */
     char created[32]; /* creationTimestamp: the order slots are dealt in */
-    int64_t created_ms; /* the same in wall ms; 0: unknown */
-    bool pod_ready;     /* the pod object's Ready condition */
-    uint32_t dealt;     /* this activator's slots on it in the latest deal */
-    uint32_t share;     /* the slots it uses: dealt, once settled */
+    int64_t created_ms;         /* the same in wall ms; 0: unknown */
+    bool pod_ready;             /* the pod object's Ready condition */
+    uint32_t dealt;             /* this activator's slots on it in the latest deal */
+    uint32_t share;             /* the slots it uses: dealt, once settled */
     struct k8s_share_hold hold; /* the share used while the deal settles */
     struct probe probe;
 };

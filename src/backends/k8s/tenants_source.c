@@ -34,8 +34,7 @@ static void source_failed(struct kube_tenants_source *ts, const char *what)
          "source=%s/%s/%s key=%s error=\"%s\"", kind_name(ts), ts->ns, ts->name, ts->key, what);
     if (ts->kb->cfg->kubernetes.events) {
         struct k8s_event_ref obj = {ts->ns, "v1", kind_name(ts), ts->name};
-        k8s_events_record(&ts->kb->events, &obj, "Warning", "InvalidTenants", what,
-                          clock_now_ms());
+        k8s_events_record(&ts->kb->events, &obj, "Warning", "InvalidTenants", what, clock_now_ms());
     }
 }
 
@@ -44,8 +43,8 @@ static void source_failed(struct kube_tenants_source *ts, const char *what)
 static int read_document(const struct kube_tenants_source *ts, const cJSON *obj, struct buf *doc,
                          char *why, size_t why_len)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(obj, "data"),
-                                                      ts->key);
+    const cJSON *v =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(obj, "data"), ts->key);
     if (!cJSON_IsString(v)) {
         snprintf(why, why_len, "the %s has no data key \"%s\"", kind_name(ts), ts->key);
         return -1;
@@ -98,8 +97,9 @@ static void apply_document(struct kube_tenants_source *ts, const struct buf *doc
     ts->last_error[0] = '\0';
     ts->applied_unix = (int64_t)time(NULL);
     snprintf(ts->applied_rv, sizeof ts->applied_rv, "%s", rv);
-    LOGI("tenants loaded from the cluster", "source=%s/%s/%s key=%s resource_version=%s tenants=%zu",
-         kind_name(ts), ts->ns, ts->name, ts->key, rv, n);
+    LOGI("tenants loaded from the cluster",
+         "source=%s/%s/%s key=%s resource_version=%s tenants=%zu", kind_name(ts), ts->ns, ts->name,
+         ts->key, rv, n);
 }
 
 static void source_upsert(void *ud, const cJSON *obj)
@@ -159,7 +159,9 @@ int backend_k8s_watch_tenants(struct backend *b, const struct config_tenants_sou
     ts->apply = apply;
     ts->apply_ud = ud;
     snprintf(ts->ns, sizeof ts->ns, "%s",
-             src->namespace_ ? src->namespace_ : au->namespace_ ? au->namespace_ : "default");
+             src->namespace_  ? src->namespace_
+             : au->namespace_ ? au->namespace_
+                              : "default");
     snprintf(ts->name, sizeof ts->name, "%s", src->name);
     snprintf(ts->key, sizeof ts->key, "%s", src->key ? src->key : "tenants.json");
     char path[600], sel[320];
@@ -195,9 +197,10 @@ void kube_tenants_source_describe(const struct kube_tenants_source *ts, cJSON *k
     cJSON_AddStringToObject(j, "namespace", ts->ns);
     cJSON_AddStringToObject(j, "name", ts->name);
     cJSON_AddStringToObject(j, "key", ts->key);
-    cJSON_AddStringToObject(j, "state", ts->last_error[0] ? "error"
-                                        : ts->loaded       ? "loaded"
-                                                           : "waiting");
+    cJSON_AddStringToObject(j, "state",
+                            ts->last_error[0] ? "error"
+                            : ts->loaded      ? "loaded"
+                                              : "waiting");
     cJSON_AddBoolToObject(j, "loaded", ts->loaded);
     cJSON_AddStringToObject(j, "resource_version", ts->applied_rv);
     cJSON_AddNumberToObject(j, "applied", (double)ts->applied);
