@@ -207,6 +207,10 @@ void kube_tenants_source_describe(const struct kube_tenants_source *ts, cJSON *k
     cJSON_AddNumberToObject(j, "rejected", (double)ts->rejected);
     cJSON_AddNumberToObject(j, "applied_unix", (double)ts->applied_unix);
     cJSON_AddStringToObject(j, "last_error", ts->last_error);
+    /* The object cannot be read at all (403: no RBAC for it; network). */
+    if (ts->inf.failures) {
+        cJSON_AddStringToObject(j, "watch_error", ts->inf.last_error);
+    }
 }
 
 void kube_tenants_source_metrics(const struct kube_tenants_source *ts, struct buf *o)
