@@ -139,6 +139,14 @@ static bool same_gpus(const struct config *a, const struct config *b)
     return true;
 }
 
+/* The watch is set up at start-up: another source needs a restart. */
+static bool same_tenants_source(const struct config_tenants_source *a,
+                                const struct config_tenants_source *b)
+{
+    return a->kind == b->kind && same_str(a->namespace_, b->namespace_) &&
+           same_str(a->name, b->name) && same_str(a->key, b->key);
+}
+
 static bool same_kubernetes(const struct config_kubernetes *a, const struct config_kubernetes *b)
 {
     return a->enabled == b->enabled &&
@@ -192,6 +200,10 @@ static void keep_restart_only(struct server *srv, struct config *next)
         needs_restart(srv, "kubernetes");
     }
     SWAP(cur->kubernetes, next->kubernetes);
+    if (!same_tenants_source(&cur->tenants.source, &next->tenants.source)) {
+        needs_restart(srv, "tenants.source");
+    }
+    SWAP(cur->tenants.source, next->tenants.source);
     if (st->log_level_overridden) {
         next->log_level = cur->log_level;
     }
@@ -408,6 +420,20 @@ void reload_apply(struct server *srv, struct config *next)
          "restart_needed=%u tenants=%zu",
          next->path, srv->rt.fleet.n_models, n.added, n.removed, n.changed, n.unchanged, n.failed,
          srv->rt.reload.restart_needed, next->tenants.n_list);
+}
+
+int reload_apply_source_tenants(void *ud, struct config_tenants *ts)
+{
+    struct server *srv = ud;
+    struct runtime *rt = &srv->rt;
+    int rc = tenants_apply(&rt->tenants, ts);
+    if (rc) {
+        return rc;
+    }
+    SWAP(rt->source_tenants, *ts);
+    rt->source_loaded = true;
+    proxy_tenants_changed(rt); /* new caps and weights; what a raised cap lets go runs */
+    return 0;
 }
 
 static void record_failure(struct server *srv, const char *msg)

@@ -7,6 +7,7 @@
 #include "thaw/k8s/auth.h"
 #include "thaw/log.h"
 #include "thaw/proxy.h"
+#include "thaw/reload.h"
 #include "thaw/upstream.h"
 
 #include <arpa/inet.h>
@@ -424,6 +425,12 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
         k8s_auth_dispose(&auth);
         if (!srv->k8s_backend) {
             LOGE("cannot start the Kubernetes backend", "error=\"%s\"", err);
+            return -1;
+        }
+        if (cfg->tenants.source.kind != TENANTS_SOURCE_NONE &&
+            backend_k8s_watch_tenants(srv->k8s_backend, &cfg->tenants.source,
+                                      reload_apply_source_tenants, srv)) {
+            LOGE("cannot watch the tenants source", "name=%s", cfg->tenants.source.name);
             return -1;
         }
     }

@@ -83,11 +83,20 @@ struct event_base;
 struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
                                     const struct config *cfg);
 
+/* Applies a tenants document read from the cluster as a reload would; may
+ * take its contents (swapping them out of ts; the caller disposes of what is
+ * left). 0, or a negative errno when it could not (the tenants in force stay). */
+typedef int (*backend_tenants_apply_fn)(void *ud, struct config_tenants *ts);
 struct k8s_auth;
 /* The Kubernetes backend (see backend_k8s.c); takes over auth. NULL with err
  * set on failure. */
 struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
                                 const struct config *cfg, struct k8s_auth *auth, char *err,
                                 size_t errlen);
+/* Watches the tenants document src names (a Secret's or ConfigMap's data
+ * key; namespace NULL: the one the client's credentials are in), calling
+ * apply with each version that reads well. 0 or a negative errno. */
+int backend_k8s_watch_tenants(struct backend *b, const struct config_tenants_source *src,
+                              backend_tenants_apply_fn apply, void *ud);
 
 #endif

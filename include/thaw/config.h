@@ -221,8 +221,22 @@ struct config_tenant {
     int line;
 };
 
+/* "tenants.source": where the tenants document comes from in cluster mode:
+ * a key of a Secret or ConfigMap, watched; NONE: the file's own tenants. */
+enum tenants_source_kind { TENANTS_SOURCE_NONE, TENANTS_SOURCE_SECRET, TENANTS_SOURCE_CONFIGMAP };
+
+struct config_tenants_source {
+    enum tenants_source_kind kind;
+    char *namespace_; /* NULL: thaw's own namespace */
+    char *name;
+    char *key; /* the data key holding the document */
+};
+
 /* "tenants": optional; without it every request is the default tenant's. */
 struct config_tenants {
+    /* With a source, the rest is the document's, once loaded; until then
+     * only required is read from the file (true: 503 until loaded). */
+    struct config_tenants_source source;
     bool required;                 /* unknown or missing key: 401 (else the default tenant) */
     char *header;                  /* a gateway's header naming the tenant; NULL: none */
     struct config_tenant default_; /* name "default", no keys */
@@ -264,6 +278,13 @@ struct config *config_load(const char *path, struct config_error *err);
 /* Same on an in-memory text; label names it in errors. */
 struct config *config_parse(const char *text, size_t len, const char *label,
                             struct config_error *err);
+/* Reads a tenants document (the "tenants" section's keys, without
+ * "source") into out, which the caller disposes of (config_tenants_dispose)
+ * whatever the result. 0, or -EINVAL with err->msg "LABEL:LINE: KEY:
+ * problem" (naming keys, never quoting a value). */
+int config_parse_tenants(const char *text, size_t len, const char *label,
+                         struct config_tenants *out, struct config_error *err);
+void config_tenants_dispose(struct config_tenants *ts);
 /* Fills a model with every default but its strings, which stay NULL (for
  * models discovered at run time: the caller points them at its own). */
 void config_model_defaults(struct config_model *m, const struct config_limits *lim);

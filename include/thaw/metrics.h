@@ -45,6 +45,7 @@ enum reject_reason {
     REJECT_TENANT_QUEUE_FULL, /* the tenant's max_queue at this model */
     REJECT_BAD_FORM, /* a multipart/form-data body that is not one */
     REJECT_UNKNOWN_REVISION, /* a thaw-revision header naming no revision of the model */
+    REJECT_TENANTS_NOT_LOADED, /* tenants.required, from a source not loaded yet */
     REJECT_COUNT
 };
 

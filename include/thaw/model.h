@@ -162,6 +162,10 @@ uint64_t model_next_unejection(const struct model *m, uint64_t now_ms);
 /* Sum over endpoints of the slots this activator may use (max_concurrency,
  * or its share when that is smaller). */
 uint32_t model_capacity(const struct model *m);
+/* The concurrency the autoscaler scales on: requests in flight and those
+ * waiting that more replicas could start (not those of a tenant at its own
+ * concurrency cap: queue_runnable). */
+double model_demand(const struct model *m);
 
 /* A request takes one of ep's slots: counted on ep and on its model. */
 void endpoint_take_slot(struct endpoint *ep);

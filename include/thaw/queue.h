@@ -90,6 +90,10 @@ int queue_flow_set(struct queue *q, uint32_t id, uint32_t weight, uint64_t max_r
                    uint64_t max_queued);
 /* The flow with this id; NULL when it was never set (0 always exists). */
 struct queue_flow *queue_flow(const struct queue *q, uint32_t id);
+/* Waiting items that could start if replica slots were free: per flow, at
+ * most the room below its max_running. Items of a flow at its cap are left
+ * out: more replicas would not start them (what the autoscaler counts). */
+size_t queue_runnable(const struct queue *q);
 /* Whether an item of flow id may start now (below its max_running). */
 bool queue_flow_may_run(const struct queue *q, uint32_t id);
 /* The caller started (or finished) an item of flow id at a replica. */

@@ -53,6 +53,10 @@ struct runtime {
     struct reload_status reload;
     uint64_t started_ms;
     struct tenants tenants; /* from cfg->tenants (runtime_apply_config) */
+    /* The last tenants document loaded from cfg->tenants.source, in force
+     * over the file's tenants while that source is configured. */
+    struct config_tenants source_tenants;
+    bool source_loaded;
 };
 
 /* Sets up rt for cfg on base: the connection and upstream contexts, the

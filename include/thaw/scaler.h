@@ -66,7 +66,7 @@ void scaler_model_dispose(struct scaler_model *sm);
  * whose forecast is due, and logs what it would do for those in "shadow". */
 void scaler_forecast(struct scaler_model **sms, size_t n, uint64_t wall_ms,
                      const struct config_autoscaler *a);
-/* One concurrency sample (in flight + queued). */
+/* One concurrency sample (model_demand: in flight + waiting that could start). */
 void scaler_record(struct scaler_model *sm, uint64_t now_ms);
 /* Plans all models: fills each target (and warm). c: the nodes (each
  * model's req, eligible and on_node index them), or no nodes and a cap of

@@ -62,6 +62,9 @@ struct tenants {
     size_t n_keys;
     struct strmap by_name; /* configured tenants (not the default), for the header */
     bool required;
+    /* The tenants come from a watched source not loaded yet: required
+     * tenants answer 503 (not 401) until it is. */
+    bool awaiting_source;
     char *header; /* the gateway's header; NULL: none */
 };
 

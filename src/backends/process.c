@@ -1578,7 +1578,7 @@ static int process_scale(struct backend *b, struct model *m, unsigned replicas)
     if (pm->n_ready + pm->n_starting + pm->n_waking >= replicas) {
         return 0; /* one start per need */
     }
-    as_record(&pm->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
+    as_record(&pm->sc.ass, now, model_demand(m) + 1);
     pm->poked = true; /* the request queues right after this */
     plan_all(pm->pb);
     return 0;

@@ -70,6 +70,9 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_UNKNOWN_REVISION] = {"revision_not_found", 404, false,
                                  "the model has no revision of the name in the thaw-revision "
                                  "header"},
+    [REJECT_TENANTS_NOT_LOADED] = {"tenants_not_loaded", 503, true,
+                                   "thaw has not loaded its tenants yet (tenants.source), so "
+                                   "it cannot check API keys; retry after Retry-After seconds"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

@@ -1142,14 +1142,67 @@ static int parse_tenant_list(struct parser *p, const cJSON *arr, const char *pat
     return 0;
 }
 
+static const char *const tenants_source_kinds[] = {"", "secret", "configmap"};
+
+static int source_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
+{
+    const struct config_tenants_source *s = base;
+    if (s->kind == TENANTS_SOURCE_NONE) {
+        return fail(p, obj, prefix, "\"kind\" is required: \"secret\" or \"configmap\"");
+    }
+    if (!s->name) {
+        return fail(p, obj, prefix, "\"name\" is required");
+    }
+    if (!p->cfg || !p->cfg->kubernetes.enabled) {
+        return fail(p, obj, prefix, "needs the kubernetes section (cluster mode)");
+    }
+    return 0;
+}
+
+static const struct conf_key tenants_source_keys[] = {
+    {.name = "kind", .type = KEY_ENUM, .offset = offsetof(struct config_tenants_source, kind),
+     .def = TENANTS_SOURCE_NONE, .names = tenants_source_kinds,
+     .n_names = (int)N_ELEMS(tenants_source_kinds),
+     .enum_msg = "must be \"secret\" or \"configmap\""},
+    {.name = "namespace", .type = KEY_STRING,
+     .offset = offsetof(struct config_tenants_source, namespace_), .check = check_name_value},
+    K_STRING(struct config_tenants_source, name, NULL, check_name_value),
+    K_STRING(struct config_tenants_source, key, "tenants.json", check_name_value),
+};
+static const struct section tenants_source_section =
+    SECTION(tenants_source_keys, source_finish);
+
+/* With a source, the tenants come from it: the file may say only whether
+ * they are required until it is loaded. */
+static int tenants_finish(struct parser *p, const cJSON *obj, const char *prefix, void *base)
+{
+    const struct config_tenants *ts = base;
+    if (ts->source.kind == TENANTS_SOURCE_NONE) {
+        return 0;
+    }
+    static const char *const from_source[] = {"header", "default", "list"};
+    for (size_t i = 0; i < N_ELEMS(from_source); i++) {
+        const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, from_source[i]);
+        if (item) {
+            char path[64];
+            snprintf(path, sizeof path, "%s%s", prefix, from_source[i]);
+            return fail(p, item, path, "comes from the document tenants.source names; "
+                                       "leave it out here");
+        }
+    }
+    return 0;
+}
+
 static const struct conf_key tenants_keys[] = {
+    {.name = "source", .type = KEY_OBJECT, .offset = offsetof(struct config_tenants, source),
+     .sub = &tenants_source_section},
     K_BOOL(struct config_tenants, required, false),
     K_STRING(struct config_tenants, header, NULL, check_tenant_header),
     {.name = "default", .type = KEY_OBJECT, .offset = offsetof(struct config_tenants, default_),
      .sub = &default_tenant_section},
     {.name = "list", .type = KEY_CUSTOM, .parse = parse_tenant_list},
 };
-static const struct section tenants_section = SECTION(tenants_keys, NULL);
+static const struct section tenants_section = SECTION(tenants_keys, tenants_finish);
 
 /* ---- gpus ---- */
 
@@ -1675,6 +1728,49 @@ struct config *config_parse(const char *text, size_t len, const char *label,
     return cfg;
 }
 
+int config_parse_tenants(const char *text, size_t len, const char *label,
+                         struct config_tenants *out, struct config_error *err)
+{
+    struct parser p = {.label = label, .text = text, .len = len, .err = err};
+    err->msg[0] = '\0';
+    memset(out, 0, sizeof *out);
+    if (set_defaults(&tenants_section, out, true)) {
+        snprintf(err->msg, sizeof err->msg, "%s:0: (load): out of memory", label);
+        return -ENOMEM;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    size_t off = end ? (size_t)(end - text) : 0;
+    while (root && off < len && (unsigned char)text[off] <= ' ' && text[off] != '\0') {
+        off++;
+    }
+    if (!root || off < len) {
+        snprintf(err->msg, sizeof err->msg, "%s:%d: (syntax): not one valid JSON object (near byte %zu)",
+                 label, jsonpos_line_of_offset(text, len, off), off);
+        cJSON_Delete(root);
+        return -EINVAL;
+    }
+    if (jsonpos_build(&p.pos, text, len, root)) {
+        snprintf(err->msg, sizeof err->msg, "%s:0: (load): out of memory", label);
+        cJSON_Delete(root);
+        return -ENOMEM;
+    }
+    int rc;
+    const cJSON *source = cJSON_GetObjectItemCaseSensitive(root, "source");
+    if (!cJSON_IsObject(root)) {
+        rc = fail(&p, root, "(top level)", "must be a JSON object (the tenants section)");
+    } else if (find_nul(text, len) < len) {
+        rc = fail(&p, root, "(string)", "a string holds a NUL character");
+    } else if (source) {
+        rc = fail(&p, source, "tenants.source", "only the configuration file names a source");
+    } else {
+        rc = parse_section(&p, &tenants_section, root, "tenants.", out);
+    }
+    jsonpos_dispose(&p.pos);
+    cJSON_Delete(root);
+    return rc;
+}
+
 struct config *config_load(const char *path, struct config_error *err)
 {
     FILE *f = fopen(path, "rb");
@@ -1735,6 +1831,20 @@ static void config_tenant_free(struct config_tenant *t)
     free(t->models);
 }
 
+void config_tenants_dispose(struct config_tenants *ts)
+{
+    config_tenant_free(&ts->default_);
+    for (size_t i = 0; i < ts->n_list; i++) {
+        config_tenant_free(&ts->list[i]);
+    }
+    free(ts->list);
+    free(ts->header);
+    free(ts->source.namespace_);
+    free(ts->source.name);
+    free(ts->source.key);
+    memset(ts, 0, sizeof *ts);
+}
+
 void config_free(struct config *cfg)
 {
     if (!cfg) {
@@ -1766,12 +1876,7 @@ void config_free(struct config *cfg)
     }
     free(cfg->gpus);
     free_strings(cfg->gpu_discovery_command, cfg->n_gpu_discovery_command);
-    config_tenant_free(&cfg->tenants.default_);
-    for (size_t i = 0; i < cfg->tenants.n_list; i++) {
-        config_tenant_free(&cfg->tenants.list[i]);
-    }
-    free(cfg->tenants.list);
-    free(cfg->tenants.header);
+    config_tenants_dispose(&cfg->tenants);
     free_strings(cfg->kubernetes.namespaces, cfg->kubernetes.n_namespaces);
     free(cfg->kubernetes.label_selector);
     free(cfg->kubernetes.kubeconfig);

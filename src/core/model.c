@@ -301,6 +301,11 @@ uint32_t model_capacity(const struct model *m)
     return sum;
 }
 
+double model_demand(const struct model *m)
+{
+    return (double)m->inflight + (double)queue_runnable(&m->queue);
+}
+
 void endpoint_take_slot(struct endpoint *ep)
 {
     ep->inflight++;

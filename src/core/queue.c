@@ -102,6 +102,26 @@ static bool flow_may_run(const struct queue_flow *f)
     return f->max_running == QUEUE_NO_CAP || f->running < f->max_running;
 }
 
+static size_t flow_runnable(const struct queue_flow *f)
+{
+    if (f->max_running == QUEUE_NO_CAP) {
+        return f->queued;
+    }
+    uint64_t room = f->running < f->max_running ? f->max_running - f->running : 0;
+    return f->queued < room ? f->queued : (size_t)room;
+}
+
+size_t queue_runnable(const struct queue *q)
+{
+    size_t n = flow_runnable(&q->flow0);
+    for (uint32_t id = 1; id < q->n_flows; id++) {
+        if (q->flows[id]) {
+            n += flow_runnable(q->flows[id]);
+        }
+    }
+    return n;
+}
+
 bool queue_flow_may_run(const struct queue *q, uint32_t id)
 {
     const struct queue_flow *f = queue_flow(q, id);

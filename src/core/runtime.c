@@ -84,7 +84,8 @@ void runtime_apply_config(struct runtime *rt)
         container_of(pos, struct model, node)->queue.aging_ms = lim->queue_aging_ms;
     }
     rt->requests.access_log = cfg->access_log;
-    int rc = tenants_apply(&rt->tenants, &cfg->tenants);
+    bool from_source = cfg->tenants.source.kind != TENANTS_SOURCE_NONE && rt->source_loaded;
+    int rc = tenants_apply(&rt->tenants, from_source ? &rt->source_tenants : &cfg->tenants);
     if (rc) {
         LOGE("tenants not applied; keeping the running ones", "error=\"%s\"", strerror(-rc));
     }
@@ -93,6 +94,7 @@ void runtime_apply_config(struct runtime *rt)
 void runtime_dispose(struct runtime *rt)
 {
     tenants_dispose(&rt->tenants);
+    config_tenants_dispose(&rt->source_tenants);
     request_pool_dispose(&rt->requests);
     free(rt->net.scratch);
     rt->net.scratch = NULL;

@@ -278,6 +278,7 @@ int tenants_apply(struct tenants *ts, const struct config_tenants *cfg)
     ts->by_name = s.by_name;
     ts->header = s.header;
     ts->required = cfg->required;
+    ts->awaiting_source = cfg->source.kind != TENANTS_SOURCE_NONE;
     free(s.caps);
     free(s.n_caps);
     return 0;

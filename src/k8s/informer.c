@@ -222,29 +222,34 @@ static void on_watch_done(void *ud, long status, const char *body, size_t len, c
     retry_later(inf, why);
 }
 
+/* "&labelSelector=...&fieldSelector=..." for the selectors set, escaped. */
+static void selectors(const struct k8s_informer *inf, char *out, size_t len)
+{
+    out[0] = '\0';
+    const char *names[] = {"labelSelector", "fieldSelector"};
+    const char *values[] = {inf->label_selector, inf->field_selector};
+    for (size_t i = 0; i < 2; i++) {
+        if (values[i] && *values[i]) {
+            char *esc = curl_easy_escape(NULL, values[i], 0);
+            size_t at = strlen(out);
+            snprintf(out + at, len - at, "&%s=%s", names[i], esc ? esc : "");
+            curl_free(esc);
+        }
+    }
+}
+
 static void build_path(struct k8s_informer *inf, char *out, size_t len, bool watch)
 {
-    char *lsel = NULL, *fsel = NULL;
-    if (inf->label_selector && *inf->label_selector) {
-        lsel = curl_easy_escape(NULL, inf->label_selector, 0);
-    }
-    if (inf->field_selector && *inf->field_selector) {
-        fsel = curl_easy_escape(NULL, inf->field_selector, 0);
-    }
-    char sels[1024];
-    snprintf(sels, sizeof sels, "%s%s%s%s", lsel ? "&labelSelector=" : "", lsel ? lsel : "",
-             fsel ? "&fieldSelector=" : "", fsel ? fsel : "");
+    char sel[1024];
+    selectors(inf, sel, sizeof sel);
     if (watch) {
-        snprintf(out, len, "%s?watch=true&allowWatchBookmarks=true&timeoutSeconds=%ld"
+        snprintf(out, len,
+                 "%s?watch=true&allowWatchBookmarks=true&timeoutSeconds=%ld"
                  "&resourceVersion=%s%s",
-                 inf->path, inf->watch_timeout_s, inf->rv, sels);
-    } else if (sels[0]) {
-        snprintf(out, len, "%s?%s", inf->path, sels + 1);
+                 inf->path, inf->watch_timeout_s, inf->rv, sel);
     } else {
-        snprintf(out, len, "%s", inf->path);
+        snprintf(out, len, "%s%s%s", inf->path, sel[0] ? "?" : "", sel[0] ? sel + 1 : "");
     }
-    curl_free(lsel);
-    curl_free(fsel);
 }
 
 static void start_list(struct k8s_informer *inf)

@@ -372,6 +372,9 @@ int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
             copy(o->unschedulable_message, sizeof o->unschedulable_message,
                  k8s_get_string(c, "message"));
         }
+        if (type && strcmp(type, "Ready") == 0 && status && strcmp(status, "True") == 0) {
+            o->ready = true;
+        }
     }
     return 0;
 }

@@ -316,6 +316,33 @@ static void count_before(void *ud, const char *k, void *value)
     }
 }
 
+bool k8s_pod_in_deal(bool terminating, bool unschedulable, bool ready, uint64_t age_ms,
+                     uint64_t startup_ms)
+{
+    if (terminating || unschedulable) {
+        return false;
+    }
+    return ready || age_ms < startup_ms;
+}
+
+uint32_t k8s_share_settle(struct k8s_share_hold *h, uint32_t dealt, uint64_t now_ms,
+                          uint64_t settle_ms)
+{
+    if (!h->known) {
+        *h = (struct k8s_share_hold){true, dealt, dealt, now_ms};
+        return dealt;
+    }
+    bool holding = now_ms - h->moved_ms < settle_ms;
+    if (dealt != h->dealt) {
+        uint32_t before = holding ? h->floor : h->dealt;
+        h->floor = dealt < before ? dealt : before;
+        h->dealt = dealt;
+        h->moved_ms = now_ms;
+        holding = true;
+    }
+    return holding && h->floor < dealt ? h->floor : dealt;
+}
+
 bool k8s_peers_place(const struct k8s_peers *p, unsigned *rank, unsigned *n)
 {
     struct place pl = {NULL, 0, 0, false};

@@ -141,7 +141,8 @@ static bool request_api_key(const struct request *r, const char **key, size_t *l
 
 /* Who the request is for: the trusted gateway's header when configured and
  * present, else its API key; unclaimed requests are the default tenant's
- * unless tenants are required. REJECT_COUNT, or REJECT_INVALID_API_KEY. */
+ * unless tenants are required. REJECT_COUNT, REJECT_INVALID_API_KEY, or
+ * REJECT_TENANTS_NOT_LOADED while required tenants wait for their source. */
 static int identify_tenant(struct runtime *rt, struct request *r)
 {
     struct tenants *ts = &rt->tenants;
@@ -155,7 +156,7 @@ static int identify_tenant(struct runtime *rt, struct request *r)
         t = tenants_find_key(ts, key, len);
     }
     if (!t && ts->required) {
-        return REJECT_INVALID_API_KEY;
+        return ts->awaiting_source ? REJECT_TENANTS_NOT_LOADED : REJECT_INVALID_API_KEY;
     }
     r->tenant = t ? t : ts->all[0];
     return REJECT_COUNT;

@@ -98,7 +98,7 @@ void scaler_forecast(struct scaler_model **sms, size_t n, uint64_t wall_ms,
 
 void scaler_record(struct scaler_model *sm, uint64_t now_ms)
 {
-    as_record(&sm->ass, now_ms, (double)sm->m->inflight + (double)sm->m->queue.count);
+    as_record(&sm->ass, now_ms, model_demand(sm->m));
 }
 
 static void update_rate(struct scaler_model *sm, uint64_t now_ms)

@@ -152,6 +152,31 @@ def test_rbac_is_exactly_what_the_docs_list():
 
 
 @needs_helm
+def test_a_tenants_source_gets_read_access_to_that_object_only():
+    objs = render("thaw", "config.tenants.required=true", "config.tenants.source.kind=secret",
+                  "config.tenants.source.name=thaw-tenants")
+    roles = [o for o in by_kind(objs, "Role") if o["metadata"]["name"].endswith("-tenants")]
+    assert len(roles) == 1 and roles[0]["metadata"]["namespace"] == "thaw-system"
+    assert roles[0]["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
+                                  "resourceNames": ["thaw-tenants"],
+                                  "verbs": ["get", "list", "watch"]}]
+    binding = next(o for o in by_kind(objs, "RoleBinding")
+                   if o["metadata"]["name"].endswith("-tenants"))
+    assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"]
+    cm = json.loads(next(o for o in by_kind(objs, "ConfigMap")
+                         if o["data"].get("config.json"))["data"]["config.json"])
+    assert cm["tenants"]["source"] == {"kind": "secret", "name": "thaw-tenants"}
+    other = render("thaw", "config.tenants.source.kind=configmap",
+                   "config.tenants.source.name=t", "config.tenants.source.namespace=auth")
+    role = next(o for o in by_kind(other, "Role") if o["metadata"]["name"].endswith("-tenants"))
+    assert role["metadata"]["namespace"] == "auth"
+    assert role["rules"][0]["resources"] == ["configmaps"]
+    # Without a source: no access to any Secret or ConfigMap.
+    for _, _, res, _ in rules_of(render("thaw")):
+        assert res not in ("secrets", "configmaps")
+
+
+@needs_helm
 def test_pod_security_and_lifecycle():
     objs = render("thaw")
     d = by_kind(objs, "Deployment")[0]

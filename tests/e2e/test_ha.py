@@ -307,6 +307,9 @@ def test_a_pods_concurrency_holds_across_activators(fleet, activators, concurren
                 and m.get("slots", {}).get("activators", activators) == activators)
     for t in f.thaws:
         wait_for(lambda t=t: settled(t), timeout=30, what="every pod ready on every activator")
+    total = pods * concurrency
+    wait_for(lambda: sum(next(x for x in t.status()["models"] if x["name"] == "llama")["slots"]
+                         ["here"] for t in f.thaws) == total, what="the shares settled")
     per_activator = 3 * pods * concurrency
     res = []
     ths = [threading.Thread(target=lambda t=t: res.append(complete(t, timeout=90)))
@@ -322,7 +325,6 @@ def test_a_pods_concurrency_holds_across_activators(fleet, activators, concurren
     assert sum(s["completions"] for s in stats.values()) == per_activator * activators
     # What each activator holds: dealt round-robin, totals within one of each
     # other, each pod's shares adding up to its limit.
-    total = pods * concurrency
     held = sorted((t.status()["models"][0]["slots"]["here"] for t in f.thaws), reverse=True)
     assert sum(held) == total and held[0] - held[-1] <= 1, held
     by_pod = {}
@@ -347,7 +349,10 @@ def test_shares_move_when_an_activator_leaves(fleet):
     for t in f.thaws:
         wait_for(lambda t=t: model(t) and model(t)["state"] == "ready", timeout=30,
                  what="pod ready")
-    holder = next(t for t in f.thaws if model(t)["slots"]["here"] == 1)
+    # A share that grows (this activator just placed among the two) is used
+    # once the deal has settled.
+    holder = wait_for(lambda: next((t for t in f.thaws if model(t)["slots"]["here"] == 1), None),
+                      what="one activator holding the slot")
     other = next(t for t in f.thaws if t is not holder)
     assert model(other)["slots"]["here"] == 0
     res = []
@@ -410,3 +415,78 @@ def test_a_scale_up_under_load_keeps_the_serving_pods_shares(fleet):
     peaks = {name: s["peak_active"] for name, s in pod_stats(f.sim).items()}
     assert len(peaks) == 3 and max(peaks.values()) <= 1, peaks
     assert res and set(res) == {200}
+
+
+@pytest.mark.parametrize("pods", [3, 4])
+def test_pods_ready_together_keep_their_limit_across_activators(fleet, pods):
+    """A cold start to pods that get ready within the same moment, 8 requests
+    per pod held on two activators: each activator sees the pods get ready in
+    its own order, yet both deal every pod's single slot the same way, so no
+    pod ever serves two requests at once and every request is served."""
+    f = fleet(2, load_ms=100)
+    d = deployment("llama", gpus=0, load_ms=600,
+                   annotations={"thaw.dev/max-concurrency": "1",
+                                "thaw.dev/activation-scale": str(pods),
+                                "thaw.dev/max-scale": str(pods)})
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "30"
+    f.sim.create_deployment(d)
+    for t in f.thaws:
+        wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
+                 what="model discovered")
+    res = []
+    ths = [threading.Thread(target=lambda t=t: res.append(complete(t, timeout=30)))
+           for t in f.thaws for _ in range(4 * pods)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(30)
+    peaks = {name: s["peak_active"] for name, s in pod_stats(f.sim).items()}
+    assert len(peaks) == pods and max(peaks.values()) <= 1, peaks
+    assert [r.status for r in res] == [200] * (8 * pods)
+
+
+def test_a_deleted_pod_moves_the_shares_without_overlap(fleet):
+    """Two activators, a limit of 1, three pods busy. Deleting the oldest pod
+    moves the other two up the deal, each to the other activator; the
+    activator that gains a pod waits until the deal has settled, by when the
+    one that lost it has let go (its request there finished), so no pod ever
+    serves two at once."""
+    f = fleet(2, load_ms=100)
+    d = deployment("llama", replicas=3, gpus=0, load_ms=100,
+                   annotations={"thaw.dev/max-concurrency": "1", "thaw.dev/min-scale": "3",
+                                "thaw.dev/max-scale": "3"})
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "40"
+    f.sim.create_deployment(d)
+
+    def ready(t, n):
+        m = next((x for x in t.status()["models"] if x["name"] == "llama"), None)
+        return m and sum(p["ready"] for p in m["pods"]) == n
+    for t in f.thaws:
+        wait_for(lambda t=t: ready(t, 3), timeout=30, what="three pods ready")
+    _, pods = f.sim.call("GET", "/api/v1/namespaces/models/pods?labelSelector=app%3Dllama")
+    by_age = sorted(pods["items"], key=lambda p: (p["metadata"]["creationTimestamp"],
+                                                  p["metadata"]["name"]))
+    survivors = {p["metadata"]["name"]: p["status"]["podIP"] for p in by_age[1:]}
+    stop = threading.Event()
+    res = []
+
+    def load(t):
+        while not stop.is_set():
+            res.append(complete(t, timeout=30).status)
+    ths = [threading.Thread(target=load, args=(t,)) for t in f.thaws for _ in range(3)]
+    for th in ths:
+        th.start()
+    try:
+        time.sleep(0.5)
+        f.sim.call("DELETE", f"/api/v1/namespaces/models/pods/{by_age[0]['metadata']['name']}")
+        time.sleep(1.6)  # the deal settles (1 s) and the shares move
+    finally:
+        stop.set()
+        for th in ths:
+            th.join(30)
+    peaks = {}
+    for name, ip in survivors.items():
+        st = httpc.request(ip, 8000, "GET", "/stats", {}, b"", timeout=5)
+        peaks[name] = json.loads(st.body)["peak_active"]
+    assert max(peaks.values()) <= 1, peaks
+    assert res and set(res) == {200}, set(res)

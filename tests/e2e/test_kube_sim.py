@@ -603,3 +603,29 @@ def test_watch_with_a_selector_sees_objects_leave_and_join(cluster, tmp_path):
         if len(seen) == 3:
             w.stop()
     assert seen == ["ADDED", "DELETED", "ADDED"]
+
+
+def test_secrets_and_configmaps_as_the_api_serves_them(cluster, tmp_path):
+    """The official client: stringData lands base64 in data, data that is not
+    base64 is a 422, a fieldSelector on metadata.name picks one object."""
+    import base64
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+    sim = cluster(nodes=[{"name": "n1", "gpus": 0}])
+    config.load_kube_config(sim.kubeconfig(str(tmp_path / "kc-py")))
+    core = client.CoreV1Api()
+    core.create_namespaced_secret(NS, client.V1Secret(
+        metadata=client.V1ObjectMeta(name="a"), string_data={"k": "v1"}))
+    core.create_namespaced_secret(NS, client.V1Secret(
+        metadata=client.V1ObjectMeta(name="b"), data={"k": base64.b64encode(b"v2").decode()}))
+    got = core.read_namespaced_secret("a", NS)
+    assert got.data == {"k": base64.b64encode(b"v1").decode()} and got.type == "Opaque"
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_secret(NS, client.V1Secret(
+            metadata=client.V1ObjectMeta(name="c"), data={"k": "not base64!"}))
+    assert e.value.status == 422
+    only_b = core.list_namespaced_secret(NS, field_selector="metadata.name=b")
+    assert [s.metadata.name for s in only_b.items] == ["b"]
+    core.create_namespaced_config_map(NS, client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name="m"), data={"doc.json": "{}"}))
+    assert core.read_namespaced_config_map("m", NS).data == {"doc.json": "{}"}

@@ -6,7 +6,8 @@ runs the controllers a cluster runs behind them, written from the Kubernetes
 documentation and API conventions:
 
   /api, /api/v1, /apis, /apis/{group}/{version}, /version   discovery
-  core/v1 pods, nodes, events, services, namespaces          list, watch, get, create, update,
+  core/v1 pods, nodes, events, services, namespaces,         list, watch, get, create, update,
+          secrets, configmaps
                                                              patch, delete (+ /status)
   apps/v1 deployments, replicasets (+ /scale, /status)       list, watch, get, create, update,
                                                              patch, delete
@@ -130,6 +131,7 @@ import argparse
 import bisect
 import calendar
 import concurrent.futures
+import base64
 import copy
 import json
 import math
@@ -155,13 +157,15 @@ RESOURCES = {
     ("", "v1", "events"): ("Event", True),
     ("", "v1", "services"): ("Service", True),
     ("", "v1", "namespaces"): ("Namespace", False),
+    ("", "v1", "secrets"): ("Secret", True),
+    ("", "v1", "configmaps"): ("ConfigMap", True),
     ("apps", "v1", "deployments"): ("Deployment", True),
     ("apps", "v1", "replicasets"): ("ReplicaSet", True),
     ("discovery.k8s.io", "v1", "endpointslices"): ("EndpointSlice", True),
     ("coordination.k8s.io", "v1", "leases"): ("Lease", True),
 }
 SHORT = {"pods": ["po"], "nodes": ["no"], "events": ["ev"], "services": ["svc"],
-         "namespaces": ["ns"], "deployments": ["deploy"], "replicasets": ["rs"],
+         "namespaces": ["ns"], "secrets": [], "configmaps": ["cm"], "deployments": ["deploy"], "replicasets": ["rs"],
          "endpointslices": [], "leases": []}
 # Kinds whose status is written only through their /status subresource.
 STATUS_SUBRESOURCE = {"pods", "nodes", "services", "namespaces", "deployments", "replicasets"}
@@ -215,6 +219,28 @@ class ApiError(Exception):
 def invalid(kind, name, causes):
     """422 in the API server's words: `Deployment.apps "x" is invalid: field: why`."""
     return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: ' + ", ".join(causes))
+
+
+def validate_data(plural, obj, causes):
+    """A Secret's data values are base64 (stringData is merged into data, as
+    the API server does on write); a ConfigMap's data values are strings."""
+    data = obj.get("data") or {}
+    if not isinstance(data, dict):
+        causes.append("data: Invalid value: must be an object")
+        return
+    if plural == "secrets":
+        for k, v in (obj.pop("stringData", None) or {}).items():
+            data[k] = base64.b64encode(str(v).encode()).decode()
+        for k, v in data.items():
+            try:
+                base64.b64decode(v, validate=True)
+            except (ValueError, TypeError):
+                causes.append(f"data[{k}]: Invalid value: illegal base64 data")
+        obj.setdefault("type", "Opaque")
+    elif any(not isinstance(v, str) for v in data.values()):
+        causes.append("data: Invalid value: values must be strings")
+    if data:
+        obj["data"] = data
 
 
 def random_suffix(n=5):
@@ -2599,6 +2625,8 @@ class Handler(BaseHTTPRequestHandler):
             default_service(obj, causes, self.server.sim.alloc_cluster_ip)
         elif plural == "nodes":
             default_node(obj)
+        elif plural in ("secrets", "configmaps"):
+            validate_data(plural, obj, causes)
         if causes:
             group = {"deployments": ".apps", "replicasets": ".apps"}.get(plural, "")
             raise invalid(kind + group, name, causes)

@@ -29,6 +29,61 @@ static void expect_error(const char *text, const char *want)
     }
 }
 
+static void expect_tenants_error(const char *text, const char *want)
+{
+    struct config_tenants ts;
+    struct config_error err;
+    assert_int_not_equal(config_parse_tenants(text, strlen(text), "doc", &ts, &err), 0);
+    config_tenants_dispose(&ts);
+    if (!strstr(err.msg, want)) {
+        fail_msg("error \"%s\" does not contain \"%s\"", err.msg, want);
+    }
+}
+
+/* tenants.source in the file, and the document it names. */
+static void test_tenants_source_and_document(void **state)
+{
+    struct config_error err;
+    struct config *cfg = parse("{\"kubernetes\": {}, \"tenants\": {\"required\": true,\n"
+                               " \"source\": {\"kind\": \"secret\", \"name\": \"t\"}}}",
+                               &err);
+    assert_non_null(cfg);
+    assert_int_equal(cfg->tenants.source.kind, TENANTS_SOURCE_SECRET);
+    assert_null(cfg->tenants.source.namespace_);
+    assert_string_equal(cfg->tenants.source.key, "tenants.json");
+    config_free(cfg);
+    expect_error("{\"tenants\": {\"source\": {\"kind\": \"secret\", \"name\": \"t\"}}}",
+                 "test.json:1: tenants.source.: needs the kubernetes section");
+    expect_error("{\"kubernetes\": {}, \"tenants\": {\"source\": {\"kind\": \"vault\"}}}",
+                 "tenants.source.kind: must be \"secret\" or \"configmap\"");
+    expect_error("{\"kubernetes\": {}, \"tenants\": {\"source\": {\"kind\": \"secret\"}}}",
+                 "\"name\" is required");
+    expect_error("{\"kubernetes\": {},\n\"tenants\": {\"header\": \"x-t\",\n"
+                 "\"source\": {\"kind\": \"configmap\", \"name\": \"t\"}}}",
+                 "test.json:2: tenants.header: comes from the document tenants.source names");
+    /* The document: the tenants section's keys, errors with its line and key. */
+    const char *doc = "{\"required\": true,\n \"list\": [{\"name\": \"a\", \"tier\": \"batch\"}]}";
+    struct config_tenants ts;
+    assert_int_equal(config_parse_tenants(doc, strlen(doc), "doc", &ts, &err), 0);
+    assert_true(ts.required);
+    assert_int_equal(ts.n_list, 1);
+    assert_int_equal(ts.list[0].tier, TIER_BATCH);
+    assert_int_equal(ts.source.kind, TENANTS_SOURCE_NONE);
+    config_tenants_dispose(&ts);
+    expect_tenants_error("{\"list\": [\n{\"name\": \"a\",\n \"api_keys\": [\"sk-raw-key\"]}]}",
+                         "doc:3: tenants.list[0].api_keys[0]: must be \"sha256:\"");
+    expect_tenants_error("{\"required\": true, \"lst\": []}", "doc:1: tenants.lst");
+    expect_tenants_error("{\"source\": {}}", "doc:1: tenants.source: only the configuration file");
+    expect_tenants_error("[1]", "doc:1: (top level): must be a JSON object");
+    expect_tenants_error("{\"required\": tru", "doc:1: (syntax)");
+    /* A raw key in the document never shows in the error. */
+    struct config_tenants t2;
+    const char *raw = "{\"list\": [{\"name\": \"a\", \"api_keys\": [\"sk-secret-123\"]}]}";
+    assert_int_not_equal(config_parse_tenants(raw, strlen(raw), "doc", &t2, &err), 0);
+    assert_null(strstr(err.msg, "sk-secret-123"));
+    config_tenants_dispose(&t2);
+}
+
 static void test_defaults(void **state)
 {
     struct config_error err;
@@ -436,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_queue_timeout_covers_a_process_models_start),
         cmocka_unit_test(test_batch_models_wait_an_hour_and_idle_30s),
         cmocka_unit_test(test_errors_name_file_line_and_key),
+        cmocka_unit_test(test_tenants_source_and_document),
         cmocka_unit_test(test_process_models),
         cmocka_unit_test(test_syntax_error_line),
         cmocka_unit_test(test_strictness),

@@ -718,6 +718,63 @@ static void test_activator_share(void **state)
     }
 }
 
+static void test_pods_in_deal(void **state)
+{
+    const uint64_t startup = 60000;
+    /* Placed from creation, ready or not, while it may still be starting:
+     * every activator counts it, whenever its own probe saw it ready. */
+    assert_true(k8s_pod_in_deal(false, false, false, 0, startup));
+    assert_true(k8s_pod_in_deal(false, false, true, 10, startup));
+    /* Past its startup time only while Ready: a pod stuck starting gives
+     * its place (and the slots dealt after it) back. */
+    assert_false(k8s_pod_in_deal(false, false, false, 60000, startup));
+    assert_true(k8s_pod_in_deal(false, false, true, 600000, startup));
+    /* Terminating, failed or unschedulable: never. */
+    assert_false(k8s_pod_in_deal(true, false, true, 10, startup));
+    assert_false(k8s_pod_in_deal(false, true, false, 10, startup));
+}
+
+static void test_share_settles_before_growing(void **state)
+{
+    struct k8s_share_hold h = {0};
+    /* The first deal is used at once. */
+    assert_int_equal(k8s_share_settle(&h, 1, 1000, 500), 1);
+    /* Shrinking is immediate. */
+    assert_int_equal(k8s_share_settle(&h, 0, 2000, 500), 0);
+    /* Growing back waits until the deal has held 500 ms... */
+    assert_int_equal(k8s_share_settle(&h, 2, 2100, 500), 0);
+    assert_int_equal(k8s_share_settle(&h, 2, 2599, 500), 0);
+    assert_int_equal(k8s_share_settle(&h, 2, 2600, 500), 2);
+    /* ...and a second change within the wait restarts it from the smallest. */
+    assert_int_equal(k8s_share_settle(&h, 1, 3000, 500), 1);
+    assert_int_equal(k8s_share_settle(&h, 3, 3200, 500), 1);
+    assert_int_equal(k8s_share_settle(&h, 3, 3700, 500), 3);
+    /* Worked example: two activators, a limit of 1, pods p0 p1 p2 created
+     * together; before, p1 was dealt to rank 1 (index 1). p0 is deleted:
+     * p1 moves to index 0 (rank 0), p2 to index 1 (rank 1). Whatever the
+     * order the two see the deletion in, within the settle time each uses
+     * the smaller share, so p1 and p2 never get 2. */
+    struct k8s_share_hold a1 = {0}, a2 = {0}, b1 = {0}, b2 = {0};
+    k8s_share_settle(&a1, k8s_activator_share(1, 2, 0, 1), 0, 500);
+    k8s_share_settle(&a2, k8s_activator_share(1, 2, 0, 2), 0, 500);
+    k8s_share_settle(&b1, k8s_activator_share(1, 2, 1, 1), 0, 500);
+    k8s_share_settle(&b2, k8s_activator_share(1, 2, 1, 2), 0, 500);
+    /* Rank 0 sees the deletion at 100 ms, rank 1 at 300 ms. */
+    uint32_t a1_100 = k8s_share_settle(&a1, k8s_activator_share(1, 2, 0, 0), 100, 500);
+    uint32_t a2_100 = k8s_share_settle(&a2, k8s_activator_share(1, 2, 0, 1), 100, 500);
+    uint32_t b1_200 = k8s_share_settle(&b1, k8s_activator_share(1, 2, 1, 1), 200, 500);
+    uint32_t b2_200 = k8s_share_settle(&b2, k8s_activator_share(1, 2, 1, 2), 200, 500);
+    assert_true(a1_100 + b1_200 <= 1 && a2_100 + b2_200 <= 1);
+    uint32_t b1_300 = k8s_share_settle(&b1, k8s_activator_share(1, 2, 1, 0), 300, 500);
+    uint32_t b2_300 = k8s_share_settle(&b2, k8s_activator_share(1, 2, 1, 1), 300, 500);
+    assert_true(a1_100 + b1_300 <= 1 && a2_100 + b2_300 <= 1);
+    /* Settled: p1 at rank 0, p2 at rank 1. */
+    assert_int_equal(k8s_share_settle(&a1, k8s_activator_share(1, 2, 0, 0), 900, 500), 1);
+    assert_int_equal(k8s_share_settle(&a2, k8s_activator_share(1, 2, 0, 1), 900, 500), 0);
+    assert_int_equal(k8s_share_settle(&b1, k8s_activator_share(1, 2, 1, 0), 900, 500), 0);
+    assert_int_equal(k8s_share_settle(&b2, k8s_activator_share(1, 2, 1, 1), 900, 500), 1);
+}
+
 struct seen {
     int n;
     char pods[4][32];
@@ -1174,6 +1231,8 @@ int main(void)
         cmocka_unit_test(test_selector_rollout_selects_both_replicasets),
         cmocka_unit_test(test_selector_empty_or_malformed_selects_nothing),
         cmocka_unit_test(test_activator_share),
+        cmocka_unit_test(test_pods_in_deal),
+        cmocka_unit_test(test_share_settles_before_growing),
         cmocka_unit_test(test_endpointslice_decoding),
         cmocka_unit_test(test_node_decoding),
         cmocka_unit_test(test_base64),

@@ -190,6 +190,47 @@ static void test_remove_from_middle(void **state)
 /* ---- flows (tenants) ---- */
 
 static void push_flow(struct queue *q, struct item *it, uint32_t flow, enum tier t, uint64_t now,
+                      int expect_rc);
+
+/* A tenant at its own concurrency cap waits whatever the replica count:
+ * the autoscaler must not scale up for those requests. */
+static void test_waiting_at_a_tenant_cap_is_not_demand(void **state)
+{
+    struct queue_global g = {0, 100};
+    struct queue q;
+    queue_init(&q, 50, 10000, &g);
+    struct item it[12];
+    /* Tenant 1: cap 2, both running, 6 waiting: none of them can start. */
+    queue_flow_set(&q, 1, 1, 2, QUEUE_NO_CAP);
+    queue_flow_started(&q, 1);
+    queue_flow_started(&q, 1);
+    for (int i = 0; i < 6; i++) {
+        push_flow(&q, &it[i], 1, TIER_STANDARD, 0, 0);
+    }
+    assert_int_equal(q.count, 6);
+    assert_int_equal(queue_runnable(&q), 0);
+    /* Tenant 2: cap 3, 1 running, 4 waiting: 2 more may start. */
+    queue_flow_set(&q, 2, 1, 3, QUEUE_NO_CAP);
+    queue_flow_started(&q, 2);
+    for (int i = 6; i < 10; i++) {
+        push_flow(&q, &it[i], 2, TIER_BATCH, 0, 0);
+    }
+    assert_int_equal(queue_runnable(&q), 2);
+    /* The default tenant, uncapped: both of its waiting requests count. */
+    push_flow(&q, &it[10], 0, TIER_CRITICAL, 0, 0);
+    push_flow(&q, &it[11], 0, TIER_CRITICAL, 0, 0);
+    assert_int_equal(q.count, 12);
+    assert_int_equal(queue_runnable(&q), 4);
+    /* Tenant 1's cap rises to 5: 3 of its 6 may start. */
+    queue_flow_set(&q, 1, 1, 5, QUEUE_NO_CAP);
+    assert_int_equal(queue_runnable(&q), 7);
+    while (queue_pop_any(&q)) {
+    }
+    assert_int_equal(queue_runnable(&q), 0);
+    queue_dispose(&q);
+}
+
+static void push_flow(struct queue *q, struct item *it, uint32_t flow, enum tier t, uint64_t now,
                       int expect_rc)
 {
     struct queue_item *displaced = (struct queue_item *)1;
@@ -398,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_push_front_with_flows),
         cmocka_unit_test(test_stamped_item_pushed_front_keeps_its_deadline),
         cmocka_unit_test(test_remove_from_middle),
+        cmocka_unit_test(test_waiting_at_a_tenant_cap_is_not_demand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -161,12 +161,50 @@ static void test_nodes_hook_plans_per_node(void **state)
     config_free(cfg);
 }
 
+/* A tenant at its own concurrency cap: its waiting requests cannot start
+ * whatever the replica count, so they are not demand. 2 running (the
+ * tenant's cap), 6 more waiting, 1 request per replica: 2 replicas, not 8. */
+static void test_requests_held_by_a_tenant_cap_are_not_demand(void **state)
+{
+    struct config *cfg = config_new_default();
+    assert_non_null(cfg);
+    struct model m;
+    memset(&m, 0, sizeof m);
+    m.name = "llama";
+    m.set.max_concurrency = 1;
+    struct queue_global g = {0, 100};
+    queue_init(&m.queue, 50, 10000, &g);
+    queue_flow_set(&m.queue, 1, 1, 2, QUEUE_NO_CAP);
+    queue_flow_started(&m.queue, 1);
+    queue_flow_started(&m.queue, 1);
+    m.inflight = 2;
+    struct queue_item items[6];
+    struct queue_item *displaced = NULL;
+    for (int i = 0; i < 6; i++) {
+        queue_push_flow(&m.queue, &items[i], 1, TIER_STANDARD, 0, 100000, &displaced);
+    }
+    struct scaler_model sm;
+    scaler_model_init(&sm, &m, cfg, 1, 0, 0, 16, 60000, 1);
+    uint64_t now = clock_now_ms();
+    for (int i = 0; i < 3; i++) {
+        scaler_record(&sm, now + (uint64_t)i);
+    }
+    struct as_decision d;
+    as_decide(&sm.ass, &sm.asc, now + 3, 2, &d);
+    assert_int_equal(d.desired, 2);
+    while (queue_pop_any(&m.queue)) {
+    }
+    queue_dispose(&m.queue);
+    config_free(cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_capacity_cap),
         cmocka_unit_test(test_one_step_and_cadence),
         cmocka_unit_test(test_nodes_hook_plans_per_node),
+        cmocka_unit_test(test_requests_held_by_a_tenant_cap_are_not_demand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -61,6 +61,7 @@ struct k8s_pod_info {
     bool container_started; /* its first container's state is running (startedAt set) */
     bool terminating;   /* deletionTimestamp set, or Failed/Succeeded */
     bool unschedulable; /* PodScheduled=False, reason Unschedulable */
+    bool ready;         /* condition Ready=True (the kubelet's readiness) */
     char unschedulable_message[256];
     char node_name[254];           /* spec.nodeName; "" while not scheduled */
     struct k8s_resources requests; /* K8S_RESOURCE_PREFIX resources (see k8s_pod_template) */

@@ -63,6 +63,34 @@ bool k8s_peers_place(const struct k8s_peers *p, unsigned *rank, unsigned *n);
  * by at most one, and the first ones hold the remainder (8 slots over 3
  * activators: 3, 3, 2). Pure. */
 uint32_t k8s_activator_share(uint32_t concurrency, unsigned n, unsigned rank, size_t pod_index);
+
+/* Whether a pod takes a place (pod_index above) in its Deployment's deal.
+ * The places come from the pod objects, which every activator reads alike,
+ * not from when each activator saw a pod get ready (each probes on its own):
+ * a pod counts from its creation while it may still be starting (younger
+ * than startup_ms), after that only while its Ready condition holds (a pod
+ * that never gets ready does not keep slots forever), and never once
+ * terminating, failed or unschedulable. The places are ordered by
+ * creationTimestamp, then name. Pure. */
+bool k8s_pod_in_deal(bool terminating, bool unschedulable, bool ready, uint64_t age_ms,
+                     uint64_t startup_ms);
+
+/* One pod's share as dealt over time. Activators see a change of the deal
+ * (a pod or an activator come or gone) at slightly different moments; a
+ * share that shrinks does so at once, one that grows only once the deal
+ * has held settle_ms, so that the others have shrunk theirs first: until
+ * then the smallest share dealt since the last change is used. */
+struct k8s_share_hold {
+    bool known;
+    uint32_t dealt;    /* the latest deal */
+    uint32_t floor;    /* the smallest deal since moved_ms */
+    uint64_t moved_ms; /* when the deal last changed */
+};
+
+/* Records dealt (at now_ms) and returns the share to use. The first deal
+ * seen is used at once. Pure. */
+uint32_t k8s_share_settle(struct k8s_share_hold *h, uint32_t dealt, uint64_t now_ms,
+                          uint64_t settle_ms);
 /* A peer's demand report ({"identity": ..., "models": {key: [inflight,
  * queued, idle_ms]}}, idle_ms optional: ms since the model's last request
  * there) into demand (key -> (uintptr_t) demand + 1, replaced whole), idle

@@ -38,7 +38,7 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
     }
     struct kmodel *km = m->backend_data;
     uint64_t now = clock_now_ms();
-    as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + 1);
+    as_record(&km->sc.ass, now, model_demand(m) + 1);
     /* Clients wait from now: the cold start they see begins (its phases
      * come from the pods, kube_cold_refresh). */
     if (kube_wake_for_demand(km)) {
@@ -100,6 +100,7 @@ static void kube_free(struct backend *b)
         k8s_informer_dispose(&kb->ns[i].pulled);
     }
     k8s_informer_dispose(&kb->nodes);
+    kube_tenants_source_dispose(&kb->tenants);
     strmap_each(&kb->models, free_model_cb, NULL);
     strmap_dispose(&kb->models);
     kube_groups_free(kb);

@@ -121,7 +121,8 @@ static void add_demand_cb(void *ud, const char *key, void *value)
     if (km->m->inflight || km->m->queue.count || age != UINT64_MAX) {
         cJSON *counts = cJSON_CreateArray();
         cJSON_AddItemToArray(counts, cJSON_CreateNumber(km->m->inflight));
-        cJSON_AddItemToArray(counts, cJSON_CreateNumber((double)km->m->queue.count));
+        /* Waiting that more replicas could start (not held by a tenant's cap). */
+        cJSON_AddItemToArray(counts, cJSON_CreateNumber((double)queue_runnable(&km->m->queue)));
         cJSON_AddItemToArray(counts, cJSON_CreateNumber(age != UINT64_MAX ? (double)age : 0));
         cJSON_AddItemToObject(ud, key, counts);
     }

@@ -10,7 +10,8 @@
  *   idle.c                 the idle clock kept on the Deployment across restarts
  *   sleep.c                sleep mode: idle pods sleep (POST /sleep), demand wakes them
  *   traffic.c              Deployments that are one model's revisions -> its routing
- *                          entry, split and rollout (kept in annotations) */
+ *                          entry, split and rollout (kept in annotations)
+ *   tenants_source.c       tenants.source: the watched Secret or ConfigMap of tenants */
 #ifndef THAW_BACKEND_K8S_INT_H
 #define THAW_BACKEND_K8S_INT_H
 
@@ -39,6 +40,9 @@
 #define K8S_LAST_REQUEST_ANNOTATION "thaw.dev/last-request-at"
 /* Writes of it, per model: at most one per max(idle-timeout / 4, this). */
 #define IDLE_WRITE_MIN_MS 10000
+/* How long a grown share of a pod's slots waits before it is used: longer
+ * than the activators take to see the same change of pods or activators. */
+#define SHARE_SETTLE_MS 1000
 
 struct kube_backend;
 struct kmodel;
@@ -66,6 +70,11 @@ struct kpod {
     struct k8s_resources requests; /* its counted extended resources */
     char created[32]; /* creationTimestamp: the order slots are dealt in */
     struct cs_timeline phases; /* tracked when it starts while its model is cold */
+    int64_t created_ms;         /* the same in wall ms; 0: unknown */
+    bool pod_ready;             /* the pod object's Ready condition */
+    uint32_t dealt;             /* this activator's slots on it in the latest deal */
+    uint32_t share;             /* the slots it uses: dealt, once settled */
+    struct k8s_share_hold hold; /* the share used while the deal settles */
     struct probe probe;
     /* sleep mode (sleep.c) */
     enum kpod_sleep sleep;
@@ -138,6 +147,24 @@ struct kube_placement {
     size_t n_res;
 };
 
+/* tenants.source: the watched Secret or ConfigMap (tenants_source.c). */
+struct kube_tenants_source {
+    bool on;
+    struct kube_backend *kb;
+    enum tenants_source_kind kind;
+    char ns[254], name[254], key[254];
+    struct k8s_informer inf;
+    backend_tenants_apply_fn apply;
+    void *apply_ud;
+    bool present;     /* the object exists (as last listed or watched) */
+    bool loaded;      /* a document was applied since start */
+    char seen_rv[64]; /* the version last read (applied or not) */
+    char applied_rv[64];
+    int64_t applied_unix;
+    uint64_t applied, rejected;
+    char last_error[768]; /* "" while the latest version is in force */
+};
+
 struct informer_set {
     struct k8s_informer deployments, slices, pods;
     /* The kubelet's image pull Events of pods (Pulling, Pulled): the image
@@ -175,6 +202,7 @@ struct kube_backend {
     struct k8s_events events;
     uint64_t scale_errors;
     uint64_t idle_writes, idle_write_errors;
+    struct kube_tenants_source tenants;
 };
 
 static inline struct kube_backend *KB(struct backend *b)
@@ -203,7 +231,10 @@ void kube_pod_probe(struct kpod *p);
 void kube_kmodel_free(struct kmodel *km);
 void kube_node_free(struct k8s_node_info *ni);
 /* This activator's share of each ready pod's slots, from the activators
- * (peers) and the ready pods; waiting requests go when a share grew. */
+ * (peers) and the Deployment's pods in the deal (k8s_pod_in_deal); a share
+ * grows only once settled (k8s_share_settle). Waiting requests go when a
+ * share grew. Also called every tick: pods age out of the deal, and shares
+ * held back settle. */
 void kube_shares_update(struct kmodel *km);
 /* The set of activators changed: every model's shares move. */
 void kube_peers_changed(void *kb);
@@ -319,6 +350,10 @@ void kube_rollout_decided(struct backend *b, struct model *parent,
 bool kube_rollout_leads(struct backend *b);
 void kube_describe_group(struct kgroup *g, cJSON *out);
 void kube_groups_free(struct kube_backend *kb);
+/* tenants_source.c */
+void kube_tenants_source_dispose(struct kube_tenants_source *ts);
+void kube_tenants_source_describe(const struct kube_tenants_source *ts, cJSON *k);
+void kube_tenants_source_metrics(const struct kube_tenants_source *ts, struct buf *o);
 
 /* backend_k8s_status.c */
 void kube_describe(struct backend *b, struct model *m, cJSON *out);

@@ -8,11 +8,13 @@
  * Nodes give the GPU capacity per node (placement.c). */
 #include "internal.h"
 #include "thaw/clock.h"
+#include "thaw/k8s/json.h"
 #include "thaw/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static struct kpod *pod_get(struct kmodel *km, const char *name, bool create);
@@ -291,16 +293,70 @@ static void pull_event_remove(void *ud, const cJSON *obj)
 
 /* ---- this activator's share of the slots ------------------------------------ */
 
-struct dealt {
-    struct endpoint *ep;
-    const char *created;
+static bool pod_in_deal(const struct kpod *p, int64_t wall_now)
+{
+    /* Only pod objects place a pod: one known from its Service's slice
+     * alone is not seen alike by every activator. */
+    if (!p->selected || !p->created_ms) {
+        return false;
+    }
+    uint64_t age = wall_now > p->created_ms ? (uint64_t)(wall_now - p->created_ms) : 0;
+    return k8s_pod_in_deal(p->terminating, p->unschedulable, p->pod_ready, age,
+                           p->km->spec.startup_timeout_ms);
+}
+
+struct deal_pass {
+    struct kpod **order;
+    size_t n, cap;
+    int64_t wall_now;
+    uint32_t outside; /* what a pod outside the deal gets */
 };
+
+static void collect_dealt(void *ud, const char *key, void *value)
+{
+    struct deal_pass *d = ud;
+    struct kpod *p = value;
+    p->dealt = d->outside;
+    if (d->n < d->cap && pod_in_deal(p, d->wall_now)) {
+        d->order[d->n++] = p;
+    }
+}
 
 static int by_creation(const void *a, const void *b)
 {
-    const struct dealt *x = a, *y = b;
+    const struct kpod *x = *(struct kpod *const *)a, *y = *(struct kpod *const *)b;
     int c = strcmp(x->created, y->created);
-    return c ? c : strcmp(x->ep->id, y->ep->id);
+    return c ? c : strcmp(x->name, y->name);
+}
+
+static void settle_pod(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    p->share = k8s_share_settle(&p->hold, p->dealt, *(uint64_t *)ud, SHARE_SETTLE_MS);
+}
+
+/* Deals every pod in the deal its slots (p->dealt), in the same order on
+ * every activator: oldest first, then by name. A scale-up's new pods come
+ * last and a scale-down takes the newest, so the pods already serving keep
+ * their shares. Returns -1 when out of memory. */
+static int deal_pods(struct kmodel *km, bool placed, unsigned rank, unsigned n)
+{
+    /* Alone, this activator may use every pod whole. */
+    uint32_t alone = placed && n <= 1 ? UINT32_MAX : 0;
+    struct deal_pass d = {NULL, 0, km->pods.count, (int64_t)clock_wall_ms(), alone};
+    d.order = d.cap ? malloc(d.cap * sizeof *d.order) : NULL;
+    if (d.cap && !d.order) {
+        return -1;
+    }
+    strmap_each(&km->pods, collect_dealt, &d);
+    qsort(d.order, d.n, sizeof *d.order, by_creation);
+    for (size_t i = 0; i < d.n; i++) {
+        d.order[i]->dealt = !placed  ? 0
+                            : n <= 1 ? UINT32_MAX
+                                     : k8s_activator_share(km->m->set.max_concurrency, n, rank, i);
+    }
+    free(d.order);
+    return 0;
 }
 
 void kube_shares_update(struct kmodel *km)
@@ -311,32 +367,19 @@ void kube_shares_update(struct kmodel *km)
     /* Before the activators are known, or while this one is not among
      * them, it takes nothing: the others may be using every slot. */
     bool placed = !kb->have_peers || k8s_peers_place(&kb->peers, &rank, &n);
-    size_t count = m->n_endpoints;
-    struct dealt *order = count ? malloc(count * sizeof *order) : NULL;
-    if (!order) {
+    if (deal_pods(km, placed, rank, n)) {
         return;
     }
-    /* Every activator deals the pods in the same order: oldest first, then
-     * by name. A scale-up's new pods come last and a scale-down takes the
-     * newest, so the pods already serving keep their shares (a share that
-     * moves off a pod with requests on it puts it over its limit until they
-     * finish). */
-    for (size_t i = 0; i < count; i++) {
-        const char *id = m->endpoints[i]->id;
-        const struct kpod *p = strmap_get(&km->pods, id, strlen(id));
-        order[i] = (struct dealt){m->endpoints[i], p ? p->created : ""};
-    }
-    qsort(order, count, sizeof *order, by_creation);
+    uint64_t now = clock_now_ms();
+    strmap_each(&km->pods, settle_pod, &now);
     bool grew = false;
-    for (size_t i = 0; i < count; i++) {
-        struct endpoint *ep = order[i].ep;
-        uint32_t share = !placed  ? 0
-                         : n <= 1 ? UINT32_MAX
-                                  : k8s_activator_share(m->set.max_concurrency, n, rank, i);
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        struct endpoint *ep = m->endpoints[i];
+        const struct kpod *p = strmap_get(&km->pods, ep->id, strlen(ep->id));
+        uint32_t share = !kb->have_peers ? UINT32_MAX : p ? p->share : 0;
         grew = grew || share > ep->share;
         ep->share = share;
     }
-    free(order);
     if (grew && m->fleet->on_capacity) {
         m->fleet->on_capacity(m->fleet->cb_ud, m);
     }
@@ -393,6 +436,7 @@ static void pod_free(struct kmodel *km, struct kpod *p, const char *why)
     kube_pod_sleep_dispose(p);
     strmap_del(&km->pods, p->name, strlen(p->name));
     free(p);
+    kube_shares_update(km); /* the pods after it move up in the deal */
 }
 
 /* ---- models ---------------------------------------------------------------- */
@@ -790,15 +834,21 @@ static void pod_upsert(void *ud, const cJSON *obj)
     if (!p) {
         return;
     }
+    bool placed_before = pod_in_deal(p, (int64_t)clock_wall_ms());
     p->selected = true;
     snprintf(p->phase, sizeof p->phase, "%s", pi.phase);
-    if (strcmp(p->created, pi.created) != 0) {
+    bool moved = strcmp(p->created, pi.created) != 0;
+    if (moved) {
         snprintf(p->created, sizeof p->created, "%s", pi.created);
-        if (p->reported) { /* ready by its EndpointSlice before this event */
-            kube_shares_update(km);
-        }
+        int64_t ms = 0;
+        p->created_ms = k8s_time_parse_ms(pi.created, &ms) == 0 && ms > 0 ? ms : 0;
     }
     p->unschedulable = pi.unschedulable;
+    p->pod_ready = pi.ready;
+    p->terminating = p->terminating || pi.terminating;
+    if (moved || placed_before != pod_in_deal(p, (int64_t)clock_wall_ms())) {
+        kube_shares_update(km); /* the pods in the deal, or their order, changed */
+    }
     snprintf(p->node, sizeof p->node, "%s", pi.node_name);
     p->requests = pi.requests;
     if (pi.terminating) {

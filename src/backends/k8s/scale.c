@@ -226,6 +226,9 @@ static void model_tick(void *ud, const char *key, void *value)
     struct model *m = km->m;
     kube_idle_tick(km, clock_now_ms());
     kube_sleep_tick(km, clock_now_ms());
+    if (km->kb->have_peers) {
+        kube_shares_update(km); /* shares held back settle, pods age out of the deal */
+    }
     bool busy = m->inflight > 0 || m->queue.count > 0;
     if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0 &&
         !(km->kb->have_peers && km->kb->leading)) {
@@ -236,7 +239,7 @@ static void model_tick(void *ud, const char *key, void *value)
     uint64_t now = clock_now_ms();
     uint64_t peer = km->kb->have_peers && km->kb->leading ? k8s_peers_demand(&km->kb->peers, km->key)
                                                            : 0;
-    as_record(&km->sc.ass, now, (double)m->inflight + (double)m->queue.count + (double)peer);
+    as_record(&km->sc.ass, now, model_demand(m) + (double)peer);
     bool memory_bound = m->n_endpoints == 0 && km->spec.replicas == 0 && kube_memory_bound(km);
     if (busy && m->n_endpoints == 0 && km->spec.replicas == 0 && !memory_bound) {
         kube_scale_from_zero(km); /* retried until the Deployment says otherwise */

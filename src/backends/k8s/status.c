@@ -204,7 +204,7 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
     scaler_describe(&km->sc, out);
     describe_idle_clock(km, out);
     cJSON *dm = cJSON_AddObjectToObject(out, "demand");
-    cJSON_AddNumberToObject(dm, "local", (double)m->inflight + (double)m->queue.count);
+    cJSON_AddNumberToObject(dm, "local", model_demand(m));
     if (km->kb->have_peers) {
         cJSON_AddNumberToObject(dm, "peers", (double)k8s_peers_demand(&km->kb->peers, km->key));
     }
@@ -447,6 +447,10 @@ void kube_describe_capacity(struct backend *b, cJSON *out)
         }
     }
     add_informer(infs, &kb->nodes, NULL);
+    if (kb->tenants.on) {
+        add_informer(infs, &kb->tenants.inf, kb->tenants.ns);
+    }
+    kube_tenants_source_describe(&kb->tenants, k);
     describe_nodes(kb, k);
     kube_ha_describe(kb, k);
 }
@@ -588,6 +592,7 @@ void kube_render_metrics(struct backend *b, struct buf *o)
                       "Writes of a rollout's state that failed.");
     buf_printf(o, "thaw_kubernetes_rollout_write_errors_total %llu\n",
                (unsigned long long)kb->rollout_write_errors);
+    kube_tenants_source_metrics(&kb->tenants, o);
     metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
     buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
     render_node_metrics(kb, o);
