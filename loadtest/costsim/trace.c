@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const cs_trace_names[] = {"fleet24", "large", "bursty-batch", NULL};
+const char *const cs_trace_names[] = {"fleet24", "large", "bursty-batch", "office", NULL};
 
 /* xorshift64*: small, seeded, the same everywhere. */
 struct rng {
@@ -117,6 +117,10 @@ struct shape {
     double mean_tokens;
     int burst_start[3], burst_len[3];
     double burst_mult;
+    /* office: requests only from open_s to close_s (seconds of the day), on
+     * weekdays (the trace starts on a Monday) unless every_day; 0 0: diurnal */
+    int open_s, close_s;
+    bool every_day;
 };
 
 static double day_factor(int t)
@@ -126,9 +130,22 @@ static double day_factor(int t)
     return d > 0 ? d : 0;
 }
 
+#define DAY_S 86400
+
+/* A team's hours: its rate while open, nothing otherwise. */
+static double office_rate(const struct shape *sh, int sec)
+{
+    int tod = sec % DAY_S, weekday = (sec / DAY_S) % 7;
+    bool open = tod >= sh->open_s && tod < sh->close_s && (sh->every_day || weekday < 5);
+    return open ? sh->base_rate : 0;
+}
+
 /* Interactive tiers by day, batch mostly by night. */
 static double rate_at(const struct shape *sh, enum tier t, int sec)
 {
+    if (sh->close_s) {
+        return office_rate(sh, sec);
+    }
     double f = day_factor(sec);
     double load = t == TIER_BATCH ? 0.25 + 0.75 * (1 - f) : 0.05 + 0.95 * f;
     double r = sh->base_rate * load;
@@ -139,8 +156,6 @@ static double rate_at(const struct shape *sh, enum tier t, int sec)
     }
     return r;
 }
-
-#define DAY_S 86400
 
 static void random_shape(struct shape *sh, struct rng *r, double base_rate, int horizon)
 {
@@ -247,6 +262,35 @@ static void gen_bursty(struct cs_trace *tr, struct rng *r, struct shape *sh)
     }
 }
 
+/* 24 models of teams inside one company on 8 GPUs x 4 (6 critical, 12
+ * standard, 6 batch; 7-8B or 13B): each interactive model is used only in
+ * its team's working hours (opening 7-10 h, closing 16-19 h, weekdays), a
+ * request every 30 s to 5 min while open; each batch model runs a nightly
+ * job (an hour from 0-4 h, every day). Nothing else: a pattern that repeats
+ * by the clock, as internal assistants, coding and document tools see. */
+static void gen_office(struct cs_trace *tr, struct rng *r, struct shape *sh)
+{
+    tr->gpus = 8;
+    tr->slices_per_gpu = 4;
+    for (int i = 0; i < 24; i++) {
+        enum tier t = i < 6 ? TIER_CRITICAL : i < 18 ? TIER_STANDARD : TIER_BATCH;
+        char name[48];
+        snprintf(name, sizeof name, "%s-%02d", tier_name(t), i);
+        add_sized_model(tr, r, name, t, rnd(r) < 0.3 ? 2 : 1);
+        sh[i].mean_tokens = (1.5 + 10 * rnd(r)) * 40;
+        if (t == TIER_BATCH) {
+            sh[i].open_s = (int)(rnd(r) * 4) * 3600;
+            sh[i].close_s = sh[i].open_s + 3600;
+            sh[i].every_day = true;
+            sh[i].base_rate = 0.2 + 0.3 * rnd(r);
+        } else {
+            sh[i].open_s = (7 + (int)(rnd(r) * 4)) * 3600;
+            sh[i].close_s = (16 + (int)(rnd(r) * 4)) * 3600;
+            sh[i].base_rate = 1.0 / (30 + 270 * rnd(r));
+        }
+    }
+}
+
 static void batch_jobs(struct cs_trace *tr, struct rng *r, const struct shape *sh)
 {
     for (size_t i = 0; i < tr->n_models; i++) {
@@ -283,6 +327,8 @@ int cs_trace_generate(struct cs_trace *tr, const char *name, uint64_t seed, doub
         gen_large(tr, &r, sh);
     } else if (strcmp(name, "bursty-batch") == 0) {
         gen_bursty(tr, &r, sh);
+    } else if (strcmp(name, "office") == 0) {
+        gen_office(tr, &r, sh);
     } else {
         return -1;
     }

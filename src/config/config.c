@@ -581,7 +581,7 @@ static const struct conf_key autoscaler_keys[] = {
     {.name = "prewarm", .type = KEY_ENUM, .offset = offsetof(struct config_autoscaler, prewarm),
      .def = PREWARM_OFF, .lookup = lookup_prewarm, .enum_msg = PREWARM_MSG},
     K_NUM(struct config_autoscaler, prewarm_min_requests, 1, 1, 100000),
-    K_NUM(struct config_autoscaler, prewarm_lead_ms, 60000, 0, 86400000),
+    K_NUM(struct config_autoscaler, prewarm_lead_ms, 300000, 0, 86400000),
     K_NUM(struct config_autoscaler, prewarm_quiet_ms, 3600000, 0, 86400000),
 };
 static const struct section autoscaler_section = SECTION(autoscaler_keys, NULL);

@@ -106,6 +106,7 @@ static void sim_init(struct sim *s, enum prewarm_mode mode)
     memset(s, 0, sizeof *s);
     s->cfg = config_new_default();
     s->cfg->autoscaler.tick_ms = MIN;
+    s->cfg->autoscaler.prewarm_lead_ms = MIN; /* the horizon: the 2-minute cold start + a tick */
     s->m.name = "chat";
     s->m.set.priority = TIER_STANDARD;
     s->m.set.max_concurrency = 4;
