@@ -44,8 +44,10 @@ struct conn;
 struct conn_ctx {
     struct event_base *base;
     char *scratch; /* CONN_SCRATCH_BYTES */
-    const struct timeval *tv_header, *tv_body, *tv_keepalive, *tv_send, *tv_linger;
-    uint64_t body_timeout_ms, body_total_timeout_ms; /* limits.body_* */
+    /* limits.header_, keepalive_, send_, body_ and body_total_timeout_ms;
+     * linger_ms: how long a closing connection discards input */
+    uint64_t header_timeout_ms, keepalive_timeout_ms, send_timeout_ms, linger_ms;
+    uint64_t body_timeout_ms, body_total_timeout_ms;
     struct list_node conns; /* every client connection */
     size_t n_lingering;     /* connections in their lingering close */
     bool draining;          /* connections close after their current response */
@@ -134,6 +136,10 @@ struct conn {
     bool lingering;     /* counted in ctx->n_lingering */
     size_t *count; /* the connection count it is in (per port), decremented at close */
     bool body_total_armed;     /* the body timer is the total one, not the idle one */
+    /* The timer is lazy (as an upstream's): deadline_ms is when the current
+     * timeout passes (0: none), timer_at_ms when tev fires (0: not armed),
+     * never later than the deadline; a later deadline is only stored. */
+    uint64_t deadline_ms, timer_at_ms;
     uint64_t body_deadline_ms; /* limits.body_total_timeout_ms from the head; 0: none */
     /* Called whenever `out` has drained below the high-water mark. */
     void (*on_drain)(struct conn *c);

@@ -63,9 +63,23 @@ static bool is_dead(struct conn *c)
 
 enum timer_kind { TIMER_NONE, TIMER_HEADER, TIMER_BODY, TIMER_KEEPALIVE, TIMER_SEND, TIMER_LINGER };
 
-static void arm_timer(struct conn *c, const struct timeval *tv)
+static void add_timer(struct conn *c, uint64_t now, uint64_t at)
 {
-    event_add(&c->tev, tv);
+    struct timeval tv = clock_timeval(at - now);
+    event_add(&c->tev, &tv);
+    c->timer_at_ms = at;
+}
+
+/* Times out ms from now. Most calls only store the deadline: the timer is
+ * added again only when it would fire after it (a keep-alive connection's
+ * requests move it back and forth without a heap operation each). */
+static void arm_timer(struct conn *c, uint64_t ms)
+{
+    uint64_t now = clock_now_ms();
+    c->deadline_ms = now + ms;
+    if (c->timer_at_ms == 0 || c->timer_at_ms > c->deadline_ms) {
+        add_timer(c, now, c->deadline_ms);
+    }
 }
 
 /* The body timer is the idle one (limits.body_timeout_ms, restarted by each
@@ -78,12 +92,10 @@ static void arm_body_timer(struct conn *c)
     uint64_t idle_ms = s->body_timeout_ms;
     c->body_total_armed = c->body_deadline_ms && now + idle_ms >= c->body_deadline_ms;
     if (!c->body_total_armed) {
-        arm_timer(c, s->tv_body);
+        arm_timer(c, idle_ms);
         return;
     }
-    uint64_t left = c->body_deadline_ms > now ? c->body_deadline_ms - now : 0;
-    struct timeval tv = clock_timeval(left);
-    arm_timer(c, &tv);
+    arm_timer(c, c->body_deadline_ms > now ? c->body_deadline_ms - now : 0);
 }
 
 static void set_timer(struct conn *c, enum timer_kind k)
@@ -91,22 +103,22 @@ static void set_timer(struct conn *c, enum timer_kind k)
     struct conn_ctx *s = c->ctx;
     switch (k) {
     case TIMER_NONE:
-        event_del(&c->tev);
+        c->deadline_ms = 0; /* a pending timer finds nothing to do */
         break;
     case TIMER_HEADER:
-        arm_timer(c, s->tv_header);
+        arm_timer(c, s->header_timeout_ms);
         break;
     case TIMER_BODY:
         arm_body_timer(c);
         break;
     case TIMER_KEEPALIVE:
-        arm_timer(c, s->tv_keepalive);
+        arm_timer(c, s->keepalive_timeout_ms);
         break;
     case TIMER_SEND:
-        arm_timer(c, s->tv_send);
+        arm_timer(c, s->send_timeout_ms);
         break;
     case TIMER_LINGER:
-        arm_timer(c, s->tv_linger);
+        arm_timer(c, s->linger_ms);
         break;
     }
 }
@@ -863,6 +875,16 @@ static void body_deadline_passed(struct conn *c)
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
+    c->timer_at_ms = 0;
+    uint64_t now = clock_now_ms();
+    if (c->deadline_ms == 0) {
+        return; /* cleared since it was armed */
+    }
+    if (c->deadline_ms > now) {
+        add_timer(c, now, c->deadline_ms); /* moved later since it was armed */
+        return;
+    }
+    c->deadline_ms = 0;
     enter(c);
     switch (c->state) {
     case CONN_IDLE:

@@ -66,10 +66,28 @@ static const char *owner_name(const struct endpoint *ep)
     return ep->model_name ? ep->model_name : "-";
 }
 
+static void arm_timer_at(struct upstream *u, uint64_t now, uint64_t at)
+{
+    struct timeval tv = clock_timeval(at - now);
+    event_add(&u->tev, &tv);
+    u->timer_at_ms = at;
+}
+
+/* Times the connection out ms from now. The timer is added again only when
+ * it would fire after the new deadline (see deadline_ms). */
 static void arm_ms(struct upstream *u, uint64_t ms)
 {
-    struct timeval tv = clock_timeval(ms);
-    event_add(&u->tev, &tv);
+    uint64_t now = clock_now_ms();
+    u->deadline_ms = now + ms;
+    if (u->timer_at_ms == 0 || u->timer_at_ms > u->deadline_ms) {
+        arm_timer_at(u, now, u->deadline_ms);
+    }
+}
+
+static void disarm(struct upstream *u)
+{
+    event_del(&u->tev);
+    u->deadline_ms = u->timer_at_ms = 0;
 }
 
 static void destroy(struct upstream *u)
@@ -88,7 +106,7 @@ static void destroy(struct upstream *u)
     }
     event_del(&u->rev);
     event_del(&u->wev);
-    event_del(&u->tev);
+    disarm(u);
     if (u->fd >= 0) {
         close(u->fd);
         u->fd = -1;
@@ -404,7 +422,7 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
     if (u) {
         u->reused = true;
         ctx->metrics->upstream_reused++;
-        event_del(&u->tev);
+        disarm(u);
         u->state = UP_SENDING;
     } else {
         u = calloc(1, sizeof *u);
@@ -762,7 +780,7 @@ out:
     if (u->req && conn_out_pending(u->req->conn) > CONN_OUT_HIGH_WATER && !u->reading_paused) {
         u->reading_paused = true;
         event_del(&u->rev);
-        event_del(&u->tev);
+        disarm(u);
     }
 }
 
@@ -812,7 +830,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
                 confirm(u);
             }
             if (u->state == UP_STREAMING) {
-                arm_ms(u, u->req->idle_timeout_ms);
+                arm_ms(u, u->req->idle_timeout_ms); /* a store, as a rule */
             }
             process(u, scratch, (size_t)n);
         }
@@ -853,6 +871,12 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct upstream *u = arg;
+    u->timer_at_ms = 0;
+    uint64_t now = clock_now_ms();
+    if (u->deadline_ms > now) {
+        arm_timer_at(u, now, u->deadline_ms); /* activity since it was armed */
+        return;
+    }
     enter(u);
     switch (u->state) {
     case UP_IDLE:
