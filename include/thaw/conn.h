@@ -33,6 +33,9 @@ struct conn;
 #define CONN_SCRATCH_BYTES (64 * 1024)
 /* Client output above this pauses reading from the upstream (backpressure). */
 #define CONN_OUT_HIGH_WATER (64 * 1024)
+/* What one connection may read in one turn of the loop before the others
+ * get theirs (it goes on in the next turn). */
+#define CONN_READ_BUDGET (4 * CONN_SCRATCH_BYTES)
 /* Pipelined bytes a busy connection may hold before thaw stops reading it. */
 #define CONN_PIPELINE_MAX (64 * 1024)
 /* Connections in their lingering close at most; past it they close at once. */
@@ -145,6 +148,12 @@ struct conn {
     void (*on_drain)(struct conn *c);
     void *drain_ud; /* for on_drain */
 };
+
+/* The read event flags for a socket on base: edge-triggered with EV_CLOSED
+ * where the backend has both (epoll), so a socket read until it is drained
+ * is not looked at again by the next poll; level-triggered otherwise. A
+ * reader goes on until a short read (or, after EV_CLOSED, until EOF). */
+short conn_read_events(struct event_base *base);
 
 /* Takes an accepted socket. Requests are parsed within lim and handed to
  * handler (with ud, its context). Returns NULL (socket closed) on failure. */

@@ -123,6 +123,22 @@ static void set_timer(struct conn *c, enum timer_kind k)
     }
 }
 
+short conn_read_events(struct event_base *base)
+{
+    int f = event_base_get_features(base);
+    bool et = (f & EV_FEATURE_ET) && (f & EV_FEATURE_EARLY_CLOSE);
+    return EV_READ | EV_PERSIST | (et ? EV_ET | EV_CLOSED : 0);
+}
+
+/* Reading again after a pause. Edge-triggered, bytes (or a FIN) that came
+ * meanwhile raise no new edge when the pause and this resume cancel out in
+ * the loop's change list: one read now finds them (or EAGAIN). */
+static void watch_reads(struct conn *c)
+{
+    event_add(&c->rev, NULL);
+    event_active(&c->rev, EV_READ | EV_CLOSED, 0);
+}
+
 struct conn *conn_new(struct conn_ctx *ctx, int fd, const struct http_limits *lim,
                       const struct conn_handler *handler, void *ud,
                       const struct sockaddr *peer)
@@ -153,7 +169,7 @@ struct conn *conn_new(struct conn_ctx *ctx, int fd, const struct http_limits *li
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    event_assign(&c->rev, ctx->base, fd, EV_READ | EV_PERSIST, on_read, c);
+    event_assign(&c->rev, ctx->base, fd, conn_read_events(ctx->base), on_read, c);
     event_assign(&c->wev, ctx->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
     event_assign(&c->tev, ctx->base, -1, 0, on_timer, c);
     event_add(&c->rev, NULL);
@@ -338,7 +354,7 @@ static void begin_close(struct conn *c)
         s->n_lingering++;
     }
     if (c->read_paused) {
-        event_add(&c->rev, NULL);
+        watch_reads(c);
         c->read_paused = false;
     }
     set_timer(c, TIMER_LINGER);
@@ -355,7 +371,7 @@ void conn_pause_reading(struct conn *c)
 static void resume_reading(struct conn *c)
 {
     if (c->read_paused && !is_dead(c) && !c->eof) {
-        event_add(&c->rev, NULL);
+        watch_reads(c);
         c->read_paused = false;
     }
 }
@@ -787,25 +803,44 @@ static void handle_eof(struct conn *c)
     }
 }
 
+/* Reads until the socket is drained (a short read, unless the client's FIN
+ * is known to wait behind it), within CONN_READ_BUDGET a turn. */
 static void on_read(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
     enter(c);
     char *scratch = c->ctx->scratch;
-    ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
-    if (n > 0) {
-        if (c->state == CONN_CLOSING) {
-            /* Lingering: discard. */
-        } else {
-            process_input(c, scratch, (size_t)n);
+    size_t budget = CONN_READ_BUDGET;
+    for (;;) {
+        ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
+        if (n > 0) {
+            if (c->state != CONN_CLOSING) {
+                process_input(c, scratch, (size_t)n);
+            } /* else lingering: discard */
+            if (is_dead(c) || c->read_paused || c->eof) {
+                break;
+            }
+            if ((size_t)n < CONN_SCRATCH_BYTES && !(what & EV_CLOSED)) {
+                break; /* drained: the next bytes raise a new edge */
+            }
+            if ((size_t)n >= budget) {
+                event_active(&c->rev, what, 0); /* the rest next turn */
+                break;
+            }
+            budget -= (size_t)n;
+            continue;
         }
-    } else if (n == 0) {
-        handle_eof(c);
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        conn_close(c, ABORT_CLIENT_CLOSED);
-    } else if (buf_unread(&c->in) > 0 && c->state == CONN_IDLE) {
-        /* Activated by hand to continue with pipelined input. */
-        process_input(c, NULL, 0);
+        if (n == 0) {
+            handle_eof(c);
+        } else if (errno == EINTR) {
+            continue;
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            conn_close(c, ABORT_CLIENT_CLOSED);
+        } else if (buf_unread(&c->in) > 0 && c->state == CONN_IDLE) {
+            /* Activated by hand to continue with pipelined input. */
+            process_input(c, NULL, 0);
+        }
+        break;
     }
     leave(c);
 }
