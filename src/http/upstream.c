@@ -704,10 +704,11 @@ static void on_body(void *ud, const char *data, size_t len)
     }
     int rc;
     if (u->rechunk) {
+        /* Size line, bytes and CRLF in one system call, not three. */
         char hdr[24];
         int n = snprintf(hdr, sizeof hdr, "%zx\r\n", len);
-        rc = conn_write(r->conn, hdr, (size_t)n) || conn_write(r->conn, data, len) ||
-             conn_write(r->conn, "\r\n", 2);
+        struct iovec iov[3] = {{hdr, (size_t)n}, {(void *)data, len}, {"\r\n", 2}};
+        rc = conn_writev(r->conn, iov, 3);
     } else {
         rc = conn_write(r->conn, data, len);
     }
