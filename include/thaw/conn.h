@@ -152,7 +152,10 @@ struct conn {
 /* The read event flags for a socket on base: edge-triggered with EV_CLOSED
  * where the backend has both (epoll), so a socket read until it is drained
  * is not looked at again by the next poll; level-triggered otherwise. A
- * reader goes on until a short read (or, after EV_CLOSED, until EOF). */
+ * reader goes on until a short read (or, after EV_CLOSED, until EOF), which
+ * is right either way: libevent's epoll backend registers a socket whose
+ * write event is added later without EPOLLET until its read event is added
+ * again. */
 short conn_read_events(struct event_base *base);
 
 /* Takes an accepted socket. Requests are parsed within lim and handed to
