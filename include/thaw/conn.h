@@ -153,9 +153,9 @@ struct conn {
  * where the backend has both (epoll), so a socket read until it is drained
  * is not looked at again by the next poll; level-triggered otherwise. A
  * reader goes on until a short read (or, after EV_CLOSED, until EOF), which
- * is right either way: libevent's epoll backend registers a socket whose
- * write event is added later without EPOLLET until its read event is added
- * again. */
+ * is right under either registration (the write event of the same socket,
+ * level-triggered, shares its epoll entry with the read event), and writers
+ * write until EAGAIN or empty, right under either too. */
 short conn_read_events(struct event_base *base);
 
 /* Takes an accepted socket. Requests are parsed within lim and handed to
