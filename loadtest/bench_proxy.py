@@ -63,23 +63,6 @@ def start(cmd, **kw):
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
 
 
-def nginx_conf(d, body):
-    return f"""
-worker_processes 1;
-daemon off;
-pid {d}/nginx.pid;
-error_log /dev/null crit;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
-    keepalive_requests 1000000;
-    {body}
-}}
-"""
-
-
 def parse_wrk(out):
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
@@ -119,7 +102,7 @@ def main():
     try:
         up = free_port()
         with open(f"{d}/upstream.conf", "w") as f:
-            f.write(nginx_conf(d, f"""server {{ listen 127.0.0.1:{up} backlog=4096;
+            f.write(common.nginx_conf(d, f"""server {{ listen 127.0.0.1:{up} backlog=4096;
                 default_type application/json;
                 location / {{ return 200 '{BODY}'; }} }}"""))
         procs.append(start([nginx, "-c", f"{d}/upstream.conf", "-p", d]))
@@ -146,11 +129,7 @@ def main():
 
         ngx_port = free_port()
         with open(f"{d}/proxy.conf", "w") as f:
-            f.write(nginx_conf(d, f"""
-                upstream model {{ server 127.0.0.1:{up}; keepalive 64; }}
-                server {{ listen 127.0.0.1:{ngx_port} backlog=4096;
-                    location / {{ proxy_pass http://model; proxy_http_version 1.1;
-                                  proxy_set_header Connection ""; proxy_buffering off; }} }}"""))
+            f.write(common.nginx_conf(d, common.nginx_proxy(ngx_port, up)))
         ngx_proc = start([nginx, "-c", f"{d}/proxy.conf", "-p", d])
         procs.append(ngx_proc)
 

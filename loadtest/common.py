@@ -1,5 +1,6 @@
 """Helpers the load tests share: start thaw on a config, read its ports,
-read a process's RSS and CPU time (with its descendants), wait for a file."""
+read a process's RSS and CPU time (with its descendants), wait for a file,
+and the nginx configuration the proxy benchmarks compare thaw with."""
 
 import json
 import os
@@ -74,3 +75,41 @@ def start_thaw(thaw_bin, workdir, cfg, extra_args=()):
     with open(pf) as f:
         ports = json.load(f)
     return p, int(ports["listen"].rsplit(":", 1)[1]), ports["admin_listen"]
+
+
+def nginx_conf(d, body, connections=4096):
+    """A one-worker nginx (no daemon, no logs, temp files under d) serving
+    the http-level `body`; `connections` is its worker_connections and
+    descriptor limit."""
+    return f"""
+worker_processes 1;
+worker_rlimit_nofile {connections};
+daemon off;
+pid {d}/nginx.pid;
+error_log /dev/null crit;
+events {{ worker_connections {connections}; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
+    keepalive_requests 1000000;
+    {body}
+}}
+"""
+
+
+def nginx_proxy(port, up):
+    """The http-level body of nginx as the proxy under comparison: HTTP/1.1
+    and 64 keep-alive connections to the upstream, no buffering (each piece
+    passed on as it comes, as a token stream needs)."""
+    return f"""
+    upstream model {{ server 127.0.0.1:{up}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://model;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}"""

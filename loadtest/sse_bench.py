@@ -25,7 +25,9 @@ HAProxy. The last line is `SSE_JSON {...}`.
 Environment: SMOKE=1 (CI: 1 round, small sizes, a few seconds), ROUNDS (3),
 DURATION (s of streaming per scenario, 10), TOTAL_RATE (events/s offered over
 all streams of a and b, 50000), A_STREAMS (1000), B_STREAMS (5000), THAW_BIN,
-UPSTREAM_BIN, CLIENT_BIN. Compare "ev/s" with the offered rate: a machine
+UPSTREAM_BIN, CLIENT_BIN, SCENARIOS (those to run, e.g. "a,d"; all by default),
+THAW_BASELINE_BIN (another thaw build, run as "thaw-base" in the same rotation:
+a before/after comparison under the same conditions). Compare "ev/s" with the offered rate: a machine
 that cannot keep up batches events, which lowers everyone's CPU per event.
 Figures only: it never fails on time.
 """
@@ -62,6 +64,8 @@ B_STREAMS = int(os.environ.get("B_STREAMS", "5000"))
 HOST = "bench"
 PROXIES = ("thaw", "nginx", "haproxy")
 CLK_TCK = common.CLK_TCK
+BASELINE_BIN = os.environ.get("THAW_BASELINE_BIN")
+WANTED = [x for x in os.environ.get("SCENARIOS", "").replace(" ", "").split(",") if x]
 OFFERED = {}  # scenario -> events/s offered over all its streams
 
 
@@ -74,7 +78,7 @@ def scenarios():
     short_conns, short_s = (10, 1) if SMOKE else (50, 5)
     timeout = int(DURATION) + 120
     OFFERED["a"], OFFERED["b"] = a_streams * a_rate, b_streams * b_rate
-    return {
+    every = {
         "a": (f"{a_streams} streams x {a_rate} ev/s",
               ["stream", a_streams, int(a_rate * DURATION), a_rate, 1, timeout]),
         "b": (f"{b_streams} streams x {b_rate} ev/s",
@@ -84,6 +88,7 @@ def scenarios():
         "d": (f"short requests, {short_conns} connections x {short_s} s",
               ["short", short_conns, short_s]),
     }
+    return {k: v for k, v in every.items() if not WANTED or k in WANTED}
 
 
 def raise_nofile():
@@ -117,33 +122,6 @@ class RssSampler(threading.Thread):
             self.stop.wait(0.1)
 
 
-def nginx_proxy_conf(d, port, up):
-    return f"""
-worker_processes 1;
-worker_rlimit_nofile 20000;
-daemon off;
-pid {d}/nginx.pid;
-error_log /dev/null crit;
-events {{ worker_connections 20000; }}
-http {{
-    access_log off;
-    client_body_temp_path {d}/body; proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fcgi; uwsgi_temp_path {d}/uwsgi; scgi_temp_path {d}/scgi;
-    keepalive_requests 1000000;
-    upstream model {{ server 127.0.0.1:{up}; keepalive 64; }}
-    server {{
-        listen 127.0.0.1:{port} backlog=4096;
-        location / {{
-            proxy_pass http://model;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-        }}
-    }}
-}}
-"""
-
-
 def haproxy_conf(port, up):
     return f"""global
     nbthread 1
@@ -175,9 +153,15 @@ def start_targets(d, up, procs):
                        "max_concurrency": 10000}]}
     thaw, thaw_port, _ = common.start_thaw(THAW_BIN, d, cfg)
     procs.append(thaw)
+    extra = {}
+    if BASELINE_BIN:
+        os.makedirs(f"{d}/base", exist_ok=True)
+        base, base_port, _ = common.start_thaw(BASELINE_BIN, f"{d}/base", cfg)
+        procs.append(base)
+        extra["thaw-base"] = (base_port, base.pid)
     ngx_port = free_port()
     with open(f"{d}/proxy.conf", "w") as f:
-        f.write(nginx_proxy_conf(d, ngx_port, up))
+        f.write(common.nginx_conf(d, common.nginx_proxy(ngx_port, up), connections=20000))
     ngx = start([nginx, "-c", f"{d}/proxy.conf", "-p", d])
     procs.append(ngx)
     hap_port = free_port()
@@ -188,7 +172,7 @@ def start_targets(d, up, procs):
     for p in (thaw_port, ngx_port, hap_port):
         wait_port(p)
     return {"thaw": (thaw_port, thaw.pid), "nginx": (ngx_port, ngx.pid),
-            "haproxy": (hap_port, hap.pid), "direct": (up, None)}
+            "haproxy": (hap_port, hap.pid), "direct": (up, None), **extra}
 
 
 def run_client(port, args):
@@ -291,7 +275,7 @@ def print_report(summary, descs, names):
                   f"{fmt(s['p50_us'], '9.0f')} {fmt(s['p99_us'], '9.0f')} "
                   f"{fmt(added50, '9.0f')} {fmt(added99, '9.0f')} "
                   f"{fmt(rate, '10.0f')} {s['errors']:>7}")
-    for sc in ("a", "b"):
+    for sc in [x for x in ("a", "b") if x in descs]:
         offered = OFFERED[sc]
         slow = [n for n in names if summary[sc][n]["events_per_s"] < 0.9 * offered]
         if slow:
@@ -299,7 +283,7 @@ def print_report(summary, descs, names):
                   "ev/s offered: the machine did not keep up, events were batched and CPU per "
                   "event is lower than at this rate on a machine that does (try TOTAL_RATE)")
     print()
-    for peer in ("nginx", "haproxy"):
+    for peer in [n for n in ("nginx", "haproxy", "thaw-base") if n in names]:
         parts = []
         for sc in descs:
             t, p = summary[sc]["thaw"], summary[sc][peer]
@@ -327,7 +311,7 @@ def main():
         procs.append(upstream)
         up = int(upstream.stdout.readline().split()[1])
         targets = start_targets(d, up, procs)
-        names = ["thaw", "nginx", "haproxy", "direct"]
+        names = ["thaw", "nginx", "haproxy", "direct"] + (["thaw-base"] if BASELINE_BIN else [])
         descs = {sc: desc for sc, (desc, _) in scenarios().items()}
         runs = {sc: [] for sc in descs}
         for rnd in range(ROUNDS):

@@ -33,6 +33,9 @@ struct conn;
 #define CONN_SCRATCH_BYTES (64 * 1024)
 /* Client output above this pauses reading from the upstream (backpressure). */
 #define CONN_OUT_HIGH_WATER (64 * 1024)
+/* What one connection may read in one turn of the loop before the others
+ * get theirs (it goes on in the next turn). */
+#define CONN_READ_BUDGET (4 * CONN_SCRATCH_BYTES)
 /* Pipelined bytes a busy connection may hold before thaw stops reading it. */
 #define CONN_PIPELINE_MAX (64 * 1024)
 /* Connections in their lingering close at most; past it they close at once. */
@@ -44,8 +47,10 @@ struct conn;
 struct conn_ctx {
     struct event_base *base;
     char *scratch; /* CONN_SCRATCH_BYTES */
-    const struct timeval *tv_header, *tv_body, *tv_keepalive, *tv_send, *tv_linger;
-    uint64_t body_timeout_ms, body_total_timeout_ms; /* limits.body_* */
+    /* limits.header_, keepalive_, send_, body_ and body_total_timeout_ms;
+     * linger_ms: how long a closing connection discards input */
+    uint64_t header_timeout_ms, keepalive_timeout_ms, send_timeout_ms, linger_ms;
+    uint64_t body_timeout_ms, body_total_timeout_ms;
     struct list_node conns; /* every client connection */
     size_t n_lingering;     /* connections in their lingering close */
     bool draining;          /* connections close after their current response */
@@ -134,11 +139,24 @@ struct conn {
     bool lingering;     /* counted in ctx->n_lingering */
     size_t *count; /* the connection count it is in (per port), decremented at close */
     bool body_total_armed;     /* the body timer is the total one, not the idle one */
+    /* The timer is lazy (as an upstream's): deadline_ms is when the current
+     * timeout passes (0: none), timer_at_ms when tev fires (0: not armed),
+     * never later than the deadline; a later deadline is only stored. */
+    uint64_t deadline_ms, timer_at_ms;
     uint64_t body_deadline_ms; /* limits.body_total_timeout_ms from the head; 0: none */
     /* Called whenever `out` has drained below the high-water mark. */
     void (*on_drain)(struct conn *c);
     void *drain_ud; /* for on_drain */
 };
+
+/* The read event flags for a socket on base: edge-triggered with EV_CLOSED
+ * where the backend has both (epoll), so a socket read until it is drained
+ * is not looked at again by the next poll; level-triggered otherwise. A
+ * reader goes on until a short read (or, after EV_CLOSED, until EOF), which
+ * is right under either registration (the write event of the same socket,
+ * level-triggered, shares its epoll entry with the read event), and writers
+ * write until EAGAIN or empty, right under either too. */
+short conn_read_events(struct event_base *base);
 
 /* Takes an accepted socket. Requests are parsed within lim and handed to
  * handler (with ud, its context). Returns NULL (socket closed) on failure. */

@@ -12,18 +12,6 @@
 /* libevent's common timeouts: one queue per duration instead of a heap entry
  * per connection. libevent allows a bounded number of distinct ones: past
  * it, the running value is kept. */
-static void set_timeout(struct event_base *base, const struct timeval **field, uint64_t ms)
-{
-    struct timeval tv = clock_timeval(ms);
-    const struct timeval *c = event_base_init_common_timeout(base, &tv);
-    if (c) {
-        *field = c;
-    } else {
-        LOGW("too many distinct timeouts: keeping the running one", "ms=%llu",
-             (unsigned long long)ms);
-    }
-}
-
 int runtime_init(struct runtime *rt, struct config *cfg, struct event_base *base)
 {
     rt->cfg = cfg;
@@ -42,10 +30,7 @@ int runtime_init(struct runtime *rt, struct config *cfg, struct event_base *base
     rt->resp_limits = (struct http_limits){cfg->upstream.max_response_header_bytes, 1000, 0};
     rt->admin_limits = (struct http_limits){16384, 64, 0};
     rt->net.base = base;
-    set_timeout(base, &rt->net.tv_linger, RUNTIME_LINGER_MS);
-    if (!rt->net.tv_linger) {
-        return -ENOMEM;
-    }
+    rt->net.linger_ms = RUNTIME_LINGER_MS;
     fleet_init(&rt->fleet, &rt->qglobal, lim->queue_aging_ms);
     rt->fleet.cb_ud = rt;
     rt->up = (struct upstream_ctx){
@@ -67,10 +52,9 @@ void runtime_apply_config(struct runtime *rt)
     rt->req_limits =
         (struct http_limits){lim->max_header_bytes, lim->max_headers, lim->max_body_bytes};
     rt->resp_limits.max_head_bytes = cfg->upstream.max_response_header_bytes;
-    set_timeout(rt->base, &rt->net.tv_header, lim->header_timeout_ms);
-    set_timeout(rt->base, &rt->net.tv_body, lim->body_timeout_ms);
-    set_timeout(rt->base, &rt->net.tv_keepalive, lim->keepalive_timeout_ms);
-    set_timeout(rt->base, &rt->net.tv_send, lim->send_timeout_ms);
+    rt->net.header_timeout_ms = lim->header_timeout_ms;
+    rt->net.keepalive_timeout_ms = lim->keepalive_timeout_ms;
+    rt->net.send_timeout_ms = lim->send_timeout_ms;
     rt->net.body_timeout_ms = lim->body_timeout_ms;
     rt->net.body_total_timeout_ms = lim->body_total_timeout_ms;
     rt->up.keepalive_per_endpoint = cfg->upstream.keepalive_per_endpoint;

@@ -63,9 +63,23 @@ static bool is_dead(struct conn *c)
 
 enum timer_kind { TIMER_NONE, TIMER_HEADER, TIMER_BODY, TIMER_KEEPALIVE, TIMER_SEND, TIMER_LINGER };
 
-static void arm_timer(struct conn *c, const struct timeval *tv)
+static void add_timer(struct conn *c, uint64_t now, uint64_t at)
 {
-    event_add(&c->tev, tv);
+    struct timeval tv = clock_timeval(at - now);
+    event_add(&c->tev, &tv);
+    c->timer_at_ms = at;
+}
+
+/* Times out ms from now. Most calls only store the deadline: the timer is
+ * added again only when it would fire after it (a keep-alive connection's
+ * requests move it back and forth without a heap operation each). */
+static void arm_timer(struct conn *c, uint64_t ms)
+{
+    uint64_t now = clock_now_ms();
+    c->deadline_ms = now + ms;
+    if (c->timer_at_ms == 0 || c->timer_at_ms > c->deadline_ms) {
+        add_timer(c, now, c->deadline_ms);
+    }
 }
 
 /* The body timer is the idle one (limits.body_timeout_ms, restarted by each
@@ -78,12 +92,10 @@ static void arm_body_timer(struct conn *c)
     uint64_t idle_ms = s->body_timeout_ms;
     c->body_total_armed = c->body_deadline_ms && now + idle_ms >= c->body_deadline_ms;
     if (!c->body_total_armed) {
-        arm_timer(c, s->tv_body);
+        arm_timer(c, idle_ms);
         return;
     }
-    uint64_t left = c->body_deadline_ms > now ? c->body_deadline_ms - now : 0;
-    struct timeval tv = clock_timeval(left);
-    arm_timer(c, &tv);
+    arm_timer(c, c->body_deadline_ms > now ? c->body_deadline_ms - now : 0);
 }
 
 static void set_timer(struct conn *c, enum timer_kind k)
@@ -91,24 +103,40 @@ static void set_timer(struct conn *c, enum timer_kind k)
     struct conn_ctx *s = c->ctx;
     switch (k) {
     case TIMER_NONE:
-        event_del(&c->tev);
+        c->deadline_ms = 0; /* a pending timer finds nothing to do */
         break;
     case TIMER_HEADER:
-        arm_timer(c, s->tv_header);
+        arm_timer(c, s->header_timeout_ms);
         break;
     case TIMER_BODY:
         arm_body_timer(c);
         break;
     case TIMER_KEEPALIVE:
-        arm_timer(c, s->tv_keepalive);
+        arm_timer(c, s->keepalive_timeout_ms);
         break;
     case TIMER_SEND:
-        arm_timer(c, s->tv_send);
+        arm_timer(c, s->send_timeout_ms);
         break;
     case TIMER_LINGER:
-        arm_timer(c, s->tv_linger);
+        arm_timer(c, s->linger_ms);
         break;
     }
+}
+
+short conn_read_events(struct event_base *base)
+{
+    int f = event_base_get_features(base);
+    bool et = (f & EV_FEATURE_ET) && (f & EV_FEATURE_EARLY_CLOSE);
+    return EV_READ | EV_PERSIST | (et ? EV_ET | EV_CLOSED : 0);
+}
+
+/* Reading again after a pause. Edge-triggered, bytes (or a FIN) that came
+ * meanwhile raise no new edge when the pause and this resume cancel out in
+ * the loop's change list: one read now finds them (or EAGAIN). */
+static void watch_reads(struct conn *c)
+{
+    event_add(&c->rev, NULL);
+    event_active(&c->rev, EV_READ | EV_CLOSED, 0);
 }
 
 struct conn *conn_new(struct conn_ctx *ctx, int fd, const struct http_limits *lim,
@@ -141,7 +169,7 @@ struct conn *conn_new(struct conn_ctx *ctx, int fd, const struct http_limits *li
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    event_assign(&c->rev, ctx->base, fd, EV_READ | EV_PERSIST, on_read, c);
+    event_assign(&c->rev, ctx->base, fd, conn_read_events(ctx->base), on_read, c);
     event_assign(&c->wev, ctx->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
     event_assign(&c->tev, ctx->base, -1, 0, on_timer, c);
     event_add(&c->rev, NULL);
@@ -326,7 +354,7 @@ static void begin_close(struct conn *c)
         s->n_lingering++;
     }
     if (c->read_paused) {
-        event_add(&c->rev, NULL);
+        watch_reads(c);
         c->read_paused = false;
     }
     set_timer(c, TIMER_LINGER);
@@ -343,7 +371,7 @@ void conn_pause_reading(struct conn *c)
 static void resume_reading(struct conn *c)
 {
     if (c->read_paused && !is_dead(c) && !c->eof) {
-        event_add(&c->rev, NULL);
+        watch_reads(c);
         c->read_paused = false;
     }
 }
@@ -775,25 +803,44 @@ static void handle_eof(struct conn *c)
     }
 }
 
+/* Reads until the socket is drained (a short read, unless the client's FIN
+ * is known to wait behind it), within CONN_READ_BUDGET a turn. */
 static void on_read(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
     enter(c);
     char *scratch = c->ctx->scratch;
-    ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
-    if (n > 0) {
-        if (c->state == CONN_CLOSING) {
-            /* Lingering: discard. */
-        } else {
-            process_input(c, scratch, (size_t)n);
+    size_t budget = CONN_READ_BUDGET;
+    for (;;) {
+        ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
+        if (n > 0) {
+            if (c->state != CONN_CLOSING) {
+                process_input(c, scratch, (size_t)n);
+            } /* else lingering: discard */
+            if (is_dead(c) || c->read_paused || c->eof) {
+                break;
+            }
+            if ((size_t)n < CONN_SCRATCH_BYTES && !(what & EV_CLOSED)) {
+                break; /* drained: the next bytes raise a new edge */
+            }
+            if ((size_t)n >= budget) {
+                event_active(&c->rev, what, 0); /* the rest next turn */
+                break;
+            }
+            budget -= (size_t)n;
+            continue;
         }
-    } else if (n == 0) {
-        handle_eof(c);
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        conn_close(c, ABORT_CLIENT_CLOSED);
-    } else if (buf_unread(&c->in) > 0 && c->state == CONN_IDLE) {
-        /* Activated by hand to continue with pipelined input. */
-        process_input(c, NULL, 0);
+        if (n == 0) {
+            handle_eof(c);
+        } else if (errno == EINTR) {
+            continue;
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            conn_close(c, ABORT_CLIENT_CLOSED);
+        } else if (buf_unread(&c->in) > 0 && c->state == CONN_IDLE) {
+            /* Activated by hand to continue with pipelined input. */
+            process_input(c, NULL, 0);
+        }
+        break;
     }
     leave(c);
 }
@@ -863,6 +910,16 @@ static void body_deadline_passed(struct conn *c)
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
+    c->timer_at_ms = 0;
+    uint64_t now = clock_now_ms();
+    if (c->deadline_ms == 0) {
+        return; /* cleared since it was armed */
+    }
+    if (c->deadline_ms > now) {
+        add_timer(c, now, c->deadline_ms); /* moved later since it was armed */
+        return;
+    }
+    c->deadline_ms = 0;
     enter(c);
     switch (c->state) {
     case CONN_IDLE:

@@ -20,6 +20,7 @@
  * going out is taken as closed before the replica read it. */
 #define STALE_RACE_MS 250
 
+
 static void on_read(evutil_socket_t fd, short what, void *arg);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void on_timer(evutil_socket_t fd, short what, void *arg);
@@ -66,10 +67,28 @@ static const char *owner_name(const struct endpoint *ep)
     return ep->model_name ? ep->model_name : "-";
 }
 
+static void arm_timer_at(struct upstream *u, uint64_t now, uint64_t at)
+{
+    struct timeval tv = clock_timeval(at - now);
+    event_add(&u->tev, &tv);
+    u->timer_at_ms = at;
+}
+
+/* Times the connection out ms from now. The timer is added again only when
+ * it would fire after the new deadline (see deadline_ms). */
 static void arm_ms(struct upstream *u, uint64_t ms)
 {
-    struct timeval tv = clock_timeval(ms);
-    event_add(&u->tev, &tv);
+    uint64_t now = clock_now_ms();
+    u->deadline_ms = now + ms;
+    if (u->timer_at_ms == 0 || u->timer_at_ms > u->deadline_ms) {
+        arm_timer_at(u, now, u->deadline_ms);
+    }
+}
+
+static void disarm(struct upstream *u)
+{
+    event_del(&u->tev);
+    u->deadline_ms = u->timer_at_ms = 0;
 }
 
 static void destroy(struct upstream *u)
@@ -88,7 +107,7 @@ static void destroy(struct upstream *u)
     }
     event_del(&u->rev);
     event_del(&u->wev);
-    event_del(&u->tev);
+    disarm(u);
     if (u->fd >= 0) {
         close(u->fd);
         u->fd = -1;
@@ -404,7 +423,7 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
     if (u) {
         u->reused = true;
         ctx->metrics->upstream_reused++;
-        event_del(&u->tev);
+        disarm(u);
         u->state = UP_SENDING;
     } else {
         u = calloc(1, sizeof *u);
@@ -425,7 +444,7 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         buf_init(&u->err_body);
         http_parser_init(&u->parser, HTTP_RESPONSE, ctx->resp_limits);
         u->fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        event_assign(&u->rev, ctx->base, u->fd, EV_READ | EV_PERSIST, on_read, u);
+        event_assign(&u->rev, ctx->base, u->fd, conn_read_events(ctx->base), on_read, u);
         event_assign(&u->wev, ctx->base, u->fd, EV_WRITE | EV_PERSIST, on_write, u);
         event_assign(&u->tev, ctx->base, -1, 0, on_timer, u);
         u->req = r;
@@ -509,7 +528,7 @@ void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
     u->fd = fd;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    event_assign(&u->rev, ctx->base, fd, EV_READ | EV_PERSIST, on_read, u);
+    event_assign(&u->rev, ctx->base, fd, conn_read_events(ctx->base), on_read, u);
     event_assign(&u->wev, ctx->base, fd, EV_WRITE | EV_PERSIST, on_write, u);
     event_assign(&u->tev, ctx->base, -1, 0, on_timer, u);
     u->state = UP_IDLE;
@@ -546,6 +565,10 @@ static void on_client_drain(struct conn *c)
     if (u && u->reading_paused && !u->dead) {
         u->reading_paused = false;
         event_add(&u->rev, NULL);
+        /* Edge-triggered, bytes (or the replica's FIN) that came while paused
+         * raise no new edge when the pause and this resume cancel out in the
+         * loop's change list: read until the socket is drained now. */
+        event_active(&u->rev, EV_READ | EV_CLOSED, 0);
         arm_ms(u, r->idle_timeout_ms);
     }
 }
@@ -681,10 +704,11 @@ static void on_body(void *ud, const char *data, size_t len)
     }
     int rc;
     if (u->rechunk) {
+        /* Size line, bytes and CRLF in one system call, not three. */
         char hdr[24];
         int n = snprintf(hdr, sizeof hdr, "%zx\r\n", len);
-        rc = conn_write(r->conn, hdr, (size_t)n) || conn_write(r->conn, data, len) ||
-             conn_write(r->conn, "\r\n", 2);
+        struct iovec iov[3] = {{hdr, (size_t)n}, {(void *)data, len}, {"\r\n", 2}};
+        rc = conn_writev(r->conn, iov, 3);
     } else {
         rc = conn_write(r->conn, data, len);
     }
@@ -762,7 +786,7 @@ out:
     if (u->req && conn_out_pending(u->req->conn) > CONN_OUT_HIGH_WATER && !u->reading_paused) {
         u->reading_paused = true;
         event_del(&u->rev);
-        event_del(&u->tev);
+        disarm(u);
     }
 }
 
@@ -797,29 +821,57 @@ static void on_eof(struct upstream *u, int err)
     }
 }
 
+/* One read's bytes. false when the connection is done reading this turn
+ * (gone, pooled, or paused by the client's backpressure). */
+static bool take_bytes(struct upstream *u, const char *data, size_t n)
+{
+    if (u->state == UP_IDLE) {
+        destroy(u); /* bytes nobody asked for */
+        return false;
+    }
+    u->got_bytes = true;
+    if (u->unconfirmed) {
+        confirm(u);
+    }
+    if (u->state == UP_STREAMING) {
+        arm_ms(u, u->req->idle_timeout_ms); /* a store, as a rule */
+    }
+    process(u, data, n);
+    return !u->dead && u->state != UP_IDLE && !u->reading_paused;
+}
+
+/* Reads until the socket is drained (a short read, unless the replica's FIN
+ * is known to wait behind it), within CONN_READ_BUDGET a turn. */
 static void on_read(evutil_socket_t fd, short what, void *arg)
 {
     struct upstream *u = arg;
     enter(u);
     char *scratch = u->ctx->scratch;
-    ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
-    if (n > 0) {
-        if (u->state == UP_IDLE) {
-            destroy(u); /* bytes nobody asked for */
-        } else {
-            u->got_bytes = true;
-            if (u->unconfirmed) {
-                confirm(u);
+    size_t budget = CONN_READ_BUDGET;
+    for (;;) {
+        ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
+        if (n > 0) {
+            if (!take_bytes(u, scratch, (size_t)n)) {
+                break;
             }
-            if (u->state == UP_STREAMING) {
-                arm_ms(u, u->req->idle_timeout_ms);
+            if ((size_t)n < CONN_SCRATCH_BYTES && !(what & EV_CLOSED)) {
+                break; /* drained: the next bytes raise a new edge */
             }
-            process(u, scratch, (size_t)n);
+            if ((size_t)n >= budget) {
+                event_active(&u->rev, what, 0); /* the rest next turn */
+                break;
+            }
+            budget -= (size_t)n;
+            continue;
         }
-    } else if (n == 0) {
-        on_eof(u, 0);
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        on_eof(u, errno);
+        if (n == 0) {
+            on_eof(u, 0);
+        } else if (errno == EINTR) {
+            continue;
+        } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            on_eof(u, errno);
+        }
+        break;
     }
     leave(u);
 }
@@ -853,6 +905,12 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct upstream *u = arg;
+    u->timer_at_ms = 0;
+    uint64_t now = clock_now_ms();
+    if (u->deadline_ms > now) {
+        arm_timer_at(u, now, u->deadline_ms); /* activity since it was armed */
+        return;
+    }
     enter(u);
     switch (u->state) {
     case UP_IDLE:

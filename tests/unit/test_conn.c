@@ -228,7 +228,6 @@ struct env {
     struct event_base *base;
     struct conn_ctx ctx;
     struct http_limits lim;
-    struct timeval tv_header, tv_body, tv_keepalive, tv_send, tv_linger;
     int lfd;
     uint16_t port;
     struct loopnet_peer client;
@@ -236,30 +235,19 @@ struct env {
     struct fake fk;
 };
 
-static struct timeval ms_tv(long ms)
-{
-    return (struct timeval){ms / 1000, (ms % 1000) * 1000};
-}
-
 static int setup(void **state)
 {
     struct env *e = calloc(1, sizeof *e);
     assert_non_null(e);
     e->base = event_base_new();
     e->lim = (struct http_limits){8192, 32, 1 << 20};
-    e->tv_header = ms_tv(3000);
-    e->tv_body = ms_tv(3000);
-    e->tv_keepalive = ms_tv(3000);
-    e->tv_send = ms_tv(3000);
-    e->tv_linger = ms_tv(300);
     e->ctx = (struct conn_ctx){
         .base = e->base,
         .scratch = malloc(CONN_SCRATCH_BYTES),
-        .tv_header = &e->tv_header,
-        .tv_body = &e->tv_body,
-        .tv_keepalive = &e->tv_keepalive,
-        .tv_send = &e->tv_send,
-        .tv_linger = &e->tv_linger,
+        .header_timeout_ms = 3000,
+        .keepalive_timeout_ms = 3000,
+        .send_timeout_ms = 3000,
+        .linger_ms = 300,
         .body_timeout_ms = 3000,
         .body_total_timeout_ms = 10000,
     };
@@ -542,7 +530,7 @@ static void test_malformed_request_gets_400_then_lingering_close(void **state)
 static void test_partial_head_times_out_with_408(void **state)
 {
     struct env *e = *state;
-    e->tv_header = ms_tv(100);
+    e->ctx.header_timeout_ms = 100;
     open_conn(e, 0, 0);
     assert_true(loopnet_send_str(e->client.fd, "GET / HTTP/1.1\r\nHo"));
     assert_true(RUN_UNTIL(e->client.eof));
@@ -557,7 +545,7 @@ static void test_partial_head_times_out_with_408(void **state)
 static void test_silent_connection_times_out_with_408(void **state)
 {
     struct env *e = *state;
-    e->tv_header = ms_tv(100);
+    e->ctx.header_timeout_ms = 100;
     open_conn(e, 0, 0);
     assert_true(RUN_UNTIL(e->client.eof));
     assert_int_equal(at(e, "HTTP/1.1 408 "), 0);
@@ -685,7 +673,7 @@ static void test_rejected_while_the_body_arrives_closes(void **state)
 static void test_idle_body_times_out_with_408(void **state)
 {
     struct env *e = *state;
-    e->tv_body = ms_tv(100);
+    e->ctx.body_timeout_ms = 100;
     open_conn(e, 0, 0);
     assert_true(loopnet_send_str(e->client.fd, "POST / HTTP/1.1\r\nHost: a\r\n"
                                                "Content-Length: 100\r\n\r\n0123"));
@@ -743,7 +731,7 @@ static void test_keepalive_idle_timeout_closes_quietly(void **state)
 {
     struct env *e = *state;
     e->fk.answer_at_once = true;
-    e->tv_keepalive = ms_tv(100);
+    e->ctx.keepalive_timeout_ms = 100;
     open_conn(e, 0, 0);
     assert_true(loopnet_send_str(e->client.fd, "GET /a HTTP/1.1\r\nHost: a\r\n\r\n"));
     assert_true(RUN_UNTIL(loopnet_has(&e->client, "answer 0.")));
@@ -759,7 +747,7 @@ static void test_client_not_reading_times_out_and_aborts_once(void **state)
     struct env *e = *state;
     e->fk.big_answer = true;
     e->fk.big_total = 1 << 20;
-    e->tv_send = ms_tv(150);
+    e->ctx.send_timeout_ms = 150;
     open_conn(e, 8192, 8192);
     e->client.paused = true;
     assert_true(loopnet_send_str(e->client.fd, "GET /big HTTP/1.1\r\nHost: a\r\n\r\n"));

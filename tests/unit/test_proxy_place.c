@@ -37,7 +37,6 @@ struct replica {
 
 struct env {
     struct runtime rt;
-    struct timeval tv_long, tv_linger;
     struct backend *static_backend;
     struct model *m;
     struct replica rep[2];
@@ -47,11 +46,6 @@ struct env {
     struct loopnet_peer *peers[MAX_CLIENTS];
     int n_clients;
 };
-
-static struct timeval ms_tv(long ms)
-{
-    return (struct timeval){ms / 1000, (ms % 1000) * 1000};
-}
 
 /* The runtime the proxy needs, as the server sets it up (without its
  * listeners), with short connection timeouts for the tests. */
@@ -63,10 +57,9 @@ static void runtime_wire(struct env *e, struct config *cfg)
     assert_non_null(base);
     assert_int_equal(runtime_init(rt, cfg, base), 0);
     proxy_wire(rt);
-    e->tv_long = ms_tv(3000);
-    e->tv_linger = ms_tv(200);
-    rt->net.tv_header = rt->net.tv_body = rt->net.tv_keepalive = rt->net.tv_send = &e->tv_long;
-    rt->net.tv_linger = &e->tv_linger;
+    rt->net.header_timeout_ms = rt->net.keepalive_timeout_ms = rt->net.send_timeout_ms = 3000;
+    rt->net.body_timeout_ms = 3000;
+    rt->net.linger_ms = 200;
 }
 
 static void add_model_from_text(struct env *e, const char *text);

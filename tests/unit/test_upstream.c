@@ -219,7 +219,6 @@ struct env {
     struct server_metrics metrics;
     bool draining;
     struct http_limits req_limits, resp_limits;
-    struct timeval tv_long, tv_linger;
     int client_lfd, replica_lfd;
     uint16_t client_port, replica_port;
     struct loopnet_peer client, replica;
@@ -235,11 +234,6 @@ struct env {
     size_t client_feed_len, client_feed_off;
 };
 
-static struct timeval ms_tv(long ms)
-{
-    return (struct timeval){ms / 1000, (ms % 1000) * 1000};
-}
-
 static int setup(void **state)
 {
     memset(&fk, 0, sizeof fk);
@@ -249,16 +243,13 @@ static int setup(void **state)
     e->scratch = malloc(CONN_SCRATCH_BYTES);
     e->req_limits = (struct http_limits){8192, 32, 1 << 20};
     e->resp_limits = (struct http_limits){8192, 1000, 0};
-    e->tv_long = ms_tv(3000);
-    e->tv_linger = ms_tv(200);
     e->net = (struct conn_ctx){
         .base = e->base,
         .scratch = e->scratch,
-        .tv_header = &e->tv_long,
-        .tv_body = &e->tv_long,
-        .tv_keepalive = &e->tv_long,
-        .tv_send = &e->tv_long,
-        .tv_linger = &e->tv_linger,
+        .header_timeout_ms = 3000,
+        .keepalive_timeout_ms = 3000,
+        .send_timeout_ms = 3000,
+        .linger_ms = 200,
         .body_timeout_ms = 3000,
         .body_total_timeout_ms = 10000,
     };
