@@ -310,9 +310,42 @@ static void test_csv_without_model_lines(void **state)
     cs_trace_free(&tr);
 }
 
+/* A standard model used every morning from 9:00 to 10:00 (a request a
+ * minute) and never else: thaw's warm budget keeps it through every night;
+ * thaw-prewarm, once a day has taught it, lets it go when its hour is over
+ * and has it warm again before 9:00. */
+static void test_prewarm_warms_before_a_daily_start(void **state)
+{
+    struct cs_trace tr;
+    box(&tr, 1, 4, 4 * 86400);
+    size_t m = cs_trace_add_model(&tr, "team", TIER_STANDARD, 1, 80, 80);
+    for (int d = 0; d < 4; d++) {
+        steady(&tr, m, d * 86400 + 9 * 3600, d * 86400 + 10 * 3600, 60);
+    }
+    cs_trace_sort(&tr);
+    struct cs_result plain, ahead;
+    cs_run(&cs_thaw, &tr, &plain);
+    cs_run(&cs_thaw_prewarm, &tr, &ahead);
+    /* Both start the run warm (the warm pool kept it through the night
+     * before); thaw keeps it all four days. */
+    assert_int_equal(plain.cold_starts[TIER_STANDARD], 0);
+    assert_true(plain.slice_hours[TIER_STANDARD] > 95.9);
+    /* Day one teaches it; then it goes once its hour is over and is warmed
+     * ahead of each of the three mornings after, no request waiting. */
+    assert_int_equal(ahead.cold_starts[TIER_STANDARD], 0);
+    assert_int_equal(ahead.ahead_starts[TIER_STANDARD], 3);
+    assert_int_equal(ahead.cold_requests[TIER_STANDARD], 0);
+    assert_int_equal(all_served(&ahead), tr.n_reqs);
+    assert_true(ahead.slice_hours[TIER_STANDARD] < plain.slice_hours[TIER_STANDARD] / 3);
+    cs_result_free(&plain);
+    cs_result_free(&ahead);
+    cs_trace_free(&tr);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prewarm_warms_before_a_daily_start),
         cmocka_unit_test(test_knative_never_evicts_another_model),
         cmocka_unit_test(test_knative_keeps_critical_at_min_scale_one),
         cmocka_unit_test(test_knative_priority_preemption_fails_the_victims_requests),
