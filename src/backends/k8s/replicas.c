@@ -349,7 +349,9 @@ static int deal_pods(struct kmodel *km, bool placed, unsigned rank, unsigned n)
         return -1;
     }
     strmap_each(&km->pods, collect_dealt, &d);
-    qsort(d.order, d.n, sizeof *d.order, by_creation);
+    if (d.n > 1) {
+        qsort(d.order, d.n, sizeof *d.order, by_creation);
+    }
     for (size_t i = 0; i < d.n; i++) {
         d.order[i]->dealt = !placed  ? 0
                             : n <= 1 ? UINT32_MAX
