@@ -20,6 +20,8 @@
 #include "thaw/list.h"
 #include "thaw/metrics.h"
 #include "thaw/queue.h"
+#include "thaw/revsplit.h"
+#include "thaw/rollout.h"
 #include "thaw/router.h"
 #include "thaw/upstream.h"
 
@@ -56,7 +58,33 @@ struct model_stats {
     uint64_t failed; /* finished with a 5xx or an upstream failure (rollout's error rate) */
 };
 
-struct model_revisions; /* revisions.h */
+/* A model's revisions (revisions.h decides with them; the model owns them
+ * and their links, so a model is freed without calling upward). */
+/* What a rollout's window starts from: a revision's counters at the start
+ * of the step. */
+struct revision_baseline {
+    uint64_t requests, errors;
+    struct histogram ttfb;
+};
+
+struct model_revisions {
+    size_t n;
+    char *names[REVSPLIT_MAX];
+    uint32_t configured[REVSPLIT_MAX]; /* the split as set, before any rollout step */
+    struct model *rev[REVSPLIT_MAX];   /* NULL while that revision has no model */
+    struct revsplit split;
+    bool fallback;
+    char *sticky_header; /* lower-case; NULL: none */
+    bool sticky_tenant;
+    bool rollout;
+    struct rollout_policy policy;
+    struct rollout_state state;
+    size_t stable; /* the stable revision: 0, or the canary once promoted */
+    struct revision_baseline base[2];
+    struct rollout_decision last; /* the last decision that changed something */
+    uint64_t steps, promotions, rollbacks;
+};
+
 
 struct model {
     struct list_node node; /* in fleet->models */
@@ -166,6 +194,12 @@ uint32_t model_capacity(const struct model *m);
  * waiting that more replicas could start (not those of a tenant at its own
  * concurrency cap: queue_runnable). */
 double model_demand(const struct model *m);
+
+/* Unlinks m from its parent or its revisions (m is being removed). */
+void model_revisions_unlink(struct model *m);
+void model_revisions_free(struct model_revisions *rv);
+/* Frees the revisions' names (n stays). */
+void model_revisions_free_names(struct model_revisions *rv);
 
 /* A request takes one of ep's slots: counted on ep and on its model. */
 void endpoint_take_slot(struct endpoint *ep);

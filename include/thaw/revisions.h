@@ -29,31 +29,6 @@
 
 #define REVISION_HEADER "thaw-revision"
 
-/* What a rollout's window starts from: a revision's counters at the start
- * of the step. */
-struct revision_baseline {
-    uint64_t requests, errors;
-    struct histogram ttfb;
-};
-
-struct model_revisions {
-    size_t n;
-    char *names[REVSPLIT_MAX];
-    uint32_t configured[REVSPLIT_MAX]; /* the split as set, before any rollout step */
-    struct model *rev[REVSPLIT_MAX];   /* NULL while that revision has no model */
-    struct revsplit split;
-    bool fallback;
-    char *sticky_header; /* lower-case; NULL: none */
-    bool sticky_tenant;
-    bool rollout;
-    struct rollout_policy policy;
-    struct rollout_state state;
-    size_t stable; /* the stable revision: 0, or the canary once promoted */
-    struct revision_baseline base[2];
-    struct rollout_decision last; /* the last decision that changed something */
-    uint64_t steps, promotions, rollbacks;
-};
-
 /* Sets parent's revisions (names and percents as configured or annotated)
  * and links the revisions' models (NULL entries allowed: linked later by
  * model_revisions_link). A split and rollout already running with the same
@@ -68,9 +43,6 @@ void model_revisions_link(struct model *parent, const char *name, struct model *
 /* Config models: links every model with revisions in cfg to its revisions'
  * models in f. 0 or -ENOMEM. */
 int fleet_link_revisions(struct fleet *f, const struct config *cfg, uint64_t now_ms);
-/* Unlinks m from its parent or its revisions (m is being removed). */
-void model_revisions_unlink(struct model *m);
-void model_revisions_free(struct model_revisions *rv);
 
 /* The revision a request goes to. tenant: the tenant's name, NULL for the
  * default one. *wake: a cold revision to wake (fallback only), else NULL.

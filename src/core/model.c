@@ -1,5 +1,4 @@
 #include "thaw/model.h"
-#include "thaw/revisions.h"
 #include "thaw/netaddr.h"
 #include "thaw/log.h"
 
@@ -320,4 +319,46 @@ struct model *endpoint_give_slot(struct endpoint *ep)
         ep->model->inflight--;
     }
     return ep->model;
+}
+
+/* ---- revisions: their links and lifetime (the decisions are revisions.c's) */
+
+void model_revisions_free_names(struct model_revisions *rv)
+{
+    for (size_t i = 0; i < rv->n; i++) {
+        free(rv->names[i]);
+        rv->names[i] = NULL;
+    }
+}
+
+void model_revisions_free(struct model_revisions *rv)
+{
+    if (!rv) {
+        return;
+    }
+    model_revisions_free_names(rv);
+    free(rv->sticky_header);
+    free(rv);
+}
+
+void model_revisions_unlink(struct model *m)
+{
+    if (m->parent && m->parent->revs) {
+        struct model_revisions *rv = m->parent->revs;
+        for (size_t i = 0; i < rv->n; i++) {
+            if (rv->rev[i] == m) {
+                rv->rev[i] = NULL;
+            }
+        }
+    }
+    m->parent = NULL;
+    if (m->revs) {
+        for (size_t i = 0; i < m->revs->n; i++) {
+            if (m->revs->rev[i]) {
+                m->revs->rev[i]->parent = NULL;
+            }
+        }
+        model_revisions_free(m->revs);
+        m->revs = NULL;
+    }
 }

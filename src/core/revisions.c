@@ -82,14 +82,6 @@ static bool same_split(const struct model_revisions *rv, char *const *names,
     return true;
 }
 
-static void free_names(struct model_revisions *rv)
-{
-    for (size_t i = 0; i < rv->n; i++) {
-        free(rv->names[i]);
-        rv->names[i] = NULL;
-    }
-}
-
 static void take_options(struct model_revisions *rv, const struct config_model *o)
 {
     rv->fallback = o->fallback_to_warm_revision;
@@ -138,7 +130,7 @@ int model_revisions_set(struct model *parent, char *const *names, const uint32_t
                 rv->rev[j]->parent = NULL;
             }
         }
-        free_names(rv);
+        model_revisions_free_names(rv);
         for (size_t i = 0; i < n; i++) {
             rv->names[i] = strdup(names[i]);
             if (!rv->names[i]) {
@@ -254,38 +246,6 @@ int fleet_link_revisions(struct fleet *f, const struct config *cfg, uint64_t now
         }
     }
     return 0;
-}
-
-void model_revisions_free(struct model_revisions *rv)
-{
-    if (!rv) {
-        return;
-    }
-    free_names(rv);
-    free(rv->sticky_header);
-    free(rv);
-}
-
-void model_revisions_unlink(struct model *m)
-{
-    if (m->parent && m->parent->revs) {
-        struct model_revisions *rv = m->parent->revs;
-        for (size_t i = 0; i < rv->n; i++) {
-            if (rv->rev[i] == m) {
-                rv->rev[i] = NULL;
-            }
-        }
-    }
-    m->parent = NULL;
-    if (m->revs) {
-        for (size_t i = 0; i < m->revs->n; i++) {
-            if (m->revs->rev[i]) {
-                m->revs->rev[i]->parent = NULL;
-            }
-        }
-        model_revisions_free(m->revs);
-        m->revs = NULL;
-    }
 }
 
 static int by_name(const struct model_revisions *rv, const char *v, size_t len)

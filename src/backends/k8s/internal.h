@@ -2,6 +2,8 @@
  * its parts call of one another.
  *   backend_k8s.c          backend ops and wiring (informers, start, free)
  *   backend_k8s_replicas.c Deployments, Pods, EndpointSlices, Nodes -> models and replicas
+ *   pods.c                 a replica once known: ready and gone, its share of the
+ *                          slots, its cold-start phases
  *   backend_k8s_scale.c    the tick: samples, startup timeout, scaling driver hooks,
  *                          scale PATCHes (conditional from zero), Events
  *   backend_k8s_ha.c       identity, leader lease, peers, the /demand answer
@@ -16,6 +18,7 @@
 #define THAW_BACKEND_K8S_INT_H
 
 #include "thaw/backend.h"
+#include "thaw/clock.h"
 #include "thaw/k8s/client.h"
 #include "thaw/k8s/events.h"
 #include "thaw/k8s/informer.h"
@@ -215,7 +218,20 @@ bool kube_synced(struct backend *b);
 
 /* backend_k8s_replicas.c */
 extern const struct k8s_informer_ops kube_deployment_ops, kube_pod_ops, kube_slice_ops,
-    kube_node_ops, kube_pull_event_ops;
+    kube_node_ops;
+void kube_kmodel_free(struct kmodel *km);
+void kube_node_free(struct k8s_node_info *ni);
+
+/* pods.c */
+extern const struct k8s_informer_ops kube_pull_event_ops;
+/* "ip:port" (or "[ip6]:port") of the pod's model server. */
+void kube_pod_addr(const struct kpod *p, char *out, size_t len);
+/* The pod's cold-start phase from what its object says (scheduled,
+ * container started, ...), when it is tracked. */
+void kube_pod_observe_phase(struct kpod *p, const struct k8s_pod_info *pi, uint64_t now);
+/* Does the pod take a place in the deal of slots among activators (from its
+ * object alone, so every activator sees it alike: k8s_pod_in_deal)? */
+bool kube_pod_in_deal(const struct kpod *p, int64_t wall_now);
 /* The model's current cold-start phase from its pods' (the most advanced). */
 void kube_cold_refresh(struct kmodel *km);
 /* Clients wait for a model with no ready pod, or it is scaled from zero: its
@@ -228,8 +244,6 @@ void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);
 void kube_pod_gone(struct kpod *p, const char *why);
 /* Starts thaw's own probe of the pod (when probe_pods is on and it runs). */
 void kube_pod_probe(struct kpod *p);
-void kube_kmodel_free(struct kmodel *km);
-void kube_node_free(struct k8s_node_info *ni);
 /* This activator's share of each ready pod's slots, from the activators
  * (peers) and the Deployment's pods in the deal (k8s_pod_in_deal); a share
  * grows only once settled (k8s_share_settle). Waiting requests go when a
@@ -241,9 +255,18 @@ void kube_peers_changed(void *kb);
 
 /* backend_k8s_scale.c */
 void kube_scale_retry(evutil_socket_t fd, short what, void *arg);
-/* An Event on the model's Deployment (when kubernetes.events is on). */
-void kube_post_event(struct kmodel *km, const char *type, const char *reason,
-                     const char *message);
+/* An Event on the model's Deployment (when kubernetes.events is on); every
+ * part posts them, so it sits here rather than in one of them. */
+static inline void kube_post_event(struct kmodel *km, const char *type, const char *reason,
+                                   const char *message)
+{
+    struct kube_backend *kb = km->kb;
+    if (kb->cfg->kubernetes.events) {
+        struct k8s_event_ref obj = {km->spec.namespace_, "apps/v1", "Deployment",
+                                    km->spec.deployment};
+        k8s_events_record(&kb->events, &obj, type, reason, message, clock_now_ms());
+    }
+}
 /* Asks for n replicas (capped at max-scale): one PATCH at a time. */
 void kube_want_replicas(struct kmodel *km, int64_t n);
 /* 0 -> activation scale, only if still 0 (any activator may). */

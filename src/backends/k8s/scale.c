@@ -12,20 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- events -------------------------------------------------------------- */
-
-void kube_post_event(struct kmodel *km, const char *type, const char *reason,
-                       const char *message)
-{
-    struct kube_backend *kb = km->kb;
-    if (!kb->cfg->kubernetes.events) {
-        return;
-    }
-    struct k8s_event_ref obj = {km->spec.namespace_, "apps/v1", "Deployment",
-                                km->spec.deployment};
-    k8s_events_record(&kb->events, &obj, type, reason, message, clock_now_ms());
-}
-
 /* ---- scaling ------------------------------------------------------------- */
 
 static void send_scale(struct kmodel *km);
@@ -308,7 +294,7 @@ static void sum_gpus(void *ud, const char *key, void *value)
     *(unsigned *)ud += (unsigned)((const struct k8s_node_info *)value)->gpu_allocatable;
 }
 
-static unsigned gpu_slices(void *ud)
+static unsigned cluster_gpu_slices(void *ud)
 {
     unsigned capacity = 0;
     strmap_each(&((struct kube_backend *)ud)->nodes_gpu, sum_gpus, &capacity);
@@ -340,7 +326,7 @@ static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_
 static const struct scale_driver_ops kube_scale_ops = {
     .count = count_models,
     .collect = collect_models,
-    .gpu_slices = gpu_slices,
+    .gpu_slices = cluster_gpu_slices,
     .apply = apply_targets,
     .nodes = kube_plan_nodes,
 };

@@ -39,11 +39,6 @@ const char *kube_pod_sleep_name(enum kpod_sleep s)
     return "unknown";
 }
 
-static void pod_addr(const struct kpod *p, char *out, size_t len)
-{
-    snprintf(out, len, strchr(p->ip, ':') ? "[%s]:%d" : "%s:%d", p->ip, p->km->spec.port);
-}
-
 void kube_pod_sleep_dispose(struct kpod *p)
 {
     if (p->ctl_init) {
@@ -61,7 +56,7 @@ static int send_control(struct kpod *p, const char *path, control_done_cb done)
         p->ctl_init = true;
     }
     char addr[96];
-    pod_addr(p, addr, sizeof addr);
+    kube_pod_addr(p, addr, sizeof addr);
     return control_send(&p->ctl, addr, "POST", path, km->spec.sleep_timeout_ms, done, p);
 }
 
