@@ -1118,6 +1118,45 @@ static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_
  * slices, and the instances of each MIG profile, so the warm pool never
  * admits a replica for a profile that has no instance free. Without MIG,
  * one capacity in slices (gpu_slices) says the same. */
+/* GPU memory a replica of pm takes that the plan counts: its declaration on
+ * a whole GPU; none for MIG (the profile is the memory) or with sleep mode
+ * (sleep frees it when another start needs it: sleep_for_memory). */
+static uint64_t planned_memory(const struct proc_model *pm)
+{
+    return pm->mig_profile || pm->sleep.enabled ? 0 : pm->gpu_memory_bytes;
+}
+
+/* The whole GPUs' memory for the plan: the smallest declared (every whole
+ * GPU must declare it), and how many share it; false when memory is not in
+ * play (no GPU or no model declares it). */
+static bool plan_memory(const struct process_backend *pb, struct scaler_model **sms, size_t n,
+                        struct wp_node *node)
+{
+    uint64_t least = 0;
+    unsigned gpus = 0;
+    for (size_t g = 0; g < pb->n_gpus; g++) {
+        const struct gpu_slot *s = &pb->gpus[g];
+        if (s->profile) {
+            continue;
+        }
+        if (!s->memory_bytes) {
+            return false;
+        }
+        least = gpus == 0 || s->memory_bytes < least ? s->memory_bytes : least;
+        gpus++;
+    }
+    bool declared = false;
+    for (size_t i = 0; i < n; i++) {
+        declared = declared || planned_memory(container_of(sms[i], struct proc_model, sc));
+    }
+    if (!gpus || !declared) {
+        return false;
+    }
+    node->gpu_memory = least;
+    node->gpus = gpus > WP_MAX_GPUS ? WP_MAX_GPUS : gpus;
+    return true;
+}
+
 static bool plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cluster *c)
 {
     struct process_backend *pb = ud;
@@ -1142,9 +1181,11 @@ static bool plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_
             node->alloc[r] += s->slices;
         }
     }
-    if (!any_mig) {
+    bool memory = plan_memory(pb, sms, n, node);
+    if (!any_mig && !memory) {
         for (size_t i = 0; i < n; i++) {
             memset(sms[i]->req, 0, sizeof sms[i]->req);
+            sms[i]->gpu_memory = 0;
             sms[i]->eligible = NULL;
             sms[i]->on_node = NULL;
         }
@@ -1162,6 +1203,7 @@ static bool plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_
         } else {
             sms[i]->req[0] = pm->gpu_slices;
         }
+        sms[i]->gpu_memory = memory ? planned_memory(pm) : 0;
         sms[i]->eligible = NULL;
         pm->plan_on_node = sms[i]->current; /* one node holds them all */
         sms[i]->on_node = &pm->plan_on_node;

@@ -86,6 +86,33 @@ def test_memory_bound_gpu_refuses_a_third_replica(thaw_factory):
     assert g["used"] == 2 and g["memory_used"] == 20 * GB
 
 
+def test_memory_bound_gpu_evicts_an_idle_warm_replica_for_a_critical_model(thaw_factory):
+    """Four slices but 80 GB: two idle batch replicas of 30 GB kept warm by the
+    warm pool leave no memory for a third model's 30 GB. A critical request
+    evicts one of them (the slices alone would have fit all three) instead of
+    waiting behind warm replicas that nobody uses."""
+    t = thaw_factory({
+        "gpus": [{"id": 0, "slices": 4, "memory_bytes": 80 * GB}],
+        "warm_pool": {"budget_slices": 4},
+        "autoscaler": {"tick_ms": 200},
+        "models": [sim_model(name, load_ms=50, gpu_slices=1, gpu_memory_bytes=30 * GB,
+                             priority=tier, idle_timeout_ms=300, queue_timeout_ms=8000)
+                   for name, tier in (("batch-a", "batch"), ("batch-b", "batch"),
+                                      ("crit", "critical"))]})
+    assert complete(t, "batch-a").status == 200 and complete(t, "batch-b").status == 200
+    wait_for(lambda: all(model_status(t, m)["pool"].get("last_decision") == "keep_warm"
+                         for m in ("batch-a", "batch-b")), timeout=10, what="kept warm")
+    start = time.monotonic()
+    r = complete(t, "crit")
+    assert r.status == 200, r.body
+    assert time.monotonic() - start < 5
+    evicted = [m for m in ("batch-a", "batch-b")
+               if model_status(t, m)["pool"].get("last_decision") == "evict"]
+    assert len(evicted) == 1
+    g = t.status()["gpus"][0]
+    assert g["memory_used"] <= 80 * GB
+
+
 @pytest.mark.parametrize("gpus,model,error", [
     ('[{"id": 0, "mig": "GPU-1234", "profile": "1g.5gb"}]', '"gpu_slices": 1',
      'gpus[0].: "mig" must be a MIG device UUID'),
