@@ -460,7 +460,7 @@ static const struct family families[] = {
     {.whole = backend_families},
     {"thaw_pool_decisions_total", "counter",
      "Capacity decisions by model and action (keep_warm, to_zero, admit, deny, evict, "
-     "preempt).",
+     "preempt, prewarm).",
      NULL, pool_decisions},
     {.whole = pool_slices},
     {.whole = revision_families},
