@@ -489,6 +489,6 @@ def test_a_deleted_pod_moves_the_shares_without_overlap(fleet):
         st = httpc.request(ip, 8000, "GET", "/stats", {}, b"", timeout=5)
         peaks[name] = json.loads(st.body)["peak_active"]
     assert max(peaks.values()) <= 1, peaks
-    # The deleted pod's server (thaw-model-sim) exits on SIGTERM at once: the
-    # one request its limit lets it hold may be cut (502). Nothing else fails.
-    assert res and set(res) <= {200, 502} and res.count(502) <= 1, res
+    # The deleted pod's server finishes what it holds on SIGTERM (as uvicorn
+    # does): nothing fails.
+    assert res and set(res) == {200}, set(res)

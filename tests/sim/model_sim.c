@@ -33,7 +33,12 @@
  * (JSON, or SSE chunks ending in "data: [DONE]" with "stream": true), and
  * /stats: {"active", "peak_active", "completions"} (completions in progress
  * now, the most ever in progress at once, and how many were started; with
- * "sleeping", "sleeps" and "wakes" for sleep mode). */
+ * "sleeping", "sleeps" and "wakes" for sleep mode).
+ *
+ * SIGTERM stops accepting connections and finishes the completions in
+ * progress (each connection closes after its response), then exits, as
+ * uvicorn's graceful shutdown does; a second SIGTERM, or SIGINT, exits at
+ * once. */
 #include <errno.h>
 #include <getopt.h>
 #include <netinet/in.h>
@@ -77,6 +82,11 @@ struct sim {
     long completions;
     struct evconnlistener *listener;
     struct http_limits limits;
+    /* SIGTERM: stop accepting and finish the completions in progress, as
+     * uvicorn's graceful shutdown does; exit when none is left (a second
+     * SIGTERM, or SIGINT, exits at once). */
+    bool draining;
+    struct event *drained;
 };
 
 struct client {
@@ -97,10 +107,13 @@ struct client {
     bool control_is_wake;
 };
 
+static void exit_when_drained(struct sim *s);
+
 static void client_free(struct client *c)
 {
     if (c->counted_active) {
         c->sim->active--;
+        exit_when_drained(c->sim);
     }
     if (c->tick) {
         event_free(c->tick);
@@ -137,12 +150,22 @@ static long token_delay_ms(struct sim *s)
 
 static void process(struct client *c);
 
+static void exit_when_drained(struct sim *s)
+{
+    if (s->draining && s->active == 0) {
+        /* A moment for the last responses to leave. */
+        struct timeval tv = {0, 50000};
+        event_add(s->drained, &tv);
+    }
+}
+
 static void finish_completion(struct client *c)
 {
     c->busy = false;
     if (c->counted_active) {
         c->sim->active--;
         c->counted_active = false;
+        exit_when_drained(c->sim);
     }
     http_parser_next(&c->parser, &c->head, &c->body);
     buf_reset(&c->body);
@@ -364,7 +387,7 @@ static bool handle(struct client *c)
         qlen = len - (size_t)(q - t);
         len = (size_t)(q - t);
     }
-    c->close_after = !c->head.keep_alive;
+    c->close_after = !c->head.keep_alive || s->draining;
     if (!s->loaded) {
         respond(c, 503, "application/json", "{\"status\":\"loading\"}");
         return true;
@@ -551,6 +574,22 @@ static void on_loaded(evutil_socket_t fd, short what, void *arg)
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
+    struct sim *s = arg;
+    if (sig != SIGTERM || s->draining || s->active == 0) {
+        event_base_loopbreak(s->base);
+        return;
+    }
+    s->draining = true;
+    if (s->listener) {
+        evconnlistener_free(s->listener);
+        s->listener = NULL;
+    }
+    fprintf(stderr, "thaw-model-sim: SIGTERM: finishing %ld completion(s), accepting none\n",
+            s->active);
+}
+
+static void on_drained(evutil_socket_t fd, short what, void *arg)
+{
     event_base_loopbreak(arg);
 }
 
@@ -624,8 +663,9 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     s.base = event_base_new();
-    struct event *term = evsignal_new(s.base, SIGTERM, on_signal, s.base);
-    struct event *intr = evsignal_new(s.base, SIGINT, on_signal, s.base);
+    struct event *term = evsignal_new(s.base, SIGTERM, on_signal, &s);
+    struct event *intr = evsignal_new(s.base, SIGINT, on_signal, &s);
+    s.drained = evtimer_new(s.base, on_drained, s.base);
     event_add(term, NULL);
     event_add(intr, NULL);
     if (s.mode_503 && start_listening(&s)) {
@@ -638,6 +678,7 @@ int main(int argc, char **argv)
     event_free(load);
     event_free(term);
     event_free(intr);
+    event_free(s.drained);
     if (s.listener) {
         evconnlistener_free(s.listener);
     }
