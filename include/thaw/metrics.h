@@ -118,5 +118,8 @@ struct server_metrics {
 
 /* A metric family's # HELP and # TYPE lines. */
 void metrics_help_type(struct buf *o, const char *name, const char *type, const char *help);
+/* A family of one unlabelled sample: HELP, TYPE and its value. */
+void metrics_single(struct buf *o, const char *name, const char *type, const char *help,
+                    unsigned long long value);
 
 #endif

@@ -158,3 +158,10 @@ void metrics_help_type(struct buf *o, const char *name, const char *type, const 
 {
     buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
+
+void metrics_single(struct buf *o, const char *name, const char *type, const char *help,
+                    unsigned long long value)
+{
+    metrics_help_type(o, name, type, help);
+    buf_printf(o, "%s %llu\n", name, value);
+}

@@ -103,13 +103,13 @@ static void spec_defaults(const struct kube_backend *kb, struct k8s_model_spec *
     d->idle_before_sleep_ms = K8S_DEFAULT_IDLE_BEFORE_SLEEP_MS;
     d->sleep_timeout_ms = K8S_DEFAULT_SLEEP_TIMEOUT_MS;
     snprintf(d->health_path, sizeof d->health_path, "/health");
-    /* A rollout's defaults: the configuration's (config.c rollout_keys). */
-    d->rollout_step_percent = 10;
-    d->rollout_step_interval_ms = 60000;
-    d->rollout_min_requests = 20;
-    d->rollout_max_error_rate_increase_pct = 5;
-    d->rollout_max_ttfb_p99_ratio_pct = 150;
-    d->rollout_ttfb_p99_tolerance_ms = 50;
+    /* A rollout's defaults: a config model's. */
+    d->rollout_step_percent = dm.rollout.step_percent;
+    d->rollout_step_interval_ms = dm.rollout.step_interval_ms;
+    d->rollout_min_requests = dm.rollout.min_requests;
+    d->rollout_max_error_rate_increase_pct = dm.rollout.max_error_rate_increase_pct;
+    d->rollout_max_ttfb_p99_ratio_pct = dm.rollout.max_ttfb_p99_ratio_pct;
+    d->rollout_ttfb_p99_tolerance_ms = dm.rollout.ttfb_p99_tolerance_ms;
 }
 
 /* The annotations' autoscaler settings over the global ones. */

@@ -558,42 +558,33 @@ void kube_render_metrics(struct backend *b, struct buf *o)
     }
     restarts += kb->nodes.watch_restarts;
     relists += kb->nodes.relists;
-    metrics_help_type(o, "thaw_kubernetes_api_errors_total", "counter",
-                      "Kubernetes API requests that failed (transport or HTTP >= 400).");
-    buf_printf(o, "thaw_kubernetes_api_errors_total %llu\n", (unsigned long long)api_errors);
-    metrics_help_type(o, "thaw_kubernetes_watch_restarts_total", "counter",
-                      "Kubernetes watches that ended and were resumed.");
-    buf_printf(o, "thaw_kubernetes_watch_restarts_total %llu\n", (unsigned long long)restarts);
-    metrics_help_type(o, "thaw_kubernetes_lists_total", "counter",
-                      "Kubernetes lists (the first, and relists after 410 Gone or errors).");
-    buf_printf(o, "thaw_kubernetes_lists_total %llu\n", (unsigned long long)relists);
+    metrics_single(o, "thaw_kubernetes_api_errors_total", "counter",
+                   "Kubernetes API requests that failed (transport or HTTP >= 400).", api_errors);
+    metrics_single(o, "thaw_kubernetes_watch_restarts_total", "counter",
+                   "Kubernetes watches that ended and were resumed.", restarts);
+    metrics_single(o, "thaw_kubernetes_lists_total", "counter",
+                   "Kubernetes lists (the first, and relists after 410 Gone or errors).", relists);
     unsigned fresh = kb->have_peers ? k8s_peers_count(&kb->peers, true) : 0;
     unsigned all = kb->have_peers ? k8s_peers_count(&kb->peers, false) : 0;
-    metrics_help_type(o, "thaw_leader", "gauge", "1 while this activator is the leader.");
-    buf_printf(o, "thaw_leader %d\n", kb->leading ? 1 : 0);
+    metrics_single(o, "thaw_leader", "gauge", "1 while this activator is the leader.",
+                   kb->leading ? 1 : 0);
     metrics_help_type(o, "thaw_peers", "gauge",
                       "Other activators, by whether their counts are fresh or stale.");
     buf_printf(o, "thaw_peers{state=\"fresh\"} %u\nthaw_peers{state=\"stale\"} %u\n", fresh,
                all - fresh);
-    metrics_help_type(o, "thaw_kubernetes_last_request_writes_total", "counter",
-                      "Writes of a model's last request time to its Deployment "
-                      "(thaw.dev/last-request-at).");
-    buf_printf(o, "thaw_kubernetes_last_request_writes_total %llu\n",
-               (unsigned long long)kb->idle_writes);
-    metrics_help_type(o, "thaw_kubernetes_last_request_write_errors_total", "counter",
-                      "Writes of thaw.dev/last-request-at that failed.");
-    buf_printf(o, "thaw_kubernetes_last_request_write_errors_total %llu\n",
-               (unsigned long long)kb->idle_write_errors);
-    metrics_help_type(o, "thaw_kubernetes_rollout_writes_total", "counter",
-                      "Writes of a rollout's state to its revisions' Deployments.");
-    buf_printf(o, "thaw_kubernetes_rollout_writes_total %llu\n",
-               (unsigned long long)kb->rollout_writes);
-    metrics_help_type(o, "thaw_kubernetes_rollout_write_errors_total", "counter",
-                      "Writes of a rollout's state that failed.");
-    buf_printf(o, "thaw_kubernetes_rollout_write_errors_total %llu\n",
-               (unsigned long long)kb->rollout_write_errors);
+    metrics_single(o, "thaw_kubernetes_last_request_writes_total", "counter",
+                   "Writes of a model's last request time to its Deployment "
+                   "(thaw.dev/last-request-at).",
+                   kb->idle_writes);
+    metrics_single(o, "thaw_kubernetes_last_request_write_errors_total", "counter",
+                   "Writes of thaw.dev/last-request-at that failed.", kb->idle_write_errors);
+    metrics_single(o, "thaw_kubernetes_rollout_writes_total", "counter",
+                   "Writes of a rollout's state to its revisions' Deployments.",
+                   kb->rollout_writes);
+    metrics_single(o, "thaw_kubernetes_rollout_write_errors_total", "counter",
+                   "Writes of a rollout's state that failed.", kb->rollout_write_errors);
     kube_tenants_source_metrics(&kb->tenants, o);
-    metrics_help_type(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.");
-    buf_printf(o, "thaw_kubernetes_synced %d\n", kube_synced(b) ? 1 : 0);
+    metrics_single(o, "thaw_kubernetes_synced", "gauge", "1 once every informer has listed.",
+                   kube_synced(b) ? 1 : 0);
     render_node_metrics(kb, o);
 }

@@ -218,12 +218,12 @@ void kube_tenants_source_metrics(const struct kube_tenants_source *ts, struct bu
     if (!ts->on) {
         return;
     }
-    metrics_help_type(o, "thaw_tenants_source_loaded", "gauge",
-                      "1 once a tenants document from tenants.source is in force.");
-    buf_printf(o, "thaw_tenants_source_loaded %d\n", ts->loaded ? 1 : 0);
-    metrics_help_type(o, "thaw_tenants_source_error", "gauge",
-                      "1 while the source's latest version is rejected or the object is missing.");
-    buf_printf(o, "thaw_tenants_source_error %d\n", ts->last_error[0] ? 1 : 0);
+    metrics_single(o, "thaw_tenants_source_loaded", "gauge",
+                   "1 once a tenants document from tenants.source is in force.",
+                   ts->loaded ? 1 : 0);
+    metrics_single(o, "thaw_tenants_source_error", "gauge",
+                   "1 while the source's latest version is rejected or the object is missing.",
+                   ts->last_error[0] ? 1 : 0);
     metrics_help_type(o, "thaw_tenants_source_updates_total", "counter",
                       "Versions of the tenants document read, by result.");
     buf_printf(o,
