@@ -52,3 +52,14 @@ int netaddr_parse(const char *text, struct sockaddr_storage *ss, socklen_t *len)
     }
     return -EINVAL;
 }
+
+bool netaddr_self_connected(int fd)
+{
+    struct sockaddr_storage local, peer;
+    socklen_t llen = sizeof local, plen = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *)&local, &llen) < 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &plen) < 0) {
+        return false;
+    }
+    return llen == plen && memcmp(&local, &peer, llen) == 0;
+}

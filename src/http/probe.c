@@ -138,7 +138,7 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
         int err = 0;
         socklen_t len = sizeof err;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        if (err) {
+        if (err || netaddr_self_connected(fd)) {
             p->refused = true; /* not listening yet */
             again(p);
             return;

@@ -174,9 +174,9 @@ def test_demand_split_across_activators_scales_like_one(fleet):
                                       "thaw.dev/max-scale": "8"},
         load_ms=300))
     # Each request holds its replica's only slot for ~4 s.
-    _, d = f.sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")
-    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "1000"
-    f.sim.call("PUT", "/apis/apps/v1/namespaces/models/deployments/llama", d)
+    f.sim.update("/apis/apps/v1/namespaces/models/deployments/llama",
+                 lambda d: d["spec"]["template"]["metadata"]["annotations"].update(
+                     {"sim.thaw.dev/token-ms": "1000"}))
     for t in f.thaws:
         wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
                  what="model seen")
@@ -401,9 +401,9 @@ def test_a_scale_up_under_load_keeps_the_serving_pods_shares(fleet):
     for th in ths:
         th.start()
     time.sleep(0.5)
-    _, d = f.sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")
-    d["metadata"]["annotations"].update({"thaw.dev/min-scale": "3", "thaw.dev/max-scale": "3"})
-    f.sim.call("PUT", "/apis/apps/v1/namespaces/models/deployments/llama", d)
+    f.sim.update("/apis/apps/v1/namespaces/models/deployments/llama",
+                 lambda d: d["metadata"]["annotations"].update(
+                     {"thaw.dev/min-scale": "3", "thaw.dev/max-scale": "3"}))
     try:
         for t in f.thaws:
             wait_for(lambda t=t: ready(t, 3), timeout=30, what="the third pod ready")

@@ -99,6 +99,19 @@ class KubeSim:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"null")
 
+    def update(self, path, change):
+        """GET, change, PUT: retried on 409 Conflict as kubectl and client-go's
+        RetryOnConflict do, since thaw writes the same objects (scale,
+        annotations) and a PUT of a stale resourceVersion is refused."""
+        for _ in range(20):
+            _, obj = self.call("GET", path)
+            change(obj)
+            code, out = self.call("PUT", path, obj)
+            if code != 409:
+                assert code == 200, (code, out)
+                return out
+        raise AssertionError(f"PUT {path}: conflict after 20 tries")
+
     def create_deployment(self, body, token=None):
         """Creates a Deployment and, as a cluster's manifests would, the Service
         in front of it: named by thaw.dev/service (default the Deployment's
@@ -878,11 +891,12 @@ def test_a_rollout_during_a_cold_start_serves_from_the_new_pods(cluster, thaw_fa
         return [p for p in ps["items"] if "deletionTimestamp" not in p["metadata"]]
     wait_for(lambda: any(p["status"].get("phase") == "Running" for p in pods()), timeout=20,
              what="the old pod loading")
-    _, cur = sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")
-    tpl = cur["spec"]["template"]["metadata"]
-    tpl["labels"]["thaw.dev/model"] = "new"
-    tpl["annotations"]["sim.thaw.dev/load-ms"] = "300"
-    sim.call("PUT", "/apis/apps/v1/namespaces/models/deployments/llama", cur)
+
+    def relabel(d):
+        tpl = d["spec"]["template"]["metadata"]
+        tpl["labels"]["thaw.dev/model"] = "new"
+        tpl["annotations"]["sim.thaw.dev/load-ms"] = "300"
+    sim.update("/apis/apps/v1/namespaces/models/deployments/llama", relabel)
     changed = time.monotonic()
     th.join(60)
     r = out["r"]
