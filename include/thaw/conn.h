@@ -149,14 +149,17 @@ struct conn {
     void *drain_ud; /* for on_drain */
 };
 
-/* The read event flags for a socket on base: edge-triggered with EV_CLOSED
- * where the backend has both (epoll), so a socket read until it is drained
- * is not looked at again by the next poll; level-triggered otherwise. A
- * reader goes on until a short read (or, after EV_CLOSED, until EOF), which
- * is right under either registration (the write event of the same socket,
- * level-triggered, shares its epoll entry with the read event), and writers
- * write until EAGAIN or empty, right under either too. */
+/* The event flags for a socket on base: edge-triggered (reads with
+ * EV_CLOSED) where the backend has both (epoll), so a socket read until it
+ * is drained is not looked at again by the next poll; level-triggered
+ * otherwise. A socket's read and write events share one epoll entry, whose
+ * last change decides the trigger for both: both are edge-triggered, or a
+ * write event added or removed would turn the reads level-triggered for the
+ * rest of the connection. A reader goes on until a short read (or, after
+ * EV_CLOSED, until EOF) and writers write until EAGAIN or empty, which is
+ * right under either registration. */
 short conn_read_events(struct event_base *base);
+short conn_write_events(struct event_base *base);
 
 /* Takes an accepted socket. Requests are parsed within lim and handed to
  * handler (with ud, its context). Returns NULL (socket closed) on failure. */

@@ -123,11 +123,20 @@ static void set_timer(struct conn *c, enum timer_kind k)
     }
 }
 
-short conn_read_events(struct event_base *base)
+static bool edge_triggered(struct event_base *base)
 {
     int f = event_base_get_features(base);
-    bool et = (f & EV_FEATURE_ET) && (f & EV_FEATURE_EARLY_CLOSE);
-    return EV_READ | EV_PERSIST | (et ? EV_ET | EV_CLOSED : 0);
+    return (f & EV_FEATURE_ET) && (f & EV_FEATURE_EARLY_CLOSE);
+}
+
+short conn_read_events(struct event_base *base)
+{
+    return EV_READ | EV_PERSIST | (edge_triggered(base) ? EV_ET | EV_CLOSED : 0);
+}
+
+short conn_write_events(struct event_base *base)
+{
+    return EV_WRITE | EV_PERSIST | (edge_triggered(base) ? EV_ET : 0);
 }
 
 /* Reading again after a pause. Edge-triggered, bytes (or a FIN) that came
@@ -170,7 +179,7 @@ struct conn *conn_new(struct conn_ctx *ctx, int fd, const struct http_limits *li
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     event_assign(&c->rev, ctx->base, fd, conn_read_events(ctx->base), on_read, c);
-    event_assign(&c->wev, ctx->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
+    event_assign(&c->wev, ctx->base, fd, conn_write_events(ctx->base), on_write, c);
     event_assign(&c->tev, ctx->base, -1, 0, on_timer, c);
     event_add(&c->rev, NULL);
     set_timer(c, TIMER_HEADER);

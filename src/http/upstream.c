@@ -445,7 +445,7 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         http_parser_init(&u->parser, HTTP_RESPONSE, ctx->resp_limits);
         u->fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         event_assign(&u->rev, ctx->base, u->fd, conn_read_events(ctx->base), on_read, u);
-        event_assign(&u->wev, ctx->base, u->fd, EV_WRITE | EV_PERSIST, on_write, u);
+        event_assign(&u->wev, ctx->base, u->fd, conn_write_events(ctx->base), on_write, u);
         event_assign(&u->tev, ctx->base, -1, 0, on_timer, u);
         u->req = r;
         r->up = u;
@@ -529,7 +529,7 @@ void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     event_assign(&u->rev, ctx->base, fd, conn_read_events(ctx->base), on_read, u);
-    event_assign(&u->wev, ctx->base, fd, EV_WRITE | EV_PERSIST, on_write, u);
+    event_assign(&u->wev, ctx->base, fd, conn_write_events(ctx->base), on_write, u);
     event_assign(&u->tev, ctx->base, -1, 0, on_timer, u);
     u->state = UP_IDLE;
     list_push_front(&ep->idle, &u->node);

@@ -143,6 +143,35 @@ def test_failing_canary_is_rolled_back_with_an_event(cluster, thaw_factory, tmp_
     assert served(t, "v2") == before
 
 
+def test_a_step_is_not_undone_by_an_event_older_than_its_write(cluster, thaw_factory,
+                                                                 tmp_path):
+    """The leader steps the canary and writes the step; before the write lands
+    the Deployment changes for another reason (its scale, someone's
+    annotation), and that event still carries the step before. The split in force
+    stays the one decided."""
+    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1"),
+                   revision("v2", 10, rollout_annotations()))
+    written = lambda pct: annotations(sim, "llama-v2").get("thaw.dev/traffic-percent") == pct
+    assert set(drive(t, lambda: written("40"), 20 * SLOW)) == {200}
+    sim.call("POST", "/_sim/faults", {"delay_ms": 2000, "delay_methods": ["PATCH"]})
+    stepped = lambda: status_of(t)["rollout"]["canary_percent"] == 70
+    assert set(drive(t, stepped, 20 * SLOW)) == {200}
+    assert written("40")  # the next step is still being written
+    sim.update("/apis/apps/v1/namespaces/models/deployments/llama-v2",
+               lambda d: d["metadata"]["annotations"].update({"thaw.dev/idle-timeout": "10m"}))
+    seen = set()
+    until = time.monotonic() + 1.5
+    while time.monotonic() < until:
+        st = status_of(t)
+        seen.add((st["rollout"]["canary_percent"],
+                  tuple(r["percent"] for r in st["revisions"])))
+        time.sleep(0.02)
+    assert seen == {(70, (30, 70))}, seen
+    sim.call("POST", "/_sim/faults", {"delay_ms": 0})
+    wait_for(lambda: written("70"), timeout=10, what="the step written")
+    assert status_of(t)["rollout"]["canary_percent"] == 70
+
+
 def test_healthy_canary_is_promoted_and_a_restart_continues(cluster, thaw_factory, tmp_path):
     sim, t = start(cluster, thaw_factory, tmp_path, revision("v1"),
                    revision("v2", 10, rollout_annotations()))

@@ -118,7 +118,8 @@ sharing: allocatable nvidia.com/gpu = gpus x replicas), "product", "labels",
 "nvidia.com/mig-1g.10gb": "7"; cpu 32, memory 256Gi, pods 110 by default)}.
 
 Fault controls (POST /_sim/faults with JSON): {"drop_watches": true},
-{"fail_next": N} (next N API requests answer 500), {"delay_ms": N},
+{"fail_next": N} (next N API requests answer 500), {"delay_ms": N} (with
+"delay_methods": ["PATCH", ...] only requests of those methods),
 {"compact": true} (forget history: old resourceVersions get 410),
 {"tokens": [...]} (accepted bearer tokens). GET /_sim/state shows counters,
 the scale log, nodes (their pods and requested resources), ReplicaSets and
@@ -2422,7 +2423,7 @@ class Handler(BaseHTTPRequestHandler):
             if not self.authorized():
                 sim.counters["unauthorized"] += 1
                 raise ApiError(401, "Unauthorized", "Unauthorized")
-            if sim.delay_ms:
+            if sim.delay_ms and (not sim.delay_methods or method in sim.delay_methods):
                 time.sleep(sim.delay_ms / 1000)
             if sim.fail_next > 0:
                 sim.fail_next -= 1
@@ -2467,6 +2468,7 @@ class Handler(BaseHTTPRequestHandler):
                 sim.fail_next = int(f["fail_next"])
             if "delay_ms" in f:
                 sim.delay_ms = int(f["delay_ms"])
+                sim.delay_methods = set(f.get("delay_methods") or ())
             if f.get("compact"):
                 sim.store.compact()
             if "tokens" in f:
@@ -2881,6 +2883,7 @@ class Sim:
         self.tokens = set(args.token or [])
         self.fail_next = 0
         self.delay_ms = 0
+        self.delay_methods = set()
         self.counters = Counters()
         self.scale_log = []
         self.cluster_ip_next = 1

@@ -9,9 +9,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "thaw/clock.h"
 #include "thaw/conn.h"
@@ -482,6 +484,64 @@ static void test_pooled_connection_serves_the_next_request(void **state)
     assert_int_equal(e->ep->n_idle, 1);
 }
 
+/* Every socket the loop watches for reads, as the kernel has it registered
+ * (/proc/self/fdinfo of each epoll descriptor): how many, and how many of
+ * them edge-triggered. */
+static void count_watched_sockets(int *watched, int *edge)
+{
+    *watched = *edge = 0;
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char link[300], target[64], path[300];
+        snprintf(link, sizeof link, "/proc/self/fd/%s", de->d_name);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n <= 0) {
+            continue;
+        }
+        target[n] = '\0';
+        if (strcmp(target, "anon_inode:[eventpoll]") != 0) {
+            continue;
+        }
+        snprintf(path, sizeof path, "/proc/self/fdinfo/%s", de->d_name);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        char line[256];
+        while (fgets(line, sizeof line, f)) {
+            int tfd;
+            unsigned events;
+            struct stat st;
+            if (sscanf(line, "tfd: %d events: %x", &tfd, &events) == 2 && (events & 0x1) &&
+                fstat(tfd, &st) == 0 && S_ISSOCK(st.st_mode)) {
+                (*watched)++;
+                *edge += (events & 0x80000000u) != 0; /* EPOLLET */
+            }
+        }
+        fclose(f);
+    }
+    closedir(d);
+}
+
+/* The replica's socket stays edge-triggered once the request has been
+ * written: a socket's read and write events share one epoll entry, and a
+ * level-triggered write event made the entry level-triggered for the rest of
+ * the pooled connection's life (every read polled again the next turn). */
+static void test_replica_socket_stays_edge_triggered_after_the_request(void **state)
+{
+    struct env *e = *state;
+    if (!(event_base_get_features(e->base) & EV_FEATURE_ET)) {
+        skip();
+    }
+    open_client(e);
+    round_trip(e, true);
+    assert_int_equal(e->ep->n_idle, 1);
+    int watched, edge;
+    count_watched_sockets(&watched, &edge);
+    assert_true(watched >= 2); /* the client's and the pooled replica's */
+    assert_int_equal(edge, watched);
+}
+
 static void test_refused_connect_retries_and_ejects(void **state)
 {
     struct env *e = *state;
@@ -939,6 +999,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pooled_connection_serves_the_next_request, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_replica_socket_stays_edge_triggered_after_the_request,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_connect_retries_and_ejects, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replica_closing_after_the_head_aborts_the_client,
                                         setup, teardown),

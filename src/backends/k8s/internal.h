@@ -134,6 +134,14 @@ struct kgroup {
     char namespace_[254], name[254];
     char error[400]; /* why the split is not what the Deployments say; "" */
     char names[2048];  /* its hosts and aliases (the revisions'), as routed */
+    /* The rollout state this activator last wrote to the canary, until the
+     * canary's own annotations show it: events of the Deployment that
+     * started before the write landed (status updates, other annotations)
+     * still carry the step before, which must not undo the decision. */
+    bool rollout_written;
+    int written_stage;
+    uint32_t written_percent;
+    uint64_t written_ms;
 };
 
 /* The per-node view handed to the warm pool each planning step; arrays

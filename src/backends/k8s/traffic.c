@@ -328,6 +328,26 @@ static void restore_rollout(struct kgroup *g, const struct k8s_model_spec *c)
          g->name, g->namespace_, rollout_stage_name(s.stage), pct);
 }
 
+/* How long a written rollout state is held against the cluster's older one
+ * while its echo has not come (a write lost without an error answer). */
+#define ROLLOUT_ECHO_WAIT_MS 30000
+
+/* True while the canary's annotations are older than the state this
+ * activator wrote: its write has not come back through the watch yet. */
+static bool cluster_behind_write(struct kgroup *g, const struct k8s_model_spec *c)
+{
+    if (!g->rollout_written) {
+        return false;
+    }
+    uint32_t pct = c->traffic_percent_set ? (uint32_t)c->traffic_percent : 0;
+    if ((c->rollout_stage == g->written_stage && pct == g->written_percent) ||
+        clock_now_ms() - g->written_ms > ROLLOUT_ECHO_WAIT_MS) {
+        g->rollout_written = false; /* the cluster has it (or it was lost) */
+        return false;
+    }
+    return true;
+}
+
 void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *name)
 {
     char key[600];
@@ -365,6 +385,11 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
     } else {
         split_of(&ms, rollout, pct, why, sizeof why);
     }
+    bool behind = rollout && !why[0] && cluster_behind_write(g, &ms.km[1]->spec);
+    if (behind) {
+        pct[1] = g->written_percent;
+        pct[0] = 100 - pct[1];
+    }
     if (why[0]) {
         report_split_error(g, &ms, why);
     } else {
@@ -382,7 +407,7 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
     for (size_t i = 0; i < ms.n && g->m->revs; i++) {
         model_revisions_link(g->m, ms.km[i]->spec.revision, ms.km[i]->m);
     }
-    if (rollout && !why[0]) {
+    if (rollout && !why[0] && !behind) {
         restore_rollout(g, &ms.km[1]->spec);
     }
     fleet_revisions_changed(kb->base.fleet, g->m);
@@ -410,6 +435,10 @@ static void on_rollout_written(void *ud, long status, const char *body, size_t l
         return;
     }
     km->kb->rollout_write_errors++;
+    struct kgroup *g = km->m->parent ? km->m->parent->backend_data : NULL;
+    if (g) {
+        g->rollout_written = false; /* what the cluster says holds again */
+    }
     LOGW("writing a rollout's state to its Deployment failed",
          "deployment=%s status=%ld error=\"%s\"", km->key, status, err ? err : "");
 }
@@ -444,6 +473,10 @@ void kube_rollout_decided(struct backend *b, struct model *parent, const struct 
              "\"thaw.dev/rollout-step-started-at\":\"%s\"",
              rv->split.percent[1], rollout_stage_name(rv->state.stage), when);
     patch_annotations(canary, anns);
+    g->rollout_written = true;
+    g->written_stage = (int)rv->state.stage;
+    g->written_percent = rv->split.percent[1];
+    g->written_ms = clock_now_ms();
     if (stable) {
         snprintf(anns, sizeof anns, "\"thaw.dev/traffic-percent\":\"%u\"", rv->split.percent[0]);
         patch_annotations(stable, anns);
