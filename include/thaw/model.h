@@ -181,12 +181,14 @@ void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reaso
                              uint64_t retry_after_ms);
 
 /* Least-loaded ready endpoint with a free slot, skipping ejected ones (unless
- * all are ejected and the replicas are fixed) and those that would need a new
- * connection while UPSTREAM_MAX_UNCONFIRMED of theirs are unanswered. NULL
+ * all are ejected and the replicas are fixed), those that would need a new
+ * connection while UPSTREAM_MAX_UNCONFIRMED of theirs are unanswered, and
+ * woken ones whose first request is still alone (head_start_until_ms). NULL
  * when none can take it. */
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);
-/* When the first ejected endpoint comes back; 0 when none is ejected. */
-uint64_t model_next_unejection(const struct model *m, uint64_t now_ms);
+/* When the first endpoint skipped for a time takes requests again (an
+ * ejection or a head start ends); 0 when none is. */
+uint64_t model_next_opening(const struct model *m, uint64_t now_ms);
 /* Sum over endpoints of the slots this activator may use (max_concurrency,
  * or its share when that is smaller). */
 uint32_t model_capacity(const struct model *m);

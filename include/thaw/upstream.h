@@ -50,7 +50,17 @@ struct endpoint {
      * have accepted them. At UPSTREAM_MAX_UNCONFIRMED, requests wait for a
      * pooled connection or for one of these to answer (see model_pick_endpoint). */
     uint32_t unconfirmed;
+    /* A replica that just became ready gets its first request alone until
+     * it answers it, or until this time (0: no head start): a model server
+     * that meets a crowd of new connections at once sets them all up before
+     * it reads the first request (Python's asyncio does), which delays the
+     * request that waited longest by the whole crowd. */
+    uint64_t head_start_until_ms;
 };
+
+/* How long the first request to a woken replica goes alone at most: about
+ * what a server takes to answer a small request, far below a cold start. */
+#define UPSTREAM_HEAD_START_MS 2
 
 /* New connections to one replica that may wait unanswered at once: fewer
  * than the accept backlog of common model servers (Python's asyncio: 100),

@@ -1,4 +1,5 @@
 #include "thaw/model.h"
+#include "thaw/clock.h"
 #include "thaw/netaddr.h"
 #include "thaw/log.h"
 
@@ -152,6 +153,7 @@ int fleet_replica_ready_with(struct fleet *f, struct model *m, const char *id, c
         m->endpoints = ne;
         m->cap_endpoints = ncap;
     }
+    ep->head_start_until_ms = clock_now_ms() + UPSTREAM_HEAD_START_MS;
     m->endpoints[m->n_endpoints++] = ep;
     LOGI("replica ready", "model=%s replica=%s addr=%s", m->name, id, addr);
     if (conn_fd >= 0 && f->on_endpoint_conn) {
@@ -259,6 +261,9 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
         if (ep->n_idle == 0 && ep->unconfirmed >= UPSTREAM_MAX_UNCONFIRMED) {
             continue; /* it has not accepted the connections it has yet */
         }
+        if (ep->inflight > 0 && ep->head_start_until_ms > now_ms) {
+            continue; /* its first request goes alone */
+        }
         if (ejected) {
             if (!best_ejected || ep->ejected_until_ms < best_ejected->ejected_until_ms) {
                 best_ejected = ep;
@@ -279,13 +284,16 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
     return best;
 }
 
-uint64_t model_next_unejection(const struct model *m, uint64_t now_ms)
+uint64_t model_next_opening(const struct model *m, uint64_t now_ms)
 {
     uint64_t best = 0;
     for (size_t i = 0; i < m->n_endpoints; i++) {
-        uint64_t u = m->endpoints[i]->ejected_until_ms;
-        if (u > now_ms && (best == 0 || u < best)) {
-            best = u;
+        const struct endpoint *ep = m->endpoints[i];
+        uint64_t at[2] = {ep->ejected_until_ms, ep->inflight ? ep->head_start_until_ms : 0};
+        for (int k = 0; k < 2; k++) {
+            if (at[k] > now_ms && (best == 0 || at[k] < best)) {
+                best = at[k];
+            }
         }
     }
     return best;

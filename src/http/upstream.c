@@ -833,6 +833,11 @@ static bool take_bytes(struct upstream *u, const char *data, size_t n)
     if (u->unconfirmed) {
         confirm(u);
     }
+    if (u->ep->head_start_until_ms && u->ep->model) {
+        /* The woken replica answered its first request: the rest may go. */
+        u->ep->head_start_until_ms = 0;
+        u->ctx->handler->capacity(u->ctx->ud, u->ep->model);
+    }
     if (u->state == UP_STREAMING) {
         arm_ms(u, u->req->idle_timeout_ms); /* a store, as a rule */
     }

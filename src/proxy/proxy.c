@@ -583,6 +583,8 @@ static void build_upstream_head(const struct runtime *rt, struct request *r,
     buf_append(b, "\r\n", 2);
 }
 
+static void retry_after_ejection(struct runtime *rt, struct model *m);
+
 static void start_at(struct runtime *rt, struct request *r, struct endpoint *ep)
 {
     r->ex.state = REQ_UPSTREAM;
@@ -750,6 +752,9 @@ static void place(struct runtime *rt, struct request *r)
         conn_reject(d->conn, REJECT_QUEUE_DISPLACED, NULL);
     }
     arm_queue_timer(rt, m);
+    if (m->n_endpoints > 0) {
+        retry_after_ejection(rt, m); /* a replica skipped for a time */
+    }
 }
 
 /* GET /v1/models[/{id}]: from the router and the fleet, never a replica.
@@ -857,6 +862,9 @@ void proxy_dispatch(struct runtime *rt, struct model *m)
     }
     if (took) {
         arm_queue_timer(rt, m);
+    }
+    if (m->queue.count > 0 && m->n_endpoints > 0) {
+        retry_after_ejection(rt, m);
     }
 }
 
@@ -997,12 +1005,13 @@ unsigned proxy_retry_after_s(const struct request *r)
     return s ? s : 1;
 }
 
-/* Requests that wait because every replica is ejected try again when the
- * first ejection ends (unless a new replica comes sooner). */
+/* Requests that wait because every replica is ejected (or a woken one's
+ * first request goes alone) try again when the first of those ends, unless
+ * a new replica or an answer comes sooner. */
 static void retry_after_ejection(struct runtime *rt, struct model *m)
 {
     uint64_t now = clock_now_ms();
-    uint64_t at = model_next_unejection(m, now);
+    uint64_t at = model_next_opening(m, now);
     if (!at) {
         return;
     }

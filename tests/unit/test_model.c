@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "thaw/clock.h"
 #include "thaw/model.h"
 
 static int capacity_calls;
@@ -38,6 +39,7 @@ static void test_least_loaded_with_free_slot(void **state)
     assert_int_equal(m->n_endpoints, 2);
     assert_int_equal(capacity_calls, 2);
     assert_int_equal(model_capacity(m), 4);
+    m->endpoints[0]->head_start_until_ms = m->endpoints[1]->head_start_until_ms = 0;
     m->endpoints[0]->inflight = 1;
     assert_string_equal(model_pick_endpoint(m, 0)->id, "b");
     m->endpoints[1]->inflight = 2; /* full */
@@ -81,6 +83,7 @@ static void test_ejected_skipped_unless_all_are(void **state)
     struct model *m = make(&f, &g, 4);
     fleet_replica_ready(&f, m, "a", "127.0.0.1:9001");
     fleet_replica_ready(&f, m, "b", "127.0.0.1:9002");
+    m->endpoints[0]->head_start_until_ms = m->endpoints[1]->head_start_until_ms = 0;
     m->endpoints[0]->ejected_until_ms = 1000;
     m->endpoints[1]->inflight = 3;
     assert_string_equal(model_pick_endpoint(m, 500)->id, "b");
@@ -88,11 +91,44 @@ static void test_ejected_skipped_unless_all_are(void **state)
     m->endpoints[1]->ejected_until_ms = 900;
     /* All ejected, replicas that come and go (process, Kubernetes): wait. */
     assert_null(model_pick_endpoint(m, 500));
-    assert_int_equal(model_next_unejection(m, 500), 900);
+    assert_int_equal(model_next_opening(m, 500), 900);
     /* Fixed replicas (static): the one whose ejection ends first. */
     m->fixed_replicas = true;
     assert_string_equal(model_pick_endpoint(m, 500)->id, "b");
     m->endpoints[1]->inflight = 0;
+    fleet_dispose(&f);
+}
+
+/* A replica that just became ready takes its first request alone until it
+ * answers (upstream clears the head start) or UPSTREAM_HEAD_START_MS pass;
+ * another ready replica is not held back. */
+static void test_woken_replica_first_request_goes_alone(void **state)
+{
+    struct fleet f;
+    struct queue_global g = {0, 100};
+    struct model *m = make(&f, &g, 8);
+    uint64_t t0 = clock_now_ms();
+    fleet_replica_ready(&f, m, "a", "127.0.0.1:9001");
+    struct endpoint *a = m->endpoints[0];
+    assert_true(a->head_start_until_ms >= t0 + UPSTREAM_HEAD_START_MS);
+    uint64_t until = a->head_start_until_ms;
+    assert_ptr_equal(model_pick_endpoint(m, t0), a); /* the first request */
+    a->inflight = 1;
+    assert_null(model_pick_endpoint(m, t0));
+    assert_int_equal(model_next_opening(m, t0), until); /* when the rest may go */
+    assert_ptr_equal(model_pick_endpoint(m, until), a);
+    /* Answered before that: no wait. */
+    a->head_start_until_ms = 0;
+    assert_ptr_equal(model_pick_endpoint(m, t0), a);
+    assert_int_equal(model_next_opening(m, t0), 0);
+    /* A second replica in its head start does not hold the first back. */
+    a->inflight = 3;
+    fleet_replica_ready(&f, m, "b", "127.0.0.1:9002");
+    struct endpoint *b = m->endpoints[1];
+    assert_ptr_equal(model_pick_endpoint(m, t0), b);
+    b->inflight = 1;
+    assert_ptr_equal(model_pick_endpoint(m, t0), a);
+    a->inflight = b->inflight = 0;
     fleet_dispose(&f);
 }
 
@@ -168,6 +204,7 @@ int main(void)
         cmocka_unit_test(test_least_loaded_with_free_slot),
         cmocka_unit_test(test_share_limits_this_activators_slots),
         cmocka_unit_test(test_ejected_skipped_unless_all_are),
+        cmocka_unit_test(test_woken_replica_first_request_goes_alone),
         cmocka_unit_test(test_replica_gone_keeps_referenced_endpoint),
         cmocka_unit_test(test_bad_address_rejected),
         cmocka_unit_test(test_find_and_route),
