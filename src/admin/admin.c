@@ -117,26 +117,25 @@ static void requests_totals(const struct metrics_stream *ms, struct buf *o)
     buf_printf(o, "thaw_build_info{version=\"%s\"} 1\n", THAW_VERSION);
     render_reload_metrics(&adm->rt->reload, o);
 
-    metrics_help_type(o, "thaw_requests_accepted_total", "counter",
-              "Requests thaw started reading on the proxy port.");
-    buf_printf(o, "thaw_requests_accepted_total %llu\n",
-               (unsigned long long)sm->requests_accepted);
-    metrics_help_type(o, "thaw_requests_proxied_total", "counter",
-              "Requests answered with a replica's response.");
-    buf_printf(o, "thaw_requests_proxied_total %llu\n", (unsigned long long)sm->requests_proxied);
-    metrics_help_type(o, "thaw_requests_rejected_total", "counter",
-              "Requests answered with an error response from thaw.");
-    buf_printf(o, "thaw_requests_rejected_total %llu\n", (unsigned long long)sm->requests_rejected);
-    metrics_help_type(o, "thaw_requests_aborted_total", "counter",
-              "Requests ended without a complete response (client gone, replica broke off).");
-    buf_printf(o, "thaw_requests_aborted_total %llu\n", (unsigned long long)sm->requests_aborted);
-    metrics_help_type(o, "thaw_requests_inflight", "gauge", "Requests accepted and not yet finished.");
-    buf_printf(o, "thaw_requests_inflight %llu\n", (unsigned long long)adm->rt->inflight);
-    metrics_help_type(o, "thaw_buffered_body_bytes", "gauge",
-              "Request body bytes held (reserved by Content-Length or read), against "
-              "limits.max_buffered_body_bytes.");
-    buf_printf(o, "thaw_buffered_body_bytes %llu\n",
-               (unsigned long long)adm->rt->buffered_body_bytes);
+    metrics_single(o, "thaw_requests_accepted_total", "counter",
+                   "Requests thaw started reading on the proxy port.",
+                   sm->requests_accepted);
+    metrics_single(o, "thaw_requests_proxied_total", "counter",
+                   "Requests answered with a replica's response.",
+                   sm->requests_proxied);
+    metrics_single(o, "thaw_requests_rejected_total", "counter",
+                   "Requests answered with an error response from thaw.",
+                   sm->requests_rejected);
+    metrics_single(o, "thaw_requests_aborted_total", "counter",
+                   "Requests ended without a complete response (client gone, replica broke off).",
+                   sm->requests_aborted);
+    metrics_single(o, "thaw_requests_inflight", "gauge",
+                   "Requests accepted and not yet finished.",
+                   adm->rt->inflight);
+    metrics_single(o, "thaw_buffered_body_bytes", "gauge",
+                   "Request body bytes held (reserved by Content-Length or read), against "
+                   "limits.max_buffered_body_bytes.",
+                   adm->rt->buffered_body_bytes);
 }
 
 static void requests_by_code(const struct model_snap *m, struct buf *o)
@@ -181,8 +180,9 @@ static void queue_depth(const struct model_snap *m, struct buf *o)
 
 static void queue_depth_all(const struct metrics_stream *ms, struct buf *o)
 {
-    metrics_help_type(o, "thaw_queue_depth_all", "gauge", "Requests waiting, all models.");
-    buf_printf(o, "thaw_queue_depth_all %zu\n", ms->adm->rt->qglobal.total);
+    metrics_single(o, "thaw_queue_depth_all", "gauge",
+                   "Requests waiting, all models.",
+                   ms->adm->rt->qglobal.total);
 }
 
 static void upstream_inflight(const struct model_snap *m, struct buf *o)
@@ -308,41 +308,40 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
 {
     const struct admin_ctx *adm = ms->adm;
     const struct server_metrics *sm = &adm->rt->metrics;
-    metrics_help_type(o, "thaw_connections", "gauge", "Open client connections on the proxy port.");
-    buf_printf(o, "thaw_connections %zu\n", adm->rt->n_conns);
-    metrics_help_type(o, "thaw_connections_accepted_total", "counter", "Client connections accepted.");
-    buf_printf(o, "thaw_connections_accepted_total %llu\n",
-               (unsigned long long)sm->connections_accepted);
-    metrics_help_type(o, "thaw_connections_rejected_total", "counter",
-              "Client connections refused at the connection limit.");
-    buf_printf(o, "thaw_connections_rejected_total %llu\n",
-               (unsigned long long)sm->connections_rejected);
-    metrics_help_type(o, "thaw_upstream_connects_total", "counter", "New connections opened to replicas.");
-    buf_printf(o, "thaw_upstream_connects_total %llu\n", (unsigned long long)sm->upstream_connects);
-    metrics_help_type(o, "thaw_upstream_connect_failures_total", "counter",
-              "Connections to replicas that failed before any byte was sent.");
-    buf_printf(o, "thaw_upstream_connect_failures_total %llu\n",
-               (unsigned long long)sm->upstream_connect_failures);
-    metrics_help_type(o, "thaw_upstream_reused_total", "counter",
-              "Requests sent over a pooled keep-alive connection.");
-    buf_printf(o, "thaw_upstream_reused_total %llu\n", (unsigned long long)sm->upstream_reused);
-    metrics_help_type(o, "thaw_upstream_stale_retries_total", "counter",
-              "Requests sent again on a new connection after a pooled one failed before any "
-              "response byte.");
-    buf_printf(o, "thaw_upstream_stale_retries_total %llu\n",
-               (unsigned long long)sm->upstream_stale_retries);
-    metrics_help_type(o, "thaw_upstream_stale_closed_total", "counter",
-              "Pooled connections found closed by the replica when taken for a request.");
-    buf_printf(o, "thaw_upstream_stale_closed_total %llu\n",
-               (unsigned long long)sm->upstream_stale_closed);
-    metrics_help_type(o, "thaw_admin_connections", "gauge", "Open connections on the admin port.");
-    buf_printf(o, "thaw_admin_connections %zu\n", adm->rt->n_admin_conns);
-    metrics_help_type(o, "thaw_lingering_connections", "gauge",
-              "Connections in their lingering close (answered, input being discarded).");
-    buf_printf(o, "thaw_lingering_connections %zu\n", adm->rt->net.n_lingering);
-    metrics_help_type(o, "thaw_accept_paused_total", "counter",
-              "Times the listeners paused accepting because file descriptors ran out.");
-    buf_printf(o, "thaw_accept_paused_total %llu\n", (unsigned long long)sm->accept_paused);
+    metrics_single(o, "thaw_connections", "gauge",
+                   "Open client connections on the proxy port.",
+                   adm->rt->n_conns);
+    metrics_single(o, "thaw_connections_accepted_total", "counter",
+                   "Client connections accepted.",
+                   sm->connections_accepted);
+    metrics_single(o, "thaw_connections_rejected_total", "counter",
+                   "Client connections refused at the connection limit.",
+                   sm->connections_rejected);
+    metrics_single(o, "thaw_upstream_connects_total", "counter",
+                   "New connections opened to replicas.",
+                   sm->upstream_connects);
+    metrics_single(o, "thaw_upstream_connect_failures_total", "counter",
+                   "Connections to replicas that failed before any byte was sent.",
+                   sm->upstream_connect_failures);
+    metrics_single(o, "thaw_upstream_reused_total", "counter",
+                   "Requests sent over a pooled keep-alive connection.",
+                   sm->upstream_reused);
+    metrics_single(o, "thaw_upstream_stale_retries_total", "counter",
+                   "Requests sent again on a new connection after a pooled one failed before any "
+                   "response byte.",
+                   sm->upstream_stale_retries);
+    metrics_single(o, "thaw_upstream_stale_closed_total", "counter",
+                   "Pooled connections found closed by the replica when taken for a request.",
+                   sm->upstream_stale_closed);
+    metrics_single(o, "thaw_admin_connections", "gauge",
+                   "Open connections on the admin port.",
+                   adm->rt->n_admin_conns);
+    metrics_single(o, "thaw_lingering_connections", "gauge",
+                   "Connections in their lingering close (answered, input being discarded).",
+                   adm->rt->net.n_lingering);
+    metrics_single(o, "thaw_accept_paused_total", "counter",
+                   "Times the listeners paused accepting because file descriptors ran out.",
+                   sm->accept_paused);
 }
 
 /* Per tenant: cardinality is bounded by the tenants configured (ever, over
