@@ -314,6 +314,10 @@ uint64_t kube_gpu_memory(const struct kube_backend *kb, const struct k8s_node_in
 /* GPU memory one replica takes on a shared GPU: thaw.dev/gpu-memory when its
  * pod template asks for a shared GPU; 0 otherwise (MIG, or not declared). */
 uint64_t kube_replica_memory(const struct kmodel *km);
+/* Whether p holds its model's GPU memory on its node now: placed, not
+ * terminating, and not asleep (sleep mode) unless asked to wake. What the
+ * admission packs and what sleep mode frees count the same pods. */
+bool kube_pod_holds_memory(const struct kpod *p);
 /* What the warm pool's admission counts of it: none for a sleep-mode model,
  * whose memory sleep mode frees on its node when another pod needs it
  * (sleep.c), so the admission neither holds its wake nor counts its idle

@@ -166,16 +166,22 @@ struct memory_ctx {
     bool oom;
 };
 
+bool kube_pod_holds_memory(const struct kpod *p)
+{
+    /* A retired pod, or one whose wake failed, still runs until the kubelet
+     * stops it (terminating): its memory is not free yet. */
+    return p->node[0] && !p->terminating && kube_replica_memory(p->km) &&
+           !(p->sleep == KS_ASLEEP && !p->wake_asked_ms);
+}
+
 static void memory_pod(void *ud, const char *key, void *value)
 {
     struct memory_ctx *c = ud;
     const struct kpod *p = value;
-    uint64_t mem = kube_replica_memory(p->km);
-    /* An asleep pod (sleep mode) holds none until it is asked to wake. */
-    if (!mem || p->terminating || strcmp(p->node, c->node) != 0 ||
-        (p->sleep == KS_ASLEEP && !p->wake_asked_ms)) {
+    if (!kube_pod_holds_memory(p) || strcmp(p->node, c->node) != 0) {
         return;
     }
+    uint64_t mem = kube_replica_memory(p->km);
     struct kube_node_memory *o = c->out;
     if (o->n == c->cap) {
         size_t cap = c->cap ? 2 * c->cap : 8;

@@ -167,13 +167,6 @@ static uint64_t node_shared_memory(const struct kube_backend *kb, const struct k
 }
 
 /* Does p hold (or, asked to wake, want) its GPU memory on its node? */
-static bool holds_memory(const struct kpod *p)
-{
-    return p->node[0] && !p->terminating && !p->retired && kube_replica_memory(p->km) &&
-           (p->sleep == KS_AWAKE || p->sleep == KS_WAKING || p->sleep == KS_DOZING ||
-            (p->sleep == KS_ASLEEP && p->wake_asked_ms));
-}
-
 static bool model_idle(const struct kmodel *km)
 {
     return km->m->inflight == 0 && km->m->queue.count == 0;
@@ -192,7 +185,7 @@ static void tally_pod(void *ud, const char *key, void *value)
     struct node_memory *nm = ud;
     const struct kpod *p = value;
     const struct kmodel *km = p->km;
-    if (!holds_memory(p) || strcmp(p->node, nm->node) != 0) {
+    if (!kube_pod_holds_memory(p) || strcmp(p->node, nm->node) != 0) {
         return;
     }
     nm->held += kube_replica_memory(km);
