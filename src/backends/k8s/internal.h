@@ -142,6 +142,7 @@ struct kgroup {
     int written_stage;
     uint32_t written_percent;
     uint64_t written_ms;
+    char written_canary[600]; /* the canary Deployment's key ("ns/name") */
 };
 
 /* The per-node view handed to the warm pool each planning step; arrays
@@ -376,6 +377,9 @@ void kube_sleep_for_memory(struct kube_backend *kb);
 /* The revisions of model ns/name changed (a Deployment came, changed or
  * went): its routing entry, split and rollout follow. */
 void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *name);
+/* Each tick: a rollout state held against the cluster is let go once its
+ * echo is overdue or this activator no longer leads. */
+void kube_rollout_writes_tick(struct kube_backend *kb);
 /* A config_model name and tag hosts for a revision's own model. */
 void kube_revision_names(const struct k8s_model_spec *sp, struct config_model *cm, char *name,
                          size_t name_len, char *hosts_buf, size_t hosts_len, char **hosts,

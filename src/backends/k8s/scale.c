@@ -335,6 +335,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct kube_backend *kb = arg;
     strmap_each(&kb->models, model_tick, kb);
+    kube_rollout_writes_tick(kb);
     kube_sleep_for_memory(kb);
     if (kb->leading && scale_driver_due(&kb->driver, clock_now_ms())) {
         scale_driver_plan(&kb->driver, kb->cfg);

@@ -166,7 +166,7 @@ static uint64_t node_shared_memory(const struct kube_backend *kb, const struct k
     return per_gpu && gpus ? per_gpu * gpus : 0;
 }
 
-/* Does p hold (or, asked to wake, want) its GPU memory on its node? */
+/* Nothing in flight or waiting for the model. */
 static bool model_idle(const struct kmodel *km)
 {
     return km->m->inflight == 0 && km->m->queue.count == 0;

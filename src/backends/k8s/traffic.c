@@ -334,18 +334,54 @@ static void restore_rollout(struct kgroup *g, const struct k8s_model_spec *c)
 
 /* True while the canary's annotations are older than the state this
  * activator wrote: its write has not come back through the watch yet. */
-static bool cluster_behind_write(struct kgroup *g, const struct k8s_model_spec *c)
+static bool cluster_behind_write(struct kgroup *g, const struct kmodel *canary)
 {
     if (!g->rollout_written) {
         return false;
     }
+    const struct k8s_model_spec *c = &canary->spec;
     uint32_t pct = c->traffic_percent_set ? (uint32_t)c->traffic_percent : 0;
-    if ((c->rollout_stage == g->written_stage && pct == g->written_percent) ||
-        clock_now_ms() - g->written_ms > ROLLOUT_ECHO_WAIT_MS) {
-        g->rollout_written = false; /* the cluster has it (or it was lost) */
+    if (strcmp(canary->key, g->written_canary) != 0 ||
+        (c->rollout_stage == g->written_stage && pct == g->written_percent) ||
+        clock_now_ms() - g->written_ms > ROLLOUT_ECHO_WAIT_MS || !kube_rollout_leads(&g->kb->base)) {
+        g->rollout_written = false; /* the cluster has it, or it is not ours to hold */
         return false;
     }
     return true;
+}
+
+/* Groups whose held write is overdue (or no longer this activator's to
+ * hold), a few a tick: syncing may remove a group, so not while iterating. */
+struct overdue {
+    struct kgroup *g[8];
+    size_t n;
+};
+
+static void find_overdue(void *ud, const char *key, void *value)
+{
+    struct overdue *o = ud;
+    struct kgroup *g = value;
+    if (o->n < sizeof o->g / sizeof o->g[0] && g->rollout_written &&
+        (clock_now_ms() - g->written_ms > ROLLOUT_ECHO_WAIT_MS ||
+         !kube_rollout_leads(&g->kb->base))) {
+        o->g[o->n++] = g;
+    }
+}
+
+void kube_rollout_writes_tick(struct kube_backend *kb)
+{
+    struct overdue o = {.n = 0};
+    strmap_each(&kb->groups, find_overdue, &o);
+    for (size_t i = 0; i < o.n; i++) {
+        struct kgroup *g = o.g[i];
+        char ns[sizeof g->namespace_], name[sizeof g->name];
+        snprintf(ns, sizeof ns, "%s", g->namespace_);
+        snprintf(name, sizeof name, "%s", g->name);
+        g->rollout_written = false;
+        LOGW("a rollout write was not seen back through the watch: the cluster's state holds",
+             "model=%s namespace=%s", name, ns);
+        kube_revisions_sync(kb, ns, name); /* may free g */
+    }
 }
 
 void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *name)
@@ -385,7 +421,10 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
     } else {
         split_of(&ms, rollout, pct, why, sizeof why);
     }
-    bool behind = rollout && !why[0] && cluster_behind_write(g, &ms.km[1]->spec);
+    bool behind = rollout && !why[0] && cluster_behind_write(g, ms.km[1]);
+    if (!rollout) {
+        g->rollout_written = false; /* no rollout (any more): nothing held */
+    }
     if (behind) {
         pct[1] = g->written_percent;
         pct[0] = 100 - pct[1];
@@ -436,8 +475,8 @@ static void on_rollout_written(void *ud, long status, const char *body, size_t l
     }
     km->kb->rollout_write_errors++;
     struct kgroup *g = km->m->parent ? km->m->parent->backend_data : NULL;
-    if (g) {
-        g->rollout_written = false; /* what the cluster says holds again */
+    if (g && strcmp(g->written_canary, km->key) == 0) {
+        g->rollout_written = false; /* the step is not in the cluster: its state holds again */
     }
     LOGW("writing a rollout's state to its Deployment failed",
          "deployment=%s status=%ld error=\"%s\"", km->key, status, err ? err : "");
@@ -474,6 +513,7 @@ void kube_rollout_decided(struct backend *b, struct model *parent, const struct 
              rv->split.percent[1], rollout_stage_name(rv->state.stage), when);
     patch_annotations(canary, anns);
     g->rollout_written = true;
+    snprintf(g->written_canary, sizeof g->written_canary, "%s", canary->key);
     g->written_stage = (int)rv->state.stage;
     g->written_percent = rv->split.percent[1];
     g->written_ms = clock_now_ms();
