@@ -184,5 +184,7 @@ def test_proxied_requests_flow_during_scrapes(thaw_factory, sims):
           f"during {out.strip()} scrapes: p50 {pct(busy, .5):.2f} ms p99 {pct(busy, .99):.2f} ms "
           f"max {busy[-1] * 1000:.2f} ms ({len(busy)} requests)")
     # Rendering the whole exposition at once held every proxied request for
-    # the whole render (tens of milliseconds per scrape, and more).
-    assert pct(busy, .99) < 15 * SLOW
+    # the whole render (tens of milliseconds per scrape, and more). A machine
+    # busy with other work slows the quiet requests too: the bound grows
+    # with them, never below 15 ms.
+    assert pct(busy, .99) < max(15 * SLOW, 4 * pct(quiet, .99))
