@@ -141,7 +141,8 @@ def test_16mib_body_routed_by_model_does_not_stall_other_requests(thaw_factory, 
     assert n >= 5
     # Before the streaming scan, the whole body was parsed into a tree on
     # the loop: every request waited seconds, and the tree's memory stayed.
-    assert worst < 0.25 * SLOW, f"a small request took {worst * 1000:.0f} ms"
+    # (0.5 s leaves room for a machine busy with other work.)
+    assert worst < 0.5 * SLOW, f"a small request took {worst * 1000:.0f} ms"
     if not os.environ.get("THAW_SANITIZED"):
         assert after - baseline < 24 * 1024, f"RSS {baseline} KiB -> {after} KiB"
     assert t.metric("thaw_buffered_body_bytes") == 0

@@ -188,8 +188,10 @@ def test_process_model_with_a_new_command_gets_a_new_replica_after_the_old_drain
     assert not isinstance(s, Exception), s
     assert s.status == 200 and s.body.count(b"data: ") == 21  # 20 tokens and [DONE]
     wait_for(lambda: not pid_alive(old_pid), timeout=10 * SLOW, what="old process stopped")
-    procs = model_status(t)["processes"]
-    assert [p["state"] for p in procs] == ["ready"] and procs[0]["pid"] != old_pid
+    # thaw reaps it on SIGCHLD, a moment after it is gone.
+    procs = wait_for(lambda: (lambda ps: ps if [p["state"] for p in ps] == ["ready"] else None)(
+        model_status(t)["processes"]), timeout=5 * SLOW, what="only the new process left")
+    assert procs[0]["pid"] != old_pid
     assert "draining replica" in t.logs()
     t.assert_reconciled()
 
