@@ -2,6 +2,7 @@
 and real Kubernetes clients (kubectl, the Python client) against the simulator."""
 
 import datetime
+import fcntl
 import json
 import os
 import shutil
@@ -46,7 +47,26 @@ def pki(tmp_path_factory):
     return d
 
 
-_SUBNETS = iter(range(0, 1 << 30, 7))
+SUBNET_LOCKS = os.path.join(tempfile.gettempdir(), "thaw-test-pod-subnets")
+
+
+def claim_pod_subnet():
+    """A block of pod IPs (127.N.x.y) no other simulator on this machine
+    uses now: simulators of tests running in parallel would otherwise hand
+    out the same pod IPs, and one test's activator would reach another
+    test's model server. The claim is a lock on a file, held until the
+    returned descriptor is closed (or the process ends)."""
+    os.makedirs(SUBNET_LOCKS, exist_ok=True)
+    first = os.getpid() % 250
+    for k in range(250):
+        n = 2 + (first + k) % 250
+        fd = os.open(os.path.join(SUBNET_LOCKS, str(n)), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return n, fd
+        except BlockingIOError:
+            os.close(fd)
+    raise RuntimeError("every pod subnet is taken")
 
 
 class KubeSim:
@@ -65,7 +85,8 @@ class KubeSim:
         if state:
             args += ["--state", state]
         # Its own block of pod IPs, kept across restarts (pods are adopted).
-        args += ["--pod-subnet", str(2 + (os.getpid() + next(_SUBNETS)) % 250)]
+        self.subnet, self.subnet_lock = claim_pod_subnet()
+        args += ["--pod-subnet", str(self.subnet)]
         self.args = args
         self.start()
 
@@ -87,6 +108,9 @@ class KubeSim:
             self.proc.send_signal(signal.SIGTERM if restart else signal.SIGINT)
             self.proc.wait(20)
         self.log.close()
+        if not restart and self.subnet_lock is not None:
+            os.close(self.subnet_lock)  # its pods are gone: the block is free
+            self.subnet_lock = None
 
     def call(self, method, path, body=None, ctype="application/json", token=None):
         ctx = ssl.create_default_context(cafile=f"{self.pki}/ca.crt")
