@@ -75,6 +75,10 @@ void as_record(struct as_state *s, uint64_t now_ms, double concurrency);
 void as_note_demand(struct as_state *s, uint64_t now_ms, uint64_t age_ms);
 /* Milliseconds since the last demand; UINT64_MAX when there never was any. */
 uint64_t as_idle_ms(const struct as_state *s, uint64_t now_ms);
+/* A scale made outside as_decide (a wake from zero straight to the
+ * activation scale): the scale-down delay keeps it as it keeps a decision. */
+void as_note_scaled(struct as_state *s, const struct as_config *c, uint64_t now_ms,
+                    unsigned replicas);
 /* The replica count wanted now, given `ready` replicas serving. */
 void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, unsigned ready,
                struct as_decision *out);

@@ -96,6 +96,46 @@ static unsigned clamp_u(double v, unsigned lo, unsigned hi)
     return (unsigned)v;
 }
 
+/* The scale-down delay's memory: each slot keeps the highest count of a
+ * slice delay/(slots-1) long, so a delay of an hour fits whatever the
+ * decision rate. */
+static void delay_note(struct as_state *s, const struct as_config *c, uint64_t now_ms,
+                       unsigned replicas)
+{
+    uint64_t width = c->scale_down_delay_ms / (AS_DELAY_SLOTS - 1) + 1;
+    uint64_t slice = now_ms / width + 1; /* 0 marks an unused slot */
+    unsigned i = (unsigned)(slice % AS_DELAY_SLOTS);
+    if (s->delay[i].at != slice) {
+        s->delay[i].at = slice;
+        s->delay[i].desired = replicas;
+    } else if (replicas > s->delay[i].desired) {
+        s->delay[i].desired = replicas;
+    }
+}
+
+static unsigned delay_highest(const struct as_state *s, const struct as_config *c,
+                              uint64_t now_ms)
+{
+    uint64_t width = c->scale_down_delay_ms / (AS_DELAY_SLOTS - 1) + 1;
+    uint64_t oldest = now_ms >= c->scale_down_delay_ms ? (now_ms - c->scale_down_delay_ms) / width + 1
+                                                       : 1;
+    unsigned best = 0;
+    for (int j = 0; j < AS_DELAY_SLOTS; j++) {
+        if (s->delay[j].at >= oldest && s->delay[j].desired > best) {
+            best = s->delay[j].desired;
+        }
+    }
+    return best;
+}
+
+void as_note_scaled(struct as_state *s, const struct as_config *c, uint64_t now_ms,
+                    unsigned replicas)
+{
+    if (c->scale_down_delay_ms) {
+        delay_note(s, c, now_ms, replicas);
+    }
+}
+
 void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, unsigned ready,
                struct as_decision *out)
 {
@@ -163,34 +203,21 @@ void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, u
         out->why = "scale-to-zero grace";
     }
 
-    /* Scale-down delay: the highest recommendation of the last delay, going
-     * to zero included (as Knative's: replicas stay that long to spare a
-     * cold start). Each slot keeps the highest of a slice delay/(slots-1)
-     * long, so a delay of an hour fits whatever the decision rate. */
-    if (c->scale_down_delay_ms) {
-        uint64_t width = c->scale_down_delay_ms / (AS_DELAY_SLOTS - 1) + 1;
-        uint64_t slice = now_ms / width + 1; /* 0 marks an unused slot */
-        unsigned i = (unsigned)(slice % AS_DELAY_SLOTS);
-        if (s->delay[i].at != slice) {
-            s->delay[i].at = slice;
-            s->delay[i].desired = (unsigned)want;
-        } else if (want > s->delay[i].desired) {
-            s->delay[i].desired = (unsigned)want;
-        }
-        uint64_t oldest = now_ms >= c->scale_down_delay_ms
-                              ? (now_ms - c->scale_down_delay_ms) / width + 1
-                              : 1;
-        for (int j = 0; j < AS_DELAY_SLOTS; j++) {
-            if (s->delay[j].at >= oldest && s->delay[j].desired > want) {
-                want = s->delay[j].desired;
-                out->why = "scale-down delay";
-            }
-        }
-    }
-    /* From zero: the activation scale. */
+    /* From zero: the activation scale (before the delay, which keeps it). */
     if (ready == 0 && want > 0 && want < c->activation_scale) {
         want = c->activation_scale;
         out->why = "activation scale";
+    }
+    /* Scale-down delay: the highest recommendation of the last delay, going
+     * to zero included (as Knative's: replicas stay that long to spare a
+     * cold start). */
+    if (c->scale_down_delay_ms) {
+        delay_note(s, c, now_ms, (unsigned)want);
+        unsigned held = delay_highest(s, c, now_ms);
+        if (held > want) {
+            want = held;
+            out->why = "scale-down delay";
+        }
     }
     unsigned desired = clamp_u(want, c->min_scale, c->max_scale);
     if ((double)desired != want) {

@@ -180,6 +180,35 @@ static void test_activation_scale_from_zero(void **state)
     assert_true(d.panic); /* demand with nothing ready */
 }
 
+/* Woken to the activation scale, a model keeps it for its scale-down delay
+ * once its first replica is ready, whether the wake came from a decision or
+ * from the backend's scale from zero (as_note_scaled); before, the next
+ * decision with one replica ready asked for 1 at once. */
+static void test_activation_scale_is_held_by_the_scale_down_delay(void **state)
+{
+    struct as_config c;
+    as_config_defaults(&c, 10);
+    c.activation_scale = 2;
+    c.scale_down_delay_ms = 30000;
+    struct as_decision d;
+    for (int noted = 0; noted < 2; noted++) {
+        struct as_state s;
+        as_init(&s, &c);
+        as_record(&s, 1000000, 1);
+        if (noted) {
+            as_note_scaled(&s, &c, 1000000, 2); /* woken without a decision */
+        } else {
+            assert_int_equal(decide(&s, &c, 1000000, 0, &d), 2);
+            assert_string_equal(d.why, "activation scale");
+        }
+        uint64_t t = feed(&s, 1000000, 5, 1);
+        assert_int_equal(decide(&s, &c, t, 1, &d), 2);
+        assert_string_equal(d.why, "scale-down delay");
+        t = feed(&s, t, 30, 1);
+        assert_int_equal(decide(&s, &c, t, 2, &d), 1); /* the delay is over */
+    }
+}
+
 static void test_no_demand_ever_stays_at_zero(void **state)
 {
     struct as_config c;
@@ -228,6 +257,7 @@ int main(void)
         cmocka_unit_test(test_scale_down_delay),
         cmocka_unit_test(test_scale_down_delay_holds_before_zero),
         cmocka_unit_test(test_activation_scale_from_zero),
+        cmocka_unit_test(test_activation_scale_is_held_by_the_scale_down_delay),
         cmocka_unit_test(test_no_demand_ever_stays_at_zero),
         cmocka_unit_test(test_noted_demand_starts_the_idle_clock),
     };

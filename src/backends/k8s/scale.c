@@ -134,6 +134,7 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
         int64_t to = (int64_t)km->sc.asc.activation_scale;
         km->spec.replicas = to;
         km->woken_ms = clock_now_ms();
+        as_note_scaled(&km->sc.ass, &km->sc.asc, km->woken_ms, (unsigned)to);
         kube_cold_begin(km, km->woken_ms);
         strmap_each(&km->pods, unretire_pod, NULL);
         km->scale_ups++;
