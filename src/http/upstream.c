@@ -19,6 +19,10 @@
 /* A reused connection closed by the replica within this long of the request
  * going out is taken as closed before the replica read it. */
 #define STALE_RACE_MS 250
+/* A connection pooled less than this long ago is reused without the peek
+ * for a close (take_pooled): no replica's idle timer is that short, and a
+ * close racing the request is sent again all the same (is_stale_pooled). */
+#define PEEK_AFTER_IDLE_MS 100
 
 
 static void on_read(evutil_socket_t fd, short what, void *arg);
@@ -202,6 +206,7 @@ static struct model *release(struct upstream *u, bool reusable)
         ep->n_idle++;
         event_del(&u->wev);
         event_add(&u->rev, NULL);
+        u->idle_since_ms = clock_now_ms();
         arm_ms(u, pool_idle_ms(u, ctx->keepalive_timeout_ms));
         http_head_reset(&u->head);
     } else {
@@ -235,17 +240,24 @@ static void connect_failed(struct upstream *u, int err)
 static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpoint *ep,
                   bool may_reuse);
 
+static bool nothing_to_read(int fd)
+{
+    char byte;
+    ssize_t got = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 /* The most recently pooled connection the replica has not closed. A close
  * the loop has not processed yet (the replica's idle timer, or its death) is
- * seen here with one non-blocking peek, before a request is put on it. */
+ * seen here with one non-blocking peek, before a request is put on it; not
+ * on a connection pooled moments ago (a system call a request saved). */
 static struct upstream *take_pooled(struct upstream_ctx *ctx, struct endpoint *ep)
 {
     struct list_node *n;
+    uint64_t now = clock_now_ms();
     while ((n = list_first(&ep->idle))) {
         struct upstream *u = container_of(n, struct upstream, node);
-        char byte;
-        ssize_t got = recv(u->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (now - u->idle_since_ms < PEEK_AFTER_IDLE_MS || nothing_to_read(u->fd)) {
             list_remove(n);
             ep->n_idle--;
             return u;

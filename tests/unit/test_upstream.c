@@ -630,13 +630,37 @@ static void test_pooled_connection_closed_unseen_is_not_reused(void **state)
     open_client(e);
     round_trip(e, true);
     struct fake_req *fr = client_request(e, simple_get);
-    /* Closed by the replica, and the loop has not run since: the peek
-     * before reuse sees it. */
+    /* Pooled a while ago (a connection pooled moments ago is taken without
+     * the peek: the next test), then closed by the replica, and the loop
+     * has not run since: the peek before reuse sees it. */
+    struct upstream *pooled = container_of(list_first(&e->ep->idle), struct upstream, node);
+    pooled->idle_since_ms = 0;
     close(e->replica.fd);
     e->replica.fd = -1;
     dispatch(e, fr, simple_get_up);
     assert_int_equal(e->metrics.upstream_stale_closed, 1);
     assert_int_equal(e->metrics.upstream_reused, 0);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    assert_true(loopnet_send_str(e->replica.fd, ok_response));
+    assert_true(RUN_UNTIL(fk.dones == 2));
+    assert_int_equal(e->metrics.upstream_connects, 2);
+    assert_int_equal(fk.fails + fk.retries, 0);
+}
+
+static void test_fresh_pooled_connection_closed_unseen_is_sent_again(void **state)
+{
+    struct env *e = *state;
+    open_client(e);
+    round_trip(e, true);
+    struct fake_req *fr = client_request(e, simple_get);
+    /* Closed by the replica right after its answer, unseen: taken without
+     * a peek, and the failure sends the request again on a new connection. */
+    close(e->replica.fd);
+    e->replica.fd = -1;
+    dispatch(e, fr, simple_get_up);
+    assert_int_equal(e->metrics.upstream_reused, 1);
+    assert_true(RUN_UNTIL(e->metrics.upstream_stale_retries == 1));
     replica_accept(e);
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
     assert_true(loopnet_send_str(e->replica.fd, ok_response));
@@ -1009,6 +1033,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_idle_pooled_connection_closed_by_replica_is_not_reused,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_pooled_connection_closed_unseen_is_not_reused, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_fresh_pooled_connection_closed_unseen_is_sent_again, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_pooled_connection_closing_under_a_request_is_sent_again, setup, teardown),
