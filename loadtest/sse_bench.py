@@ -27,7 +27,9 @@ DURATION (s of streaming per scenario, 10), TOTAL_RATE (events/s offered over
 all streams of a and b, 50000), A_STREAMS (1000), B_STREAMS (5000), THAW_BIN,
 UPSTREAM_BIN, CLIENT_BIN, SCENARIOS (those to run, e.g. "a,d"; all by default),
 THAW_BASELINE_BIN (another thaw build, run as "thaw-base" in the same rotation:
-a before/after comparison under the same conditions). Compare "ev/s" with the offered rate: a machine
+a before/after comparison under the same conditions), FLOOR_BIN (the bare relay
+thaw-relay-floor; when built, its epoll and io_uring modes run in the rotation as
+"floor-ep" and "floor-ur": the least CPU any proxy can spend per event here). Compare "ev/s" with the offered rate: a machine
 that cannot keep up batches events, which lowers everyone's CPU per event.
 Figures only: it never fails on time.
 """
@@ -65,6 +67,8 @@ HOST = "bench"
 PROXIES = ("thaw", "nginx", "haproxy")
 CLK_TCK = common.CLK_TCK
 BASELINE_BIN = os.environ.get("THAW_BASELINE_BIN")
+FLOOR_BIN = os.environ.get("FLOOR_BIN", os.path.join(BUILD, "thaw-relay-floor"))
+FLOORS = (("floor-ep", "epoll"), ("floor-ur", "uring"))
 WANTED = [x for x in os.environ.get("SCENARIOS", "").replace(" ", "").split(",") if x]
 OFFERED = {}  # scenario -> events/s offered over all its streams
 
@@ -159,6 +163,12 @@ def start_targets(d, up, procs):
         base, base_port, _ = common.start_thaw(BASELINE_BIN, f"{d}/base", cfg)
         procs.append(base)
         extra["thaw-base"] = (base_port, base.pid)
+    if os.path.exists(FLOOR_BIN):
+        for name, mode in FLOORS:
+            floor = subprocess.Popen([FLOOR_BIN, mode, "0", str(up)], stdout=subprocess.PIPE,
+                                     text=True)
+            procs.append(floor)
+            extra[name] = (int(floor.stdout.readline().split()[1]), floor.pid)
     ngx_port = free_port()
     with open(f"{d}/proxy.conf", "w") as f:
         f.write(common.nginx_conf(d, common.nginx_proxy(ngx_port, up), connections=20000))
@@ -283,13 +293,19 @@ def print_report(summary, descs, names):
                   "ev/s offered: the machine did not keep up, events were batched and CPU per "
                   "event is lower than at this rate on a machine that does (try TOTAL_RATE)")
     print()
-    for peer in [n for n in ("nginx", "haproxy", "thaw-base") if n in names]:
+    pairs = [("thaw", n) for n in ("nginx", "haproxy", "thaw-base", "floor-ep", "floor-ur")
+             if n in names]
+    # the bare relays against the peers: how far below them any proxy can go here
+    pairs += [(f, n) for f, _ in FLOORS if f in names for n in ("nginx", "haproxy")]
+    if all(f in names for f, _ in FLOORS):
+        pairs.append(("floor-ur", "floor-ep"))
+    for ours, peer in pairs:
         parts = []
         for sc in descs:
-            t, p = summary[sc]["thaw"], summary[sc][peer]
+            t, p = summary[sc][ours], summary[sc][peer]
             parts.append(f"{sc}: CPU {fmt(ratio(t['cpu_us_per_unit'], p['cpu_us_per_unit']), '.2f')}x"
                          f" RSS {fmt(ratio(t['peak_rss_kib'], p['peak_rss_kib']), '.2f')}x")
-        print(f"thaw/{peer} (lower is better): " + "; ".join(parts))
+        print(f"{ours}/{peer} (lower is better): " + "; ".join(parts))
 
 
 def main():
@@ -311,7 +327,8 @@ def main():
         procs.append(upstream)
         up = int(upstream.stdout.readline().split()[1])
         targets = start_targets(d, up, procs)
-        names = ["thaw", "nginx", "haproxy", "direct"] + (["thaw-base"] if BASELINE_BIN else [])
+        names = ["thaw", "nginx", "haproxy", "direct"] + [n for n in targets if n not in
+                                                          ("thaw", "nginx", "haproxy", "direct")]
         descs = {sc: desc for sc, (desc, _) in scenarios().items()}
         runs = {sc: [] for sc in descs}
         for rnd in range(ROUNDS):

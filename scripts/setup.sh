@@ -10,7 +10,7 @@ ROOT=$(pwd)
 MODE=${1:-build}
 
 DEBS=(build-essential clang meson ninja-build pkg-config
-      libevent-dev libcurl4-openssl-dev libcjson-dev libcmocka-dev libyaml-dev libssl-dev
+      libevent-dev libcurl4-openssl-dev libcjson-dev libcmocka-dev libyaml-dev libssl-dev liburing-dev
       node-llhttp python3 python3-pytest python3-pytest-xdist python3-kubernetes python3-yaml python3-uvicorn curl openssl
       wrk nginx-light haproxy prometheus unzip)
 
