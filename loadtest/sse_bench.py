@@ -29,7 +29,8 @@ UPSTREAM_BIN, CLIENT_BIN, SCENARIOS (those to run, e.g. "a,d"; all by default),
 THAW_BASELINE_BIN (another thaw build, run as "thaw-base" in the same rotation:
 a before/after comparison under the same conditions), FLOOR_BIN (the bare relay
 thaw-relay-floor; when built, its epoll and io_uring modes run in the rotation as
-"floor-ep" and "floor-ur": the least CPU any proxy can spend per event here). Compare "ev/s" with the offered rate: a machine
+"floor-ep" and "floor-ur": the least CPU any proxy can spend per event here),
+TARGETS (those to measure besides thaw and direct, e.g. "haproxy,floor-ep"). Compare "ev/s" with the offered rate: a machine
 that cannot keep up batches events, which lowers everyone's CPU per event.
 Figures only: it never fails on time.
 """
@@ -69,6 +70,7 @@ CLK_TCK = common.CLK_TCK
 BASELINE_BIN = os.environ.get("THAW_BASELINE_BIN")
 FLOOR_BIN = os.environ.get("FLOOR_BIN", os.path.join(BUILD, "thaw-relay-floor"))
 FLOORS = (("floor-ep", "epoll"), ("floor-ur", "uring"))
+ONLY = [x for x in os.environ.get("TARGETS", "").replace(" ", "").split(",") if x]
 WANTED = [x for x in os.environ.get("SCENARIOS", "").replace(" ", "").split(",") if x]
 OFFERED = {}  # scenario -> events/s offered over all its streams
 
@@ -168,7 +170,11 @@ def start_targets(d, up, procs):
             floor = subprocess.Popen([FLOOR_BIN, mode, "0", str(up)], stdout=subprocess.PIPE,
                                      text=True)
             procs.append(floor)
-            extra[name] = (int(floor.stdout.readline().split()[1]), floor.pid)
+            line = floor.stdout.readline().split()
+            if len(line) == 2 and line[0] == "port":
+                extra[name] = (int(line[1]), floor.pid)
+            else:  # e.g. io_uring disabled on this kernel: said on stderr
+                print(f"sse_bench: {name} did not start; left out")
     ngx_port = free_port()
     with open(f"{d}/proxy.conf", "w") as f:
         f.write(common.nginx_conf(d, common.nginx_proxy(ngx_port, up), connections=20000))
@@ -296,7 +302,8 @@ def print_report(summary, descs, names):
     pairs = [("thaw", n) for n in ("nginx", "haproxy", "thaw-base", "floor-ep", "floor-ur")
              if n in names]
     # the bare relays against the peers: how far below them any proxy can go here
-    pairs += [(f, n) for f, _ in FLOORS if f in names for n in ("nginx", "haproxy")]
+    pairs += [(f, n) for f, _ in FLOORS if f in names for n in ("nginx", "haproxy")
+              if n in names]
     if all(f in names for f, _ in FLOORS):
         pairs.append(("floor-ur", "floor-ep"))
     for ours, peer in pairs:
@@ -329,6 +336,8 @@ def main():
         targets = start_targets(d, up, procs)
         names = ["thaw", "nginx", "haproxy", "direct"] + [n for n in targets if n not in
                                                           ("thaw", "nginx", "haproxy", "direct")]
+        if ONLY:  # thaw and direct always: the ratios and the added delay need them
+            names = [n for n in names if n in ONLY or n in ("thaw", "direct")]
         descs = {sc: desc for sc, (desc, _) in scenarios().items()}
         runs = {sc: [] for sc in descs}
         for rnd in range(ROUNDS):

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 struct buf {
     char *data;
@@ -18,8 +19,22 @@ void buf_init(struct buf *b);
 void buf_dispose(struct buf *b);
 /* Ensures room for `extra` more bytes after len. 0 or -ENOMEM. */
 int buf_reserve(struct buf *b, size_t extra);
-int buf_append(struct buf *b, const void *p, size_t n);
-int buf_append_str(struct buf *b, const char *s);
+/* Appending is inline where the bytes fit (most of a head built into a
+ * buffer that has grown before): a copy, no call. */
+int buf_append_slow(struct buf *b, const void *p, size_t n);
+static inline int buf_append(struct buf *b, const void *p, size_t n)
+{
+    if (n && b->cap - b->len >= n && (b->off == 0 || b->off < b->len)) {
+        memcpy(b->data + b->len, p, n);
+        b->len += n;
+        return 0;
+    }
+    return buf_append_slow(b, p, n);
+}
+static inline int buf_append_str(struct buf *b, const char *s)
+{
+    return buf_append(b, s, strlen(s));
+}
 int buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends s as the inside of a JSON string (no quotes), escaping as needed. */
 int buf_append_json_escaped(struct buf *b, const char *s, size_t n);

@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <strings.h>
 
 #include <llhttp.h>
 
@@ -37,6 +39,7 @@ struct http_head {
     bool chunked;          /* Transfer-Encoding: chunked */
     bool has_length;       /* Content-Length present */
     uint64_t content_length;
+    uint32_t n_connection; /* Connection headers (they may name more hop-by-hop ones) */
 };
 
 enum http_error {
@@ -144,7 +147,13 @@ bool http_target_authority(const struct http_head *h, const char **auth, size_t 
 void http_target_log_path(const struct http_head *h, const char **path, size_t *len);
 /* True when the comma-separated list `list` holds token (case-insensitive). */
 bool http_token_list_has(const char *list, size_t len, const char *token);
-bool http_name_eq(const char *a, size_t alen, const char *b);
+/* Inline, so that with a literal b the length test, which settles most
+ * calls, costs no strlen. */
+static inline bool http_name_eq(const char *a, size_t alen, const char *b)
+{
+    size_t blen = strlen(b);
+    return alen == blen && strncasecmp(a, b, alen) == 0;
+}
 /* Hop-by-hop headers (RFC 9110 7.6.1), plus those named by Connection. */
 bool http_is_hop_by_hop(const struct http_head *h, const struct http_header *x);
 const char *http_reason_phrase(int status);

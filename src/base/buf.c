@@ -50,7 +50,8 @@ int buf_reserve(struct buf *b, size_t extra)
     return 0;
 }
 
-int buf_append(struct buf *b, const void *p, size_t n)
+/* buf_append when the bytes may not fit: reserves first. */
+int buf_append_slow(struct buf *b, const void *p, size_t n)
 {
     if (n == 0) {
         return 0;
@@ -62,11 +63,6 @@ int buf_append(struct buf *b, const void *p, size_t n)
     memcpy(b->data + b->len, p, n);
     b->len += n;
     return 0;
-}
-
-int buf_append_str(struct buf *b, const char *s)
-{
-    return buf_append(b, s, strlen(s));
 }
 
 int buf_printf(struct buf *b, const char *fmt, ...)

@@ -26,6 +26,7 @@ void http_head_reset(struct http_head *h)
     h->status = 0;
     h->keep_alive = h->chunked = h->has_length = false;
     h->content_length = 0;
+    h->n_connection = 0;
 }
 
 void http_head_dispose(struct http_head *h)
@@ -167,6 +168,7 @@ static int on_header_field_complete(llhttp_t *ll)
     if (x->name_len == 0) {
         return fail_why(p, HTTP_ERR_BAD_REQUEST, "empty header name");
     }
+    p->head->n_connection += http_name_eq(name, x->name_len, "connection");
     int rc = terminate(p);
     if (!rc) {
         struct http_head *h = p->head;
@@ -509,12 +511,6 @@ bool http_parser_started(const struct http_parser *p)
     return p->in_head || p->head_done;
 }
 
-bool http_name_eq(const char *a, size_t alen, const char *b)
-{
-    size_t blen = strlen(b);
-    return alen == blen && strncasecmp(a, b, alen) == 0;
-}
-
 const struct http_header *http_head_find(const struct http_head *h, const char *name)
 {
     size_t nlen = strlen(name);
@@ -612,16 +608,17 @@ bool http_token_list_has(const char *list, size_t len, const char *token)
 
 bool http_is_hop_by_hop(const struct http_head *h, const struct http_header *x)
 {
-    static const char *const hop[] = {"connection", "keep-alive", "proxy-connection",
-                                      "transfer-encoding", "te", "trailer", "upgrade",
-                                      "proxy-authorization", "proxy-authenticate"};
     const char *name = http_hname(h, x);
-    for (size_t i = 0; i < sizeof hop / sizeof hop[0]; i++) {
-        if (http_name_eq(name, x->name_len, hop[i])) {
-            return true;
-        }
+    size_t len = x->name_len;
+    if (http_name_eq(name, len, "connection") || http_name_eq(name, len, "keep-alive") ||
+        http_name_eq(name, len, "proxy-connection") ||
+        http_name_eq(name, len, "transfer-encoding") || http_name_eq(name, len, "te") ||
+        http_name_eq(name, len, "trailer") || http_name_eq(name, len, "upgrade") ||
+        http_name_eq(name, len, "proxy-authorization") ||
+        http_name_eq(name, len, "proxy-authenticate")) {
+        return true;
     }
-    for (uint32_t i = 0; i < h->n_headers; i++) {
+    for (uint32_t i = 0; h->n_connection && i < h->n_headers; i++) {
         const struct http_header *c = &h->headers[i];
         if (http_name_eq(http_hname(h, c), c->name_len, "connection")) {
             /* Connection: names further hop-by-hop headers. */

@@ -515,7 +515,8 @@ static void append_forwarding_headers(struct buf *b, const struct request *r, bo
             buf_append(b, ", ", 2);
         }
     }
-    buf_printf(b, "%s\r\n", r->conn->peer_ip);
+    buf_append_str(b, r->conn->peer_ip);
+    buf_append(b, "\r\n", 2);
     if (proto) {
         buf_append_str(b, "X-Forwarded-Proto: ");
         buf_append(b, http_hvalue(h, proto), proto->value_len);

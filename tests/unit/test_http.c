@@ -233,6 +233,13 @@ static void test_hop_by_hop(void **state)
     assert_int_equal(hop, 3); /* Connection, X-Secret, TE */
     assert_false(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "x-public")));
     ctx_dispose(&c);
+    /* A header named by a Connection header that comes after it. */
+    ctx_init(&c, HTTP_REQUEST);
+    req = "GET / HTTP/1.1\r\nX-Secret: 1\r\nHost: h\r\nconnection: x-secret\r\n\r\n";
+    assert_int_equal(feed(&c, req, strlen(req), 4096, NULL, NULL), HTTP_EV_DONE);
+    assert_true(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "x-secret")));
+    assert_false(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "host")));
+    ctx_dispose(&c);
 }
 
 struct sink {
