@@ -89,7 +89,6 @@ static int connect_upstream(void)
 static int listen_on(int port, int type_flags)
 {
     struct sockaddr_in a = loopback(port);
-    socklen_t len = sizeof a;
     int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | type_flags, 0);
     if (fd < 0)
         die("socket", errno);
@@ -98,11 +97,19 @@ static int listen_on(int port, int type_flags)
         die("bind", errno);
     if (listen(fd, 4096) < 0)
         die("listen", errno);
-    if (getsockname(fd, (struct sockaddr *)&a, &len) < 0)
+    return fd;
+}
+
+/* Said once the relay can serve (its ring set up), so a mode this kernel
+ * refuses is never announced. */
+static void announce_port(int lfd)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    if (getsockname(lfd, (struct sockaddr *)&a, &len) < 0)
         die("getsockname", errno);
     printf("port %d\n", ntohs(a.sin_port));
     fflush(stdout);
-    return fd;
 }
 
 /* Soft limit to hard; if the hard limit cannot hold MAX_PAIRS pairs, first try
@@ -159,8 +166,10 @@ static void close_epair(struct epair *p)
     dead_pairs = p;
 }
 
-/* Relay src -> src->peer until src is drained or the peer pushes back. */
-static void pump(struct econn *src)
+/* Relay src -> src->peer until src is drained or the peer pushes back;
+ * when src's peer has closed (hup), on to the end of its stream: an
+ * edge-triggered FIN that came with the last bytes raises no new event. */
+static void pump(struct econn *src, bool hup)
 {
     while (!src->pending) {
         ssize_t n = recv(src->fd, relay_buf, sizeof relay_buf, 0);
@@ -185,7 +194,7 @@ static void pump(struct econn *src)
             memcpy(src->pending, relay_buf + sent, src->pend_len);
             return;
         }
-        if (n < EPOLL_BUF)
+        if (n < EPOLL_BUF && !hup)
             return;
     }
 }
@@ -207,7 +216,7 @@ static void flush_pending(struct econn *src)
         return;
     free(src->pending);
     src->pending = NULL;
-    pump(src);
+    pump(src, true); /* to EAGAIN: a FIN seen while paused raises no new event */
 }
 
 static void epoll_accept(int lfd)
@@ -243,6 +252,7 @@ static void run_epoll(int lfd)
         die("epoll_create1", errno);
     if (epoll_ctl(epfd, EPOLL_CTL_ADD, lfd, &lev) < 0)
         die("epoll_ctl", errno);
+    announce_port(lfd);
     for (;;) {
         int n = epoll_wait(epfd, evs, EPOLL_BATCH, -1);
         if (n < 0 && errno != EINTR)
@@ -252,13 +262,13 @@ static void run_epoll(int lfd)
             uint32_t e = evs[i].events;
             if (!c) {
                 epoll_accept(lfd);
-            } else if (!c->pair->closed && (e & (EPOLLERR | EPOLLHUP))) {
+            } else if (!c->pair->closed && (e & EPOLLERR)) {
                 close_epair(c->pair);
             } else if (!c->pair->closed) {
                 if (e & EPOLLOUT)
                     flush_pending(c->peer); /* c's peer -> c */
-                if ((e & (EPOLLIN | EPOLLRDHUP)) && !c->pair->closed)
-                    pump(c);
+                if ((e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP)) && !c->pair->closed)
+                    pump(c, e & (EPOLLRDHUP | EPOLLHUP));
             }
         }
         for (struct epair *p; (p = dead_pairs); free(p))
@@ -534,6 +544,7 @@ static void run_uring(int lfd)
 {
     listen_fd = lfd;
     setup_ring();
+    announce_port(lfd);
     for (int s = max_pairs - 1; s >= 0; s--) {
         pairs[s].next_free = free_slot;
         free_slot = s;

@@ -168,6 +168,7 @@ struct upstream {
     bool server_no_keepalive;     /* it said timeout=0 */
     uint64_t sent_ms;             /* when the request was handed to it */
     uint64_t idle_since_ms;       /* when it was last pooled */
+    uint64_t idle_since_turn;     /* ... the loop turn's time then, in µs */
     /* The timer is lazy: deadline_ms is when the connection times out (0:
      * never), timer_at_ms when tev fires (0: not armed), never later than
      * the deadline. Moving the deadline later (each read of a stream) is a

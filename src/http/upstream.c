@@ -19,11 +19,22 @@
 /* A reused connection closed by the replica within this long of the request
  * going out is taken as closed before the replica read it. */
 #define STALE_RACE_MS 250
-/* A connection pooled less than this long ago is reused without the peek
- * for a close (take_pooled): no replica's idle timer is that short, and a
- * close racing the request is sent again all the same (is_stale_pooled). */
+/* A connection pooled less than this long ago, in an earlier loop turn, is
+ * reused without the peek for a close (take_pooled): no replica's idle timer
+ * is that short, a close racing the request is sent again all the same
+ * (is_stale_pooled), and bytes nobody asked for raised a read event in the
+ * turn that followed. */
 #define PEEK_AFTER_IDLE_MS 100
 
+
+/* The event loop's time for this turn (cached when it last polled, in µs):
+ * two values differ only across a poll. */
+static uint64_t loop_turn(struct event_base *base)
+{
+    struct timeval tv;
+    event_base_gettimeofday_cached(base, &tv);
+    return (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
+}
 
 static void on_read(evutil_socket_t fd, short what, void *arg);
 static void on_write(evutil_socket_t fd, short what, void *arg);
@@ -207,6 +218,7 @@ static struct model *release(struct upstream *u, bool reusable)
         event_del(&u->wev);
         event_add(&u->rev, NULL);
         u->idle_since_ms = clock_now_ms();
+        u->idle_since_turn = loop_turn(ctx->base);
         arm_ms(u, pool_idle_ms(u, ctx->keepalive_timeout_ms));
         http_head_reset(&u->head);
     } else {
@@ -250,14 +262,17 @@ static bool nothing_to_read(int fd)
 /* The most recently pooled connection the replica has not closed. A close
  * the loop has not processed yet (the replica's idle timer, or its death) is
  * seen here with one non-blocking peek, before a request is put on it; not
- * on a connection pooled moments ago (a system call a request saved). */
+ * on a connection pooled moments ago in an earlier turn (a system call a
+ * request saved). One pooled in this very turn is peeked: what the replica
+ * sent after its answer has raised no event yet. */
 static struct upstream *take_pooled(struct upstream_ctx *ctx, struct endpoint *ep)
 {
     struct list_node *n;
-    uint64_t now = clock_now_ms();
+    uint64_t now = clock_now_ms(), turn = loop_turn(ctx->base);
     while ((n = list_first(&ep->idle))) {
         struct upstream *u = container_of(n, struct upstream, node);
-        if (now - u->idle_since_ms < PEEK_AFTER_IDLE_MS || nothing_to_read(u->fd)) {
+        bool fresh = now - u->idle_since_ms < PEEK_AFTER_IDLE_MS && u->idle_since_turn != turn;
+        if (fresh || nothing_to_read(u->fd)) {
             list_remove(n);
             ep->n_idle--;
             return u;

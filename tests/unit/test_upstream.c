@@ -655,7 +655,11 @@ static void test_fresh_pooled_connection_closed_unseen_is_sent_again(void **stat
     round_trip(e, true);
     struct fake_req *fr = client_request(e, simple_get);
     /* Closed by the replica right after its answer, unseen: taken without
-     * a peek, and the failure sends the request again on a new connection. */
+     * a peek (pooled just now, in an earlier turn), and the failure sends
+     * the request again on a new connection. */
+    struct upstream *pooled = container_of(list_first(&e->ep->idle), struct upstream, node);
+    pooled->idle_since_ms = clock_now_ms();
+    pooled->idle_since_turn = 0;
     close(e->replica.fd);
     e->replica.fd = -1;
     dispatch(e, fr, simple_get_up);
