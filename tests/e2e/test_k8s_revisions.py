@@ -172,6 +172,28 @@ def test_a_step_is_not_undone_by_an_event_older_than_its_write(cluster, thaw_fac
     assert status_of(t)["rollout"]["canary_percent"] == 70
 
 
+def test_a_step_whose_write_failed_gives_way_to_the_cluster(cluster, thaw_factory, tmp_path):
+    """The leader steps the canary and its write is refused: the step is not in
+    the cluster, so the cluster's state (the step before) holds again at the
+    next Deployment event, and the leader takes the step again and writes it.
+    Were the refused step held for its echo's wait (30 s), the leader would go
+    on from it (to promotion) and the cluster would never show it."""
+    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1"),
+                   revision("v2", 10, rollout_annotations()))
+    written = lambda pct: annotations(sim, "llama-v2").get("thaw.dev/traffic-percent") == pct
+    assert set(drive(t, lambda: written("40"), 20 * SLOW)) == {200}
+    refused = sim.state()["counters"].get("injected_500", 0)
+    sim.faults(fail_next=1, fail_matching="thaw.dev/rollout-stage")
+    stepped = lambda: status_of(t)["rollout"]["canary_percent"] == 70
+    assert set(drive(t, stepped, 20 * SLOW)) == {200}
+    wait_for(lambda: sim.state()["counters"].get("injected_500", 0) > refused, timeout=5 * SLOW,
+             what="the step's write refused")
+    sim.update("/apis/apps/v1/namespaces/models/deployments/llama-v2",
+               lambda d: d["metadata"]["annotations"].update({"thaw.dev/idle-timeout": "10m"}))
+    assert set(drive(t, lambda: written("70"), 20 * SLOW)) <= {200}
+    assert written("70"), annotations(sim, "llama-v2")
+
+
 def test_healthy_canary_is_promoted_and_a_restart_continues(cluster, thaw_factory, tmp_path):
     sim, t = start(cluster, thaw_factory, tmp_path, revision("v1"),
                    revision("v2", 10, rollout_annotations()))

@@ -118,7 +118,8 @@ sharing: allocatable nvidia.com/gpu = gpus x replicas), "product", "labels",
 "nvidia.com/mig-1g.10gb": "7"; cpu 32, memory 256Gi, pods 110 by default)}.
 
 Fault controls (POST /_sim/faults with JSON): {"drop_watches": true},
-{"fail_next": N} (next N API requests answer 500), {"delay_ms": N} (with
+{"fail_next": N} (next N API requests answer 500; with "fail_matching": S
+only requests whose body holds S), {"delay_ms": N} (with
 "delay_methods": ["PATCH", ...] only requests of those methods),
 {"compact": true} (forget history: old resourceVersions get 410),
 {"tokens": [...]} (accepted bearer tokens). GET /_sim/state shows counters,
@@ -2391,9 +2392,15 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def raw_body(self):
+        """The request's body, read once (a fault may look at it first)."""
+        if self._raw is None:
+            n = int(self.headers.get("Content-Length") or 0)
+            self._raw = self.rfile.read(n) if n else b""
+        return self._raw
+
     def body(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(n) if n else b""
+        raw = self.raw_body()
         if not raw:
             return None
         if "protobuf" in self.headers.get("Content-Type", ""):
@@ -2413,6 +2420,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def handle_any(self, method):
         sim = self.server.sim
+        self._raw = None
         url = urllib.parse.urlsplit(self.path)
         q = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
         path = url.path.rstrip("/") or "/"
@@ -2425,7 +2433,8 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             if sim.delay_ms and (not sim.delay_methods or method in sim.delay_methods):
                 time.sleep(sim.delay_ms / 1000)
-            if sim.fail_next > 0:
+            if sim.fail_next > 0 and (not sim.fail_matching or
+                                      sim.fail_matching.encode() in self.raw_body()):
                 sim.fail_next -= 1
                 sim.counters["injected_500"] += 1
                 raise ApiError(500, "InternalError", "injected failure")
@@ -2466,6 +2475,7 @@ class Handler(BaseHTTPRequestHandler):
                 sim.store.drop_watches()
             if "fail_next" in f:
                 sim.fail_next = int(f["fail_next"])
+                sim.fail_matching = f.get("fail_matching") or ""
             if "delay_ms" in f:
                 sim.delay_ms = int(f["delay_ms"])
                 sim.delay_methods = set(f.get("delay_methods") or ())
@@ -2882,6 +2892,7 @@ class Sim:
         self.store = Store(history=args.history)
         self.tokens = set(args.token or [])
         self.fail_next = 0
+        self.fail_matching = ""
         self.delay_ms = 0
         self.delay_methods = set()
         self.counters = Counters()
