@@ -624,22 +624,25 @@ static void test_idle_pooled_connection_closed_by_replica_is_not_reused(void **s
     assert_int_equal(fk.dones, 2);
 }
 
-static void test_pooled_connection_closed_unseen_is_not_reused(void **state)
+/* After one round trip: a client's next request, and the replica closing
+ * the pooled connection (pooled at idle_since_ms, in the loop turn `turn`)
+ * without the loop running since. */
+static struct fake_req *close_pooled_unseen(struct env *e, uint64_t idle_since_ms, uint64_t turn)
 {
-    struct env *e = *state;
     open_client(e);
     round_trip(e, true);
     struct fake_req *fr = client_request(e, simple_get);
-    /* Pooled a while ago (a connection pooled moments ago is taken without
-     * the peek: the next test), then closed by the replica, and the loop
-     * has not run since: the peek before reuse sees it. */
     struct upstream *pooled = container_of(list_first(&e->ep->idle), struct upstream, node);
-    pooled->idle_since_ms = 0;
+    pooled->idle_since_ms = idle_since_ms;
+    pooled->idle_since_turn = turn;
     close(e->replica.fd);
     e->replica.fd = -1;
-    dispatch(e, fr, simple_get_up);
-    assert_int_equal(e->metrics.upstream_stale_closed, 1);
-    assert_int_equal(e->metrics.upstream_reused, 0);
+    return fr;
+}
+
+/* The request arrives on a new connection and is answered, nothing failed. */
+static void answered_on_a_new_connection(struct env *e)
+{
     replica_accept(e);
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
     assert_true(loopnet_send_str(e->replica.fd, ok_response));
@@ -648,29 +651,29 @@ static void test_pooled_connection_closed_unseen_is_not_reused(void **state)
     assert_int_equal(fk.fails + fk.retries, 0);
 }
 
+static void test_pooled_connection_closed_unseen_is_not_reused(void **state)
+{
+    struct env *e = *state;
+    /* Pooled a while ago (a connection pooled moments ago is taken without
+     * the peek: the next test): the peek before reuse sees the close. */
+    struct fake_req *fr = close_pooled_unseen(e, 0, 0);
+    dispatch(e, fr, simple_get_up);
+    assert_int_equal(e->metrics.upstream_stale_closed, 1);
+    assert_int_equal(e->metrics.upstream_reused, 0);
+    answered_on_a_new_connection(e);
+}
+
 static void test_fresh_pooled_connection_closed_unseen_is_sent_again(void **state)
 {
     struct env *e = *state;
-    open_client(e);
-    round_trip(e, true);
-    struct fake_req *fr = client_request(e, simple_get);
-    /* Closed by the replica right after its answer, unseen: taken without
-     * a peek (pooled just now, in an earlier turn), and the failure sends
-     * the request again on a new connection. */
-    struct upstream *pooled = container_of(list_first(&e->ep->idle), struct upstream, node);
-    pooled->idle_since_ms = clock_now_ms();
-    pooled->idle_since_turn = 0;
-    close(e->replica.fd);
-    e->replica.fd = -1;
+    /* Closed right after its answer: taken without a peek (pooled just now,
+     * in an earlier turn), and the failure sends the request again on a new
+     * connection. */
+    struct fake_req *fr = close_pooled_unseen(e, clock_now_ms(), 0);
     dispatch(e, fr, simple_get_up);
     assert_int_equal(e->metrics.upstream_reused, 1);
     assert_true(RUN_UNTIL(e->metrics.upstream_stale_retries == 1));
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
-    assert_true(loopnet_send_str(e->replica.fd, ok_response));
-    assert_true(RUN_UNTIL(fk.dones == 2));
-    assert_int_equal(e->metrics.upstream_connects, 2);
-    assert_int_equal(fk.fails + fk.retries, 0);
+    answered_on_a_new_connection(e);
 }
 
 static void test_pooled_connection_closing_under_a_request_is_sent_again(void **state)
