@@ -112,6 +112,7 @@ struct server_metrics {
     uint64_t upstream_reused;
     uint64_t upstream_stale_retries;
     uint64_t upstream_stale_closed;
+    uint64_t upstream_accept_checks;
     struct code_counts unrouted_codes; /* responses to requests no model took */
     uint64_t accept_paused; /* listeners paused for want of file descriptors */
 };

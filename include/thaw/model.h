@@ -39,6 +39,7 @@ struct model_settings {
     uint64_t first_byte_timeout_ms;
     uint64_t upstream_idle_timeout_ms;
     uint64_t loading_heartbeat_ms;
+    char health_path[128]; /* its replicas' (for accept checks); "/" when longer */
 };
 
 struct model_stats {

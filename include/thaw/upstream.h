@@ -18,12 +18,14 @@
 
 #include "thaw/buf.h"
 #include "thaw/conn.h"
+#include "thaw/control.h"
 #include "thaw/http.h"
 #include "thaw/list.h"
 #include "thaw/metrics.h"
 
 struct model; /* the owner of an endpoint: opaque here */
 struct upstream;
+struct upstream_ctx;
 
 /* A replica's address and connection pool. Its owner (a model) counts its
  * slots through the handler; upstream only holds references while it uses
@@ -50,6 +52,19 @@ struct endpoint {
      * have accepted them. At UPSTREAM_MAX_UNCONFIRMED, requests wait for a
      * pooled connection or for one of these to answer (see model_pick_endpoint). */
     uint32_t unconfirmed;
+    /* Of those, the ones established (the handshake done), in that order
+     * (struct upstream's accept_node). A replica takes connections from its
+     * accept queue first in, first out: an answer on one of them, or on an
+     * accept check opened after them, shows it accepted all established
+     * before. The check is a connection of its own carrying one GET of
+     * check_path, sent when the unconfirmed reach the cap, so that requests
+     * that take long to answer do not hold the next ones back. */
+    struct list_node accepting;
+    uint64_t established; /* connections established here so far: their order */
+    struct control check;
+    struct upstream_ctx *check_ctx; /* set once a check has run (check is initialised) */
+    uint64_t check_upto;            /* the running check vouches for these */
+    char check_path[128];           /* the replica's health path */
     /* A replica that just became ready gets its first request alone until
      * it answers it, or until this time (0: no head start): a model server
      * that meets a crowd of new connections at once sets them all up before
@@ -67,6 +82,10 @@ struct endpoint {
  * so a thousand requests released onto a replica that just woke do not
  * overflow it (a dropped SYN costs a second). */
 #define UPSTREAM_MAX_UNCONFIRMED 64
+
+/* How long an accept check waits for its answer: a replica slow to accept
+ * answers it late, and the connections it vouches for wait as long. */
+#define UPSTREAM_ACCEPT_CHECK_TIMEOUT_MS 5000
 
 /* An endpoint for the replica `id` at numeric "ip:port" addr, with one
  * reference (the caller's). NULL: bad address or out of memory (errno). */
@@ -181,6 +200,8 @@ struct upstream {
     bool client_failed; /* a write to the client failed while decoding */
     bool head_pending;  /* resp_head not yet written */
     bool unconfirmed;   /* new, and nothing received on it yet (ep->unconfirmed) */
+    struct list_node accept_node; /* in ep->accepting: established and unconfirmed */
+    uint64_t established_seq;     /* its place in ep->established's order */
     bool stream_error;  /* an error status into a heartbeat stream: body kept in err_body */
     struct buf err_body;
 };

@@ -333,6 +333,10 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
     metrics_single(o, "thaw_upstream_stale_closed_total", "counter",
                    "Pooled connections found closed by the replica when taken for a request.",
                    sm->upstream_stale_closed);
+    metrics_single(o, "thaw_upstream_accept_checks_total", "counter",
+                   "Health requests on connections of their own, sent to learn whether a replica "
+                   "has accepted new connections that have not answered yet.",
+                   sm->upstream_accept_checks);
     metrics_single(o, "thaw_admin_connections", "gauge",
                    "Open connections on the admin port.",
                    adm->rt->n_admin_conns);

@@ -31,6 +31,9 @@ void model_apply_settings(struct model *m, const struct config_model *cm)
     m->set.first_byte_timeout_ms = cm->first_byte_timeout_ms;
     m->set.upstream_idle_timeout_ms = cm->upstream_idle_timeout_ms;
     m->set.loading_heartbeat_ms = cm->loading_heartbeat_ms;
+    const char *hp = cm->health_path ? cm->health_path : "/health";
+    snprintf(m->set.health_path, sizeof m->set.health_path, "%s",
+             strlen(hp) < sizeof m->set.health_path ? hp : "/");
 }
 
 /* Routes every name of cm to m. */
@@ -140,6 +143,7 @@ int fleet_replica_ready_with(struct fleet *f, struct model *m, const char *id, c
     ep->model = m;
     ep->model_name = m->name;
     ep->share = share;
+    snprintf(ep->check_path, sizeof ep->check_path, "%s", m->set.health_path);
     if (m->n_endpoints == m->cap_endpoints) {
         size_t ncap = m->cap_endpoints ? m->cap_endpoints * 2 : 4;
         struct endpoint **ne = realloc(m->endpoints, ncap * sizeof *ne);

@@ -40,6 +40,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void on_timer(evutil_socket_t fd, short what, void *arg);
 static void on_body(void *ud, const char *data, size_t len);
+static void established(struct upstream *u);
 
 struct endpoint *endpoint_new(const char *id, const char *addr)
 {
@@ -59,7 +60,9 @@ struct endpoint *endpoint_new(const char *id, const char *addr)
         return NULL;
     }
     snprintf(ep->addr_text, sizeof ep->addr_text, "%s", addr);
+    snprintf(ep->check_path, sizeof ep->check_path, "/health");
     list_init(&ep->idle);
+    list_init(&ep->accepting);
     ep->refs = 1;
     return ep;
 }
@@ -72,6 +75,9 @@ void endpoint_ref(struct endpoint *ep)
 void endpoint_unref(struct endpoint *ep)
 {
     if (--ep->refs == 0) {
+        if (ep->check_ctx) {
+            control_cancel(&ep->check);
+        }
         free(ep->id);
         free(ep);
     }
@@ -106,6 +112,16 @@ static void disarm(struct upstream *u)
     u->deadline_ms = u->timer_at_ms = 0;
 }
 
+/* u no longer counts as a connection the replica may not have accepted. */
+static void settle(struct upstream *u)
+{
+    u->unconfirmed = false;
+    u->ep->unconfirmed--;
+    if (list_linked(&u->accept_node)) {
+        list_remove(&u->accept_node);
+    }
+}
+
 static void destroy(struct upstream *u)
 {
     if (u->dead) {
@@ -113,8 +129,7 @@ static void destroy(struct upstream *u)
     }
     u->dead = true;
     if (u->unconfirmed) {
-        u->unconfirmed = false;
-        u->ep->unconfirmed--;
+        settle(u);
     }
     if (u->state == UP_IDLE) {
         list_remove(&u->node);
@@ -502,6 +517,9 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
             return;
         }
         u->state = rc == 0 ? UP_SENDING : UP_CONNECTING;
+        if (rc == 0) {
+            established(u);
+        }
     }
     u->req = r;
     r->up = u;
@@ -565,16 +583,72 @@ void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
     arm_ms(u, ctx->keepalive_timeout_ms);
 }
 
-/* The replica answered on a new connection: it accepted it. When that frees
- * a place under UPSTREAM_MAX_UNCONFIRMED, waiting requests may go. */
-static void confirm(struct upstream *u)
+/* The replica has accepted every connection established here up to seq
+ * (the seq-th included). When that frees a place under
+ * UPSTREAM_MAX_UNCONFIRMED, waiting requests may go. */
+static void accepted_upto(struct upstream_ctx *ctx, struct endpoint *ep, uint64_t seq)
+{
+    bool was_full = ep->unconfirmed >= UPSTREAM_MAX_UNCONFIRMED;
+    while (!list_empty(&ep->accepting)) {
+        struct upstream *u = container_of(list_first(&ep->accepting), struct upstream, accept_node);
+        if (u->established_seq > seq) {
+            break;
+        }
+        settle(u);
+    }
+    if (was_full && ep->unconfirmed < UPSTREAM_MAX_UNCONFIRMED && ep->model) {
+        ctx->handler->capacity(ctx->ud, ep->model);
+    }
+}
+
+static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep);
+
+static void on_check_done(struct control *c, int status, void *ud)
+{
+    struct endpoint *ep = ud;
+    struct upstream_ctx *ctx = ep->check_ctx;
+    (void)c;
+    endpoint_ref(ep);
+    if (status > 0) {
+        /* Any answer: the replica accepted the check's connection, and
+         * those established before it. */
+        accepted_upto(ctx, ep, ep->check_upto);
+        check_accepts(ctx, ep);
+    }
+    endpoint_unref(ep);
+}
+
+/* At the cap with established connections unanswered, a check finds out
+ * whether the replica has accepted them (they may carry requests that take
+ * seconds to answer), rather than holding the next requests until then. */
+static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
+{
+    if (ep->unconfirmed < UPSTREAM_MAX_UNCONFIRMED || list_empty(&ep->accepting) ||
+        !ep->model || (ep->check_ctx && control_running(&ep->check))) {
+        return;
+    }
+    if (!ep->check_ctx) {
+        control_init(&ep->check, ctx->base);
+        ep->check_ctx = ctx;
+    }
+    ep->check_upto = ep->established;
+    if (control_send(&ep->check, ep->addr_text, "GET", ep->check_path,
+                     UPSTREAM_ACCEPT_CHECK_TIMEOUT_MS, on_check_done, ep) == 0) {
+        ctx->metrics->upstream_accept_checks++;
+    }
+}
+
+/* u's connect completed: it is in the replica's accept queue, behind those
+ * established before it. */
+static void established(struct upstream *u)
 {
     struct endpoint *ep = u->ep;
-    u->unconfirmed = false;
-    ep->unconfirmed--;
-    if (ep->unconfirmed + 1 == UPSTREAM_MAX_UNCONFIRMED && ep->model) {
-        u->ctx->handler->capacity(u->ctx->ud, ep->model);
+    if (!u->unconfirmed) {
+        return;
     }
+    u->established_seq = ++ep->established;
+    list_push_back(&ep->accepting, &u->accept_node);
+    check_accepts(u->ctx, ep);
 }
 
 void upstream_close_idle(struct endpoint *ep)
@@ -858,7 +932,7 @@ static bool take_bytes(struct upstream *u, const char *data, size_t n)
     }
     u->got_bytes = true;
     if (u->unconfirmed) {
-        confirm(u);
+        accepted_upto(u->ctx, u->ep, u->established_seq);
     }
     if (u->ep->head_start_until_ms && u->ep->model) {
         /* The woken replica answered its first request: the rest may go. */
@@ -925,6 +999,7 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
         }
         u->state = UP_SENDING;
         event_add(&u->rev, NULL);
+        established(u);
     }
     if (u->state == UP_SENDING) {
         send_request(u);

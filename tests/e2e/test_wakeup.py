@@ -40,6 +40,27 @@ def listen_overflows():
     raise AssertionError("no TcpExt in /proc/net/netstat")
 
 
+def burst(t, n, timeout=60):
+    """n completions at once, each on its own connection; their statuses."""
+    statuses = []
+    lock = threading.Lock()
+
+    def one():
+        try:
+            s = complete(t, timeout).status
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            s = repr(e)
+        with lock:
+            statuses.append(s)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout + 30)
+    return statuses
+
+
 @pytest.mark.parametrize("mode", ["bind-late", "503"])
 def test_first_request_goes_out_on_the_probes_connection(thaw_factory, mode):
     """The connection the readiness probe succeeded on is kept and carries the
@@ -71,23 +92,33 @@ def test_a_burst_released_on_wake_does_not_overflow_the_servers_backlog(thaw_fac
         "models": [counterpart_model(
             "asyncio_server.py", "llama", "--load-seconds", "1.5", "--backlog", "100",
             "--accept-delay-ms", "1", max_concurrency=n, queue_timeout_ms=60000)]})
-    statuses = []
-    lock = threading.Lock()
-
-    def one():
-        try:
-            s = complete(t).status
-        except Exception as e:  # noqa: BLE001 - reported below
-            s = repr(e)
-        with lock:
-            statuses.append(s)
-
     before = listen_overflows()
-    threads = [threading.Thread(target=one) for _ in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(120)
+    statuses = burst(t, n)
     assert statuses.count(200) == n, [s for s in statuses if s != 200][:5]
+    assert listen_overflows() - before == 0
+    t.assert_reconciled()
+
+
+def test_requests_slow_to_answer_do_not_hold_the_next_ones_back(thaw_factory):
+    """200 requests held while a model loads, each answered 1.5 s after it
+    arrives (a non-streaming completion): all 200 must reach the server at
+    once (max_concurrency is 200), not 64 at a time while the first ones
+    are worked on. The server has accepted them all; thaw learns it from a
+    health request on a connection of its own, which the server's accept
+    queue hands over only after the earlier ones."""
+    n = 200
+    t = thaw_factory({
+        "limits": {"max_connections": n + 50, "max_queue_per_model": n + 50,
+                   "max_queue_total": n + 50},
+        "models": [counterpart_model(
+            "asyncio_server.py", "llama", "--load-seconds", "0.5", "--backlog", "100",
+            "--token-delay-ms", "150", "--tokens", "10", max_concurrency=n,
+            queue_timeout_ms=60000)]})
+    before = listen_overflows()
+    statuses = burst(t, n)
+    assert statuses.count(200) == n, [s for s in statuses if s != 200][:5]
+    st = server_stats(t)
+    assert st["max_inflight"] >= n - 5, st
+    assert t.metric("thaw_upstream_accept_checks_total") >= 1
     assert listen_overflows() - before == 0
     t.assert_reconciled()

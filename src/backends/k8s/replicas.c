@@ -77,6 +77,7 @@ static void to_config_model(const struct k8s_model_spec *sp, const struct config
     cm->first_byte_timeout_ms = sp->first_byte_timeout_ms;
     cm->upstream_idle_timeout_ms = sp->upstream_idle_timeout_ms;
     cm->loading_heartbeat_ms = sp->loading_heartbeat_ms;
+    cm->health_path = (char *)sp->health_path;
 }
 
 /* What a cluster model gets without annotations: the config models'
