@@ -39,7 +39,11 @@ struct http_head {
     bool chunked;          /* Transfer-Encoding: chunked */
     bool has_length;       /* Content-Length present */
     uint64_t content_length;
-    uint32_t n_connection; /* Connection headers (they may name more hop-by-hop ones) */
+    /* What Connection headers name besides the fixed hop-by-hop headers:
+     * "close" (a header of that name would be hop-by-hop too), and whether
+     * any other token (then every header is looked up in them). */
+    bool connection_names_close;
+    bool connection_names_other;
 };
 
 enum http_error {
@@ -90,6 +94,7 @@ struct http_parser {
     bool head_reported;
     bool msg_done;
     bool last_was_value;
+    bool in_connection; /* the header being parsed is Connection */
     bool skip_body; /* responses to HEAD */
     /* Chunk framing check (see http.c). */
     bool chunk_had_data;

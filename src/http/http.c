@@ -26,7 +26,7 @@ void http_head_reset(struct http_head *h)
     h->status = 0;
     h->keep_alive = h->chunked = h->has_length = false;
     h->content_length = 0;
-    h->n_connection = 0;
+    h->connection_names_close = h->connection_names_other = false;
 }
 
 void http_head_dispose(struct http_head *h)
@@ -144,12 +144,22 @@ static int on_header_field(llhttp_t *ll, const char *at, size_t len)
     return append(p, at, len);
 }
 
-/* RFC 9110 token characters. */
-static bool is_tchar(unsigned char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
-}
+/* RFC 9110 token characters: a table, as every byte of every header name
+ * is looked up. */
+static const bool tchar[256] = {
+    ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1, ['7'] = 1,
+    ['8'] = 1, ['9'] = 1,
+    ['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1, ['*'] = 1, ['+'] = 1,
+    ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1, ['`'] = 1, ['|'] = 1, ['~'] = 1,
+    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1,
+    ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1,
+    ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1,
+    ['y'] = 1, ['z'] = 1,
+    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1,
+    ['I'] = 1, ['J'] = 1, ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1,
+    ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1, ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1,
+    ['Y'] = 1, ['Z'] = 1,
+};
 
 static int on_header_field_complete(llhttp_t *ll)
 {
@@ -161,14 +171,14 @@ static int on_header_field_complete(llhttp_t *ll)
     const char *name = p->head->bytes.data + x->name_off;
     /* llhttp 8 lets some separators (such as a space) into names. */
     for (uint32_t i = 0; i < x->name_len; i++) {
-        if (!is_tchar((unsigned char)name[i])) {
+        if (!tchar[(unsigned char)name[i]]) {
             return fail_why(p, HTTP_ERR_BAD_REQUEST, "a header name is not a token");
         }
     }
     if (x->name_len == 0) {
         return fail_why(p, HTTP_ERR_BAD_REQUEST, "empty header name");
     }
-    p->head->n_connection += http_name_eq(name, x->name_len, "connection");
+    p->in_connection = http_name_eq(name, x->name_len, "connection");
     int rc = terminate(p);
     if (!rc) {
         struct http_head *h = p->head;
@@ -188,6 +198,34 @@ static int on_header_value(llhttp_t *ll, const char *at, size_t len)
     return append(p, at, len);
 }
 
+/* keep-alive is hop-by-hop anyway; close is noted; anything else makes
+ * http_is_hop_by_hop look every header up in the Connection values. */
+static void note_connection_tokens(struct http_head *h, const char *v, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == ',')) {
+            i++;
+        }
+        size_t start = i;
+        while (i < len && v[i] != ',') {
+            i++;
+        }
+        size_t end = i;
+        while (end > start && (v[end - 1] == ' ' || v[end - 1] == '\t')) {
+            end--;
+        }
+        if (end == start || http_name_eq(v + start, end - start, "keep-alive")) {
+            continue;
+        }
+        if (http_name_eq(v + start, end - start, "close")) {
+            h->connection_names_close = true;
+        } else {
+            h->connection_names_other = true;
+        }
+    }
+}
+
 static int on_header_value_complete(llhttp_t *ll)
 {
     struct http_parser *p = P(ll);
@@ -201,6 +239,9 @@ static int on_header_value_complete(llhttp_t *ll)
         x->value_off = (uint32_t)h->bytes.len;
     }
     p->last_was_value = true;
+    if (p->in_connection) {
+        note_connection_tokens(h, h->bytes.data + x->value_off, x->value_len);
+    }
     return terminate(p);
 }
 
@@ -618,7 +659,10 @@ bool http_is_hop_by_hop(const struct http_head *h, const struct http_header *x)
         http_name_eq(name, len, "proxy-authenticate")) {
         return true;
     }
-    for (uint32_t i = 0; h->n_connection && i < h->n_headers; i++) {
+    if (!h->connection_names_other) {
+        return h->connection_names_close && http_name_eq(name, len, "close");
+    }
+    for (uint32_t i = 0; i < h->n_headers; i++) {
         const struct http_header *c = &h->headers[i];
         if (http_name_eq(http_hname(h, c), c->name_len, "connection")) {
             /* Connection: names further hop-by-hop headers. */

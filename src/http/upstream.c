@@ -225,13 +225,15 @@ static struct model *release(struct upstream *u, bool reusable)
     if (reusable && m && !*ctx->draining && !u->server_no_keepalive &&
         ep->n_idle < ctx->keepalive_per_endpoint && !u->dead) {
         u->state = UP_IDLE;
-        u->reading_paused = false;
+        if (u->reading_paused) {
+            u->reading_paused = false;
+            event_add(&u->rev, NULL);
+        }
         /* Most recently used first (as nginx does): the connection least
          * likely to be closed by the replica's own idle timer. */
         list_push_front(&ep->idle, &u->node);
         ep->n_idle++;
         event_del(&u->wev);
-        event_add(&u->rev, NULL);
         u->idle_since_ms = clock_now_ms();
         u->idle_since_turn = loop_turn(ctx->base);
         arm_ms(u, pool_idle_ms(u, ctx->keepalive_timeout_ms));
@@ -465,7 +467,10 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
     if (u) {
         u->reused = true;
         ctx->metrics->upstream_reused++;
-        disarm(u);
+        /* The pool's timer stays: it fires before the new deadline, as a
+         * rule, and then arms itself for the rest (a store per request
+         * rather than a timer taken off and put back). */
+        arm_ms(u, r->first_byte_timeout_ms);
         u->state = UP_SENDING;
     } else {
         u = calloc(1, sizeof *u);
@@ -540,7 +545,9 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         arm_ms(u, r->connect_timeout_ms);
         return;
     }
-    event_add(&u->rev, NULL);
+    if (!u->reused) {
+        event_add(&u->rev, NULL); /* a pooled connection's is on already */
+    }
     enter(u);
     send_request(u);
     leave(u);
@@ -674,6 +681,20 @@ static void on_client_drain(struct conn *c)
     }
 }
 
+/* "HTTP/1.1 NNN " without a printf: once per response. */
+static void append_status_line_start(struct buf *b, unsigned status)
+{
+    char line[] = "HTTP/1.1 000 ";
+    if (status > 999) {
+        buf_printf(b, "HTTP/1.1 %u ", status);
+        return;
+    }
+    line[9] = (char)('0' + status / 100);
+    line[10] = (char)('0' + status / 10 % 10);
+    line[11] = (char)('0' + status % 10);
+    buf_append(b, line, sizeof line - 1);
+}
+
 /* Sends the pending response head (if any) and raw body bytes together. */
 static int flush(struct upstream *u, const char *raw, size_t len)
 {
@@ -755,7 +776,7 @@ static int forward_head(struct upstream *u)
     }
     struct buf *b = &u->resp_head;
     buf_reset(b);
-    buf_printf(b, "HTTP/1.1 %u ", h->status);
+    append_status_line_start(b, h->status);
     if (h->target_len) {
         buf_append(b, http_target(h), h->target_len);
     } else {

@@ -240,6 +240,31 @@ static void test_hop_by_hop(void **state)
     assert_true(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "x-secret")));
     assert_false(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "host")));
     ctx_dispose(&c);
+    /* Connection naming only close and keep-alive: a header named close is
+     * hop-by-hop, the others are not; fed a byte at a time. */
+    ctx_init(&c, HTTP_RESPONSE);
+    req = "HTTP/1.1 200 OK\r\nClose: 1\r\nConnection: Keep-Alive , close\r\nX-A: 2\r\n"
+          "Content-Length: 0\r\n\r\n";
+    assert_int_equal(feed(&c, req, strlen(req), 1, NULL, NULL), HTTP_EV_DONE);
+    assert_true(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "close")));
+    assert_false(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "x-a")));
+    assert_false(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "content-length")));
+    ctx_dispose(&c);
+    /* A second Connection header naming another header. */
+    ctx_init(&c, HTTP_RESPONSE);
+    req = "HTTP/1.1 200 OK\r\nConnection: close\r\nX-A: 2\r\nX-B: 3\r\n"
+          "Connection: x-b\r\nContent-Length: 0\r\n\r\n";
+    assert_int_equal(feed(&c, req, strlen(req), 4096, NULL, NULL), HTTP_EV_DONE);
+    assert_true(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "x-b")));
+    assert_false(http_is_hop_by_hop(&c.h, http_head_find(&c.h, "x-a")));
+    ctx_dispose(&c);
+    /* The next message on the connection starts with nothing named. */
+    ctx_init(&c, HTTP_RESPONSE);
+    req = "HTTP/1.1 200 OK\r\nConnection: x-a\r\nContent-Length: 0\r\n\r\n";
+    assert_int_equal(feed(&c, req, strlen(req), 4096, NULL, NULL), HTTP_EV_DONE);
+    http_head_reset(&c.h);
+    assert_false(c.h.connection_names_other || c.h.connection_names_close);
+    ctx_dispose(&c);
 }
 
 struct sink {
