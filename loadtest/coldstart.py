@@ -18,6 +18,10 @@ to it once loaded, all at once on fresh connections; and its best rate, on 64
 warm keep-alive connections (wrk): N requests take at least N / that rate of the
 server's own time, whoever sends them, the floor for any p99 at N.
 
+Then requests slow to answer: 256 held (100 with SMOKE=1) on the asyncio server
+answering each 2 s (0.5 s) after it arrives, as a non-streaming completion does:
+when the last is answered, against 2 s if all reach the server at once.
+
 Then memory: N held requests (10,000; 1,000 with SMOKE=1) on a cold model,
 thaw's RSS per held request, connection included.
 
@@ -51,21 +55,23 @@ ASYNCIO_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "async
 SERVERS = ("c", "asyncio-bind-late", "asyncio-503")
 
 
-def server_command(server, port, load_ms, ready_file):
+def server_command(server, port, load_ms, ready_file, answer_ms=0):
     if server == "c":
         return [SIM_BIN, "--port", port, "--load-ms", str(load_ms), "--token-ms", "0",
                 "--tokens", "1", "--ready-file", ready_file]
     mode = server.split("-", 1)[1]
     return ["/usr/bin/python3", ASYNCIO_SERVER, "--port", port, "--load-ms", str(load_ms),
-            "--loading-mode", mode, "--tokens", "1", "--ready-file", ready_file]
+            "--loading-mode", mode, "--tokens", "1", "--token-ms", str(answer_ms),
+            "--ready-file", ready_file]
 
 
-def start_thaw(d, load_ms, n, ready_file, server="c"):
+def start_thaw(d, load_ms, n, ready_file, server="c", answer_ms=0):
     cfg = {"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", "log": {"level": "warn"},
            "limits": {"max_connections": n + 100, "max_queue_per_model": n + 100,
                       "max_queue_total": n + 100},
            "models": [{"name": "llama", "max_concurrency": max(n, 1),
-                       "command": server_command(server, "{port}", load_ms, ready_file),
+                       "command": server_command(server, "{port}", load_ms, ready_file,
+                                                 answer_ms),
                        "queue_timeout_ms": 120000}]}
     return common.start_thaw(THAW_BIN, d, cfg)
 
@@ -167,6 +173,29 @@ def run_cold(n, d, server="c"):
         thaw.wait(30)
 
 
+def run_slow(n, answer_ms, d):
+    """n requests held on a cold asyncio server that answers each answer_ms
+    after it arrives (a non-streaming completion): the last answer's delay
+    after the server's first healthy answer. answer_ms when all n reach the
+    server at once (max_concurrency is n)."""
+    ready_file = f"{d}/ready-slow-{n}"
+    thaw, port, admin = start_thaw(d, 500, n, ready_file, "asyncio-bind-late", answer_ms)
+    try:
+        client = subprocess.Popen([CLIENT_BIN, "127.0.0.1", str(port), str(n), "/v1/completions",
+                                   '{"model":"llama","prompt":"hi"}', "60000"],
+                                  stdout=subprocess.PIPE, text=True)
+        out, _ = client.communicate(timeout=120)
+        with open(ready_file) as f:
+            ready_ns = int(f.read())
+        _, ok, delays = delays_ms(out, ready_ns)
+        checks = common.metric(admin, "thaw_upstream_accept_checks_total")
+        return {"clients": n, "answer_ms": answer_ms, "lost": n - len(ok),
+                "last_ms": delays[-1] if delays else float("nan"), "accept_checks": checks}
+    finally:
+        thaw.terminate()
+        thaw.wait(30)
+
+
 def run_memory(n, d):
     ready_file = f"{d}/ready-mem"
     thaw, port, admin = start_thaw(d, 30000, n, ready_file)
@@ -218,6 +247,11 @@ def main():
             if r.get("before_ready"):
                 print(f"  note: {r['before_ready']} answered before the health check: "
                       "they were not held")
+        slow = run_slow(100 if SMOKE else 256, 500 if SMOKE else 2000, d)
+        print(f"{slow['clients']} held requests answered {slow['answer_ms']} ms after they arrive "
+              f"(asyncio, binds late): last answer {slow['last_ms']:.0f} ms after the server's "
+              f"first healthy answer (all at once: {slow['answer_ms']} ms), lost {slow['lost']}, "
+              f"accept checks {slow['accept_checks']:.0f}")
         rate = None if SMOKE else run_rate(d)
         if rate:
             print(f"asyncio server's best rate, 64 warm connections: {rate:.0f} requests/s; "
@@ -227,7 +261,7 @@ def main():
         print(f"held requests on a cold model: {mem['held']}, RSS {mem['rss_before_kib']} KiB -> "
               f"{mem['rss_after_kib']} KiB: {mem['bytes_per_held_request']} bytes each, "
               "connection included (target <= 4096)")
-        print("COLDSTART_JSON " + json.dumps({"cold": results, "direct": direct,
+        print("COLDSTART_JSON " + json.dumps({"cold": results, "direct": direct, "slow": slow,
                                               "asyncio_rate_rps": rate, "memory": mem}))
     finally:
         shutil.rmtree(d, ignore_errors=True)

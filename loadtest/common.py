@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.request
 
 
 def wait_file(path, timeout=20):
@@ -14,6 +15,16 @@ def wait_file(path, timeout=20):
         if time.monotonic() > deadline:
             raise RuntimeError(f"{path} did not appear")
         time.sleep(0.01)
+
+
+def metric(admin, name):
+    """A counter or gauge without labels from thaw's /metrics at admin
+    ("host:port"); NaN when absent."""
+    with urllib.request.urlopen(f"http://{admin}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return float("nan")
 
 
 def rss_kib(pid):
