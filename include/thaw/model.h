@@ -183,7 +183,7 @@ void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reaso
 
 /* Least-loaded ready endpoint with a free slot, skipping ejected ones (unless
  * all are ejected and the replicas are fixed), those that would need a new
- * connection while UPSTREAM_MAX_UNCONFIRMED of theirs are unanswered, and
+ * connection while their accept window of new connections is full, and
  * woken ones whose first request is still alone (head_start_until_ms). NULL
  * when none can take it. */
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);

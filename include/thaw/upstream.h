@@ -48,10 +48,19 @@ struct endpoint {
     uint64_t connect_failures;
     struct list_node idle; /* pooled upstream connections */
     uint32_t n_idle;
-    /* New connections that have not yet had a byte back: the replica may not
-     * have accepted them. At UPSTREAM_MAX_UNCONFIRMED, requests wait for a
-     * pooled connection or for one of these to answer (see model_pick_endpoint). */
+    /* New connections the replica may not have accepted yet (connecting, or
+     * established with no answer and not vouched for). At accept_window,
+     * requests wait for a pooled connection or for one of these to be
+     * accepted (see model_pick_endpoint). The window starts at
+     * UPSTREAM_MAX_UNCONFIRMED; a connect that stalls (its SYN dropped: the
+     * accept queue was full) shrinks it to what got in, and each acceptance
+     * seen grows it by one again, up to the start. */
     uint32_t unconfirmed;
+    uint32_t connecting; /* of those, connects not completed */
+    uint32_t accept_window;
+    uint64_t window_shrunk_ms; /* last shrink: once per UPSTREAM_CONNECT_STALL_MS */
+    bool one_queue; /* one accept queue behind the address (a replica, not a
+                       load-balanced address): acceptance is inferred in order */
     /* Of those, the ones established (the handshake done), in that order
      * (struct upstream's accept_node). A replica takes connections from its
      * accept queue first in, first out: an answer on one of them, or on an
@@ -60,6 +69,8 @@ struct endpoint {
      * check_path, sent when the unconfirmed reach the cap, so that requests
      * that take long to answer do not hold the next ones back. */
     struct list_node accepting;
+    struct list_node stalled; /* connects to make again when the window has room */
+    uint32_t reissued;        /* connects made again, not completed yet */
     uint64_t established; /* connections established here so far: their order */
     struct control check;
     struct upstream_ctx *check_ctx; /* set once a check has run (check is initialised) */
@@ -82,6 +93,13 @@ struct endpoint {
  * so a thousand requests released onto a replica that just woke do not
  * overflow it (a dropped SYN costs a second). */
 #define UPSTREAM_MAX_UNCONFIRMED 64
+
+/* A connect not completed after this long had its SYN dropped, as a rule
+ * (a full accept queue; a handshake within a cluster takes a millisecond):
+ * it is made again at once when the window has room, rather than after the
+ * kernel's retransmission a second later (then 3, 7, 15 s). */
+#define UPSTREAM_CONNECT_STALL_MS 30
+#define UPSTREAM_ACCEPT_WINDOW_MIN 2
 
 /* How long an accept check waits for its answer: a replica slow to accept
  * answers it late, and the connections it vouches for wait as long. */
@@ -200,8 +218,11 @@ struct upstream {
     bool client_failed; /* a write to the client failed while decoding */
     bool head_pending;  /* resp_head not yet written */
     bool unconfirmed;   /* new, and nothing received on it yet (ep->unconfirmed) */
-    struct list_node accept_node; /* in ep->accepting: established and unconfirmed */
+    struct list_node accept_node; /* in ep->accepting (established, unconfirmed) or
+                                     ep->stalled (connecting) */
+    bool reissued;                /* its connect was made again (ep->reissued) */
     uint64_t established_seq;     /* its place in ep->established's order */
+    uint64_t connect_deadline_ms; /* connecting: when it fails (connect_timeout_ms) */
     bool stream_error;  /* an error status into a heartbeat stream: body kept in err_body */
     struct buf err_body;
 };

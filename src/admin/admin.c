@@ -337,6 +337,11 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
                    "Health requests on connections of their own, sent to learn whether a replica "
                    "has accepted new connections that have not answered yet.",
                    sm->upstream_accept_checks);
+    metrics_single(o, "thaw_upstream_connect_stalls_total", "counter",
+                   "Connects to replicas made again after 30 ms without an answer to their SYN "
+                   "(a full accept queue drops it); each shrinks how many new connections the "
+                   "replica gets at once.",
+                   sm->upstream_connect_stalls);
     metrics_single(o, "thaw_admin_connections", "gauge",
                    "Open connections on the admin port.",
                    adm->rt->n_admin_conns);

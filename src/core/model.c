@@ -144,6 +144,7 @@ int fleet_replica_ready_with(struct fleet *f, struct model *m, const char *id, c
     ep->model_name = m->name;
     ep->share = share;
     snprintf(ep->check_path, sizeof ep->check_path, "%s", m->set.health_path);
+    ep->one_queue = !m->fixed_replicas; /* a configured address may be a load balancer's */
     if (m->n_endpoints == m->cap_endpoints) {
         size_t ncap = m->cap_endpoints ? m->cap_endpoints * 2 : 4;
         struct endpoint **ne = realloc(m->endpoints, ncap * sizeof *ne);
@@ -262,7 +263,7 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
         if (ep->inflight >= endpoint_slots(m, ep)) {
             continue;
         }
-        if (ep->n_idle == 0 && ep->unconfirmed >= UPSTREAM_MAX_UNCONFIRMED) {
+        if (ep->n_idle == 0 && ep->unconfirmed >= ep->accept_window) {
             continue; /* it has not accepted the connections it has yet */
         }
         if (ep->inflight > 0 && ep->head_start_until_ms > now_ms) {

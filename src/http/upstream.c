@@ -41,6 +41,7 @@ static void on_write(evutil_socket_t fd, short what, void *arg);
 static void on_timer(evutil_socket_t fd, short what, void *arg);
 static void on_body(void *ud, const char *data, size_t len);
 static void established(struct upstream *u);
+static void arm_connect_timer(struct upstream *u, uint64_t now);
 
 struct endpoint *endpoint_new(const char *id, const char *addr)
 {
@@ -63,6 +64,8 @@ struct endpoint *endpoint_new(const char *id, const char *addr)
     snprintf(ep->check_path, sizeof ep->check_path, "/health");
     list_init(&ep->idle);
     list_init(&ep->accepting);
+    list_init(&ep->stalled);
+    ep->accept_window = UPSTREAM_MAX_UNCONFIRMED;
     ep->refs = 1;
     return ep;
 }
@@ -112,6 +115,19 @@ static void disarm(struct upstream *u)
     u->deadline_ms = u->timer_at_ms = 0;
 }
 
+/* u's connect completed or was given up. */
+static void connect_done(struct upstream *u)
+{
+    u->ep->connecting--;
+    if (u->reissued) {
+        u->reissued = false;
+        u->ep->reissued--;
+    }
+    if (list_linked(&u->accept_node)) {
+        list_remove(&u->accept_node); /* ep->stalled */
+    }
+}
+
 /* u no longer counts as a connection the replica may not have accepted. */
 static void settle(struct upstream *u)
 {
@@ -128,6 +144,9 @@ static void destroy(struct upstream *u)
         return;
     }
     u->dead = true;
+    if (u->state == UP_CONNECTING) {
+        connect_done(u);
+    }
     if (u->unconfirmed) {
         settle(u);
     }
@@ -524,6 +543,9 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         u->state = rc == 0 ? UP_SENDING : UP_CONNECTING;
         if (rc == 0) {
             established(u);
+        } else {
+            ep->connecting++;
+            u->connect_deadline_ms = clock_now_ms() + r->connect_timeout_ms;
         }
     }
     u->req = r;
@@ -542,7 +564,7 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
     u->parser.ud = u;
     if (u->state == UP_CONNECTING) {
         event_add(&u->wev, NULL);
-        arm_ms(u, r->connect_timeout_ms);
+        arm_connect_timer(u, clock_now_ms());
         return;
     }
     if (!u->reused) {
@@ -590,20 +612,42 @@ void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
     arm_ms(u, ctx->keepalive_timeout_ms);
 }
 
-/* The replica has accepted every connection established here up to seq
- * (the seq-th included). When that frees a place under
- * UPSTREAM_MAX_UNCONFIRMED, waiting requests may go. */
-static void accepted_upto(struct upstream_ctx *ctx, struct endpoint *ep, uint64_t seq)
+static void reconnect(struct upstream *u);
+
+/* Stalled connects the window has room for now. */
+static bool window_has_room(const struct endpoint *ep, const struct upstream *u)
 {
-    bool was_full = ep->unconfirmed >= UPSTREAM_MAX_UNCONFIRMED;
-    while (!list_empty(&ep->accepting)) {
-        struct upstream *u = container_of(list_first(&ep->accepting), struct upstream, accept_node);
-        if (u->established_seq > seq) {
-            break;
-        }
+    uint32_t in_queue = ep->unconfirmed - ep->connecting;
+    uint32_t again = ep->reissued - (u && u->reissued ? 1 : 0);
+    return in_queue + again < ep->accept_window;
+}
+
+/* The replica accepted u, and, when the address has one accept queue
+ * (first in, first out), every connection established here before it up to
+ * seq. Each acceptance seen while the window is full grows it by one (up
+ * to where it started); stalled connects it has room for are made again, and when a
+ * place opens under the window waiting requests may go. */
+static void accepted_upto(struct upstream_ctx *ctx, struct endpoint *ep, struct upstream *u,
+                          uint64_t seq)
+{
+    bool was_full = ep->unconfirmed >= ep->accept_window;
+    if (u) {
         settle(u);
     }
-    if (was_full && ep->unconfirmed < UPSTREAM_MAX_UNCONFIRMED && ep->model) {
+    while (ep->one_queue && !list_empty(&ep->accepting)) {
+        struct upstream *x = container_of(list_first(&ep->accepting), struct upstream, accept_node);
+        if (x->established_seq > seq) {
+            break;
+        }
+        settle(x);
+    }
+    if (was_full && ep->accept_window < UPSTREAM_MAX_UNCONFIRMED) {
+        ep->accept_window++; /* grown only while it is what holds requests back */
+    }
+    while (!list_empty(&ep->stalled) && window_has_room(ep, NULL)) {
+        reconnect(container_of(list_first(&ep->stalled), struct upstream, accept_node));
+    }
+    if (was_full && ep->unconfirmed < ep->accept_window && ep->model) {
         ctx->handler->capacity(ctx->ud, ep->model);
     }
 }
@@ -619,7 +663,7 @@ static void on_check_done(struct control *c, int status, void *ud)
     if (status > 0) {
         /* Any answer: the replica accepted the check's connection, and
          * those established before it. */
-        accepted_upto(ctx, ep, ep->check_upto);
+        accepted_upto(ctx, ep, NULL, ep->check_upto);
         check_accepts(ctx, ep);
     }
     endpoint_unref(ep);
@@ -630,8 +674,11 @@ static void on_check_done(struct control *c, int status, void *ud)
  * seconds to answer), rather than holding the next requests until then. */
 static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
 {
-    if (ep->unconfirmed < UPSTREAM_MAX_UNCONFIRMED || list_empty(&ep->accepting) ||
-        !ep->model || (ep->check_ctx && control_running(&ep->check))) {
+    /* Once the connects under way have completed (a check opened before
+     * them would vouch for few), or while some are stalled. */
+    if (!ep->one_queue || ep->unconfirmed < ep->accept_window || list_empty(&ep->accepting) ||
+        (ep->connecting > 0 && list_empty(&ep->stalled)) || !ep->model ||
+        (ep->check_ctx && control_running(&ep->check))) {
         return;
     }
     if (!ep->check_ctx) {
@@ -643,6 +690,77 @@ static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
                      UPSTREAM_ACCEPT_CHECK_TIMEOUT_MS, on_check_done, ep) == 0) {
         ctx->metrics->upstream_accept_checks++;
     }
+}
+
+/* A connecting upstream's timer: the stall check, or its connect timeout
+ * when that comes first. */
+static void arm_connect_timer(struct upstream *u, uint64_t now)
+{
+    uint64_t left = u->connect_deadline_ms > now ? u->connect_deadline_ms - now : 0;
+    arm_ms(u, left < UPSTREAM_CONNECT_STALL_MS ? left : UPSTREAM_CONNECT_STALL_MS);
+}
+
+/* Makes u's connect again on a new socket (the one that stalled is closed:
+ * the kernel would send its SYN again only a second later). The request
+ * stays with it; on_write sees the new connect through. */
+static void reconnect(struct upstream *u)
+{
+    struct endpoint *ep = u->ep;
+    struct upstream_ctx *ctx = u->ctx;
+    if (list_linked(&u->accept_node)) {
+        list_remove(&u->accept_node);
+    }
+    if (!u->reissued) {
+        u->reissued = true;
+        ep->reissued++;
+    }
+    ctx->metrics->upstream_connect_stalls++;
+    event_del(&u->wev);
+    close(u->fd);
+    u->fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (u->fd < 0) {
+        connect_failed(u, errno);
+        return;
+    }
+    int one = 1;
+    setsockopt(u->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    event_assign(&u->rev, ctx->base, u->fd, conn_read_events(ctx->base), on_read, u);
+    event_assign(&u->wev, ctx->base, u->fd, conn_write_events(ctx->base), on_write, u);
+    if (connect(u->fd, (struct sockaddr *)&ep->addr, ep->addrlen) < 0 && errno != EINPROGRESS) {
+        connect_failed(u, errno);
+        return;
+    }
+    event_add(&u->wev, NULL);
+}
+
+/* u's connect has had no answer for UPSTREAM_CONNECT_STALL_MS: its SYN was
+ * dropped, as a rule, the replica's accept queue being full. The window
+ * shrinks to the connections that got into the queue (once per stall
+ * period: the connects that stalled together count once), and u is made
+ * again now if the window has room, else when an acceptance makes room. */
+static void connect_stalled(struct upstream *u, uint64_t now)
+{
+    struct endpoint *ep = u->ep;
+    uint32_t in_queue = ep->unconfirmed - ep->connecting;
+    if (now - ep->window_shrunk_ms >= UPSTREAM_CONNECT_STALL_MS) {
+        uint32_t w = in_queue > UPSTREAM_ACCEPT_WINDOW_MIN ? in_queue : UPSTREAM_ACCEPT_WINDOW_MIN;
+        if (w < ep->accept_window) {
+            LOGD("replica's accept queue full: fewer new connections at once",
+                 "model=%s endpoint=%s window=%u", owner_name(ep), ep->addr_text, w);
+            ep->accept_window = w;
+            ep->window_shrunk_ms = now;
+        }
+    }
+    if (window_has_room(ep, u)) {
+        reconnect(u);
+        if (u->dead) {
+            return;
+        }
+    } else if (!list_linked(&u->accept_node)) {
+        list_push_back(&ep->stalled, &u->accept_node);
+    }
+    arm_connect_timer(u, now);
+    check_accepts(u->ctx, ep);
 }
 
 /* u's connect completed: it is in the replica's accept queue, behind those
@@ -953,7 +1071,7 @@ static bool take_bytes(struct upstream *u, const char *data, size_t n)
     }
     u->got_bytes = true;
     if (u->unconfirmed) {
-        accepted_upto(u->ctx, u->ep, u->established_seq);
+        accepted_upto(u->ctx, u->ep, u, u->established_seq);
     }
     if (u->ep->head_start_until_ms && u->ep->model) {
         /* The woken replica answered its first request: the rest may go. */
@@ -1018,6 +1136,7 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
             leave(u);
             return;
         }
+        connect_done(u);
         u->state = UP_SENDING;
         event_add(&u->rev, NULL);
         established(u);
@@ -1045,7 +1164,11 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         destroy(u);
         break;
     case UP_CONNECTING:
-        connect_failed(u, ETIMEDOUT);
+        if (now >= u->connect_deadline_ms) {
+            connect_failed(u, ETIMEDOUT);
+        } else {
+            connect_stalled(u, now);
+        }
         break;
     case UP_SENDING:
     case UP_WAITING:

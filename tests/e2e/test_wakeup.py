@@ -7,6 +7,7 @@ only once loaded, or answers 503 while loading.
 
 import json
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -121,4 +122,28 @@ def test_requests_slow_to_answer_do_not_hold_the_next_ones_back(thaw_factory):
     assert st["max_inflight"] >= n - 5, st
     assert t.metric("thaw_upstream_accept_checks_total") >= 1
     assert listen_overflows() - before == 0
+    t.assert_reconciled()
+
+
+def test_a_server_with_a_tiny_listen_backlog_gets_a_burst_without_long_waits(thaw_factory):
+    """cpp-httplib, under llama.cpp's server, listens with a backlog of 5 by
+    default: a burst of new connections overflows it and the kernel drops
+    the SYNs past it, which a client sends again only 1, 3, 7, 15... s
+    later. thaw makes a connect that stalls again itself within
+    milliseconds, and opens fewer at once to that replica from then on: 64
+    requests held while the model loads are all answered within seconds
+    (on the code before, some waited a minute or more)."""
+    n = 64
+    t = thaw_factory({
+        "limits": {"max_connections": n + 50, "max_queue_per_model": n + 50,
+                   "max_queue_total": n + 50},
+        "models": [counterpart_model(
+            "asyncio_server.py", "llama", "--load-seconds", "0.5", "--backlog", "5",
+            "--accept-delay-ms", "1", max_concurrency=n, queue_timeout_ms=60000)]})
+    started = time.monotonic()
+    statuses = burst(t, n, timeout=30)
+    took = time.monotonic() - started
+    assert statuses.count(200) == n, [s for s in statuses if s != 200][:5]
+    assert took < 10, took
+    assert t.metric("thaw_upstream_connect_stalls_total") >= 1
     t.assert_reconciled()
