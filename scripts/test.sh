@@ -11,7 +11,11 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 # End-to-end tests spend most of their time waiting on thaw's timers and on
 # simulated cold starts, so three run at once (each on its own ports and
 # processes); THAW_TEST_JOBS=0 runs them one by one.
+# Tests marked with an xdist_group run on one worker, one after another.
 JOBS=(-n "${THAW_TEST_JOBS:-3}")
+if [ "${THAW_TEST_JOBS:-3}" != 0 ]; then
+    JOBS+=(--dist loadgroup)
+fi
 
 status=0
 step() { echo; echo "=== $*"; }

@@ -59,6 +59,10 @@ struct endpoint {
     uint32_t connecting; /* of those, connects not completed */
     uint32_t accept_window;
     uint64_t window_shrunk_ms; /* last shrink: once per UPSTREAM_CONNECT_STALL_MS */
+    /* The last connect here that completed within UPSTREAM_CONNECT_FAST_MS:
+     * a connect pending for a stall period after it started is taken as
+     * dropped only then (the path is fast; a slow one never stalls). */
+    uint64_t last_fast_connect_ms;
     bool one_queue; /* one accept queue behind the address (a replica, not a
                        load-balanced address): acceptance is inferred in order */
     /* Of those, the ones established (the handshake done), in that order
@@ -94,11 +98,14 @@ struct endpoint {
  * overflow it (a dropped SYN costs a second). */
 #define UPSTREAM_MAX_UNCONFIRMED 64
 
-/* A connect not completed after this long had its SYN dropped, as a rule
- * (a full accept queue; a handshake within a cluster takes a millisecond):
- * it is made again at once when the window has room, rather than after the
- * kernel's retransmission a second later (then 3, 7, 15 s). */
+/* A connect not completed after this long, while another to the same
+ * replica has completed within UPSTREAM_CONNECT_FAST_MS since it was first
+ * made, had its SYN dropped (a full accept queue): it is made again at once when the
+ * window has room, rather than by the kernel a second later (then 3, 7,
+ * 15 s). Where no connect completes that fast (a distant replica), none is
+ * taken as stalled. */
 #define UPSTREAM_CONNECT_STALL_MS 30
+#define UPSTREAM_CONNECT_FAST_MS 10
 #define UPSTREAM_ACCEPT_WINDOW_MIN 2
 
 /* How long an accept check waits for its answer: a replica slow to accept
@@ -220,7 +227,11 @@ struct upstream {
     bool unconfirmed;   /* new, and nothing received on it yet (ep->unconfirmed) */
     struct list_node accept_node; /* in ep->accepting (established, unconfirmed) or
                                      ep->stalled (connecting) */
-    bool reissued;                /* its connect was made again (ep->reissued) */
+    bool connecting;              /* counted in ep->connecting */
+    bool reissued;                /* its connect was made again, within a stall period
+                                     (ep->reissued) */
+    uint64_t connect_started_ms;  /* its connect, or the last one made again */
+    uint64_t first_connect_ms;    /* its first: a fast connect after it shows the path fast */
     uint64_t established_seq;     /* its place in ep->established's order */
     uint64_t connect_deadline_ms; /* connecting: when it fails (connect_timeout_ms) */
     bool stream_error;  /* an error status into a heartbeat stream: body kept in err_body */

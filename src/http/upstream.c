@@ -118,6 +118,7 @@ static void disarm(struct upstream *u)
 /* u's connect completed or was given up. */
 static void connect_done(struct upstream *u)
 {
+    u->connecting = false;
     u->ep->connecting--;
     if (u->reissued) {
         u->reissued = false;
@@ -144,7 +145,7 @@ static void destroy(struct upstream *u)
         return;
     }
     u->dead = true;
-    if (u->state == UP_CONNECTING) {
+    if (u->connecting) {
         connect_done(u);
     }
     if (u->unconfirmed) {
@@ -544,8 +545,10 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         if (rc == 0) {
             established(u);
         } else {
+            u->connecting = true;
             ep->connecting++;
-            u->connect_deadline_ms = clock_now_ms() + r->connect_timeout_ms;
+            u->connect_started_ms = u->first_connect_ms = clock_now_ms();
+            u->connect_deadline_ms = u->connect_started_ms + r->connect_timeout_ms;
         }
     }
     u->req = r;
@@ -707,6 +710,10 @@ static void reconnect(struct upstream *u)
 {
     struct endpoint *ep = u->ep;
     struct upstream_ctx *ctx = u->ctx;
+    int fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return; /* thaw's own limit: the connect under way goes on */
+    }
     if (list_linked(&u->accept_node)) {
         list_remove(&u->accept_node);
     }
@@ -717,20 +724,18 @@ static void reconnect(struct upstream *u)
     ctx->metrics->upstream_connect_stalls++;
     event_del(&u->wev);
     close(u->fd);
-    u->fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (u->fd < 0) {
-        connect_failed(u, errno);
-        return;
-    }
+    u->fd = fd;
     int one = 1;
     setsockopt(u->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     event_assign(&u->rev, ctx->base, u->fd, conn_read_events(ctx->base), on_read, u);
     event_assign(&u->wev, ctx->base, u->fd, conn_write_events(ctx->base), on_write, u);
+    u->connect_started_ms = clock_now_ms();
     if (connect(u->fd, (struct sockaddr *)&ep->addr, ep->addrlen) < 0 && errno != EINPROGRESS) {
         connect_failed(u, errno);
         return;
     }
     event_add(&u->wev, NULL);
+    arm_connect_timer(u, u->connect_started_ms);
 }
 
 /* u's connect has had no answer for UPSTREAM_CONNECT_STALL_MS: its SYN was
@@ -742,6 +747,10 @@ static void connect_stalled(struct upstream *u, uint64_t now)
 {
     struct endpoint *ep = u->ep;
     uint32_t in_queue = ep->unconfirmed - ep->connecting;
+    if (u->reissued) {
+        u->reissued = false; /* made again and lost again: no longer under way */
+        ep->reissued--;
+    }
     if (now - ep->window_shrunk_ms >= UPSTREAM_CONNECT_STALL_MS) {
         uint32_t w = in_queue > UPSTREAM_ACCEPT_WINDOW_MIN ? in_queue : UPSTREAM_ACCEPT_WINDOW_MIN;
         if (w < ep->accept_window) {
@@ -1136,9 +1145,14 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
             leave(u);
             return;
         }
+        uint64_t now = clock_now_ms();
+        if (now - u->connect_started_ms < UPSTREAM_CONNECT_FAST_MS) {
+            u->ep->last_fast_connect_ms = now;
+        }
         connect_done(u);
         u->state = UP_SENDING;
         event_add(&u->rev, NULL);
+        arm_ms(u, u->req->first_byte_timeout_ms); /* the stall timer fires early, as a rule */
         established(u);
     }
     if (u->state == UP_SENDING) {
@@ -1166,8 +1180,10 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     case UP_CONNECTING:
         if (now >= u->connect_deadline_ms) {
             connect_failed(u, ETIMEDOUT);
+        } else if (u->ep->last_fast_connect_ms >= u->first_connect_ms) {
+            connect_stalled(u, now); /* others got through quickly meanwhile */
         } else {
-            connect_stalled(u, now);
+            arm_connect_timer(u, now); /* a slow path, or nothing to tell */
         }
         break;
     case UP_SENDING:

@@ -81,6 +81,12 @@ def test_first_request_goes_out_on_the_probes_connection(thaw_factory, mode):
     t.assert_reconciled()
 
 
+# The kernel counts listen-queue overflows for the whole machine: the tests
+# that cause them and those that assert none run one after the other.
+overflow_group = pytest.mark.xdist_group("listen_overflows")
+
+
+@overflow_group
 def test_a_burst_released_on_wake_does_not_overflow_the_servers_backlog(thaw_factory):
     """300 requests held while a model loads are released when it wakes. The
     server (asyncio, accepting one connection at a time, a 100-connection
@@ -100,6 +106,7 @@ def test_a_burst_released_on_wake_does_not_overflow_the_servers_backlog(thaw_fac
     t.assert_reconciled()
 
 
+@overflow_group
 def test_requests_slow_to_answer_do_not_hold_the_next_ones_back(thaw_factory):
     """200 requests held while a model loads, each answered 1.5 s after it
     arrives (a non-streaming completion): all 200 must reach the server at
@@ -125,6 +132,7 @@ def test_requests_slow_to_answer_do_not_hold_the_next_ones_back(thaw_factory):
     t.assert_reconciled()
 
 
+@overflow_group
 def test_a_server_with_a_tiny_listen_backlog_gets_a_burst_without_long_waits(thaw_factory):
     """cpp-httplib, under llama.cpp's server, listens with a backlog of 5 by
     default: a burst of new connections overflows it and the kernel drops

@@ -704,6 +704,61 @@ static void test_pooled_connection_closing_under_a_request_is_sent_again(void **
     assert_int_equal(loopnet_count(&e->client, "HTTP/1.1 200 OK"), 2);
 }
 
+/* The replica's accept queue holds one connection, and one waits in it:
+ * the next SYN is dropped (the kernel sends it again only a second later). */
+static int fill_the_accept_queue(struct env *e)
+{
+    assert_int_equal(listen(e->replica_lfd, 0), 0);
+    int filler = loopnet_connect(e->replica_port, 0);
+    assert_true(filler >= 0);
+    return filler;
+}
+
+static void test_a_stalled_connect_is_left_alone_without_a_fast_one_beside_it(void **state)
+{
+    struct env *e = *state;
+    int filler = fill_the_accept_queue(e);
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    /* Nothing says the path is fast (a distant replica's handshake may take
+     * longer than a stall period): the connect is not made again. */
+    RUN_FOR(120);
+    assert_int_equal(e->metrics.upstream_connect_stalls, 0);
+    assert_int_equal(e->ep->accept_window, UPSTREAM_MAX_UNCONFIRMED);
+    upstream_cancel(fr->up.up);
+    assert_int_equal(e->ep->connecting, 0);
+    assert_int_equal(e->ep->unconfirmed, 0);
+    close(filler);
+}
+
+static void test_a_stalled_connect_is_made_again_once_the_queue_has_room(void **state)
+{
+    struct env *e = *state;
+    int filler = fill_the_accept_queue(e);
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    uint64_t t0 = clock_now_ms();
+    dispatch(e, fr, simple_get_up);
+    e->ep->last_fast_connect_ms = clock_now_ms(); /* another connect got through at once */
+    assert_true(RUN_UNTIL(e->metrics.upstream_connect_stalls >= 1));
+    assert_true(e->ep->accept_window < UPSTREAM_MAX_UNCONFIRMED);
+    /* The replica takes the connection that filled its queue: room. */
+    int fd = loopnet_accept(e->replica_lfd, NULL);
+    assert_true(fd >= 0);
+    close(fd);
+    close(filler);
+    RUN_FOR(80);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    assert_true(loopnet_send_str(e->replica.fd, ok_response));
+    assert_true(RUN_UNTIL(fk.dones == 1));
+    assert_true(clock_now_ms() - t0 < 800); /* not the kernel's second */
+    assert_int_equal(fk.fails + fk.retries, 0);
+    assert_int_equal(e->ep->connecting, 0);
+    assert_int_equal(e->ep->reissued, 0);
+}
+
 static void test_unsolicited_101_fails_with_502(void **state)
 {
     struct env *e = *state;
@@ -1045,6 +1100,10 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_pooled_connection_closing_under_a_request_is_sent_again, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_stalled_connect_is_left_alone_without_a_fast_one_beside_it, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_stalled_connect_is_made_again_once_the_queue_has_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsolicited_101_fails_with_502, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interim_100_is_skipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_cancels_the_upstream, setup, teardown),
