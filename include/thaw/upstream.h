@@ -59,10 +59,12 @@ struct endpoint {
     uint32_t connecting; /* of those, connects not completed */
     uint32_t accept_window;
     uint64_t window_shrunk_ms; /* last shrink: once per UPSTREAM_CONNECT_STALL_MS */
-    /* The last connect here that completed within UPSTREAM_CONNECT_FAST_MS:
-     * a connect pending for a stall period after it started is taken as
-     * dropped only then (the path is fast; a slow one never stalls). */
-    uint64_t last_fast_connect_ms;
+    /* When a handshake here last took under UPSTREAM_CONNECT_FAST_MS (the
+     * kernel's round-trip time of the connection, TCP_INFO): a connect
+     * pending for a stall period is taken as dropped only while the path is
+     * known fast (within UPSTREAM_FAST_PATH_KNOWN_MS); a slow one never
+     * stalls. 0: never. */
+    uint64_t fast_handshake_ms;
     bool one_queue; /* one accept queue behind the address (a replica, not a
                        load-balanced address): acceptance is inferred in order */
     /* Of those, the ones established (the handshake done), in that order
@@ -98,14 +100,15 @@ struct endpoint {
  * overflow it (a dropped SYN costs a second). */
 #define UPSTREAM_MAX_UNCONFIRMED 64
 
-/* A connect not completed after this long, while another to the same
- * replica has completed within UPSTREAM_CONNECT_FAST_MS since it was first
- * made, had its SYN dropped (a full accept queue): it is made again at once when the
- * window has room, rather than by the kernel a second later (then 3, 7,
- * 15 s). Where no connect completes that fast (a distant replica), none is
- * taken as stalled. */
+/* A connect not completed after this long, to a replica whose handshakes
+ * take under UPSTREAM_CONNECT_FAST_MS, had its SYN dropped (a full accept
+ * queue): it is made again at once when the window has room, rather than by
+ * the kernel a second later (then 3, 7, 15 s). Where no handshake is known
+ * to be that fast (a distant replica, or none completed yet), none is taken
+ * as stalled. */
 #define UPSTREAM_CONNECT_STALL_MS 30
 #define UPSTREAM_CONNECT_FAST_MS 10
+#define UPSTREAM_FAST_PATH_KNOWN_MS 60000
 #define UPSTREAM_ACCEPT_WINDOW_MIN 2
 
 /* How long an accept check waits for its answer: a replica slow to accept
@@ -231,7 +234,6 @@ struct upstream {
     bool reissued;                /* its connect was made again, within a stall period
                                      (ep->reissued) */
     uint64_t connect_started_ms;  /* its connect, or the last one made again */
-    uint64_t first_connect_ms;    /* its first: a fast connect after it shows the path fast */
     uint64_t established_seq;     /* its place in ep->established's order */
     uint64_t connect_deadline_ms; /* connecting: when it fails (connect_timeout_ms) */
     bool stream_error;  /* an error status into a heartbeat stream: body kept in err_body */

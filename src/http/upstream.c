@@ -547,7 +547,7 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         } else {
             u->connecting = true;
             ep->connecting++;
-            u->connect_started_ms = u->first_connect_ms = clock_now_ms();
+            u->connect_started_ms = clock_now_ms();
             u->connect_deadline_ms = u->connect_started_ms + r->connect_timeout_ms;
         }
     }
@@ -615,7 +615,7 @@ void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
     arm_ms(u, ctx->keepalive_timeout_ms);
 }
 
-static void reconnect(struct upstream *u);
+static bool reconnect(struct upstream *u);
 
 /* Stalled connects the window has room for now. */
 static bool window_has_room(const struct endpoint *ep, const struct upstream *u)
@@ -648,7 +648,9 @@ static void accepted_upto(struct upstream_ctx *ctx, struct endpoint *ep, struct 
         ep->accept_window++; /* grown only while it is what holds requests back */
     }
     while (!list_empty(&ep->stalled) && window_has_room(ep, NULL)) {
-        reconnect(container_of(list_first(&ep->stalled), struct upstream, accept_node));
+        if (!reconnect(container_of(list_first(&ep->stalled), struct upstream, accept_node))) {
+            break; /* thaw's own limits: the next acceptance tries again */
+        }
     }
     if (was_full && ep->unconfirmed < ep->accept_window && ep->model) {
         ctx->handler->capacity(ctx->ud, ep->model);
@@ -705,14 +707,27 @@ static void arm_connect_timer(struct upstream *u, uint64_t now)
 
 /* Makes u's connect again on a new socket (the one that stalled is closed:
  * the kernel would send its SYN again only a second later). The request
- * stays with it; on_write sees the new connect through. */
-static void reconnect(struct upstream *u)
+ * stays with it; on_write sees the new connect through. false: thaw could
+ * not open one (its own limits: descriptors, local ports), and the connect
+ * under way goes on as it was. */
+static bool reconnect(struct upstream *u)
 {
     struct endpoint *ep = u->ep;
     struct upstream_ctx *ctx = u->ctx;
     int fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        return; /* thaw's own limit: the connect under way goes on */
+        return false;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(fd, (struct sockaddr *)&ep->addr, ep->addrlen) < 0 && errno != EINPROGRESS) {
+        int err = errno;
+        close(fd);
+        if (err == EADDRNOTAVAIL || err == EAGAIN || err == ENOBUFS || err == ENOMEM) {
+            return false;
+        }
+        connect_failed(u, err);
+        return true;
     }
     if (list_linked(&u->accept_node)) {
         list_remove(&u->accept_node);
@@ -725,17 +740,25 @@ static void reconnect(struct upstream *u)
     event_del(&u->wev);
     close(u->fd);
     u->fd = fd;
-    int one = 1;
-    setsockopt(u->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     event_assign(&u->rev, ctx->base, u->fd, conn_read_events(ctx->base), on_read, u);
     event_assign(&u->wev, ctx->base, u->fd, conn_write_events(ctx->base), on_write, u);
-    u->connect_started_ms = clock_now_ms();
-    if (connect(u->fd, (struct sockaddr *)&ep->addr, ep->addrlen) < 0 && errno != EINPROGRESS) {
-        connect_failed(u, errno);
-        return;
-    }
     event_add(&u->wev, NULL);
+    u->connect_started_ms = clock_now_ms();
     arm_connect_timer(u, u->connect_started_ms);
+    return true;
+}
+
+/* A completed handshake's round-trip time, as the kernel measured it (the
+ * loop's own delays left out): a fast one makes the replica's path known
+ * fast, for the stall rule. */
+static void note_handshake(struct upstream *u)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (getsockopt(u->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+        ti.tcpi_rtt < UPSTREAM_CONNECT_FAST_MS * 1000u) {
+        u->ep->fast_handshake_ms = clock_now_ms();
+    }
 }
 
 /* u's connect has had no answer for UPSTREAM_CONNECT_STALL_MS: its SYN was
@@ -760,13 +783,12 @@ static void connect_stalled(struct upstream *u, uint64_t now)
             ep->window_shrunk_ms = now;
         }
     }
-    if (window_has_room(ep, u)) {
-        reconnect(u);
-        if (u->dead) {
-            return;
+    if (!window_has_room(ep, u) || !reconnect(u)) {
+        if (!list_linked(&u->accept_node)) {
+            list_push_back(&ep->stalled, &u->accept_node);
         }
-    } else if (!list_linked(&u->accept_node)) {
-        list_push_back(&ep->stalled, &u->accept_node);
+    } else if (u->dead) {
+        return;
     }
     arm_connect_timer(u, now);
     check_accepts(u->ctx, ep);
@@ -1145,10 +1167,7 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
             leave(u);
             return;
         }
-        uint64_t now = clock_now_ms();
-        if (now - u->connect_started_ms < UPSTREAM_CONNECT_FAST_MS) {
-            u->ep->last_fast_connect_ms = now;
-        }
+        note_handshake(u);
         connect_done(u);
         u->state = UP_SENDING;
         event_add(&u->rev, NULL);
@@ -1180,8 +1199,9 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     case UP_CONNECTING:
         if (now >= u->connect_deadline_ms) {
             connect_failed(u, ETIMEDOUT);
-        } else if (u->ep->last_fast_connect_ms >= u->first_connect_ms) {
-            connect_stalled(u, now); /* others got through quickly meanwhile */
+        } else if (u->ep->fast_handshake_ms &&
+                   now - u->ep->fast_handshake_ms < UPSTREAM_FAST_PATH_KNOWN_MS) {
+            connect_stalled(u, now); /* a fast path: its SYN was dropped */
         } else {
             arm_connect_timer(u, now); /* a slow path, or nothing to tell */
         }

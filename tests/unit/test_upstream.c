@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "thaw/clock.h"
@@ -721,8 +722,8 @@ static void test_a_stalled_connect_is_left_alone_without_a_fast_one_beside_it(vo
     open_client(e);
     struct fake_req *fr = client_request(e, simple_get);
     dispatch(e, fr, simple_get_up);
-    /* Nothing says the path is fast (a distant replica's handshake may take
-     * longer than a stall period): the connect is not made again. */
+    /* No handshake here is known fast (a distant replica's may take longer
+     * than a stall period): the connect is not made again. */
     RUN_FOR(120);
     assert_int_equal(e->metrics.upstream_connect_stalls, 0);
     assert_int_equal(e->ep->accept_window, UPSTREAM_MAX_UNCONFIRMED);
@@ -740,7 +741,7 @@ static void test_a_stalled_connect_is_made_again_once_the_queue_has_room(void **
     struct fake_req *fr = client_request(e, simple_get);
     uint64_t t0 = clock_now_ms();
     dispatch(e, fr, simple_get_up);
-    e->ep->last_fast_connect_ms = clock_now_ms(); /* another connect got through at once */
+    e->ep->fast_handshake_ms = clock_now_ms(); /* the path is known fast */
     assert_true(RUN_UNTIL(e->metrics.upstream_connect_stalls >= 1));
     assert_true(e->ep->accept_window < UPSTREAM_MAX_UNCONFIRMED);
     /* The replica takes the connection that filled its queue: room. */
@@ -748,7 +749,7 @@ static void test_a_stalled_connect_is_made_again_once_the_queue_has_room(void **
     assert_true(fd >= 0);
     close(fd);
     close(filler);
-    RUN_FOR(80);
+    assert_true(RUN_UNTIL(e->ep->connecting == 0)); /* made again, into the room */
     replica_accept(e);
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
     assert_true(loopnet_send_str(e->replica.fd, ok_response));
@@ -757,6 +758,54 @@ static void test_a_stalled_connect_is_made_again_once_the_queue_has_room(void **
     assert_int_equal(fk.fails + fk.retries, 0);
     assert_int_equal(e->ep->connecting, 0);
     assert_int_equal(e->ep->reissued, 0);
+}
+
+/* One more client connection and its request (the env's own client has one
+ * in flight already). */
+static struct fake_req *another_client_request(struct env *e)
+{
+    int cfd = loopnet_connect(e->client_port, 0);
+    assert_true(cfd >= 0);
+    struct sockaddr_in peer;
+    int sfd = loopnet_accept(e->client_lfd, &peer);
+    assert_true(sfd >= 0);
+    assert_non_null(
+        conn_new(&e->net, sfd, &e->req_limits, &client_handler, e, (struct sockaddr *)&peer));
+    assert_true(loopnet_send_str(cfd, simple_get));
+    assert_true(RUN_UNTIL(fk.waiting != NULL));
+    struct fake_req *fr = fk.waiting;
+    fk.waiting = NULL;
+    return fr;
+}
+
+static void test_no_descriptor_for_a_stalled_connect_does_not_spin(void **state)
+{
+    struct env *e = *state;
+    assert_int_equal(listen(e->replica_lfd, 1), 0); /* the queue holds two */
+    open_client(e);
+    dispatch(e, client_request(e, simple_get), simple_get_up);
+    dispatch(e, another_client_request(e), simple_get_up);
+    assert_true(RUN_UNTIL(e->ep->connecting == 0 && e->ep->fast_handshake_ms != 0));
+    dispatch(e, another_client_request(e), simple_get_up); /* its SYN is dropped */
+    assert_true(RUN_UNTIL(!list_empty(&e->ep->stalled)));
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    /* No descriptor left to make the stalled connect again when the answer
+     * makes room: it waits on (before, the loop tried again forever). */
+    int lowest = dup(0);
+    close(lowest);
+    struct rlimit saved, low;
+    getrlimit(RLIMIT_NOFILE, &saved);
+    low = saved;
+    low.rlim_cur = (rlim_t)lowest;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    alarm(10); /* a spinning loop ends the test */
+    assert_true(loopnet_send_str(e->replica.fd, ok_response));
+    bool answered = RUN_UNTIL(fk.dones == 1);
+    alarm(0);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &saved), 0);
+    assert_true(answered);
+    assert_false(list_empty(&e->ep->stalled));
 }
 
 static void test_unsolicited_101_fails_with_502(void **state)
@@ -1104,6 +1153,8 @@ int main(void)
             test_a_stalled_connect_is_left_alone_without_a_fast_one_beside_it, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_a_stalled_connect_is_made_again_once_the_queue_has_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_descriptor_for_a_stalled_connect_does_not_spin,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsolicited_101_fails_with_502, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interim_100_is_skipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_cancels_the_upstream, setup, teardown),
