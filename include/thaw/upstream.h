@@ -5,7 +5,10 @@
  * Bodies pass through byte for byte (Content-Length and chunked alike);
  * close-delimited bodies are re-framed as chunked for HTTP/1.1 clients.
  * An upstream connection belongs to its endpoint's pool when idle and to
- * one request while busy; it holds a reference on its endpoint. */
+ * one request while busy; it holds a reference on its endpoint. A new one
+ * feeds its endpoint's accept window (endpoint.h): its connect, a connect
+ * that stalls and is made again, its first answer, and the accept checks
+ * sent from here. */
 #ifndef THAW_UPSTREAM_H
 #define THAW_UPSTREAM_H
 
@@ -18,7 +21,7 @@
 
 #include "thaw/buf.h"
 #include "thaw/conn.h"
-#include "thaw/control.h"
+#include "thaw/endpoint.h"
 #include "thaw/http.h"
 #include "thaw/list.h"
 #include "thaw/metrics.h"
@@ -26,100 +29,6 @@
 struct model; /* the owner of an endpoint: opaque here */
 struct upstream;
 struct upstream_ctx;
-
-/* A replica's address and connection pool. Its owner (a model) counts its
- * slots through the handler; upstream only holds references while it uses
- * the endpoint. Freed when the last reference is dropped. */
-struct endpoint {
-    struct model *model;    /* the owner; NULL once it let go */
-    const char *model_name; /* the owner's name, for logs; NULL once gone */
-    char *id;               /* the backend's name for the replica */
-    char addr_text[64];     /* "ip:port", for logs and status */
-    struct sockaddr_storage addr;
-    socklen_t addrlen;
-    uint32_t inflight;
-    /* Slots this activator may use here: its part of the model's
-     * max_concurrency when several activators share the replica (the others
-     * hold the rest). UINT32_MAX: all of them. */
-    uint32_t share;
-    uint32_t refs; /* in-flight requests + pooled connections + the owner's link */
-    uint64_t ejected_until_ms;
-    uint64_t requests;
-    uint64_t connect_failures;
-    struct list_node idle; /* pooled upstream connections */
-    uint32_t n_idle;
-    /* New connections the replica may not have accepted yet (connecting, or
-     * established with no answer and not vouched for). At accept_window,
-     * requests wait for a pooled connection or for one of these to be
-     * accepted (see model_pick_endpoint). The window starts at
-     * UPSTREAM_MAX_UNCONFIRMED; a connect that stalls (its SYN dropped: the
-     * accept queue was full) shrinks it to what got in, and each acceptance
-     * seen grows it by one again, up to the start. */
-    uint32_t unconfirmed;
-    uint32_t connecting; /* of those, connects not completed */
-    uint32_t accept_window;
-    uint64_t window_shrunk_ms; /* last shrink: once per UPSTREAM_CONNECT_STALL_MS */
-    /* When a handshake here last took under UPSTREAM_CONNECT_FAST_MS (the
-     * kernel's round-trip time of the connection, TCP_INFO): a connect
-     * pending for a stall period is taken as dropped only while the path is
-     * known fast (within UPSTREAM_FAST_PATH_KNOWN_MS); a slow one never
-     * stalls. 0: never. */
-    uint64_t fast_handshake_ms;
-    bool one_queue; /* one accept queue behind the address (a replica, not a
-                       load-balanced address): acceptance is inferred in order */
-    /* Of those, the ones established (the handshake done), in that order
-     * (struct upstream's accept_node). A replica takes connections from its
-     * accept queue first in, first out: an answer on one of them, or on an
-     * accept check opened after them, shows it accepted all established
-     * before. The check is a connection of its own carrying one GET of
-     * check_path, sent when the unconfirmed reach the cap, so that requests
-     * that take long to answer do not hold the next ones back. */
-    struct list_node accepting;
-    struct list_node stalled; /* connects to make again when the window has room */
-    uint32_t reissued;        /* connects made again, not completed yet */
-    uint64_t established; /* connections established here so far: their order */
-    struct control check;
-    struct upstream_ctx *check_ctx; /* set once a check has run (check is initialised) */
-    uint64_t check_upto;            /* the running check vouches for these */
-    char check_path[128];           /* the replica's health path */
-    /* A replica that just became ready gets its first request alone until
-     * it answers it, or until this time (0: no head start): a model server
-     * that meets a crowd of new connections at once sets them all up before
-     * it reads the first request (Python's asyncio does), which delays the
-     * request that waited longest by the whole crowd. */
-    uint64_t head_start_until_ms;
-};
-
-/* How long the first request to a woken replica goes alone at most: about
- * what a server takes to answer a small request, far below a cold start. */
-#define UPSTREAM_HEAD_START_MS 2
-
-/* New connections to one replica that may wait unanswered at once: fewer
- * than the accept backlog of common model servers (Python's asyncio: 100),
- * so a thousand requests released onto a replica that just woke do not
- * overflow it (a dropped SYN costs a second). */
-#define UPSTREAM_MAX_UNCONFIRMED 64
-
-/* A connect not completed after this long, to a replica whose handshakes
- * take under UPSTREAM_CONNECT_FAST_MS, had its SYN dropped (a full accept
- * queue): it is made again at once when the window has room, rather than by
- * the kernel a second later (then 3, 7, 15 s). Where no handshake is known
- * to be that fast (a distant replica, or none completed yet), none is taken
- * as stalled. */
-#define UPSTREAM_CONNECT_STALL_MS 30
-#define UPSTREAM_CONNECT_FAST_MS 10
-#define UPSTREAM_FAST_PATH_KNOWN_MS 60000
-#define UPSTREAM_ACCEPT_WINDOW_MIN 2
-
-/* How long an accept check waits for its answer: a replica slow to accept
- * answers it late, and the connections it vouches for wait as long. */
-#define UPSTREAM_ACCEPT_CHECK_TIMEOUT_MS 5000
-
-/* An endpoint for the replica `id` at numeric "ip:port" addr, with one
- * reference (the caller's). NULL: bad address or out of memory (errno). */
-struct endpoint *endpoint_new(const char *id, const char *addr);
-void endpoint_ref(struct endpoint *ep);
-void endpoint_unref(struct endpoint *ep);
 
 /* What upstream needs of a request it carries: the client's exchange and
  * connection, the head to send (built above), the timeouts that apply, and
@@ -227,14 +136,7 @@ struct upstream {
     bool client_close; /* the client connection closes after this response */
     bool client_failed; /* a write to the client failed while decoding */
     bool head_pending;  /* resp_head not yet written */
-    bool unconfirmed;   /* new, and nothing received on it yet (ep->unconfirmed) */
-    struct list_node accept_node; /* in ep->accepting (established, unconfirmed) or
-                                     ep->stalled (connecting) */
-    bool connecting;              /* counted in ep->connecting */
-    bool reissued;                /* its connect was made again, within a stall period
-                                     (ep->reissued) */
-    uint64_t connect_started_ms;  /* its connect, or the last one made again */
-    uint64_t established_seq;     /* its place in ep->established's order */
+    struct accept_slot acc;       /* new: its place in the replica's accept window */
     uint64_t connect_deadline_ms; /* connecting: when it fails (connect_timeout_ms) */
     bool stream_error;  /* an error status into a heartbeat stream: body kept in err_body */
     struct buf err_body;

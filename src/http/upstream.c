@@ -2,7 +2,6 @@
 #include "thaw/clock.h"
 #include "thaw/conn.h"
 #include "thaw/log.h"
-#include "thaw/netaddr.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -40,51 +39,8 @@ static void on_read(evutil_socket_t fd, short what, void *arg);
 static void on_write(evutil_socket_t fd, short what, void *arg);
 static void on_timer(evutil_socket_t fd, short what, void *arg);
 static void on_body(void *ud, const char *data, size_t len);
-static void established(struct upstream *u);
+static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep);
 static void arm_connect_timer(struct upstream *u, uint64_t now);
-
-struct endpoint *endpoint_new(const char *id, const char *addr)
-{
-    struct endpoint *ep = calloc(1, sizeof *ep);
-    if (!ep) {
-        return NULL;
-    }
-    if (netaddr_parse(addr, &ep->addr, &ep->addrlen)) {
-        free(ep);
-        errno = EINVAL;
-        return NULL;
-    }
-    ep->id = strdup(id);
-    if (!ep->id) {
-        free(ep);
-        errno = ENOMEM;
-        return NULL;
-    }
-    snprintf(ep->addr_text, sizeof ep->addr_text, "%s", addr);
-    snprintf(ep->check_path, sizeof ep->check_path, "/health");
-    list_init(&ep->idle);
-    list_init(&ep->accepting);
-    list_init(&ep->stalled);
-    ep->accept_window = UPSTREAM_MAX_UNCONFIRMED;
-    ep->refs = 1;
-    return ep;
-}
-
-void endpoint_ref(struct endpoint *ep)
-{
-    ep->refs++;
-}
-
-void endpoint_unref(struct endpoint *ep)
-{
-    if (--ep->refs == 0) {
-        if (ep->check_ctx) {
-            control_cancel(&ep->check);
-        }
-        free(ep->id);
-        free(ep);
-    }
-}
 
 static const char *owner_name(const struct endpoint *ep)
 {
@@ -115,42 +71,13 @@ static void disarm(struct upstream *u)
     u->deadline_ms = u->timer_at_ms = 0;
 }
 
-/* u's connect completed or was given up. */
-static void connect_done(struct upstream *u)
-{
-    u->connecting = false;
-    u->ep->connecting--;
-    if (u->reissued) {
-        u->reissued = false;
-        u->ep->reissued--;
-    }
-    if (list_linked(&u->accept_node)) {
-        list_remove(&u->accept_node); /* ep->stalled */
-    }
-}
-
-/* u no longer counts as a connection the replica may not have accepted. */
-static void settle(struct upstream *u)
-{
-    u->unconfirmed = false;
-    u->ep->unconfirmed--;
-    if (list_linked(&u->accept_node)) {
-        list_remove(&u->accept_node);
-    }
-}
-
 static void destroy(struct upstream *u)
 {
     if (u->dead) {
         return;
     }
     u->dead = true;
-    if (u->connecting) {
-        connect_done(u);
-    }
-    if (u->unconfirmed) {
-        settle(u);
-    }
+    accept_forget(u->ep, &u->acc);
     if (u->state == UP_IDLE) {
         list_remove(&u->node);
         u->ep->n_idle--;
@@ -503,8 +430,6 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         u->ctx = ctx;
         u->ep = ep;
         endpoint_ref(ep);
-        u->unconfirmed = true;
-        ep->unconfirmed++;
         list_node_init(&u->node);
         http_head_init(&u->head);
         buf_init(&u->resp_head);
@@ -542,14 +467,10 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
             return;
         }
         u->state = rc == 0 ? UP_SENDING : UP_CONNECTING;
-        if (rc == 0) {
-            established(u);
-        } else {
-            u->connecting = true;
-            ep->connecting++;
-            u->connect_started_ms = clock_now_ms();
-            u->connect_deadline_ms = u->connect_started_ms + r->connect_timeout_ms;
-        }
+        uint64_t now = clock_now_ms();
+        accept_opened(ep, &u->acc, rc == 0, now);
+        u->connect_deadline_ms = now + r->connect_timeout_ms;
+        check_accepts(ctx, ep);
     }
     u->req = r;
     r->up = u;
@@ -617,47 +538,29 @@ void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
 
 static bool reconnect(struct upstream *u);
 
-/* Stalled connects the window has room for now. */
-static bool window_has_room(const struct endpoint *ep, const struct upstream *u)
+/* Stalled connects made again as far as the window has room. */
+static void remake_stalled(struct endpoint *ep)
 {
-    uint32_t in_queue = ep->unconfirmed - ep->connecting;
-    uint32_t again = ep->reissued - (u && u->reissued ? 1 : 0);
-    return in_queue + again < ep->accept_window;
-}
-
-/* The replica accepted u, and, when the address has one accept queue
- * (first in, first out), every connection established here before it up to
- * seq. Each acceptance seen while the window is full grows it by one (up
- * to where it started); stalled connects it has room for are made again, and when a
- * place opens under the window waiting requests may go. */
-static void accepted_upto(struct upstream_ctx *ctx, struct endpoint *ep, struct upstream *u,
-                          uint64_t seq)
-{
-    bool was_full = ep->unconfirmed >= ep->accept_window;
-    if (u) {
-        settle(u);
-    }
-    while (ep->one_queue && !list_empty(&ep->accepting)) {
-        struct upstream *x = container_of(list_first(&ep->accepting), struct upstream, accept_node);
-        if (x->established_seq > seq) {
-            break;
-        }
-        settle(x);
-    }
-    if (was_full && ep->accept_window < UPSTREAM_MAX_UNCONFIRMED) {
-        ep->accept_window++; /* grown only while it is what holds requests back */
-    }
-    while (!list_empty(&ep->stalled) && window_has_room(ep, NULL)) {
-        if (!reconnect(container_of(list_first(&ep->stalled), struct upstream, accept_node))) {
+    struct accept_slot *s;
+    while ((s = accept_next_remake(ep))) {
+        if (!reconnect(container_of(s, struct upstream, acc))) {
             break; /* thaw's own limits: the next acceptance tries again */
         }
     }
-    if (was_full && ep->unconfirmed < ep->accept_window && ep->model) {
+}
+
+/* The replica accepted s (NULL: none in particular) and, where the address
+ * has one accept queue, every connection established before it up to seq:
+ * stalled connects go again, and waiting requests when the window has room. */
+static void accepted(struct upstream_ctx *ctx, struct endpoint *ep, struct accept_slot *s,
+                     uint64_t seq)
+{
+    bool room = accept_vouched(ep, s, seq);
+    remake_stalled(ep);
+    if (room && ep->model) {
         ctx->handler->capacity(ctx->ud, ep->model);
     }
 }
-
-static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep);
 
 static void on_check_done(struct control *c, int status, void *ud)
 {
@@ -668,7 +571,7 @@ static void on_check_done(struct control *c, int status, void *ud)
     if (status > 0) {
         /* Any answer: the replica accepted the check's connection, and
          * those established before it. */
-        accepted_upto(ctx, ep, NULL, ep->check_upto);
+        accepted(ctx, ep, NULL, ep->check_upto);
         check_accepts(ctx, ep);
     }
     endpoint_unref(ep);
@@ -679,10 +582,7 @@ static void on_check_done(struct control *c, int status, void *ud)
  * seconds to answer), rather than holding the next requests until then. */
 static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
 {
-    /* Once the connects under way have completed (a check opened before
-     * them would vouch for few), or while some are stalled. */
-    if (!ep->one_queue || ep->unconfirmed < ep->accept_window || list_empty(&ep->accepting) ||
-        (ep->connecting > 0 && list_empty(&ep->stalled)) || !ep->model ||
+    if (!accept_wants_check(ep) || !ep->model ||
         (ep->check_ctx && control_running(&ep->check))) {
         return;
     }
@@ -692,7 +592,7 @@ static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
     }
     ep->check_upto = ep->established;
     if (control_send(&ep->check, ep->addr_text, "GET", ep->check_path,
-                     UPSTREAM_ACCEPT_CHECK_TIMEOUT_MS, on_check_done, ep) == 0) {
+                     ACCEPT_CHECK_TIMEOUT_MS, on_check_done, ep) == 0) {
         ctx->metrics->upstream_accept_checks++;
     }
 }
@@ -702,7 +602,7 @@ static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
 static void arm_connect_timer(struct upstream *u, uint64_t now)
 {
     uint64_t left = u->connect_deadline_ms > now ? u->connect_deadline_ms - now : 0;
-    arm_ms(u, left < UPSTREAM_CONNECT_STALL_MS ? left : UPSTREAM_CONNECT_STALL_MS);
+    arm_ms(u, left < ACCEPT_STALL_MS ? left : ACCEPT_STALL_MS);
 }
 
 /* Makes u's connect again on a new socket (the one that stalled is closed:
@@ -729,13 +629,8 @@ static bool reconnect(struct upstream *u)
         connect_failed(u, err);
         return true;
     }
-    if (list_linked(&u->accept_node)) {
-        list_remove(&u->accept_node);
-    }
-    if (!u->reissued) {
-        u->reissued = true;
-        ep->reissued++;
-    }
+    uint64_t now = clock_now_ms();
+    accept_remade(ep, &u->acc, now);
     ctx->metrics->upstream_connect_stalls++;
     event_del(&u->wev);
     close(u->fd);
@@ -743,68 +638,34 @@ static bool reconnect(struct upstream *u)
     event_assign(&u->rev, ctx->base, u->fd, conn_read_events(ctx->base), on_read, u);
     event_assign(&u->wev, ctx->base, u->fd, conn_write_events(ctx->base), on_write, u);
     event_add(&u->wev, NULL);
-    u->connect_started_ms = clock_now_ms();
-    arm_connect_timer(u, u->connect_started_ms);
+    arm_connect_timer(u, now);
     return true;
 }
 
-/* A completed handshake's round-trip time, as the kernel measured it (the
- * loop's own delays left out): a fast one makes the replica's path known
- * fast, for the stall rule. */
-static void note_handshake(struct upstream *u)
+/* Whether the completed handshake was fast, by the kernel's round-trip
+ * time of it (the loop's own delays left out). */
+static bool handshake_was_fast(int fd)
 {
     struct tcp_info ti;
     socklen_t len = sizeof ti;
-    if (getsockopt(u->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
-        ti.tcpi_rtt < UPSTREAM_CONNECT_FAST_MS * 1000u) {
-        u->ep->fast_handshake_ms = clock_now_ms();
-    }
+    return getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+           ti.tcpi_rtt < ACCEPT_FAST_HANDSHAKE_MS * 1000u;
 }
 
-/* u's connect has had no answer for UPSTREAM_CONNECT_STALL_MS: its SYN was
- * dropped, as a rule, the replica's accept queue being full. The window
- * shrinks to the connections that got into the queue (once per stall
- * period: the connects that stalled together count once), and u is made
+/* u's connect has had no answer for ACCEPT_STALL_MS on a path known fast:
+ * its SYN was dropped, the replica's accept queue being full. It is made
  * again now if the window has room, else when an acceptance makes room. */
 static void connect_stalled(struct upstream *u, uint64_t now)
 {
-    struct endpoint *ep = u->ep;
-    uint32_t in_queue = ep->unconfirmed - ep->connecting;
-    if (u->reissued) {
-        u->reissued = false; /* made again and lost again: no longer under way */
-        ep->reissued--;
-    }
-    if (now - ep->window_shrunk_ms >= UPSTREAM_CONNECT_STALL_MS) {
-        uint32_t w = in_queue > UPSTREAM_ACCEPT_WINDOW_MIN ? in_queue : UPSTREAM_ACCEPT_WINDOW_MIN;
-        if (w < ep->accept_window) {
-            LOGD("replica's accept queue full: fewer new connections at once",
-                 "model=%s endpoint=%s window=%u", owner_name(ep), ep->addr_text, w);
-            ep->accept_window = w;
-            ep->window_shrunk_ms = now;
+    if (accept_stalled(u->ep, &u->acc, now)) {
+        if (!reconnect(u)) {
+            accept_wait(u->ep, &u->acc);
+        } else if (u->dead) {
+            return;
         }
-    }
-    if (!window_has_room(ep, u) || !reconnect(u)) {
-        if (!list_linked(&u->accept_node)) {
-            list_push_back(&ep->stalled, &u->accept_node);
-        }
-    } else if (u->dead) {
-        return;
     }
     arm_connect_timer(u, now);
-    check_accepts(u->ctx, ep);
-}
-
-/* u's connect completed: it is in the replica's accept queue, behind those
- * established before it. */
-static void established(struct upstream *u)
-{
-    struct endpoint *ep = u->ep;
-    if (!u->unconfirmed) {
-        return;
-    }
-    u->established_seq = ++ep->established;
-    list_push_back(&ep->accepting, &u->accept_node);
-    check_accepts(u->ctx, ep);
+    check_accepts(u->ctx, u->ep);
 }
 
 void upstream_close_idle(struct endpoint *ep)
@@ -1101,8 +962,8 @@ static bool take_bytes(struct upstream *u, const char *data, size_t n)
         return false;
     }
     u->got_bytes = true;
-    if (u->unconfirmed) {
-        accepted_upto(u->ctx, u->ep, u, u->established_seq);
+    if (u->acc.unconfirmed) {
+        accepted(u->ctx, u->ep, &u->acc, u->acc.seq);
     }
     if (u->ep->head_start_until_ms && u->ep->model) {
         /* The woken replica answered its first request: the rest may go. */
@@ -1167,12 +1028,11 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
             leave(u);
             return;
         }
-        note_handshake(u);
-        connect_done(u);
+        accept_connected(u->ep, &u->acc, handshake_was_fast(fd), clock_now_ms());
         u->state = UP_SENDING;
         event_add(&u->rev, NULL);
         arm_ms(u, u->req->first_byte_timeout_ms); /* the stall timer fires early, as a rule */
-        established(u);
+        check_accepts(u->ctx, u->ep);
     }
     if (u->state == UP_SENDING) {
         send_request(u);
@@ -1199,8 +1059,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     case UP_CONNECTING:
         if (now >= u->connect_deadline_ms) {
             connect_failed(u, ETIMEDOUT);
-        } else if (u->ep->fast_handshake_ms &&
-                   now - u->ep->fast_handshake_ms < UPSTREAM_FAST_PATH_KNOWN_MS) {
+        } else if (accept_path_fast(u->ep, now)) {
             connect_stalled(u, now); /* a fast path: its SYN was dropped */
         } else {
             arm_connect_timer(u, now); /* a slow path, or nothing to tell */

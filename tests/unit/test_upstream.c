@@ -726,7 +726,7 @@ static void test_a_stalled_connect_is_left_alone_without_a_fast_one_beside_it(vo
      * than a stall period): the connect is not made again. */
     RUN_FOR(120);
     assert_int_equal(e->metrics.upstream_connect_stalls, 0);
-    assert_int_equal(e->ep->accept_window, UPSTREAM_MAX_UNCONFIRMED);
+    assert_int_equal(e->ep->accept_window, ACCEPT_WINDOW_START);
     upstream_cancel(fr->up.up);
     assert_int_equal(e->ep->connecting, 0);
     assert_int_equal(e->ep->unconfirmed, 0);
@@ -743,7 +743,7 @@ static void test_a_stalled_connect_is_made_again_once_the_queue_has_room(void **
     dispatch(e, fr, simple_get_up);
     e->ep->fast_handshake_ms = clock_now_ms(); /* the path is known fast */
     assert_true(RUN_UNTIL(e->metrics.upstream_connect_stalls >= 1));
-    assert_true(e->ep->accept_window < UPSTREAM_MAX_UNCONFIRMED);
+    assert_true(e->ep->accept_window < ACCEPT_WINDOW_START);
     /* The replica takes the connection that filled its queue: room. */
     int fd = loopnet_accept(e->replica_lfd, NULL);
     assert_true(fd >= 0);
@@ -757,7 +757,7 @@ static void test_a_stalled_connect_is_made_again_once_the_queue_has_room(void **
     assert_true(clock_now_ms() - t0 < 800); /* not the kernel's second */
     assert_int_equal(fk.fails + fk.retries, 0);
     assert_int_equal(e->ep->connecting, 0);
-    assert_int_equal(e->ep->reissued, 0);
+    assert_int_equal(e->ep->remade, 0);
 }
 
 /* One more client connection and its request (the env's own client has one
