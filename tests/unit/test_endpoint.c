@@ -82,7 +82,7 @@ static void test_a_full_queue_shrinks_the_window_to_what_got_in(void **state)
     /* The first stalled connect shrinks the window; no room to make it again. */
     assert_false(accept_stalled(e->ep, &e->s[6], t));
     assert_int_equal(e->ep->accept_window, 6);
-    /* The others that stalled together shrink it no further, and wait. */
+    /* The others that stalled with it wait. */
     for (int i = 7; i < ACCEPT_WINDOW_START; i++) {
         assert_false(accept_stalled(e->ep, &e->s[i], t + 1));
     }
@@ -139,6 +139,66 @@ static void test_an_accept_check_waits_for_the_connects_under_way(void **state)
     assert_false(accept_wants_check(e->ep));
 }
 
+static void test_the_connects_that_stalled_together_shrink_it_once(void **state)
+{
+    struct env *e = *state;
+    burst(e, ACCEPT_WINDOW_START, 6, 1000);
+    uint64_t t = 1000 + ACCEPT_STALL_MS;
+    assert_false(accept_stalled(e->ep, &e->s[6], t));
+    assert_int_equal(e->ep->accept_window, 6);
+    /* One in the queue is gone (its client left): five in it, room for
+     * one. Within the same stall period the window stays... */
+    accept_forget(e->ep, &e->s[0]);
+    assert_true(accept_stalled(e->ep, &e->s[7], t + 1));
+    assert_int_equal(e->ep->accept_window, 6);
+    /* ...a period later it follows the queue. */
+    accept_stalled(e->ep, &e->s[8], t + ACCEPT_STALL_MS);
+    assert_int_equal(e->ep->accept_window, 5);
+}
+
+static void test_the_window_never_shrinks_below_its_floor(void **state)
+{
+    struct env *e = *state;
+    e->ep->fast_handshake_ms = 1000; /* the path is known fast */
+    burst(e, 8, 0, 1000);           /* and none of these got in */
+    assert_true(accept_stalled(e->ep, &e->s[0], 1000 + ACCEPT_STALL_MS));
+    assert_int_equal(e->ep->accept_window, ACCEPT_WINDOW_MIN);
+}
+
+static void test_it_grows_only_while_it_holds_requests_back(void **state)
+{
+    struct env *e = *state;
+    e->ep->accept_window = 6;
+    for (int i = 0; i < 3; i++) {
+        accept_opened(e->ep, &e->s[i], true, 1000); /* connected at once */
+    }
+    assert_int_equal(e->s[2].seq, 3);
+    assert_ptr_equal(list_first(&e->ep->accepting), &e->s[0].node);
+    /* Not full: an answer frees a place but opens nothing new. */
+    assert_false(accept_vouched(e->ep, &e->s[0], e->s[0].seq));
+    assert_int_equal(e->ep->accept_window, 6);
+    for (int i = 3; i < 7; i++) {
+        accept_opened(e->ep, &e->s[i], true, 1000);
+    }
+    /* Full (six unconfirmed): the next answer grows it and opens room. */
+    assert_true(accept_vouched(e->ep, &e->s[1], e->s[1].seq));
+    assert_int_equal(e->ep->accept_window, 7);
+}
+
+static void test_an_accept_check_while_connects_are_stalled(void **state)
+{
+    struct env *e = *state;
+    burst(e, ACCEPT_WINDOW_START, 6, 1000);
+    assert_false(accept_wants_check(e->ep)); /* connects under way, none stalled yet */
+    accept_stalled(e->ep, &e->s[6], 1000 + ACCEPT_STALL_MS);
+    /* Full with 58 connects that will not complete until there is room:
+     * a check tells whether the six got in the replica's hands. */
+    assert_true(accept_wants_check(e->ep));
+    /* Behind a load balancer a check vouches for nothing: none is sent. */
+    e->ep->one_queue = false;
+    assert_false(accept_wants_check(e->ep));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -149,6 +209,14 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_slow_path_never_stalls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_an_accept_check_waits_for_the_connects_under_way,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_the_connects_that_stalled_together_shrink_it_once,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_the_window_never_shrinks_below_its_floor, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_it_grows_only_while_it_holds_requests_back, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_an_accept_check_while_connects_are_stalled, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
