@@ -369,7 +369,9 @@ def test_prometheus_scrapes_a_cold_start(thaw_factory, tmp_path):
     prom = shutil.which("prometheus")
     if not prom:
         pytest.skip("prometheus not installed")
-    t = thaw_factory({"models": [sim_model(load_ms=2500, max_concurrency=1)]})
+    # A 3 s load falls inside the histogram's (2.5, 5] bucket: on its 2.5 s
+    # bound, a start timed a millisecond short landed in the bucket below.
+    t = thaw_factory({"models": [sim_model(load_ms=3000, max_concurrency=1)]})
     port = free_port()
     (tmp_path / "prom.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
