@@ -149,18 +149,24 @@ def run_rate(d, seconds=2):
         srv.wait(10)
 
 
+def held_burst(port, n, ready_file):
+    """n clients at once on thaw's port, each on its own connection; then the
+    server's ready time (from ready_file) and each answer's delay after it."""
+    client = subprocess.Popen([CLIENT_BIN, "127.0.0.1", str(port), str(n), "/v1/completions",
+                               '{"model":"llama","prompt":"hi"}', "60000"],
+                              stdout=subprocess.PIPE, text=True)
+    out, _ = client.communicate(timeout=120)
+    with open(ready_file) as f:
+        ready_ns = int(f.read())
+    return (ready_ns, *delays_ms(out, ready_ns))
+
+
 def run_cold(n, d, server="c"):
     load_ms = 1000 if n <= 100 else 2500
     ready_file = f"{d}/ready-{server}-{n}"
     thaw, port, admin = start_thaw(d, load_ms, n, ready_file, server)
     try:
-        client = subprocess.Popen([CLIENT_BIN, "127.0.0.1", str(port), str(n), "/v1/completions",
-                                   '{"model":"llama","prompt":"hi"}', "60000"],
-                                  stdout=subprocess.PIPE, text=True)
-        out, _ = client.communicate(timeout=120)
-        with open(ready_file) as f:
-            ready_ns = int(f.read())
-        rows, ok, delays = delays_ms(out, ready_ns)
+        ready_ns, rows, ok, delays = held_burst(port, n, ready_file)
         early = [r for r in ok if r[0] < ready_ns]
         st = status(admin)["models"][0]
         return {"clients": n, "server": server, "load_ms": load_ms, "answered_200": len(ok),
@@ -181,13 +187,7 @@ def run_slow(n, answer_ms, d):
     ready_file = f"{d}/ready-slow-{n}"
     thaw, port, admin = start_thaw(d, 500, n, ready_file, "asyncio-bind-late", answer_ms)
     try:
-        client = subprocess.Popen([CLIENT_BIN, "127.0.0.1", str(port), str(n), "/v1/completions",
-                                   '{"model":"llama","prompt":"hi"}', "60000"],
-                                  stdout=subprocess.PIPE, text=True)
-        out, _ = client.communicate(timeout=120)
-        with open(ready_file) as f:
-            ready_ns = int(f.read())
-        _, ok, delays = delays_ms(out, ready_ns)
+        _, _, ok, delays = held_burst(port, n, ready_file)
         checks = common.metric(admin, "thaw_upstream_accept_checks_total")
         return {"clients": n, "answer_ms": answer_ms, "lost": n - len(ok),
                 "last_ms": delays[-1] if delays else float("nan"), "accept_checks": checks}

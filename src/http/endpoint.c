@@ -119,12 +119,11 @@ void accept_forget(struct endpoint *ep, struct accept_slot *s)
     }
 }
 
-/* Room for one more connect made again, s's own place left out. */
-static bool has_room(const struct endpoint *ep, const struct accept_slot *s)
+/* Room for one more connect made again: those in the queue and those made
+ * again and still under way are what the window holds. */
+static bool has_room(const struct endpoint *ep)
 {
-    uint32_t in_queue = ep->unconfirmed - ep->connecting;
-    uint32_t again = ep->remade - (s && s->remade ? 1 : 0);
-    return in_queue + again < ep->accept_window;
+    return ep->unconfirmed - ep->connecting + ep->remade < ep->accept_window;
 }
 
 bool accept_vouched(struct endpoint *ep, struct accept_slot *s, uint64_t seq)
@@ -176,7 +175,7 @@ bool accept_stalled(struct endpoint *ep, struct accept_slot *s, uint64_t now)
             ep->window_shrunk_ms = now;
         }
     }
-    if (has_room(ep, s)) {
+    if (has_room(ep)) {
         return true;
     }
     accept_wait(ep, s);
@@ -185,7 +184,7 @@ bool accept_stalled(struct endpoint *ep, struct accept_slot *s, uint64_t now)
 
 struct accept_slot *accept_next_remake(const struct endpoint *ep)
 {
-    if (list_empty(&ep->stalled) || !has_room(ep, NULL)) {
+    if (list_empty(&ep->stalled) || !has_room(ep)) {
         return NULL;
     }
     return container_of(list_first(&ep->stalled), struct accept_slot, node);

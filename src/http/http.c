@@ -198,29 +198,42 @@ static int on_header_value(llhttp_t *ll, const char *at, size_t len)
     return append(p, at, len);
 }
 
+/* The next token of a comma-separated list from *i on (spaces around it
+ * left out; empty elements skipped). false at the end of the list. */
+static bool next_list_token(const char *list, size_t len, size_t *i, const char **tok,
+                            size_t *tlen)
+{
+    while (*i < len) {
+        while (*i < len && (list[*i] == ' ' || list[*i] == '\t' || list[*i] == ',')) {
+            (*i)++;
+        }
+        size_t start = *i;
+        while (*i < len && list[*i] != ',') {
+            (*i)++;
+        }
+        size_t end = *i;
+        while (end > start && (list[end - 1] == ' ' || list[end - 1] == '\t')) {
+            end--;
+        }
+        if (end > start) {
+            *tok = list + start;
+            *tlen = end - start;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* keep-alive is hop-by-hop anyway; close is noted; anything else makes
  * http_is_hop_by_hop look every header up in the Connection values. */
 static void note_connection_tokens(struct http_head *h, const char *v, size_t len)
 {
-    size_t i = 0;
-    while (i < len) {
-        while (i < len && (v[i] == ' ' || v[i] == '\t' || v[i] == ',')) {
-            i++;
-        }
-        size_t start = i;
-        while (i < len && v[i] != ',') {
-            i++;
-        }
-        size_t end = i;
-        while (end > start && (v[end - 1] == ' ' || v[end - 1] == '\t')) {
-            end--;
-        }
-        if (end == start || http_name_eq(v + start, end - start, "keep-alive")) {
-            continue;
-        }
-        if (http_name_eq(v + start, end - start, "close")) {
+    size_t i = 0, tlen;
+    const char *tok;
+    while (next_list_token(v, len, &i, &tok, &tlen)) {
+        if (http_name_eq(tok, tlen, "close")) {
             h->connection_names_close = true;
-        } else {
+        } else if (!http_name_eq(tok, tlen, "keep-alive")) {
             h->connection_names_other = true;
         }
     }
@@ -626,21 +639,10 @@ void http_target_log_path(const struct http_head *h, const char **path, size_t *
 
 bool http_token_list_has(const char *list, size_t len, const char *token)
 {
-    size_t tlen = strlen(token);
-    size_t i = 0;
-    while (i < len) {
-        while (i < len && (list[i] == ' ' || list[i] == '\t' || list[i] == ',')) {
-            i++;
-        }
-        size_t start = i;
-        while (i < len && list[i] != ',') {
-            i++;
-        }
-        size_t end = i;
-        while (end > start && (list[end - 1] == ' ' || list[end - 1] == '\t')) {
-            end--;
-        }
-        if (end - start == tlen && strncasecmp(list + start, token, tlen) == 0) {
+    size_t tokenlen = strlen(token), i = 0, tlen;
+    const char *tok;
+    while (next_list_token(list, len, &i, &tok, &tlen)) {
+        if (tlen == tokenlen && strncasecmp(tok, token, tlen) == 0) {
             return true;
         }
     }

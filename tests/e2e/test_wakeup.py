@@ -81,6 +81,16 @@ def test_first_request_goes_out_on_the_probes_connection(thaw_factory, mode):
     t.assert_reconciled()
 
 
+def burst_model(thaw_factory, n, *server_args):
+    """thaw with one model on the asyncio counterpart (server_args), room for
+    n requests at once everywhere: queue, connections and max_concurrency."""
+    return thaw_factory({
+        "limits": {"max_connections": n + 50, "max_queue_per_model": n + 50,
+                   "max_queue_total": n + 50},
+        "models": [counterpart_model("asyncio_server.py", "llama", *server_args,
+                                     max_concurrency=n, queue_timeout_ms=60000)]})
+
+
 # The kernel counts listen-queue overflows for the whole machine: the tests
 # that cause them and those that assert none run one after the other.
 overflow_group = pytest.mark.xdist_group("listen_overflows")
@@ -93,12 +103,8 @@ def test_a_burst_released_on_wake_does_not_overflow_the_servers_backlog(thaw_fac
     backlog as asyncio's default) must not see its listen queue overflow: a
     dropped connection attempt costs the request a second or more."""
     n = 300
-    t = thaw_factory({
-        "limits": {"max_connections": n + 50, "max_queue_per_model": n + 50,
-                   "max_queue_total": n + 50},
-        "models": [counterpart_model(
-            "asyncio_server.py", "llama", "--load-seconds", "1.5", "--backlog", "100",
-            "--accept-delay-ms", "1", max_concurrency=n, queue_timeout_ms=60000)]})
+    t = burst_model(thaw_factory, n, "--load-seconds", "1.5", "--backlog", "100",
+                    "--accept-delay-ms", "1")
     before = listen_overflows()
     statuses = burst(t, n)
     assert statuses.count(200) == n, [s for s in statuses if s != 200][:5]
@@ -115,13 +121,8 @@ def test_requests_slow_to_answer_do_not_hold_the_next_ones_back(thaw_factory):
     health request on a connection of its own, which the server's accept
     queue hands over only after the earlier ones."""
     n = 200
-    t = thaw_factory({
-        "limits": {"max_connections": n + 50, "max_queue_per_model": n + 50,
-                   "max_queue_total": n + 50},
-        "models": [counterpart_model(
-            "asyncio_server.py", "llama", "--load-seconds", "0.5", "--backlog", "100",
-            "--token-delay-ms", "150", "--tokens", "10", max_concurrency=n,
-            queue_timeout_ms=60000)]})
+    t = burst_model(thaw_factory, n, "--load-seconds", "0.5", "--backlog", "100",
+                    "--token-delay-ms", "150", "--tokens", "10")
     before = listen_overflows()
     statuses = burst(t, n)
     assert statuses.count(200) == n, [s for s in statuses if s != 200][:5]
@@ -142,12 +143,8 @@ def test_a_server_with_a_tiny_listen_backlog_gets_a_burst_without_long_waits(tha
     requests held while the model loads are all answered within seconds
     (on the code before, some waited a minute or more)."""
     n = 64
-    t = thaw_factory({
-        "limits": {"max_connections": n + 50, "max_queue_per_model": n + 50,
-                   "max_queue_total": n + 50},
-        "models": [counterpart_model(
-            "asyncio_server.py", "llama", "--load-seconds", "0.5", "--backlog", "5",
-            "--accept-delay-ms", "1", max_concurrency=n, queue_timeout_ms=60000)]})
+    t = burst_model(thaw_factory, n, "--load-seconds", "0.5", "--backlog", "5",
+                    "--accept-delay-ms", "1")
     started = time.monotonic()
     statuses = burst(t, n, timeout=30)
     took = time.monotonic() - started
