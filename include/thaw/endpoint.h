@@ -93,7 +93,8 @@ struct endpoint {
      * address that may be a load balancer's): acceptance is inferred in
      * order. A replica takes connections from its queue first in, first
      * out: an answer on one of them, or on an accept check opened after
-     * them, shows it accepted all established before. */
+     * them, shows it accepted all established before. Where false, a
+     * completed handshake counts as accepted (accept_connected). */
     bool one_queue;
     struct list_node accepting; /* established, unconfirmed, in that order */
     struct list_node stalled;   /* connects to make again when the window has room */
@@ -123,8 +124,10 @@ void endpoint_unref(struct endpoint *ep);
 /* A new connection: connected at once, or its connect under way. */
 void accept_opened(struct endpoint *ep, struct accept_slot *s, bool connected, uint64_t now);
 /* Its connect completed (fast: the kernel's round-trip time of the
- * handshake was under ACCEPT_FAST_HANDSHAKE_MS). */
-void accept_connected(struct endpoint *ep, struct accept_slot *s, bool fast, uint64_t now);
+ * handshake was under ACCEPT_FAST_HANDSHAKE_MS). Where the address may not
+ * have one queue, that is all thaw learns of its acceptance: true, as
+ * accept_vouched, when the window was full and has room now. */
+bool accept_connected(struct endpoint *ep, struct accept_slot *s, bool fast, uint64_t now);
 /* The connection is gone. */
 void accept_forget(struct endpoint *ep, struct accept_slot *s);
 /* The replica accepted s (NULL: none in particular) and, where the address

@@ -85,6 +85,9 @@ static void established(struct endpoint *ep, struct accept_slot *s)
 
 void accept_opened(struct endpoint *ep, struct accept_slot *s, bool connected, uint64_t now)
 {
+    if (connected && !ep->one_queue) {
+        return; /* in a listen queue already: all such an address tells */
+    }
     s->unconfirmed = true;
     ep->unconfirmed++;
     if (connected) {
@@ -96,7 +99,7 @@ void accept_opened(struct endpoint *ep, struct accept_slot *s, bool connected, u
     }
 }
 
-void accept_connected(struct endpoint *ep, struct accept_slot *s, bool fast, uint64_t now)
+bool accept_connected(struct endpoint *ep, struct accept_slot *s, bool fast, uint64_t now)
 {
     if (fast) {
         ep->fast_handshake_ms = now;
@@ -104,9 +107,19 @@ void accept_connected(struct endpoint *ep, struct accept_slot *s, bool fast, uin
     if (s->connecting) {
         connect_over(ep, s);
     }
-    if (s->unconfirmed) {
-        established(ep, s);
+    if (!s->unconfirmed) {
+        return false;
     }
+    if (ep->one_queue) {
+        established(ep, s);
+        return false;
+    }
+    /* An address that may be a load balancer's: which queue the connection
+     * is in, and what the replica behind it has accepted, cannot be
+     * inferred. A listener sends its SYN-ACK only while its queue has room,
+     * so the handshake is taken as the acceptance: the window bounds the
+     * connects under way, and answers that take long hold nothing back. */
+    return accept_vouched(ep, s, 0);
 }
 
 void accept_forget(struct endpoint *ep, struct accept_slot *s)

@@ -549,17 +549,22 @@ static void remake_stalled(struct endpoint *ep)
     }
 }
 
-/* The replica accepted s (NULL: none in particular) and, where the address
- * has one accept queue, every connection established before it up to seq:
- * stalled connects go again, and waiting requests when the window has room. */
-static void accepted(struct upstream_ctx *ctx, struct endpoint *ep, struct accept_slot *s,
-                     uint64_t seq)
+/* After an acceptance: stalled connects go again as far as the window has
+ * room, and waiting requests when it was full and has room now. */
+static void made_room(struct upstream_ctx *ctx, struct endpoint *ep, bool room)
 {
-    bool room = accept_vouched(ep, s, seq);
     remake_stalled(ep);
     if (room && ep->model) {
         ctx->handler->capacity(ctx->ud, ep->model);
     }
+}
+
+/* The replica accepted s (NULL: none in particular) and, where the address
+ * has one accept queue, every connection established before it up to seq. */
+static void accepted(struct upstream_ctx *ctx, struct endpoint *ep, struct accept_slot *s,
+                     uint64_t seq)
+{
+    made_room(ctx, ep, accept_vouched(ep, s, seq));
 }
 
 static void on_check_done(struct control *c, int status, void *ud)
@@ -1028,11 +1033,19 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
             leave(u);
             return;
         }
-        accept_connected(u->ep, &u->acc, handshake_was_fast(fd), clock_now_ms());
+        bool room = accept_connected(u->ep, &u->acc, handshake_was_fast(fd), clock_now_ms());
         u->state = UP_SENDING;
         event_add(&u->rev, NULL);
         arm_ms(u, u->req->first_byte_timeout_ms); /* the stall timer fires early, as a rule */
-        check_accepts(u->ctx, u->ep);
+        if (u->ep->one_queue) {
+            check_accepts(u->ctx, u->ep);
+        } else {
+            made_room(u->ctx, u->ep, room);
+            if (u->dead) {
+                leave(u);
+                return;
+            }
+        }
     }
     if (u->state == UP_SENDING) {
         send_request(u);

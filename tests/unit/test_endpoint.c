@@ -199,6 +199,41 @@ static void test_an_accept_check_while_connects_are_stalled(void **state)
     assert_false(accept_wants_check(e->ep));
 }
 
+static void test_a_configured_address_takes_a_handshake_as_the_acceptance(void **state)
+{
+    struct env *e = *state;
+    e->ep->one_queue = false; /* maybe a load balancer: no order to infer from */
+    for (int i = 0; i < ACCEPT_WINDOW_START; i++) {
+        accept_opened(e->ep, &e->s[i], false, 1000);
+    }
+    assert_int_equal(e->ep->unconfirmed, ACCEPT_WINDOW_START); /* full: requests wait */
+    /* A completed handshake leaves the window, whether or not an answer
+     * ever comes: the window was full and has room now. */
+    assert_true(accept_connected(e->ep, &e->s[0], true, 1001));
+    assert_false(e->s[0].unconfirmed);
+    assert_false(accept_connected(e->ep, &e->s[1], true, 1001)); /* it was not full */
+    assert_int_equal(e->ep->unconfirmed, ACCEPT_WINDOW_START - 2);
+    assert_true(list_empty(&e->ep->accepting));
+    assert_false(accept_wants_check(e->ep));
+    /* One connected at once is not counted at all. */
+    accept_opened(e->ep, &e->s[ACCEPT_WINDOW_START], true, 1002);
+    assert_false(e->s[ACCEPT_WINDOW_START].unconfirmed);
+    assert_int_equal(e->ep->unconfirmed, ACCEPT_WINDOW_START - 2);
+    /* A queue overflows all the same: nothing is known in it, so the window
+     * shrinks to its floor, and as many connects go again at once. */
+    uint64_t t = 1000 + ACCEPT_STALL_MS;
+    assert_true(accept_stalled(e->ep, &e->s[2], t));
+    assert_int_equal(e->ep->accept_window, ACCEPT_WINDOW_MIN);
+    accept_remade(e->ep, &e->s[2], t);
+    assert_true(accept_stalled(e->ep, &e->s[3], t));
+    accept_remade(e->ep, &e->s[3], t);
+    assert_false(accept_stalled(e->ep, &e->s[4], t));
+    /* One gets in: the window grows, and two wait no more. */
+    assert_false(accept_connected(e->ep, &e->s[2], true, t + 1));
+    assert_int_equal(e->ep->accept_window, ACCEPT_WINDOW_MIN + 1);
+    assert_ptr_equal(accept_next_remake(e->ep), &e->s[4]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -217,6 +252,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_an_accept_check_while_connects_are_stalled, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_configured_address_takes_a_handshake_as_the_acceptance, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
