@@ -342,6 +342,11 @@ int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
     const cJSON *ml =
         cJSON_GetObjectItemCaseSensitive(k8s_get(obj, "metadata.labels"), K8S_MODEL_LABEL);
     copy(o->model, sizeof o->model, cJSON_IsString(ml) ? ml->valuestring : NULL);
+    const cJSON *ann = k8s_get(obj, "metadata.annotations");
+    const cJSON *ss = cJSON_GetObjectItemCaseSensitive(ann, K8S_SLEEP_STATE_ANNOTATION);
+    copy(o->sleep_state, sizeof o->sleep_state, cJSON_IsString(ss) ? ss->valuestring : NULL);
+    const cJSON *wr = cJSON_GetObjectItemCaseSensitive(ann, K8S_WAKE_REQUEST_ANNOTATION);
+    o->wake_requested = cJSON_IsString(wr) && wr->valuestring[0];
     copy(o->created, sizeof o->created, k8s_get_string(obj, "metadata.creationTimestamp"));
     const cJSON *ref;
     cJSON_ArrayForEach(ref, k8s_get(obj, "metadata.ownerReferences"))

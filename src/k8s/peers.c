@@ -17,6 +17,9 @@ struct k8s_peer {
     uint64_t polls, failures;
     struct strmap demand; /* model key -> (uintptr_t) demand + 1 */
     struct strmap idle;   /* model key -> (uintptr_t) ms since its last request + 1 */
+    struct strmap unrouted; /* "ns/pod" -> (void *)1: pods it keeps out of routing (asleep) */
+    uint64_t asked_ms;      /* when the poll under way (or the last) was sent */
+    uint64_t answer_asked_ms; /* when the poll of the latest answer was sent */
     struct k8s_call *call;
     char identity[254];
 };
@@ -26,6 +29,7 @@ static void free_peer(struct k8s_peer *pe)
     k8s_call_cancel(pe->call);
     strmap_dispose(&pe->demand);
     strmap_dispose(&pe->idle);
+    strmap_dispose(&pe->unrouted);
     free(pe);
 }
 
@@ -60,6 +64,7 @@ static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
         pe->self = strcmp(e->address, p->self_ip) == 0;
         strmap_init(&pe->demand);
         strmap_init(&pe->idle);
+        strmap_init(&pe->unrouted);
         strmap_put(&p->peers, addr, strlen(addr), pe);
         LOGI("peer activator found", "peer=%s self=%d", addr, pe->self);
         sp->changed = true;
@@ -122,12 +127,13 @@ static void on_demand(void *ud, long status, const char *body, size_t len, const
         pe->failures++;
         return;
     }
-    if (k8s_peer_demand_parse(body, len, &pe->demand, &pe->idle, pe->identity,
+    if (k8s_peer_demand_parse(body, len, &pe->demand, &pe->idle, &pe->unrouted, pe->identity,
                               sizeof pe->identity)) {
         pe->failures++;
         return;
     }
     pe->last_ok_ms = clock_now_ms();
+    pe->answer_asked_ms = pe->asked_ms;
 }
 
 /* Stored plus one (a NULL value reads as absent): capped below the top. */
@@ -138,7 +144,8 @@ static void *count_value(uint64_t n)
 }
 
 int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
-                          struct strmap *idle, char *identity, size_t idlen)
+                          struct strmap *idle, struct strmap *unrouted, char *identity,
+                          size_t idlen)
 {
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
@@ -165,6 +172,17 @@ int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
             strmap_put(idle, m->string, strlen(m->string), count_value(k8s_json_count(age)));
         }
     }
+    if (unrouted) {
+        strmap_dispose(unrouted);
+        strmap_init(unrouted);
+        const cJSON *pod;
+        cJSON_ArrayForEach(pod, cJSON_GetObjectItemCaseSensitive(root, "unrouted"))
+        {
+            if (cJSON_IsString(pod) && pod->valuestring[0]) {
+                strmap_put(unrouted, pod->valuestring, strlen(pod->valuestring), (void *)1);
+            }
+        }
+    }
     const char *id = k8s_get_string(root, "identity");
     snprintf(identity, idlen, "%s", id ? id : "");
     cJSON_Delete(root);
@@ -181,6 +199,7 @@ static void poll_one(void *ud, const char *key, void *value)
     char url[160];
     snprintf(url, sizeof url, "http://%s/demand", pe->addr);
     pe->polls++;
+    pe->asked_ms = clock_now_ms();
     pe->call = k8s_request(p->client, "GET", url, NULL, NULL, 0, (long)p->timeout_ms, on_demand,
                            pe);
 }
@@ -255,6 +274,35 @@ uint64_t k8s_peers_idle_ms(struct k8s_peers *p, const char *key)
     struct newest n = {p, key, clock_now_ms(), UINT64_MAX};
     strmap_each(&p->peers, newest_request, &n);
     return n.idle_ms;
+}
+
+struct let_go {
+    struct k8s_peers *p;
+    const char *model_key, *pod_key;
+    uint64_t since_ms;
+    bool all;
+};
+
+static void check_let_go(void *ud, const char *k, void *value)
+{
+    struct let_go *g = ud;
+    struct k8s_peer *pe = value;
+    if (!fresh(g->p, pe)) {
+        return;
+    }
+    uintptr_t d = (uintptr_t)strmap_get(&pe->demand, g->model_key, strlen(g->model_key));
+    if (pe->answer_asked_ms < g->since_ms || d > 1 ||
+        !strmap_get(&pe->unrouted, g->pod_key, strlen(g->pod_key))) {
+        g->all = false;
+    }
+}
+
+bool k8s_peers_let_go(struct k8s_peers *p, const char *model_key, const char *pod_key,
+                      uint64_t since_ms)
+{
+    struct let_go g = {p, model_key, pod_key, since_ms, true};
+    strmap_each(&p->peers, check_let_go, &g);
+    return g.all;
 }
 
 static void count_peer(void *ud, const char *k, void *value)

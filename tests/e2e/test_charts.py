@@ -136,7 +136,7 @@ def rules_of(objs):
 def test_rbac_is_exactly_what_the_docs_list():
     docs = {("apps", "deployments", ("get", "list", "patch", "watch")),
             ("apps", "deployments/scale", ("patch",)),
-            ("", "pods", ("delete", "get", "list", "watch")),
+            ("", "pods", ("delete", "get", "list", "patch", "watch")),
             ("discovery.k8s.io", "endpointslices", ("get", "list", "watch")),
             ("", "events", ("create", "list", "patch", "watch"))}
     everywhere = rules_of(render("thaw"))

@@ -11,6 +11,7 @@ import time
 import urllib.request
 
 from conftest import wait_for
+from test_ha import fleet  # noqa: F401  (a fixture)
 from test_kubernetes import (SLOW, cluster, complete, deployment, kmodel, pki,  # noqa: F401
                              start_thaw, urllib_status)
 
@@ -106,3 +107,70 @@ def test_gpu_memory_needed_on_a_node_puts_an_idle_pod_to_sleep(cluster, thaw_fac
     assert node()["gpu_memory"]["used_bytes"] == 14 << 30
     assert kmodel(t, "a")["sleep"]["wakes"] == 1
     assert t.metric("thaw_cold_start_seconds_count", model="a", namespace="models") == 1
+
+
+def sleep_status(t):
+    """The activator's view of each pod of llama: name -> sleep state."""
+    return {p["name"]: p.get("sleep", "awake") for p in kmodel(t)["pods"]
+            if not p["terminating"]}
+
+
+def test_two_activators_share_sleep_mode(fleet):
+    """The chart runs two activators. Sleep mode with both: a pod sleeps only
+    once the model is idle at both (a request in flight at the follower keeps
+    it awake: the leader would otherwise put it to sleep under it), both keep
+    it out of routing while asleep, and a request at either activator wakes
+    it (the follower asks the leader, which sends /wake_up): no cold start,
+    nothing answered "the model is sleeping". The pod runs the independent
+    asyncio counterpart with vLLM's sleep mode."""
+    f = fleet(2)
+    leader = f.one_leader()
+    follower = next(t for t in f.thaws if t is not leader)
+    d = deployment("llama", replicas=0, load_ms=300,
+                   annotations={"thaw.dev/sleep-mode": "true",
+                                "thaw.dev/idle-before-sleep": "500ms",
+                                "thaw.dev/sleep-timeout": "5s"})
+    d["spec"]["template"]["metadata"]["annotations"].update(
+        {"sim.thaw.dev/server": "asyncio", "sim.thaw.dev/sleep-mode": "true",
+         "sim.thaw.dev/token-ms": "500"})
+    f.sim.create_deployment(d)
+    for t in f.thaws:
+        wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
+                 what="model seen")
+    # A cold start through the follower, then a request there that takes 2 s
+    # (4 tokens of 500 ms): the leader sees nothing of it but the follower's
+    # /demand, and must not put the pod to sleep meanwhile.
+    assert complete(follower).status == 200
+    t0 = time.monotonic()
+    r = complete(follower)
+    assert r.status == 200, r.body
+    assert time.monotonic() - t0 >= 1.9
+    assert leader.metric("thaw_sleep_events_total", model="llama", namespace="models",
+                         event="sleep") == 0
+    # Idle at both: asleep, out of both activators' routing, still counted.
+    wait_for(lambda: set(sleep_status(leader).values()) == {"sleeping"} and
+             set(sleep_status(follower).values()) == {"sleeping"}, timeout=10 * SLOW,
+             what="asleep at both activators")
+    pod = next(p for p in kmodel(leader)["pods"] if not p["terminating"])
+    assert pod_get(pod["ip"], "/is_sleeping") == {"is_sleeping": True}
+    assert replicas(f.sim) == 1
+    assert kmodel(follower)["state"] == "sleeping"
+    # The follower tells the leader it let go of the pod.
+    assert json.loads(follower.admin("/demand")[1])["unrouted"] == [f"models/{pod['name']}"]
+    # Woken by a request at the follower, then at the leader.
+    for n, t in enumerate((follower, leader), start=1):
+        t0 = time.monotonic()
+        r = complete(t)
+        assert r.status == 200, r.body
+        assert time.monotonic() - t0 < 5 * SLOW
+        assert [p["name"] for p in kmodel(t)["pods"] if p["ready"]] == [pod["name"]]
+        assert leader.metric("thaw_sleep_events_total", model="llama", namespace="models",
+                             event="wake") == n
+        wait_for(lambda: set(sleep_status(leader).values()) == {"sleeping"} and
+                 set(sleep_status(follower).values()) == {"sleeping"}, timeout=10 * SLOW,
+                 what="asleep again")
+    assert follower.metric("thaw_sleep_events_total", model="llama", namespace="models",
+                           event="wake") == 0
+    assert replicas(f.sim) == 1
+    for t in f.thaws:
+        assert t.metric("thaw_cold_start_seconds_count", model="llama", namespace="models") <= 1

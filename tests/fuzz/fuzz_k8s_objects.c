@@ -107,14 +107,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (i == size || text[i] == '\n') {
             if (i > start) {
                 (void)k8s_informer_apply_event(&inf, text + start, i - start);
-                struct strmap demand, idle;
+                struct strmap demand, idle, unrouted;
                 char identity[254];
                 strmap_init(&demand);
                 strmap_init(&idle);
-                (void)k8s_peer_demand_parse(text + start, i - start, &demand, &idle, identity,
-                                            sizeof identity);
+                strmap_init(&unrouted);
+                (void)k8s_peer_demand_parse(text + start, i - start, &demand, &idle, &unrouted,
+                                            identity, sizeof identity);
                 strmap_dispose(&demand);
                 strmap_dispose(&idle);
+                strmap_dispose(&unrouted);
             }
             start = i + 1;
         }

@@ -80,7 +80,9 @@ kubelets of every node):
   pod (it stays Pending without a PodScheduled condition until then),
   sim.thaw.dev/token-ms the time per token, sim.thaw.dev/ready-file (c and asyncio-model)
   a file the server writes when loaded, sim.thaw.dev/sleep-fault (c: fail-sleep or
-  fail-wake, the sleep-mode call the server answers 500), sim.thaw.dev/error-pct (c)
+  fail-wake, the sleep-mode call the server answers 500), sim.thaw.dev/sleep-mode
+  (asyncio: "true" serves vLLM's sleep mode, as --enable-sleep-mode; c always
+  does), sim.thaw.dev/error-pct (c)
   the share of completions answered 500. The model name is the pod's
   thaw.dev/model label ("sim" without one). Probes run as the kubelet runs them: readiness once
   when the container starts and then every periodSeconds (default 10 s;
@@ -2189,10 +2191,13 @@ class Cluster:
                 cmd += ["--error-pct", anns["sim.thaw.dev/error-pct"]]
             return cmd
         if kind == "asyncio":
-            return [sys.executable, os.path.join(HERE, "pod_netns.py"), ip,
-                    self.args.asyncio_server, "--port", str(port),
-                    "--load-seconds", str(int(load_ms) / 1000), "--loading-mode", loading,
-                    "--token-delay-ms", token_ms, "--tokens", "4", "--model", model]
+            cmd = [sys.executable, os.path.join(HERE, "pod_netns.py"), ip,
+                   self.args.asyncio_server, "--port", str(port),
+                   "--load-seconds", str(int(load_ms) / 1000), "--loading-mode", loading,
+                   "--token-delay-ms", token_ms, "--tokens", "4", "--model", model]
+            if anns.get("sim.thaw.dev/sleep-mode") == "true":
+                cmd += ["--enable-sleep-mode"]
+            return cmd
         if kind == "asyncio-model":
             cmd = [sys.executable, self.args.asyncio_model, "--host", ip, "--port", str(port),
                    "--load-ms", load_ms, "--loading-mode", loading, "--token-ms", token_ms,

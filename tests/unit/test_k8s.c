@@ -466,13 +466,17 @@ static void test_out_of_range_numbers(void **state)
 
     static const char report[] =
         "{\"identity\":\"thaw-1\",\"models\":{\"a/x\":[1e300,5],\"a/y\":[-5,2,1500],"
-        "\"a/z\":[3,4,-1],\"a/w\":[0,0,\"7\"]}}";
-    struct strmap demand, idle;
+        "\"a/z\":[3,4,-1],\"a/w\":[0,0,\"7\"]},\"unrouted\":[\"a/p-1\",5,\"\"]}";
+    struct strmap demand, idle, unrouted;
     char identity[64];
     strmap_init(&demand);
     strmap_init(&idle);
-    assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, &idle, identity,
-                                           sizeof identity), 0);
+    strmap_init(&unrouted);
+    assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, &idle, &unrouted,
+                                           identity, sizeof identity), 0);
+    /* The pods it keeps out of routing (names only). */
+    assert_non_null(strmap_get(&unrouted, "a/p-1", 5));
+    assert_int_equal(unrouted.count, 1);
     assert_string_equal(identity, "thaw-1");
     assert_true((uintptr_t)strmap_get(&demand, "a/x", 3) == UINTPTR_MAX);
     assert_true((uintptr_t)strmap_get(&demand, "a/y", 3) == 2 + 1);
@@ -482,12 +486,13 @@ static void test_out_of_range_numbers(void **state)
     assert_null(strmap_get(&idle, "a/x", 3));
     assert_null(strmap_get(&idle, "a/z", 3));
     assert_null(strmap_get(&idle, "a/w", 3));
-    assert_int_equal(k8s_peer_demand_parse("[]", 2, &demand, &idle, identity, sizeof identity),
-                     -1);
-    assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, NULL, identity,
-                                           sizeof identity), 0);
+    assert_int_equal(k8s_peer_demand_parse("[]", 2, &demand, &idle, &unrouted, identity,
+                                           sizeof identity), -1);
+    assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, NULL, NULL,
+                                           identity, sizeof identity), 0);
     strmap_dispose(&demand);
     strmap_dispose(&idle);
+    strmap_dispose(&unrouted);
 }
 
 static void test_watch_event_objects(void **state)

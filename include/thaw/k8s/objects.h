@@ -19,6 +19,15 @@
  * labels they carry. */
 #define K8S_MODEL_LABEL "thaw.dev/model"
 
+/* Sleep mode with several activators: the leader marks a pod it puts to
+ * sleep with K8S_SLEEP_STATE_ANNOTATION ("falling-asleep" before it sends
+ * POST /sleep, "asleep" once answered; removed once the pod is awake
+ * again), and every activator keeps a pod so marked out of routing. An
+ * activator with requests for a model whose pods are all asleep asks the
+ * leader to wake one with K8S_WAKE_REQUEST_ANNOTATION (its identity). */
+#define K8S_SLEEP_STATE_ANNOTATION "thaw.dev/sleep-state"
+#define K8S_WAKE_REQUEST_ANNOTATION "thaw.dev/wake-requested"
+
 /* Extended resources counted per node: every resource whose name starts with
  * this (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-1g.10gb, ...). */
 #define K8S_RESOURCE_PREFIX "nvidia.com/"
@@ -65,6 +74,8 @@ struct k8s_pod_info {
     char unschedulable_message[256];
     char node_name[254];           /* spec.nodeName; "" while not scheduled */
     struct k8s_resources requests; /* K8S_RESOURCE_PREFIX resources (see k8s_pod_template) */
+    char sleep_state[16]; /* K8S_SLEEP_STATE_ANNOTATION; "" when absent */
+    bool wake_requested;  /* K8S_WAKE_REQUEST_ANNOTATION is set */
 };
 
 /* 0, or -1 when obj has no name. */

@@ -46,6 +46,12 @@ void k8s_peers_describe(struct k8s_peers *p, cJSON *out);
 /* The fewest milliseconds since a request for model key at any fresh peer
  * (as reported, plus the time since the report); UINT64_MAX when none says. */
 uint64_t k8s_peers_idle_ms(struct k8s_peers *p, const char *key);
+/* Whether every fresh peer has let go of pod pod_key ("ns/name") of model
+ * model_key: its answer to a poll sent at or after since_ms lists the pod as
+ * kept out of its routing, and has nothing of the model in flight or
+ * queued. True when there is no fresh peer. */
+bool k8s_peers_let_go(struct k8s_peers *p, const char *model_key, const char *pod_key,
+                      uint64_t since_ms);
 
 /* Where this activator stands among all of them (itself included), ordered
  * by address so that every activator computes the same order without
@@ -92,12 +98,16 @@ struct k8s_share_hold {
 uint32_t k8s_share_settle(struct k8s_share_hold *h, uint32_t dealt, uint64_t now_ms,
                           uint64_t settle_ms);
 /* A peer's demand report ({"identity": ..., "models": {key: [inflight,
- * queued, idle_ms]}}, idle_ms optional: ms since the model's last request
- * there) into demand (key -> (uintptr_t) demand + 1, replaced whole), idle
- * (key -> (uintptr_t) idle_ms + 1, replaced whole; may be NULL) and
- * identity. 0, or -1 when it is not such a report (nothing changed). */
+ * queued, idle_ms]}, "unrouted": ["ns/pod", ...]}, idle_ms optional: ms
+ * since the model's last request there; unrouted optional: the pods it
+ * keeps out of routing because they are marked asleep) into demand (key ->
+ * (uintptr_t) demand + 1, replaced whole), idle (key -> (uintptr_t) idle_ms
+ * + 1, replaced whole; may be NULL), unrouted (pod -> (void *)1, replaced
+ * whole; may be NULL) and identity. 0, or -1 when it is not such a report
+ * (nothing changed). */
 int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
-                          struct strmap *idle, char *identity, size_t idlen);
+                          struct strmap *idle, struct strmap *unrouted, char *identity,
+                          size_t idlen);
 void k8s_peers_dispose(struct k8s_peers *p);
 
 #endif

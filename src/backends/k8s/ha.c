@@ -135,4 +135,5 @@ void kube_demand(struct backend *b, cJSON *out)
     cJSON_AddBoolToObject(out, "leader", kb->leading);
     cJSON *models = cJSON_AddObjectToObject(out, "models");
     strmap_each(&kb->models, add_demand_cb, models);
+    kube_sleep_unrouted(kb, out);
 }

@@ -55,6 +55,9 @@ struct kmodel;
  * sent) -> AWAKE; FAILED: /wake_up failed, the pod is being deleted so its
  * ReplicaSet starts a new one (a cold start). */
 enum kpod_sleep { KS_AWAKE, KS_DOZING, KS_ASLEEP, KS_WAKING, KS_FAILED };
+/* The sleep-state annotation an activator writes on a pod (several
+ * activators): none wanted, "falling-asleep", "asleep", or removed. */
+enum kpod_mark { MARK_NONE, MARK_FALLING, MARK_ASLEEP, MARK_CLEAR };
 
 struct kpod {
     struct kmodel *km;
@@ -86,6 +89,18 @@ struct kpod {
     bool no_idle_sleep;     /* its server refused /sleep: not asked again when idle */
     uint64_t wake_asked_ms; /* when demand first found it asleep */
     struct k8s_call *delete_call;
+    /* sleep mode with several activators (sleep.c): the pod's sleep
+     * annotations (K8S_SLEEP_STATE_ANNOTATION, K8S_WAKE_REQUEST_ANNOTATION) */
+    enum kpod_mark mark_want;  /* what this activator wants written */
+    enum kpod_mark mark_sent;  /* what the PATCH under way writes */
+    enum kpod_mark mark_done;  /* what it wrote last */
+    struct k8s_call *mark_call;
+    uint64_t marked_ms;        /* leader: when its falling-asleep mark landed; 0: not yet */
+    bool sleep_sent;           /* leader: /sleep sent, the others having let go */
+    bool mirrored;             /* its sleep state is the annotation's (another decided it) */
+    bool wake_requested;       /* it carries a wake request */
+    uint64_t wake_request_ms;  /* when this activator last asked for it to wake */
+    struct k8s_call *wake_call;
 };
 
 struct kmodel {
@@ -120,7 +135,6 @@ struct kmodel {
     /* sleep mode (sleep.c) */
     uint64_t busy_at_ms;   /* the last tick with requests in flight or held */
     uint64_t last_wake_ms; /* the last wake from sleep took this long; 0: none */
-    bool sleep_peers_warned;
     struct k8s_call *rollout_call;
 };
 
@@ -361,9 +375,15 @@ uint64_t kube_idle_demand_age(const struct kmodel *km, uint64_t now);
 /* Every tick: idle pods of a sleep-mode model doze after idle-before-sleep;
  * demand wakes asleep ones. */
 void kube_sleep_tick(struct kmodel *km, uint64_t now);
-/* Demand for a model with no ready pod: wakes an asleep one. True when one
- * is asleep or waking (no scale-up is needed for it). */
+/* Demand for a model with no ready pod: wakes an asleep one (with several
+ * activators, a follower asks the leader to). True when one is asleep or
+ * waking (no scale-up is needed for it). */
 bool kube_wake_for_demand(struct kmodel *km);
+/* A pod object seen (added or changed): its sleep annotations. */
+void kube_pod_sleep_marks(struct kpod *p, const struct k8s_pod_info *pi);
+/* GET /demand: the pods this activator keeps out of routing because they
+ * are marked asleep ("ns/pod"), for the leader to know they were let go. */
+void kube_sleep_unrouted(struct kube_backend *kb, cJSON *out);
 /* A pod leaves: its control request and delete are dropped. */
 void kube_pod_sleep_dispose(struct kpod *p);
 /* Pods asleep; those waking and falling asleep in *waking and *dozing. */

@@ -473,6 +473,7 @@ static void pod_upsert(void *ud, const cJSON *obj)
         }
         snprintf(p->ip, sizeof p->ip, "%s", pi.ip);
     }
+    kube_pod_sleep_marks(p, &pi);
     /* Probe as soon as the pod has an IP, not when the kubelet says so. */
     if (pi.running) {
         kube_pod_probe(p);

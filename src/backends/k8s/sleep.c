@@ -17,7 +17,23 @@
  * holding memory on a node (awake, starting, or asked to wake) need more than
  * it has, idle sleep-mode pods there of the same or lower priority are put to
  * sleep, lowest priority first. A wake waits for that; with nothing there to
- * put to sleep, the pod is deleted for a cold start. */
+ * put to sleep, the pod is deleted for a cold start.
+ *
+ * Several activators: only the leader puts pods to sleep and wakes them,
+ * and only when the model is idle at every activator (the peers' /demand).
+ * It marks the pod "falling-asleep" (K8S_SLEEP_STATE_ANNOTATION) first;
+ * every activator seeing the mark takes the pod out of its routing and
+ * lists it in its /demand answer; the leader sends POST /sleep once every
+ * fresh peer has answered a poll sent after the mark with the pod listed and
+ * nothing of the model in flight or queued (k8s_peers_let_go), so no
+ * request can be on the pod when it sleeps. "asleep" once answered; the mark
+ * is removed once the pod is awake again, and every activator routes to it
+ * again. A follower with requests and only asleep pods asks the leader to
+ * wake one (K8S_WAKE_REQUEST_ANNOTATION), which the leader sees on its pod
+ * watch at once. Demand before /sleep was sent calls the sleep off. A
+ * leader that finds a mark it did not write (it just took the lease, or
+ * restarted) takes the pod as asleep: a wake of an awake server is
+ * harmless. */
 #include "internal.h"
 #include "thaw/clock.h"
 #include "thaw/log.h"
@@ -46,6 +62,10 @@ void kube_pod_sleep_dispose(struct kpod *p)
     }
     k8s_call_cancel(p->delete_call);
     p->delete_call = NULL;
+    k8s_call_cancel(p->mark_call);
+    p->mark_call = NULL;
+    k8s_call_cancel(p->wake_call);
+    p->wake_call = NULL;
 }
 
 static int send_control(struct kpod *p, const char *path, control_done_cb done)
@@ -62,12 +82,125 @@ static int send_control(struct kpod *p, const char *path, control_done_cb done)
 
 static void wake_wanted(struct kmodel *km);
 
+/* Several activators share the model's pods: sleep goes through the marks. */
+static bool shared(const struct kmodel *km)
+{
+    return km->kb->have_peers;
+}
+
+/* This activator decides sleep and wake (the leader, or the only one). */
+static bool deciding(const struct kmodel *km)
+{
+    return km->kb->leading;
+}
+
+/* Nothing in flight or waiting for the model: here, and on the leader at
+ * every fresh peer too. */
+static bool model_idle(const struct kmodel *km)
+{
+    struct kube_backend *kb = km->kb;
+    if (km->m->inflight || km->m->queue.count) {
+        return false;
+    }
+    return !(kb->have_peers && kb->leading) || k8s_peers_demand(&kb->peers, km->key) == 0;
+}
+
+/* ---- the sleep annotations (several activators) ---- */
+
+static void mark_send(struct kpod *p);
+
+static void on_marked(void *ud, long status, const char *body, size_t len, const char *err)
+{
+    struct kpod *p = ud;
+    enum kpod_mark sent = p->mark_sent;
+    p->mark_call = NULL;
+    if (status < 200 || status > 299) {
+        /* The tick writes it again. */
+        LOGW("writing a pod's sleep mark failed", "model=%s pod=%s status=%ld error=\"%s\"",
+             p->km->m->name, p->name, status, err ? err : "");
+        return;
+    }
+    p->mark_done = sent;
+    if (sent == MARK_FALLING && p->mark_want == MARK_FALLING && p->sleep == KS_DOZING) {
+        p->marked_ms = clock_now_ms(); /* the others' polls from now on tell */
+    }
+    if (p->mark_want != p->mark_done) {
+        mark_send(p);
+    }
+}
+
+/* One PATCH at a time per pod, the newest wish last, so that two never land
+ * out of order. */
+static void mark_send(struct kpod *p)
+{
+    struct kmodel *km = p->km;
+    if (p->mark_call || p->mark_want == MARK_NONE || p->mark_want == p->mark_done) {
+        return;
+    }
+    const char *v = p->mark_want == MARK_FALLING ? "\"falling-asleep\""
+                    : p->mark_want == MARK_ASLEEP ? "\"asleep\""
+                                                  : "null";
+    char body[256], path[700];
+    /* A mark written or removed answers any wake request made before it. */
+    snprintf(body, sizeof body, "{\"metadata\":{\"annotations\":{\"%s\":%s,\"%s\":null}}}",
+             K8S_SLEEP_STATE_ANNOTATION, v, K8S_WAKE_REQUEST_ANNOTATION);
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
+    p->mark_sent = p->mark_want;
+    p->mark_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
+                               body, strlen(body), 15000, on_marked, p);
+}
+
+static void mark(struct kpod *p, enum kpod_mark want)
+{
+    if (!shared(p->km)) {
+        return;
+    }
+    p->mark_want = want;
+    mark_send(p);
+}
+
+static void on_wake_requested(void *ud, long status, const char *body, size_t len,
+                              const char *err)
+{
+    struct kpod *p = ud;
+    p->wake_call = NULL;
+    if (status < 200 || status > 299) {
+        p->wake_request_ms = 0; /* asked again at the next tick */
+        LOGW("asking the leader to wake a pod failed", "model=%s pod=%s status=%ld",
+             p->km->m->name, p->name, status);
+    }
+}
+
+#define WAKE_REQUEST_AGAIN_MS 2000
+
+/* A follower with requests and only asleep pods: asks the leader to wake
+ * p, at most once per WAKE_REQUEST_AGAIN_MS. */
+static void request_wake(struct kpod *p)
+{
+    struct kmodel *km = p->km;
+    uint64_t now = clock_now_ms();
+    if (p->wake_call || (p->wake_request_ms && now - p->wake_request_ms < WAKE_REQUEST_AGAIN_MS)) {
+        return;
+    }
+    char body[400], path[700];
+    snprintf(body, sizeof body, "{\"metadata\":{\"annotations\":{\"%s\":\"%s\"}}}",
+             K8S_WAKE_REQUEST_ANNOTATION, km->kb->identity);
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
+    p->wake_request_ms = now;
+    p->wake_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
+                               body, strlen(body), 15000, on_wake_requested, p);
+    LOGI("asking the leader to wake a pod", "model=%s pod=%s", km->m->name, p->name);
+}
+
 static void on_slept(struct control *c, int status, void *ud)
 {
     struct kpod *p = ud;
     struct kmodel *km = p->km;
+    p->sleep_sent = false;
+    p->marked_ms = 0;
     if (status >= 200 && status <= 299) {
         p->sleep = KS_ASLEEP;
+        mark(p, MARK_ASLEEP);
         km->m->stats.sleeps++;
         LOGI("pod asleep", "model=%s pod=%s", km->m->name, p->name);
         wake_wanted(km); /* a request may have come meanwhile */
@@ -76,6 +209,7 @@ static void on_slept(struct control *c, int status, void *ud)
     km->m->stats.sleep_failures++;
     p->sleep = KS_AWAKE;
     p->no_idle_sleep = true;
+    mark(p, MARK_CLEAR);
     if (status > 0) {
         /* It answered: it is serving and stays in routing. */
         LOGW("pod refused to sleep: it stays awake", "model=%s pod=%s status=%d", km->m->name,
@@ -90,10 +224,43 @@ static void on_slept(struct control *c, int status, void *ud)
     }
 }
 
-/* Takes a ready pod out of routing and asks it to sleep. */
+/* Sends POST /sleep to a pod out of routing. */
+static void send_sleep(struct kpod *p)
+{
+    struct kmodel *km = p->km;
+    char path[32];
+    snprintf(path, sizeof path, "/sleep?level=%u", (unsigned)km->spec.sleep_level);
+    if (send_control(p, path, on_slept) == 0) {
+        p->sleep_sent = true;
+    }
+}
+
+/* Demand came while the others were letting go of p: it serves again. */
+static void sleep_called_off(struct kpod *p)
+{
+    p->sleep = KS_AWAKE;
+    p->marked_ms = 0;
+    mark(p, MARK_CLEAR);
+    LOGI("sleep called off: requests came", "model=%s pod=%s", p->km->m->name, p->name);
+    kube_pod_ready(p, "sleep called off");
+}
+
+/* Takes a ready pod out of routing and asks it to sleep (with several
+ * activators: marks it, and the tick sends /sleep once they let go). */
 static void pod_sleep(struct kpod *p, const char *why)
 {
     struct kmodel *km = p->km;
+    if (shared(km)) {
+        kube_pod_gone(p, "asleep");
+        p->sleep = KS_DOZING;
+        p->sleep_sent = false;
+        p->marked_ms = 0;
+        mark(p, MARK_FALLING);
+        LOGI("putting pod to sleep once every activator lets go of it",
+             "model=%s pod=%s level=%u reason=\"%s\"", km->m->name, p->name,
+             (unsigned)km->spec.sleep_level, why);
+        return;
+    }
     char path[32];
     snprintf(path, sizeof path, "/sleep?level=%u", (unsigned)km->spec.sleep_level);
     if (send_control(p, path, on_slept)) {
@@ -145,6 +312,8 @@ static void on_woken(struct control *c, int status, void *ud)
     }
     uint64_t now = clock_now_ms();
     p->sleep = KS_AWAKE;
+    p->mirrored = false;
+    mark(p, MARK_CLEAR);
     km->m->stats.wakes++;
     km->last_wake_ms = now - p->wake_asked_ms;
     histogram_observe(&km->m->stats.wake, (double)km->last_wake_ms / 1000.0);
@@ -164,12 +333,6 @@ static uint64_t node_shared_memory(const struct kube_backend *kb, const struct k
     uint64_t per_gpu = kube_gpu_memory(kb, ni, &source);
     uint64_t gpus = kube_shared_gpus(ni);
     return per_gpu && gpus ? per_gpu * gpus : 0;
-}
-
-/* Nothing in flight or waiting for the model. */
-static bool model_idle(const struct kmodel *km)
-{
-    return km->m->inflight == 0 && km->m->queue.count == 0;
 }
 
 struct node_memory {
@@ -255,7 +418,7 @@ static uint64_t make_room(struct kube_backend *kb, const char *node, struct node
     if (!cap || nm->held - nm->coming <= cap) {
         return 0;
     }
-    if (nm->need && !kb->have_peers) {
+    if (nm->need && kb->leading) {
         struct victims v = {nm, cap, TIER_COUNT - 1};
         for (; v.tier >= (int)nm->need_tier; v.tier--) {
             strmap_each(&kb->models, victims_in_model, &v);
@@ -354,10 +517,22 @@ static void wake_some(struct kmodel *km, unsigned n)
 
 /* With requests in flight or held, the autoscaler's count (at least one)
  * should be awake: asleep pods make up the difference. */
+static void any_wake_request(void *ud, const char *key, void *value)
+{
+    const struct kpod *p = value;
+    if (p->wake_requested && !p->terminating) {
+        *(bool *)ud = true;
+    }
+}
+
 static void wake_wanted(struct kmodel *km)
 {
     struct model *m = km->m;
-    if (model_idle(km)) {
+    bool asked = false;
+    if (shared(km)) {
+        strmap_each(&km->pods, any_wake_request, &asked);
+    }
+    if (!deciding(km) || (model_idle(km) && !asked)) {
         return;
     }
     unsigned want = km->sc.last.desired ? km->sc.last.desired : 1;
@@ -368,11 +543,33 @@ static void wake_wanted(struct kmodel *km)
     }
 }
 
+static void ask_one(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    bool *done = ud;
+    if (!*done && (p->sleep == KS_ASLEEP || p->sleep == KS_DOZING) && !p->terminating &&
+        !p->retired) {
+        *done = true;
+        request_wake(p);
+    }
+}
+
+/* A follower: asks the leader to wake one of km's asleep pods. */
+static void ask_leader_to_wake(struct kmodel *km)
+{
+    bool done = false;
+    strmap_each(&km->pods, ask_one, &done);
+}
+
 bool kube_wake_for_demand(struct kmodel *km)
 {
     struct sleep_count c = {0};
     strmap_each(&km->pods, count_pod, &c);
-    if (c.asleep && km->m->n_endpoints == 0 && c.waking == 0) {
+    if (!deciding(km)) {
+        if (c.asleep + c.dozing && km->m->n_endpoints == 0) {
+            ask_leader_to_wake(km);
+        }
+    } else if (c.asleep && km->m->n_endpoints == 0 && c.waking == 0) {
         wake_some(km, 1);
         return true;
     }
@@ -387,29 +584,131 @@ static void sleep_if_awake(void *ud, const char *key, void *value)
     }
 }
 
+/* Every tick, with several activators: marks written again after a
+ * failure; on the leader, a marked pod gets its /sleep once the others let
+ * go of it, or serves again when requests came meanwhile; a mark found
+ * rather than written (a new leader) is taken as asleep. */
+static void tend_marks(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    struct kmodel *km = p->km;
+    mark_send(p);
+    if (!deciding(km) || p->sleep != KS_DOZING || p->terminating) {
+        return;
+    }
+    if (p->mirrored) {
+        p->sleep = KS_ASLEEP; /* whether /sleep was sent is unknown: wake it to be sure */
+        return;
+    }
+    if (p->sleep_sent || !p->marked_ms) {
+        return;
+    }
+    if (!model_idle(km) || p->wake_requested) {
+        sleep_called_off(p);
+        return;
+    }
+    char pod_key[600];
+    snprintf(pod_key, sizeof pod_key, "%s/%s", km->spec.namespace_, p->name);
+    if (k8s_peers_let_go(&km->kb->peers, km->key, pod_key, p->marked_ms)) {
+        send_sleep(p);
+    }
+}
+
 void kube_sleep_tick(struct kmodel *km, uint64_t now)
 {
     struct model *m = km->m;
     unsigned waking, dozing;
     m->replicas_asleep = kube_pods_asleep(km, &waking, &dozing) + dozing;
+    if (shared(km)) {
+        strmap_each(&km->pods, tend_marks, NULL);
+    }
     if (m->inflight > 0 || m->queue.count > 0) {
         km->busy_at_ms = now;
+        if (!deciding(km) && m->n_endpoints == 0) {
+            ask_leader_to_wake(km); /* again, should the last ask be lost */
+        }
         wake_wanted(km);
         return;
     }
-    if (!km->spec.sleep_level || m->n_endpoints == 0 ||
+    wake_wanted(km); /* a follower's wake request */
+    if (!km->spec.sleep_level || m->n_endpoints == 0 || !deciding(km) ||
         now - km->busy_at_ms < km->spec.idle_before_sleep_ms) {
         return;
     }
-    if (km->kb->have_peers) {
-        /* Another activator would keep routing to a pod this one put to
-         * sleep (and its idleness is not the model's): not with peers. */
-        if (!km->sleep_peers_warned) {
-            km->sleep_peers_warned = true;
-            LOGW("sleep mode is not used with several activators", "model=%s deployment=%s",
-                 m->name, km->key);
+    if (shared(km) && (k8s_peers_demand(&km->kb->peers, km->key) ||
+                       k8s_peers_idle_ms(&km->kb->peers, km->key) < km->spec.idle_before_sleep_ms)) {
+        return; /* busy at another activator, or lately */
+    }
+    strmap_each(&km->pods, sleep_if_awake, NULL);
+}
+
+void kube_pod_sleep_marks(struct kpod *p, const struct k8s_pod_info *pi)
+{
+    struct kmodel *km = p->km;
+    if (!shared(km)) {
+        return;
+    }
+    bool asked = pi->wake_requested && !p->wake_requested;
+    p->wake_requested = pi->wake_requested;
+    bool marked = pi->sleep_state[0] != '\0';
+    if (deciding(km)) {
+        if (marked && p->sleep == KS_AWAKE && p->mark_want != MARK_CLEAR) {
+            /* A mark this leader did not write: asleep as far as it knows. */
+            p->sleep = KS_ASLEEP;
+            p->mirrored = true;
+            kube_pod_gone(p, "asleep");
+        } else if (pi->wake_requested && p->sleep == KS_AWAKE) {
+            /* Asked after it woke: the request is removed. */
+            p->mark_done = MARK_NONE;
+            mark(p, MARK_CLEAR);
+        }
+        if (asked) {
+            LOGI("a peer asked for a pod to wake", "model=%s pod=%s", km->m->name, p->name);
+            if (p->sleep == KS_DOZING && !p->sleep_sent && !p->mirrored) {
+                sleep_called_off(p);
+            } else {
+                wake_wanted(km);
+            }
         }
         return;
     }
-    strmap_each(&km->pods, sleep_if_awake, NULL);
+    /* A follower: the leader's mark says whether the pod is routed. */
+    if (marked) {
+        enum kpod_sleep s = strcmp(pi->sleep_state, "asleep") == 0 ? KS_ASLEEP : KS_DOZING;
+        if (p->sleep == KS_AWAKE || p->mirrored) {
+            p->sleep = s;
+            p->mirrored = true;
+            kube_pod_gone(p, "asleep");
+        }
+    } else if (p->mirrored) {
+        p->sleep = KS_AWAKE;
+        p->mirrored = false;
+        p->wake_request_ms = 0;
+        kube_pod_ready(p, "woken");
+    }
+}
+
+struct unrouted_pass {
+    cJSON *list;
+};
+
+static void unrouted_pod(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    if (p->mirrored && p->sleep != KS_AWAKE && !p->reported) {
+        char pod_key[600];
+        snprintf(pod_key, sizeof pod_key, "%s/%s", p->km->spec.namespace_, p->name);
+        cJSON_AddItemToArray(((struct unrouted_pass *)ud)->list, cJSON_CreateString(pod_key));
+    }
+}
+
+static void unrouted_model(void *ud, const char *key, void *value)
+{
+    strmap_each(&((struct kmodel *)value)->pods, unrouted_pod, ud);
+}
+
+void kube_sleep_unrouted(struct kube_backend *kb, cJSON *out)
+{
+    struct unrouted_pass u = {cJSON_AddArrayToObject(out, "unrouted")};
+    strmap_each(&kb->models, unrouted_model, &u);
 }
