@@ -12,7 +12,8 @@ struct k8s_peer {
     struct k8s_peers *set;
     char addr[96];
     bool self;
-    bool seen; /* in the latest slice */
+    bool seen;     /* in the latest slice */
+    bool draining; /* terminating (a rollout of thaw): polled, dealt no slots */
     uint64_t last_ok_ms;
     uint64_t polls, failures;
     struct strmap demand; /* model key -> (uintptr_t) demand + 1 */
@@ -47,7 +48,7 @@ static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
 {
     struct slice_pass *sp = ud;
     struct k8s_peers *p = sp->p;
-    if (e->terminating) {
+    if (e->terminating && strcmp(e->address, p->self_ip) == 0) {
         return;
     }
     char addr[96];
@@ -70,6 +71,11 @@ static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
         sp->changed = true;
     }
     pe->seen = true;
+    if (pe->draining != e->terminating) {
+        /* Out of the deal; its requests in flight still count as demand. */
+        pe->draining = e->terminating;
+        sp->changed = true;
+    }
 }
 
 struct gone {
@@ -287,14 +293,27 @@ static void check_let_go(void *ud, const char *k, void *value)
 {
     struct let_go *g = ud;
     struct k8s_peer *pe = value;
-    if (!fresh(g->p, pe)) {
+    if (pe->self) {
+        return;
+    }
+    if (pe->answer_asked_ms < g->since_ms) {
+        g->all = false; /* not heard from since (a peer that stopped answering included) */
+        return;
+    }
+    if (!g->pod_key) {
         return;
     }
     uintptr_t d = (uintptr_t)strmap_get(&pe->demand, g->model_key, strlen(g->model_key));
-    if (pe->answer_asked_ms < g->since_ms || d > 1 ||
-        !strmap_get(&pe->unrouted, g->pod_key, strlen(g->pod_key))) {
+    if (d > 1 || !strmap_get(&pe->unrouted, g->pod_key, strlen(g->pod_key))) {
         g->all = false;
     }
+}
+
+bool k8s_peers_heard_all(struct k8s_peers *p, uint64_t since_ms)
+{
+    struct let_go g = {p, NULL, NULL, since_ms, true};
+    strmap_each(&p->peers, check_let_go, &g);
+    return g.all;
 }
 
 bool k8s_peers_let_go(struct k8s_peers *p, const char *model_key, const char *pod_key,
@@ -309,7 +328,7 @@ static void count_peer(void *ud, const char *k, void *value)
 {
     struct sum *s = ud;
     struct k8s_peer *pe = value;
-    if (!pe->self && (!s->fresh_only || fresh(s->p, pe))) {
+    if (!pe->self && !pe->draining && (!s->fresh_only || fresh(s->p, pe))) {
         s->count++;
     }
 }
@@ -349,6 +368,9 @@ static void place_peer(void *ud, const char *k, void *value)
 {
     struct place *pl = ud;
     const struct k8s_peer *pe = value;
+    if (pe->draining) {
+        return;
+    }
     pl->n++;
     if (pe->self) {
         pl->found = true;
@@ -359,7 +381,8 @@ static void place_peer(void *ud, const char *k, void *value)
 static void count_before(void *ud, const char *k, void *value)
 {
     struct place *pl = ud;
-    if (strcmp(((const struct k8s_peer *)value)->addr, pl->self) < 0) {
+    const struct k8s_peer *pe = value;
+    if (!pe->draining && strcmp(pe->addr, pl->self) < 0) {
         pl->before++;
     }
 }
@@ -458,6 +481,9 @@ void k8s_peers_start(struct k8s_peers *p)
 void k8s_peers_set_polling(struct k8s_peers *p, bool on)
 {
     p->polling = on;
+    if (on) {
+        event_active(&p->timer, EV_TIMEOUT, 0); /* a new leader hears from them at once */
+    }
 }
 
 static void free_peer_cb(void *ud, const char *key, void *value)

@@ -20,7 +20,8 @@ LEASE = {"lease_duration_ms": 3000, "renew_interval_ms": 300, "renew_deadline_ms
 class Fleet:
     """N activators on 127.0.0.11.., one admin port, listed in thaw's own Service."""
 
-    def __init__(self, sim, tmp_path, n, autoscaler=None):
+    def __init__(self, sim, tmp_path, n, autoscaler=None, kube=None, per=None):
+        """kube: more kubernetes settings for all; per: {index: settings} for one."""
         self.sim = sim
         self.admin_port = free_port()
         self.ips = [f"127.0.0.{11 + i}" for i in range(n)]
@@ -40,7 +41,8 @@ class Fleet:
                    "kubernetes": {"namespaces": ["models"], "leader_election": True,
                                   "identity": f"thaw-{i}", "lease_namespace": "models",
                                   "peers_service": "thaw", "peers_port": self.admin_port,
-                                  "peers_poll_ms": 200, "peers_timeout_ms": 1200, **LEASE}}
+                                  "peers_poll_ms": 200, "peers_timeout_ms": 1200, **LEASE,
+                                  **(kube or {}), **((per or {}).get(i, {}))}}
             os.environ["POD_IP"] = ip
             try:
                 self.thaws.append(Thaw(cfg, ["--kubeconfig", kc]))
@@ -71,9 +73,9 @@ class Fleet:
 def fleet(pki, tmp_path):
     made = []
 
-    def make(n, **sim_kw):
+    def make(n, kube=None, per=None, **sim_kw):
         sim = KubeSim(pki, str(tmp_path), **sim_kw)
-        f = Fleet(sim, tmp_path, n)
+        f = Fleet(sim, tmp_path, n, kube=kube, per=per)
         made.append(f)
         return f
     yield make

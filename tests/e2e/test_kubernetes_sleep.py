@@ -6,7 +6,10 @@ POST /wake_up (a wake, not a cold start). A pod that fails to wake is deleted,
 its ReplicaSet starts a new one and the held request is served by that.
 """
 
+import datetime
 import json
+import signal
+import threading
 import time
 import urllib.request
 
@@ -174,3 +177,129 @@ def test_two_activators_share_sleep_mode(fleet):
     assert replicas(f.sim) == 1
     for t in f.thaws:
         assert t.metric("thaw_cold_start_seconds_count", model="llama", namespace="models") <= 1
+
+
+def sleepy_fleet(fleet, n, token_ms, idle_before_sleep="500ms", **fleet_kw):
+    """n activators and a sleep-mode model on the asyncio counterpart."""
+    f = fleet(n, **fleet_kw)
+    d = deployment("llama", replicas=0, load_ms=300,
+                   annotations={"thaw.dev/sleep-mode": "true",
+                                "thaw.dev/idle-before-sleep": idle_before_sleep,
+                                "thaw.dev/sleep-timeout": "5s"})
+    d["spec"]["template"]["metadata"]["annotations"].update(
+        {"sim.thaw.dev/server": "asyncio", "sim.thaw.dev/sleep-mode": "true",
+         "sim.thaw.dev/token-ms": str(token_ms)})
+    f.sim.create_deployment(d)
+    for t in f.thaws:
+        wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
+                 what="model seen")
+    return f
+
+
+def test_a_new_leader_does_not_put_to_sleep_a_pod_a_follower_is_using(fleet):
+    """The leader dies while a follower has a long request on the model's only
+    pod, and another activator takes the lease: it has heard nothing from the
+    others yet, and must not take the model for idle (a /sleep would land
+    under the follower's request). The pod sleeps once the request is over."""
+    # The leader polls the others once a second (the default); the follower
+    # with the request is slow to take the lease, so the idle one takes it.
+    f = sleepy_fleet(fleet, 3, token_ms=2000, idle_before_sleep="300ms",
+                     kube={"peers_poll_ms": 1000, "peers_timeout_ms": 5000},
+                     per={2: {"renew_interval_ms": 1900, "renew_deadline_ms": 2500}})
+    leader = f.one_leader()
+    follower = f.thaws[2]
+    assert leader is not follower
+    one_token = {"model": "x", "prompt": "hi", "max_tokens": 1}
+    assert complete(follower, body=one_token).status == 200  # a cold start, then 2 s
+    pod = next(p for p in kmodel(follower)["pods"] if not p["terminating"])
+    out = {}
+
+    def long_request():
+        out["r"] = complete(follower)  # 4 tokens of 2 s, on the pod all along
+    th = threading.Thread(target=long_request)
+    th.start()
+    time.sleep(1.0)
+    leader.proc.send_signal(signal.SIGKILL)
+    leader.proc.wait(10)
+    asleep_under_it = []
+    while th.is_alive():
+        if pod_get(pod["ip"], "/is_sleeping")["is_sleeping"]:
+            asleep_under_it.append(time.monotonic())
+        time.sleep(0.1)
+    assert out["r"].status == 200, out["r"].body
+    assert not asleep_under_it, "the pod slept under the follower's request"
+    new = f.one_leader(timeout=15)
+    # Not heard from, the dead activator holds sleep off until it leaves
+    # thaw's Service (its pod deleted).
+    assert set(sleep_status(new).values()) == {"awake"}
+    path = "/apis/discovery.k8s.io/v1/namespaces/models/endpointslices/thaw-abc"
+    _, sl = f.sim.call("GET", path)
+    sl["endpoints"] = [e for e in sl["endpoints"] if e["addresses"][0] != leader.host]
+    f.sim.call("PUT", path, sl)
+    wait_for(lambda: set(sleep_status(new).values()) == {"sleeping"}, timeout=10 * SLOW,
+             what="asleep once idle")
+
+
+def hand_lease(f, to):
+    """Moves the leader Lease to activator `to` (as if the leader had missed
+    its renewals and `to` had taken it), the old leader still running."""
+    path = "/apis/coordination.k8s.io/v1/namespaces/models/leases/thaw-leader"
+    _, lease = f.sim.call("GET", path)
+    lease["spec"]["holderIdentity"] = to.status()["kubernetes"]["leader_election"]["identity"]
+    lease["spec"]["renewTime"] = datetime.datetime.now(datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%S.%fZ")
+    code, _ = f.sim.call("PUT", path, lease)
+    assert code == 200, code
+    wait_for(lambda: f.leaders() == [to], timeout=10, what="the lease moved")
+
+
+def test_an_activator_that_lost_the_lease_follows_the_leaders_marks(fleet):
+    """The leader put the pod to sleep, then lost the lease while running on:
+    a request there asks the new leader for a wake and is served (before, the
+    pod stayed asleep in the old leader's own state and its requests timed
+    out), and the new leader can put the pod to sleep again."""
+    f = sleepy_fleet(fleet, 2, token_ms=50)
+    a = f.one_leader()
+    b = next(t for t in f.thaws if t is not a)
+    assert complete(a).status == 200
+    wait_for(lambda: set(sleep_status(a).values()) == {"sleeping"} and
+             set(sleep_status(b).values()) == {"sleeping"}, timeout=10 * SLOW, what="asleep")
+    hand_lease(f, b)
+    r = complete(a, timeout=20)
+    assert r.status == 200, r.body
+    assert b.metric("thaw_sleep_events_total", model="llama", namespace="models",
+                    event="wake") == 1
+    wait_for(lambda: set(sleep_status(a).values()) == {"sleeping"} and
+             set(sleep_status(b).values()) == {"sleeping"}, timeout=10 * SLOW,
+             what="asleep again, by the new leader")
+    assert b.metric("thaw_sleep_events_total", model="llama", namespace="models",
+                    event="sleep") == 1
+
+
+def test_a_mark_the_api_refuses_holds_no_request(fleet):
+    """Writing the falling-asleep mark fails (no `patch` on pods in the
+    activator's Role, say): a request that comes meanwhile is served at once,
+    not held until its queue timeout, and the pod is not asked to sleep again
+    when idle after a few failures."""
+    f = sleepy_fleet(fleet, 2, token_ms=50)
+    a = f.one_leader()
+    b = next(t for t in f.thaws if t is not a)
+    assert complete(a).status == 200
+    f.sim.call("POST", "/_sim/faults", {"fail_next": 100000, "fail_matching": "falling-asleep"})
+    wait_for(lambda: set(sleep_status(a).values()) == {"falling_asleep"}, timeout=10 * SLOW,
+             what="falling asleep")
+    for t in (a, b):
+        t0 = time.monotonic()
+        assert complete(t, timeout=20).status == 200
+        assert time.monotonic() - t0 < 2 * SLOW
+    # After a few refused marks the pod stays awake and serving.
+    awake_since = [None]
+
+    def awake_for_3s():
+        if set(sleep_status(a).values()) != {"awake"}:
+            awake_since[0] = None
+            return False
+        awake_since[0] = awake_since[0] or time.monotonic()
+        return time.monotonic() - awake_since[0] >= 3
+    wait_for(awake_for_3s, timeout=20 * SLOW, interval=0.1, what="given up")
+    assert complete(b, timeout=20).status == 200

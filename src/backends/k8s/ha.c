@@ -22,6 +22,7 @@ static void on_leadership(void *ud, bool leading)
     }
     if (kb->have_peers) {
         k8s_peers_set_polling(&kb->peers, leading);
+        kube_sleep_leadership(kb);
     }
 }
 
@@ -118,9 +119,10 @@ static void add_demand_cb(void *ud, const char *key, void *value)
 {
     struct kmodel *km = value;
     uint64_t age = kube_idle_demand_age(km, clock_now_ms());
-    if (km->m->inflight || km->m->queue.count || age != UINT64_MAX) {
+    uint64_t inflight = km->m->inflight + kube_sleep_held_inflight(km);
+    if (inflight || km->m->queue.count || age != UINT64_MAX) {
         cJSON *counts = cJSON_CreateArray();
-        cJSON_AddItemToArray(counts, cJSON_CreateNumber(km->m->inflight));
+        cJSON_AddItemToArray(counts, cJSON_CreateNumber((double)inflight));
         /* Waiting that more replicas could start (not held by a tenant's cap). */
         cJSON_AddItemToArray(counts, cJSON_CreateNumber((double)queue_runnable(&km->m->queue)));
         cJSON_AddItemToArray(counts, cJSON_CreateNumber(age != UINT64_MAX ? (double)age : 0));

@@ -91,14 +91,21 @@ struct kpod {
     struct k8s_call *delete_call;
     /* sleep mode with several activators (sleep.c): the pod's sleep
      * annotations (K8S_SLEEP_STATE_ANNOTATION, K8S_WAKE_REQUEST_ANNOTATION) */
-    enum kpod_mark mark_want;  /* what this activator wants written */
+    enum kpod_mark mark_seen;  /* the mark on the pod object: NONE, FALLING or ASLEEP */
+    enum kpod_mark mark_want;  /* leader: what it wants written; NONE: no wish yet */
     enum kpod_mark mark_sent;  /* what the PATCH under way writes */
     enum kpod_mark mark_done;  /* what it wrote last */
+    uint64_t mark_done_ms;     /* when that landed */
+    unsigned mark_failures;    /* PATCHes failed in a row */
+    uint64_t mark_retry_ms;    /* not written again before this */
     struct k8s_call *mark_call;
     uint64_t marked_ms;        /* leader: when its falling-asleep mark landed; 0: not yet */
     bool sleep_sent;           /* leader: /sleep sent, the others having let go */
-    bool mirrored;             /* its sleep state is the annotation's (another decided it) */
     bool wake_requested;       /* it carries a wake request */
+    /* Its endpoint, held while sleep keeps the pod out of routing: the
+     * requests still running on it are not the model's any more (model.c),
+     * and the pod is not let go of before they end. */
+    struct endpoint *held_ep;
     uint64_t wake_request_ms;  /* when this activator last asked for it to wake */
     struct k8s_call *wake_call;
 };
@@ -384,6 +391,12 @@ void kube_pod_sleep_marks(struct kpod *p, const struct k8s_pod_info *pi);
 /* GET /demand: the pods this activator keeps out of routing because they
  * are marked asleep ("ns/pod"), for the leader to know they were let go. */
 void kube_sleep_unrouted(struct kube_backend *kb, cJSON *out);
+/* Requests still running on km's pods that sleep took out of routing (they
+ * are not in its model's count): in flight all the same, for /demand. */
+uint64_t kube_sleep_held_inflight(const struct kmodel *km);
+/* This activator took or lost the lease: a new leader takes the marks it
+ * finds as its own; one that lost it follows them. */
+void kube_sleep_leadership(struct kube_backend *kb);
 /* A pod leaves: its control request and delete are dropped. */
 void kube_pod_sleep_dispose(struct kpod *p);
 /* Pods asleep; those waking and falling asleep in *waking and *dozing. */

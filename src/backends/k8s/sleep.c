@@ -36,6 +36,7 @@
  * harmless. */
 #include "internal.h"
 #include "thaw/clock.h"
+#include "thaw/endpoint.h"
 #include "thaw/log.h"
 
 #include <errno.h>
@@ -55,6 +56,8 @@ const char *kube_pod_sleep_name(enum kpod_sleep s)
     return "unknown";
 }
 
+static void release_held(struct kpod *p);
+
 void kube_pod_sleep_dispose(struct kpod *p)
 {
     if (p->ctl_init) {
@@ -66,6 +69,7 @@ void kube_pod_sleep_dispose(struct kpod *p)
     p->mark_call = NULL;
     k8s_call_cancel(p->wake_call);
     p->wake_call = NULL;
+    release_held(p);
 }
 
 static int send_control(struct kpod *p, const char *path, control_done_cb done)
@@ -88,10 +92,11 @@ static bool shared(const struct kmodel *km)
     return km->kb->have_peers;
 }
 
-/* This activator decides sleep and wake (the leader, or the only one). */
+/* This activator decides sleep and wake: the leader, or any activator
+ * where there are no peers. */
 static bool deciding(const struct kmodel *km)
 {
-    return km->kb->leading;
+    return km->kb->leading || !km->kb->have_peers;
 }
 
 /* Nothing in flight or waiting for the model: here, and on the leader at
@@ -99,30 +104,97 @@ static bool deciding(const struct kmodel *km)
 static bool model_idle(const struct kmodel *km)
 {
     struct kube_backend *kb = km->kb;
-    if (km->m->inflight || km->m->queue.count) {
+    if (km->m->inflight || km->m->queue.count || kube_sleep_held_inflight(km)) {
         return false;
     }
     return !(kb->have_peers && kb->leading) || k8s_peers_demand(&kb->peers, km->key) == 0;
 }
 
+/* Takes p out of routing for sleep. Requests still running on it stop
+ * counting as the model's (model.c): its endpoint is held to see them end. */
+static void unroute(struct kpod *p)
+{
+    struct model *m = p->km->m;
+    if (!p->held_ep) {
+        for (size_t i = 0; i < m->n_endpoints; i++) {
+            if (strcmp(m->endpoints[i]->id, p->name) == 0) {
+                p->held_ep = m->endpoints[i];
+                endpoint_ref(p->held_ep);
+                break;
+            }
+        }
+    }
+    kube_pod_gone(p, "asleep");
+}
+
+static void release_held(struct kpod *p)
+{
+    if (p->held_ep) {
+        endpoint_unref(p->held_ep);
+        p->held_ep = NULL;
+    }
+}
+
+/* Requests this activator sent it before it left routing are still on it. */
+static bool still_serving(struct kpod *p)
+{
+    if (p->held_ep && p->held_ep->inflight == 0) {
+        release_held(p);
+    }
+    return p->held_ep != NULL;
+}
+
+static void add_held(void *ud, const char *key, void *value)
+{
+    const struct kpod *p = value;
+    if (p->held_ep) {
+        *(uint64_t *)ud += p->held_ep->inflight;
+    }
+}
+
+uint64_t kube_sleep_held_inflight(const struct kmodel *km)
+{
+    uint64_t n = 0;
+    strmap_each((struct strmap *)&km->pods, add_held, &n);
+    return n;
+}
+
 /* ---- the sleep annotations (several activators) ---- */
 
+#define MARK_RETRY_MAX_MS 30000
+#define MARK_FAILURES_GIVE_UP 3
+
 static void mark_send(struct kpod *p);
+static void sleep_called_off(struct kpod *p);
 
 static void on_marked(void *ud, long status, const char *body, size_t len, const char *err)
 {
     struct kpod *p = ud;
     enum kpod_mark sent = p->mark_sent;
+    uint64_t now = clock_now_ms();
     p->mark_call = NULL;
     if (status < 200 || status > 299) {
-        /* The tick writes it again. */
-        LOGW("writing a pod's sleep mark failed", "model=%s pod=%s status=%ld error=\"%s\"",
-             p->km->m->name, p->name, status, err ? err : "");
+        /* Written again by the tick, backing off. */
+        unsigned n = ++p->mark_failures;
+        uint64_t wait = n < 7 ? 500ull << n : MARK_RETRY_MAX_MS;
+        p->mark_retry_ms = now + (wait < MARK_RETRY_MAX_MS ? wait : MARK_RETRY_MAX_MS);
+        if ((n & (n - 1)) == 0) {
+            LOGW("writing a pod's sleep mark failed (RBAC: patch on pods?)",
+                 "model=%s pod=%s status=%ld failures=%u error=\"%s\"", p->km->m->name, p->name,
+                 status, n, err ? err : "");
+        }
+        if (sent == MARK_FALLING && n >= MARK_FAILURES_GIVE_UP && p->sleep == KS_DOZING &&
+            !p->sleep_sent && p->mark_want == MARK_FALLING) {
+            p->no_idle_sleep = true; /* not asked again when idle */
+            sleep_called_off(p);
+        }
         return;
     }
+    p->mark_failures = 0;
     p->mark_done = sent;
+    p->mark_done_ms = now;
     if (sent == MARK_FALLING && p->mark_want == MARK_FALLING && p->sleep == KS_DOZING) {
-        p->marked_ms = clock_now_ms(); /* the others' polls from now on tell */
+        p->marked_ms = now; /* the others' polls from now on tell */
     }
     if (p->mark_want != p->mark_done) {
         mark_send(p);
@@ -130,11 +202,12 @@ static void on_marked(void *ud, long status, const char *body, size_t len, const
 }
 
 /* One PATCH at a time per pod, the newest wish last, so that two never land
- * out of order. */
+ * out of order; only from the activator that decides. */
 static void mark_send(struct kpod *p)
 {
     struct kmodel *km = p->km;
-    if (p->mark_call || p->mark_want == MARK_NONE || p->mark_want == p->mark_done) {
+    if (p->mark_call || !deciding(km) || p->mark_want == MARK_NONE ||
+        p->mark_want == p->mark_done || clock_now_ms() < p->mark_retry_ms) {
         return;
     }
     const char *v = p->mark_want == MARK_FALLING ? "\"falling-asleep\""
@@ -152,11 +225,62 @@ static void mark_send(struct kpod *p)
 
 static void mark(struct kpod *p, enum kpod_mark want)
 {
-    if (!shared(p->km)) {
+    if (!shared(p->km) || !deciding(p->km)) {
         return;
     }
     p->mark_want = want;
     mark_send(p);
+}
+
+/* What the pod object says matches what the leader wrote (a clear: no mark). */
+static bool mark_agrees(enum kpod_mark want, enum kpod_mark seen)
+{
+    return want == seen || (want == MARK_CLEAR && seen == MARK_NONE);
+}
+
+/* Not deciding: the pod's state is the mark's. A control request this one
+ * still has out (it lost the lease meanwhile) follows it when it ends. */
+static void follow_mark(struct kpod *p)
+{
+    if (p->sleep == KS_FAILED || p->terminating || (p->ctl_init && control_running(&p->ctl))) {
+        return;
+    }
+    if (p->mark_seen != MARK_NONE) {
+        if (p->sleep == KS_AWAKE) {
+            unroute(p);
+        }
+        p->sleep = p->mark_seen == MARK_ASLEEP ? KS_ASLEEP : KS_DOZING;
+    } else if (p->sleep != KS_AWAKE) {
+        p->sleep = KS_AWAKE;
+        p->wake_request_ms = 0;
+        release_held(p);
+        release_held(p);
+    kube_pod_ready(p, "woken");
+    }
+}
+
+/* The leader with no wish of its own for p yet (it just took the lease, or
+ * started): the mark it finds is its own. A pod falling asleep is let go of
+ * again before its /sleep (sent or not: it is sent again); an asleep one
+ * wakes on demand (a wake of an awake server is harmless). */
+static void adopt_mark(struct kpod *p)
+{
+    if (p->mark_want != MARK_NONE || p->mark_seen == MARK_NONE || p->sleep == KS_FAILED ||
+        p->terminating || (p->ctl_init && control_running(&p->ctl))) {
+        return;
+    }
+    if (p->sleep == KS_AWAKE) {
+        unroute(p);
+    }
+    p->mark_want = p->mark_done = p->mark_seen;
+    p->sleep_sent = false;
+    if (p->mark_seen == MARK_FALLING) {
+        p->sleep = KS_DOZING;
+        p->marked_ms = clock_now_ms();
+    } else {
+        p->sleep = KS_ASLEEP;
+        p->marked_ms = 0;
+    }
 }
 
 static void on_wake_requested(void *ud, long status, const char *body, size_t len,
@@ -198,7 +322,24 @@ static void on_slept(struct control *c, int status, void *ud)
     struct kmodel *km = p->km;
     p->sleep_sent = false;
     p->marked_ms = 0;
-    if (status >= 200 && status <= 299) {
+    bool slept = status >= 200 && status <= 299;
+    if (!deciding(km)) {
+        /* It lost the lease meanwhile: the new leader's mark says. */
+        if (slept) {
+            km->m->stats.sleeps++;
+        }
+        follow_mark(p);
+        return;
+    }
+    if (!slept && status <= 0 && shared(km)) {
+        /* No answer, with other activators: taken as asleep (it may have
+         * gone to sleep late), so none of them routes to a sleeping server;
+         * demand wakes it, which is harmless if it is awake. */
+        LOGW("pod did not answer /sleep: taken as asleep", "model=%s pod=%s error=%d",
+             km->m->name, p->name, status);
+        slept = true;
+    }
+    if (slept) {
         p->sleep = KS_ASLEEP;
         mark(p, MARK_ASLEEP);
         km->m->stats.sleeps++;
@@ -214,12 +355,14 @@ static void on_slept(struct control *c, int status, void *ud)
         /* It answered: it is serving and stays in routing. */
         LOGW("pod refused to sleep: it stays awake", "model=%s pod=%s status=%d", km->m->name,
              p->name, status);
+        release_held(p);
         kube_pod_ready(p, "sleep refused");
     } else {
         /* No answer: routed again only once thaw's probe (or its endpoint) says so. */
         LOGW("pod did not answer /sleep: probing it again", "model=%s pod=%s error=%d",
              km->m->name, p->name, status);
         p->probe_ok = false;
+        release_held(p);
         kube_pod_probe(p);
     }
 }
@@ -240,8 +383,13 @@ static void sleep_called_off(struct kpod *p)
 {
     p->sleep = KS_AWAKE;
     p->marked_ms = 0;
-    mark(p, MARK_CLEAR);
+    if (p->mark_done == MARK_NONE && !p->mark_call) {
+        p->mark_want = MARK_NONE; /* no mark ever landed: none to remove */
+    } else {
+        mark(p, MARK_CLEAR);
+    }
     LOGI("sleep called off: requests came", "model=%s pod=%s", p->km->m->name, p->name);
+    release_held(p);
     kube_pod_ready(p, "sleep called off");
 }
 
@@ -251,7 +399,7 @@ static void pod_sleep(struct kpod *p, const char *why)
 {
     struct kmodel *km = p->km;
     if (shared(km)) {
-        kube_pod_gone(p, "asleep");
+        unroute(p);
         p->sleep = KS_DOZING;
         p->sleep_sent = false;
         p->marked_ms = 0;
@@ -266,7 +414,7 @@ static void pod_sleep(struct kpod *p, const char *why)
     if (send_control(p, path, on_slept)) {
         return;
     }
-    kube_pod_gone(p, "asleep");
+    unroute(p);
     p->sleep = KS_DOZING;
     LOGI("putting pod to sleep", "model=%s pod=%s level=%u reason=\"%s\"", km->m->name, p->name,
          (unsigned)km->spec.sleep_level, why);
@@ -312,7 +460,6 @@ static void on_woken(struct control *c, int status, void *ud)
     }
     uint64_t now = clock_now_ms();
     p->sleep = KS_AWAKE;
-    p->mirrored = false;
     mark(p, MARK_CLEAR);
     km->m->stats.wakes++;
     km->last_wake_ms = now - p->wake_asked_ms;
@@ -320,6 +467,11 @@ static void on_woken(struct control *c, int status, void *ud)
     LOGI("pod awake", "model=%s pod=%s wake_ms=%llu", km->m->name, p->name,
          (unsigned long long)km->last_wake_ms);
     p->wake_asked_ms = 0;
+    if (!deciding(km)) {
+        follow_mark(p); /* it lost the lease meanwhile */
+        return;
+    }
+    release_held(p);
     kube_pod_ready(p, "woken");
 }
 
@@ -418,7 +570,7 @@ static uint64_t make_room(struct kube_backend *kb, const char *node, struct node
     if (!cap || nm->held - nm->coming <= cap) {
         return 0;
     }
-    if (nm->need && kb->leading) {
+    if (nm->need && (kb->leading || !kb->have_peers)) {
         struct victims v = {nm, cap, TIER_COUNT - 1};
         for (; v.tier >= (int)nm->need_tier; v.tier--) {
             strmap_each(&kb->models, victims_in_model, &v);
@@ -584,32 +736,39 @@ static void sleep_if_awake(void *ud, const char *key, void *value)
     }
 }
 
-/* Every tick, with several activators: marks written again after a
- * failure; on the leader, a marked pod gets its /sleep once the others let
- * go of it, or serves again when requests came meanwhile; a mark found
- * rather than written (a new leader) is taken as asleep. */
+/* Every tick, with several activators, on the leader: a mark written again
+ * after a failure, or when the pod object disagrees with it (another wrote
+ * over it, or a wake request came after it); a pod falling asleep gets its
+ * /sleep once the others let go of it, or serves again when requests came
+ * meanwhile. */
 static void tend_marks(void *ud, const char *key, void *value)
 {
     struct kpod *p = value;
     struct kmodel *km = p->km;
+    if (!deciding(km) || p->terminating) {
+        return;
+    }
+    uint64_t now = clock_now_ms();
+    if (!p->mark_call && p->mark_want != MARK_NONE && p->mark_done == p->mark_want &&
+        now - p->mark_done_ms > 1000 &&
+        (!mark_agrees(p->mark_want, p->mark_seen) ||
+         (p->wake_requested && p->sleep == KS_AWAKE))) {
+        p->mark_done = MARK_NONE; /* the watch has had a second to show it: write it again */
+    }
+    if (p->wake_requested && p->sleep == KS_AWAKE && p->mark_want == MARK_NONE) {
+        p->mark_want = MARK_CLEAR; /* a request that came after the pod woke */
+    }
     mark_send(p);
-    if (!deciding(km) || p->sleep != KS_DOZING || p->terminating) {
+    if (p->sleep != KS_DOZING || p->sleep_sent) {
         return;
     }
-    if (p->mirrored) {
-        p->sleep = KS_ASLEEP; /* whether /sleep was sent is unknown: wake it to be sure */
-        return;
-    }
-    if (p->sleep_sent || !p->marked_ms) {
-        return;
-    }
-    if (!model_idle(km) || p->wake_requested) {
+    if (!model_idle(km) || p->wake_requested || still_serving(p)) {
         sleep_called_off(p);
         return;
     }
     char pod_key[600];
     snprintf(pod_key, sizeof pod_key, "%s/%s", km->spec.namespace_, p->name);
-    if (k8s_peers_let_go(&km->kb->peers, km->key, pod_key, p->marked_ms)) {
+    if (p->marked_ms && k8s_peers_let_go(&km->kb->peers, km->key, pod_key, p->marked_ms)) {
         send_sleep(p);
     }
 }
@@ -635,11 +794,25 @@ void kube_sleep_tick(struct kmodel *km, uint64_t now)
         now - km->busy_at_ms < km->spec.idle_before_sleep_ms) {
         return;
     }
-    if (shared(km) && (k8s_peers_demand(&km->kb->peers, km->key) ||
-                       k8s_peers_idle_ms(&km->kb->peers, km->key) < km->spec.idle_before_sleep_ms)) {
-        return; /* busy at another activator, or lately */
+    struct kube_backend *kb = km->kb;
+    if (shared(km) && (!k8s_peers_heard_all(&kb->peers, kb->leader_since_ms) ||
+                       k8s_peers_demand(&kb->peers, km->key) ||
+                       k8s_peers_idle_ms(&kb->peers, km->key) < km->spec.idle_before_sleep_ms)) {
+        return; /* busy at another activator, or lately, or not heard from since the lease */
     }
     strmap_each(&km->pods, sleep_if_awake, NULL);
+}
+
+static void lead_or_follow(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    p->mark_want = MARK_NONE; /* a new leader's wishes start from the marks it finds */
+    p->mark_done = p->mark_seen;
+    if (deciding(p->km)) {
+        adopt_mark(p);
+    } else {
+        follow_mark(p);
+    }
 }
 
 void kube_pod_sleep_marks(struct kpod *p, const struct k8s_pod_info *pi)
@@ -650,42 +823,32 @@ void kube_pod_sleep_marks(struct kpod *p, const struct k8s_pod_info *pi)
     }
     bool asked = pi->wake_requested && !p->wake_requested;
     p->wake_requested = pi->wake_requested;
-    bool marked = pi->sleep_state[0] != '\0';
-    if (deciding(km)) {
-        if (marked && p->sleep == KS_AWAKE && p->mark_want != MARK_CLEAR) {
-            /* A mark this leader did not write: asleep as far as it knows. */
-            p->sleep = KS_ASLEEP;
-            p->mirrored = true;
-            kube_pod_gone(p, "asleep");
-        } else if (pi->wake_requested && p->sleep == KS_AWAKE) {
-            /* Asked after it woke: the request is removed. */
-            p->mark_done = MARK_NONE;
-            mark(p, MARK_CLEAR);
-        }
-        if (asked) {
-            LOGI("a peer asked for a pod to wake", "model=%s pod=%s", km->m->name, p->name);
-            if (p->sleep == KS_DOZING && !p->sleep_sent && !p->mirrored) {
-                sleep_called_off(p);
-            } else {
-                wake_wanted(km);
-            }
-        }
+    p->mark_seen = !pi->sleep_state[0]                           ? MARK_NONE
+                   : strcmp(pi->sleep_state, "asleep") == 0 ? MARK_ASLEEP
+                                                                : MARK_FALLING;
+    if (!deciding(km)) {
+        follow_mark(p);
         return;
     }
-    /* A follower: the leader's mark says whether the pod is routed. */
-    if (marked) {
-        enum kpod_sleep s = strcmp(pi->sleep_state, "asleep") == 0 ? KS_ASLEEP : KS_DOZING;
-        if (p->sleep == KS_AWAKE || p->mirrored) {
-            p->sleep = s;
-            p->mirrored = true;
-            kube_pod_gone(p, "asleep");
+    adopt_mark(p);
+    if (asked) {
+        LOGI("a peer asked for a pod to wake", "model=%s pod=%s", km->m->name, p->name);
+        if (p->sleep == KS_DOZING && !p->sleep_sent) {
+            sleep_called_off(p);
+        } else {
+            wake_wanted(km);
         }
-    } else if (p->mirrored) {
-        p->sleep = KS_AWAKE;
-        p->mirrored = false;
-        p->wake_request_ms = 0;
-        kube_pod_ready(p, "woken");
     }
+}
+
+static void lead_or_follow_model(void *ud, const char *key, void *value)
+{
+    strmap_each(&((struct kmodel *)value)->pods, lead_or_follow, NULL);
+}
+
+void kube_sleep_leadership(struct kube_backend *kb)
+{
+    strmap_each(&kb->models, lead_or_follow_model, NULL);
 }
 
 struct unrouted_pass {
@@ -695,7 +858,7 @@ struct unrouted_pass {
 static void unrouted_pod(void *ud, const char *key, void *value)
 {
     struct kpod *p = value;
-    if (p->mirrored && p->sleep != KS_AWAKE && !p->reported) {
+    if (p->mark_seen != MARK_NONE && !p->reported && !still_serving(p)) {
         char pod_key[600];
         snprintf(pod_key, sizeof pod_key, "%s/%s", p->km->spec.namespace_, p->name);
         cJSON_AddItemToArray(((struct unrouted_pass *)ud)->list, cJSON_CreateString(pod_key));
