@@ -350,6 +350,7 @@ static void describe_peer(void *ud, const char *k, void *value)
     if (!pe->self) {
         cJSON_AddStringToObject(j, "identity", pe->identity);
         cJSON_AddBoolToObject(j, "fresh", fresh(p, pe));
+        cJSON_AddBoolToObject(j, "draining", pe->draining);
         cJSON_AddNumberToObject(j, "last_answer_ms_ago",
                                 pe->last_ok_ms ? (double)(clock_now_ms() - pe->last_ok_ms) : -1);
         cJSON_AddNumberToObject(j, "polls", (double)pe->polls);
