@@ -237,8 +237,8 @@ static void add_demand(void *ud, const char *k, void *value)
 {
     struct sum *s = ud;
     struct k8s_peer *pe = value;
-    if (!fresh(s->p, pe)) {
-        return;
+    if (!fresh(s->p, pe) || pe->draining) {
+        return; /* draining: no share, so what it queues no replica could take */
     }
     void *d = strmap_get(&pe->demand, s->key, strlen(s->key));
     if (d) {
@@ -296,8 +296,8 @@ static void check_let_go(void *ud, const char *k, void *value)
     if (pe->self) {
         return;
     }
-    if (pe->answer_asked_ms < g->since_ms) {
-        g->all = false; /* not heard from since (a peer that stopped answering included) */
+    if (pe->answer_asked_ms < g->since_ms || !fresh(g->p, pe)) {
+        g->all = false; /* not heard from since, or not lately */
         return;
     }
     if (!g->pod_key) {

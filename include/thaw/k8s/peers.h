@@ -46,14 +46,13 @@ void k8s_peers_describe(struct k8s_peers *p, cJSON *out);
 /* The fewest milliseconds since a request for model key at any fresh peer
  * (as reported, plus the time since the report); UINT64_MAX when none says. */
 uint64_t k8s_peers_idle_ms(struct k8s_peers *p, const char *key);
-/* Whether every peer (fresh or not, draining ones included) has answered a
- * poll sent at or after since_ms. */
+/* Whether every peer (draining ones included) has answered a poll sent at
+ * or after since_ms, and is fresh. */
 bool k8s_peers_heard_all(struct k8s_peers *p, uint64_t since_ms);
 /* Whether every peer has let go of pod pod_key ("ns/name") of model
- * model_key: its answer to a poll sent at or after since_ms lists the pod as
- * kept out of its routing, and has nothing of the model in flight or
- * queued. A peer that has not answered since blocks it. True when there is
- * no peer. */
+ * model_key: it is fresh, and its answer to a poll sent at or after since_ms
+ * lists the pod as kept out of its routing, and has nothing of the model in
+ * flight or queued. True when there is no peer. */
 bool k8s_peers_let_go(struct k8s_peers *p, const char *model_key, const char *pod_key,
                       uint64_t since_ms);
 

@@ -58,6 +58,7 @@ enum kpod_sleep { KS_AWAKE, KS_DOZING, KS_ASLEEP, KS_WAKING, KS_FAILED };
 /* The sleep-state annotation an activator writes on a pod (several
  * activators): none wanted, "falling-asleep", "asleep", or removed. */
 enum kpod_mark { MARK_NONE, MARK_FALLING, MARK_ASLEEP, MARK_CLEAR };
+#define KPOD_HELD_MAX 8
 
 struct kpod {
     struct kmodel *km;
@@ -102,10 +103,12 @@ struct kpod {
     uint64_t marked_ms;        /* leader: when its falling-asleep mark landed; 0: not yet */
     bool sleep_sent;           /* leader: /sleep sent, the others having let go */
     bool wake_requested;       /* it carries a wake request */
-    /* Its endpoint, held while sleep keeps the pod out of routing: the
-     * requests still running on it are not the model's any more (model.c),
-     * and the pod is not let go of before they end. */
-    struct endpoint *held_ep;
+    /* Its endpoints (one per time it was routed) that requests still run
+     * on after sleep took it out of routing: those requests are not the
+     * model's any more (model.c), and the pod is not let go of before they
+     * end. Each is held until nothing runs on it. */
+    struct endpoint *held[KPOD_HELD_MAX];
+    unsigned n_held;
     uint64_t wake_request_ms;  /* when this activator last asked for it to wake */
     struct k8s_call *wake_call;
 };

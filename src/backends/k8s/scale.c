@@ -278,7 +278,11 @@ static void collect_model(void *ud, const char *key, void *value)
         return;
     }
     km->sc.current = (unsigned)(km->scale_want >= 0 ? km->scale_want : km->spec.replicas);
-    km->sc.ready = (unsigned)km->m->n_endpoints;
+    /* Asleep pods are replicas the autoscaler keeps (the idle timeout, not
+     * the stable window, takes them): they serve again after a wake. */
+    unsigned waking = 0, dozing = 0;
+    unsigned asleep = kube_pods_asleep(km, &waking, &dozing);
+    km->sc.ready = (unsigned)km->m->n_endpoints + asleep + waking + dozing;
     km->sc.hold_starts = false;
     c->sms[c->n++] = &km->sc;
 }

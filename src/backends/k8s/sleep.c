@@ -56,7 +56,7 @@ const char *kube_pod_sleep_name(enum kpod_sleep s)
     return "unknown";
 }
 
-static void release_held(struct kpod *p);
+static bool still_serving(struct kpod *p, bool all);
 
 void kube_pod_sleep_dispose(struct kpod *p)
 {
@@ -69,7 +69,7 @@ void kube_pod_sleep_dispose(struct kpod *p)
     p->mark_call = NULL;
     k8s_call_cancel(p->wake_call);
     p->wake_call = NULL;
-    release_held(p);
+    (void)still_serving(p, true);
 }
 
 static int send_control(struct kpod *p, const char *path, control_done_cb done)
@@ -115,40 +115,49 @@ static bool model_idle(const struct kmodel *km)
 static void unroute(struct kpod *p)
 {
     struct model *m = p->km->m;
-    if (!p->held_ep) {
-        for (size_t i = 0; i < m->n_endpoints; i++) {
-            if (strcmp(m->endpoints[i]->id, p->name) == 0) {
-                p->held_ep = m->endpoints[i];
-                endpoint_ref(p->held_ep);
-                break;
-            }
+    for (size_t i = 0; i < m->n_endpoints && p->reported; i++) {
+        struct endpoint *ep = m->endpoints[i];
+        if (strcmp(ep->id, p->name) != 0) {
+            continue;
         }
+        if (p->n_held == KPOD_HELD_MAX) {
+            endpoint_unref(p->held[0]); /* the oldest: a pod routed and unrouted 8 times over */
+            memmove(p->held, p->held + 1, (KPOD_HELD_MAX - 1) * sizeof p->held[0]);
+            p->n_held--;
+        }
+        endpoint_ref(ep);
+        p->held[p->n_held++] = ep;
+        break;
     }
     kube_pod_gone(p, "asleep");
 }
 
-static void release_held(struct kpod *p)
+/* Lets go of the held endpoints nothing runs on any more (all: the pod is
+ * gone). Whether requests still run on the others. */
+static bool still_serving(struct kpod *p, bool all)
 {
-    if (p->held_ep) {
-        endpoint_unref(p->held_ep);
-        p->held_ep = NULL;
+    unsigned kept = 0;
+    for (unsigned i = 0; i < p->n_held; i++) {
+        if (all || p->held[i]->inflight == 0) {
+            endpoint_unref(p->held[i]);
+        } else {
+            p->held[kept++] = p->held[i];
+        }
     }
+    p->n_held = kept;
+    return kept > 0;
 }
 
-/* Requests this activator sent it before it left routing are still on it. */
-static bool still_serving(struct kpod *p)
+static void release_held(struct kpod *p)
 {
-    if (p->held_ep && p->held_ep->inflight == 0) {
-        release_held(p);
-    }
-    return p->held_ep != NULL;
+    (void)still_serving(p, false);
 }
 
 static void add_held(void *ud, const char *key, void *value)
 {
     const struct kpod *p = value;
-    if (p->held_ep) {
-        *(uint64_t *)ud += p->held_ep->inflight;
+    for (unsigned i = 0; i < p->n_held; i++) {
+        *(uint64_t *)ud += p->held[i]->inflight;
     }
 }
 
@@ -163,6 +172,7 @@ uint64_t kube_sleep_held_inflight(const struct kmodel *km)
 
 #define MARK_RETRY_MAX_MS 30000
 #define MARK_FAILURES_GIVE_UP 3
+#define MARK_GIVE_UP_MS 600000
 
 static void mark_send(struct kpod *p);
 static void sleep_called_off(struct kpod *p);
@@ -185,7 +195,9 @@ static void on_marked(void *ud, long status, const char *body, size_t len, const
         }
         if (sent == MARK_FALLING && n >= MARK_FAILURES_GIVE_UP && p->sleep == KS_DOZING &&
             !p->sleep_sent && p->mark_want == MARK_FALLING) {
-            p->no_idle_sleep = true; /* not asked again when idle */
+            /* Not put to sleep again for a while: the API keeps refusing. */
+            p->mark_failures = 0;
+            p->mark_retry_ms = now + MARK_GIVE_UP_MS;
             sleep_called_off(p);
         }
         return;
@@ -253,7 +265,6 @@ static void follow_mark(struct kpod *p)
     } else if (p->sleep != KS_AWAKE) {
         p->sleep = KS_AWAKE;
         p->wake_request_ms = 0;
-        release_held(p);
         release_held(p);
     kube_pod_ready(p, "woken");
     }
@@ -459,7 +470,9 @@ static void on_woken(struct control *c, int status, void *ud)
         return;
     }
     uint64_t now = clock_now_ms();
-    p->sleep = KS_AWAKE;
+    /* Awake; one that lost the lease meanwhile follows the marks below, from
+     * "waking" so that no mark left routes it again. */
+    p->sleep = deciding(km) ? KS_AWAKE : KS_WAKING;
     mark(p, MARK_CLEAR);
     km->m->stats.wakes++;
     km->last_wake_ms = now - p->wake_asked_ms;
@@ -541,7 +554,8 @@ static void sleep_victim(void *ud, const char *key, void *value)
     struct kmodel *km = p->km;
     if (v->nm->held - v->nm->coming <= v->cap || strcmp(p->node, v->nm->node) != 0 ||
         (int)km->m->set.priority != v->tier || !km->spec.sleep_level || !p->reported ||
-        p->sleep != KS_AWAKE || p->terminating || !model_idle(km)) {
+        p->sleep != KS_AWAKE || p->terminating || !model_idle(km) ||
+        clock_now_ms() < p->mark_retry_ms) {
         return;
     }
     char why[300];
@@ -731,7 +745,8 @@ bool kube_wake_for_demand(struct kmodel *km)
 static void sleep_if_awake(void *ud, const char *key, void *value)
 {
     struct kpod *p = value;
-    if (p->reported && p->sleep == KS_AWAKE && !p->no_idle_sleep && !p->terminating) {
+    if (p->reported && p->sleep == KS_AWAKE && !p->no_idle_sleep && !p->terminating &&
+        clock_now_ms() >= p->mark_retry_ms) {
         pod_sleep(p, "idle-before-sleep passed");
     }
 }
@@ -762,8 +777,9 @@ static void tend_marks(void *ud, const char *key, void *value)
     if (p->sleep != KS_DOZING || p->sleep_sent) {
         return;
     }
-    if (!model_idle(km) || p->wake_requested || still_serving(p)) {
-        sleep_called_off(p);
+    if (!model_idle(km) || p->wake_requested || still_serving(p, false) ||
+        !k8s_peers_heard_all(&km->kb->peers, 0)) {
+        sleep_called_off(p); /* requests came, or a peer went quiet: it cannot let go */
         return;
     }
     char pod_key[600];
@@ -795,7 +811,8 @@ void kube_sleep_tick(struct kmodel *km, uint64_t now)
         return;
     }
     struct kube_backend *kb = km->kb;
-    if (shared(km) && (!k8s_peers_heard_all(&kb->peers, kb->leader_since_ms) ||
+    uint64_t since = kb->leader_since_ms > km->busy_at_ms ? kb->leader_since_ms : km->busy_at_ms;
+    if (shared(km) && (!k8s_peers_heard_all(&kb->peers, since) ||
                        k8s_peers_demand(&kb->peers, km->key) ||
                        k8s_peers_idle_ms(&kb->peers, km->key) < km->spec.idle_before_sleep_ms)) {
         return; /* busy at another activator, or lately, or not heard from since the lease */
@@ -833,6 +850,7 @@ void kube_pod_sleep_marks(struct kpod *p, const struct k8s_pod_info *pi)
     adopt_mark(p);
     if (asked) {
         LOGI("a peer asked for a pod to wake", "model=%s pod=%s", km->m->name, p->name);
+        km->busy_at_ms = clock_now_ms(); /* demand: idle-before-sleep counts from here */
         if (p->sleep == KS_DOZING && !p->sleep_sent) {
             sleep_called_off(p);
         } else {
@@ -858,7 +876,7 @@ struct unrouted_pass {
 static void unrouted_pod(void *ud, const char *key, void *value)
 {
     struct kpod *p = value;
-    if (p->mark_seen != MARK_NONE && !p->reported && !still_serving(p)) {
+    if (p->mark_seen != MARK_NONE && !p->reported && !still_serving(p, false)) {
         char pod_key[600];
         snprintf(pod_key, sizeof pod_key, "%s/%s", p->km->spec.namespace_, p->name);
         cJSON_AddItemToArray(((struct unrouted_pass *)ud)->list, cJSON_CreateString(pod_key));
