@@ -1068,7 +1068,9 @@ static size_t collect_models(void *ud, uint64_t now_ms, struct scaler_model **sm
             break;
         }
         pm->sc.current = replicas_held(pm);
-        pm->sc.ready = pm->n_ready;
+        /* Asleep replicas are ones the autoscaler keeps (the idle timeout,
+         * not the stable window, stops them): they serve after a wake. */
+        pm->sc.ready = pm->n_ready + pm->n_dozing + pm->n_asleep + pm->n_waking;
         pm->sc.hold_starts = now_ms < pm->backoff_until_ms || (pm->yielded && model_idle(pm));
         sms[n++] = &pm->sc;
     }

@@ -199,3 +199,20 @@ def test_sleep_config_errors_name_the_key(tmp_path):
         bad.write_text(json.dumps({"models": [{"name": "x", "command": [SIM], "sleep": sleep}]}))
         r = subprocess.run([THAW_BIN, "--check-config", str(bad)], capture_output=True, text=True)
         assert r.returncode == 1 and msg in r.stderr and "bad.json" in r.stderr, r.stderr
+
+
+def test_asleep_replica_is_kept_past_the_stable_window(thaw_factory):
+    """An asleep replica is one the autoscaler keeps until the idle timeout
+    (60 s here), not one it drops a stable window (6 s) after it fell asleep:
+    the next request must find it to wake, not start it cold."""
+    t = thaw_factory({"gpus": [{"id": 0, "slices": 4, "memory_bytes": 24 * GB}],
+                      "autoscaler": {"tick_ms": 200, "stable_window_ms": 6000},
+                      "models": [sleepy(load_ms=100, idle_before_sleep_ms=200,
+                                        idle_timeout_ms=60000)]})
+    assert complete(t).status == 200
+    pid = model_status(t)["processes"][0]["pid"]
+    wait_for(lambda: model_status(t)["state"] == "sleeping", timeout=5, what="asleep")
+    time.sleep(8)
+    assert model_status(t)["state"] == "sleeping" and pid_alive(pid)
+    r, took = timed_complete(t)
+    assert r.status == 200 and sleep_events(t, "llama", "wake") == 1
