@@ -11,6 +11,8 @@
  *   placement.c            nodes and pod templates -> the warm pool's per-node view
  *   idle.c                 the idle clock kept on the Deployment across restarts
  *   sleep.c                sleep mode: idle pods sleep (POST /sleep), demand wakes them
+ *   sleep_marks.c          sleep mode with several activators: the marks on a pod, and
+ *                          the endpoints held while it is out of routing
  *   traffic.c              Deployments that are one model's revisions -> its routing
  *                          entry, split and rollout (kept in annotations)
  *   tenants_source.c       tenants.source: the watched Secret or ConfigMap of tenants */
@@ -391,15 +393,55 @@ void kube_sleep_tick(struct kmodel *km, uint64_t now);
 bool kube_wake_for_demand(struct kmodel *km);
 /* A pod object seen (added or changed): its sleep annotations. */
 void kube_pod_sleep_marks(struct kpod *p, const struct k8s_pod_info *pi);
-/* GET /demand: the pods this activator keeps out of routing because they
- * are marked asleep ("ns/pod"), for the leader to know they were let go. */
-void kube_sleep_unrouted(struct kube_backend *kb, cJSON *out);
-/* Requests still running on km's pods that sleep took out of routing (they
- * are not in its model's count): in flight all the same, for /demand. */
-uint64_t kube_sleep_held_inflight(const struct kmodel *km);
 /* This activator took or lost the lease: a new leader takes the marks it
  * finds as its own; one that lost it follows them. */
 void kube_sleep_leadership(struct kube_backend *kb);
+
+/* sleep_marks.c: sleep mode with several activators, the marks on a pod
+ * and what an activator holds while sleep keeps a pod out of its routing */
+/* Several activators share the model's pods: sleep goes through the marks. */
+static inline bool kube_sleep_shared(const struct kmodel *km)
+{
+    return km->kb->have_peers;
+}
+/* This activator decides sleep and wake: the leader, or any activator
+ * where there are no peers. */
+static inline bool kube_sleep_deciding(const struct kmodel *km)
+{
+    return km->kb->leading || !km->kb->have_peers;
+}
+/* Takes p out of routing for sleep; its endpoint is held while requests
+ * still run on it (they no longer count as the model's: model.c). */
+void kube_pod_unroute(struct kpod *p);
+/* Lets go of p's held endpoints nothing runs on (all of them: all); whether
+ * requests still run on the others. */
+bool kube_pod_still_serving(struct kpod *p, bool all);
+/* Requests still running on km's pods that sleep took out of routing: in
+ * flight all the same, for /demand and for the model's idleness. */
+uint64_t kube_sleep_held_inflight(const struct kmodel *km);
+/* The leader's wish for p's mark, written when it may be (one PATCH at a
+ * time, the newest wish last, backing off after failures). */
+void kube_pod_mark(struct kpod *p, enum kpod_mark want);
+void kube_pod_mark_send(struct kpod *p);
+/* Every tick, on the leader: the mark written again when the pod object
+ * disagrees with it a second after it landed, or a wake request stayed on an
+ * awake pod. */
+void kube_pod_marks_tend(struct kpod *p);
+/* A pod object seen: its mark and wake request stored. Whether a wake
+ * request is new. */
+bool kube_pod_read_marks(struct kpod *p, const struct k8s_pod_info *pi);
+/* Not deciding: p's state is the mark's (routed again once it is gone). */
+void kube_pod_follow_mark(struct kpod *p);
+/* The leader with no wish for p yet: the mark it finds is its own. */
+void kube_pod_adopt_mark(struct kpod *p);
+/* A follower with requests and only asleep pods: asks the leader to wake
+ * p (K8S_WAKE_REQUEST_ANNOTATION), at most once per 2 s. */
+void kube_pod_request_wake(struct kpod *p);
+/* GET /demand: the pods this activator keeps out of routing because they
+ * are marked asleep and nothing of it runs on any more ("ns/pod"), for the
+ * leader to know they were let go of. */
+void kube_sleep_unrouted(struct kube_backend *kb, cJSON *out);
+void kube_pod_marks_dispose(struct kpod *p);
 /* A pod leaves: its control request and delete are dropped. */
 void kube_pod_sleep_dispose(struct kpod *p);
 /* Pods asleep; those waking and falling asleep in *waking and *dozing. */

@@ -56,8 +56,6 @@ const char *kube_pod_sleep_name(enum kpod_sleep s)
     return "unknown";
 }
 
-static bool still_serving(struct kpod *p, bool all);
-
 void kube_pod_sleep_dispose(struct kpod *p)
 {
     if (p->ctl_init) {
@@ -65,11 +63,7 @@ void kube_pod_sleep_dispose(struct kpod *p)
     }
     k8s_call_cancel(p->delete_call);
     p->delete_call = NULL;
-    k8s_call_cancel(p->mark_call);
-    p->mark_call = NULL;
-    k8s_call_cancel(p->wake_call);
-    p->wake_call = NULL;
-    (void)still_serving(p, true);
+    kube_pod_marks_dispose(p);
 }
 
 static int send_control(struct kpod *p, const char *path, control_done_cb done)
@@ -86,18 +80,10 @@ static int send_control(struct kpod *p, const char *path, control_done_cb done)
 
 static void wake_wanted(struct kmodel *km);
 
-/* Several activators share the model's pods: sleep goes through the marks. */
-static bool shared(const struct kmodel *km)
-{
-    return km->kb->have_peers;
-}
-
-/* This activator decides sleep and wake: the leader, or any activator
- * where there are no peers. */
-static bool deciding(const struct kmodel *km)
-{
-    return km->kb->leading || !km->kb->have_peers;
-}
+/* A falling-asleep mark refused this many times in a row calls the sleep
+ * off, and the pod is not put to sleep again for MARK_GIVE_UP_MS. */
+#define MARK_FAILURES_GIVE_UP 3
+#define MARK_GIVE_UP_MS 600000
 
 /* Nothing in flight or waiting for the model: here, and on the leader at
  * every fresh peer too. */
@@ -110,223 +96,6 @@ static bool model_idle(const struct kmodel *km)
     return !(kb->have_peers && kb->leading) || k8s_peers_demand(&kb->peers, km->key) == 0;
 }
 
-/* Takes p out of routing for sleep. Requests still running on it stop
- * counting as the model's (model.c): its endpoint is held to see them end. */
-static void unroute(struct kpod *p)
-{
-    struct model *m = p->km->m;
-    for (size_t i = 0; i < m->n_endpoints && p->reported; i++) {
-        struct endpoint *ep = m->endpoints[i];
-        if (strcmp(ep->id, p->name) != 0) {
-            continue;
-        }
-        if (p->n_held == KPOD_HELD_MAX) {
-            endpoint_unref(p->held[0]); /* the oldest: a pod routed and unrouted 8 times over */
-            memmove(p->held, p->held + 1, (KPOD_HELD_MAX - 1) * sizeof p->held[0]);
-            p->n_held--;
-        }
-        endpoint_ref(ep);
-        p->held[p->n_held++] = ep;
-        break;
-    }
-    kube_pod_gone(p, "asleep");
-}
-
-/* Lets go of the held endpoints nothing runs on any more (all: the pod is
- * gone). Whether requests still run on the others. */
-static bool still_serving(struct kpod *p, bool all)
-{
-    unsigned kept = 0;
-    for (unsigned i = 0; i < p->n_held; i++) {
-        if (all || p->held[i]->inflight == 0) {
-            endpoint_unref(p->held[i]);
-        } else {
-            p->held[kept++] = p->held[i];
-        }
-    }
-    p->n_held = kept;
-    return kept > 0;
-}
-
-static void release_held(struct kpod *p)
-{
-    (void)still_serving(p, false);
-}
-
-static void add_held(void *ud, const char *key, void *value)
-{
-    const struct kpod *p = value;
-    for (unsigned i = 0; i < p->n_held; i++) {
-        *(uint64_t *)ud += p->held[i]->inflight;
-    }
-}
-
-uint64_t kube_sleep_held_inflight(const struct kmodel *km)
-{
-    uint64_t n = 0;
-    strmap_each((struct strmap *)&km->pods, add_held, &n);
-    return n;
-}
-
-/* ---- the sleep annotations (several activators) ---- */
-
-#define MARK_RETRY_MAX_MS 30000
-#define MARK_FAILURES_GIVE_UP 3
-#define MARK_GIVE_UP_MS 600000
-
-static void mark_send(struct kpod *p);
-static void sleep_called_off(struct kpod *p);
-
-static void on_marked(void *ud, long status, const char *body, size_t len, const char *err)
-{
-    struct kpod *p = ud;
-    enum kpod_mark sent = p->mark_sent;
-    uint64_t now = clock_now_ms();
-    p->mark_call = NULL;
-    if (status < 200 || status > 299) {
-        /* Written again by the tick, backing off. */
-        unsigned n = ++p->mark_failures;
-        uint64_t wait = n < 7 ? 500ull << n : MARK_RETRY_MAX_MS;
-        p->mark_retry_ms = now + (wait < MARK_RETRY_MAX_MS ? wait : MARK_RETRY_MAX_MS);
-        if ((n & (n - 1)) == 0) {
-            LOGW("writing a pod's sleep mark failed (RBAC: patch on pods?)",
-                 "model=%s pod=%s status=%ld failures=%u error=\"%s\"", p->km->m->name, p->name,
-                 status, n, err ? err : "");
-        }
-        if (sent == MARK_FALLING && n >= MARK_FAILURES_GIVE_UP && p->sleep == KS_DOZING &&
-            !p->sleep_sent && p->mark_want == MARK_FALLING) {
-            /* Not put to sleep again for a while: the API keeps refusing. */
-            p->mark_failures = 0;
-            p->mark_retry_ms = now + MARK_GIVE_UP_MS;
-            sleep_called_off(p);
-        }
-        return;
-    }
-    p->mark_failures = 0;
-    p->mark_done = sent;
-    p->mark_done_ms = now;
-    if (sent == MARK_FALLING && p->mark_want == MARK_FALLING && p->sleep == KS_DOZING) {
-        p->marked_ms = now; /* the others' polls from now on tell */
-    }
-    if (p->mark_want != p->mark_done) {
-        mark_send(p);
-    }
-}
-
-/* One PATCH at a time per pod, the newest wish last, so that two never land
- * out of order; only from the activator that decides. */
-static void mark_send(struct kpod *p)
-{
-    struct kmodel *km = p->km;
-    if (p->mark_call || !deciding(km) || p->mark_want == MARK_NONE ||
-        p->mark_want == p->mark_done || clock_now_ms() < p->mark_retry_ms) {
-        return;
-    }
-    const char *v = p->mark_want == MARK_FALLING ? "\"falling-asleep\""
-                    : p->mark_want == MARK_ASLEEP ? "\"asleep\""
-                                                  : "null";
-    char body[256], path[700];
-    /* A mark written or removed answers any wake request made before it. */
-    snprintf(body, sizeof body, "{\"metadata\":{\"annotations\":{\"%s\":%s,\"%s\":null}}}",
-             K8S_SLEEP_STATE_ANNOTATION, v, K8S_WAKE_REQUEST_ANNOTATION);
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
-    p->mark_sent = p->mark_want;
-    p->mark_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
-                               body, strlen(body), 15000, on_marked, p);
-}
-
-static void mark(struct kpod *p, enum kpod_mark want)
-{
-    if (!shared(p->km) || !deciding(p->km)) {
-        return;
-    }
-    p->mark_want = want;
-    mark_send(p);
-}
-
-/* What the pod object says matches what the leader wrote (a clear: no mark). */
-static bool mark_agrees(enum kpod_mark want, enum kpod_mark seen)
-{
-    return want == seen || (want == MARK_CLEAR && seen == MARK_NONE);
-}
-
-/* Not deciding: the pod's state is the mark's. A control request this one
- * still has out (it lost the lease meanwhile) follows it when it ends. */
-static void follow_mark(struct kpod *p)
-{
-    if (p->sleep == KS_FAILED || p->terminating || (p->ctl_init && control_running(&p->ctl))) {
-        return;
-    }
-    if (p->mark_seen != MARK_NONE) {
-        if (p->sleep == KS_AWAKE) {
-            unroute(p);
-        }
-        p->sleep = p->mark_seen == MARK_ASLEEP ? KS_ASLEEP : KS_DOZING;
-    } else if (p->sleep != KS_AWAKE) {
-        p->sleep = KS_AWAKE;
-        p->wake_request_ms = 0;
-        release_held(p);
-    kube_pod_ready(p, "woken");
-    }
-}
-
-/* The leader with no wish of its own for p yet (it just took the lease, or
- * started): the mark it finds is its own. A pod falling asleep is let go of
- * again before its /sleep (sent or not: it is sent again); an asleep one
- * wakes on demand (a wake of an awake server is harmless). */
-static void adopt_mark(struct kpod *p)
-{
-    if (p->mark_want != MARK_NONE || p->mark_seen == MARK_NONE || p->sleep == KS_FAILED ||
-        p->terminating || (p->ctl_init && control_running(&p->ctl))) {
-        return;
-    }
-    if (p->sleep == KS_AWAKE) {
-        unroute(p);
-    }
-    p->mark_want = p->mark_done = p->mark_seen;
-    p->sleep_sent = false;
-    if (p->mark_seen == MARK_FALLING) {
-        p->sleep = KS_DOZING;
-        p->marked_ms = clock_now_ms();
-    } else {
-        p->sleep = KS_ASLEEP;
-        p->marked_ms = 0;
-    }
-}
-
-static void on_wake_requested(void *ud, long status, const char *body, size_t len,
-                              const char *err)
-{
-    struct kpod *p = ud;
-    p->wake_call = NULL;
-    if (status < 200 || status > 299) {
-        p->wake_request_ms = 0; /* asked again at the next tick */
-        LOGW("asking the leader to wake a pod failed", "model=%s pod=%s status=%ld",
-             p->km->m->name, p->name, status);
-    }
-}
-
-#define WAKE_REQUEST_AGAIN_MS 2000
-
-/* A follower with requests and only asleep pods: asks the leader to wake
- * p, at most once per WAKE_REQUEST_AGAIN_MS. */
-static void request_wake(struct kpod *p)
-{
-    struct kmodel *km = p->km;
-    uint64_t now = clock_now_ms();
-    if (p->wake_call || (p->wake_request_ms && now - p->wake_request_ms < WAKE_REQUEST_AGAIN_MS)) {
-        return;
-    }
-    char body[400], path[700];
-    snprintf(body, sizeof body, "{\"metadata\":{\"annotations\":{\"%s\":\"%s\"}}}",
-             K8S_WAKE_REQUEST_ANNOTATION, km->kb->identity);
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
-    p->wake_request_ms = now;
-    p->wake_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
-                               body, strlen(body), 15000, on_wake_requested, p);
-    LOGI("asking the leader to wake a pod", "model=%s pod=%s", km->m->name, p->name);
-}
-
 static void on_slept(struct control *c, int status, void *ud)
 {
     struct kpod *p = ud;
@@ -334,15 +103,15 @@ static void on_slept(struct control *c, int status, void *ud)
     p->sleep_sent = false;
     p->marked_ms = 0;
     bool slept = status >= 200 && status <= 299;
-    if (!deciding(km)) {
+    if (!kube_sleep_deciding(km)) {
         /* It lost the lease meanwhile: the new leader's mark says. */
         if (slept) {
             km->m->stats.sleeps++;
         }
-        follow_mark(p);
+        kube_pod_follow_mark(p);
         return;
     }
-    if (!slept && status <= 0 && shared(km)) {
+    if (!slept && status <= 0 && kube_sleep_shared(km)) {
         /* No answer, with other activators: taken as asleep (it may have
          * gone to sleep late), so none of them routes to a sleeping server;
          * demand wakes it, which is harmless if it is awake. */
@@ -352,7 +121,7 @@ static void on_slept(struct control *c, int status, void *ud)
     }
     if (slept) {
         p->sleep = KS_ASLEEP;
-        mark(p, MARK_ASLEEP);
+        kube_pod_mark(p, MARK_ASLEEP);
         km->m->stats.sleeps++;
         LOGI("pod asleep", "model=%s pod=%s", km->m->name, p->name);
         wake_wanted(km); /* a request may have come meanwhile */
@@ -361,19 +130,19 @@ static void on_slept(struct control *c, int status, void *ud)
     km->m->stats.sleep_failures++;
     p->sleep = KS_AWAKE;
     p->no_idle_sleep = true;
-    mark(p, MARK_CLEAR);
+    kube_pod_mark(p, MARK_CLEAR);
     if (status > 0) {
         /* It answered: it is serving and stays in routing. */
         LOGW("pod refused to sleep: it stays awake", "model=%s pod=%s status=%d", km->m->name,
              p->name, status);
-        release_held(p);
+        (void)kube_pod_still_serving(p, false);
         kube_pod_ready(p, "sleep refused");
     } else {
         /* No answer: routed again only once thaw's probe (or its endpoint) says so. */
         LOGW("pod did not answer /sleep: probing it again", "model=%s pod=%s error=%d",
              km->m->name, p->name, status);
         p->probe_ok = false;
-        release_held(p);
+        (void)kube_pod_still_serving(p, false);
         kube_pod_probe(p);
     }
 }
@@ -397,10 +166,10 @@ static void sleep_called_off(struct kpod *p)
     if (p->mark_done == MARK_NONE && !p->mark_call) {
         p->mark_want = MARK_NONE; /* no mark ever landed: none to remove */
     } else {
-        mark(p, MARK_CLEAR);
+        kube_pod_mark(p, MARK_CLEAR);
     }
     LOGI("sleep called off: requests came", "model=%s pod=%s", p->km->m->name, p->name);
-    release_held(p);
+    (void)kube_pod_still_serving(p, false);
     kube_pod_ready(p, "sleep called off");
 }
 
@@ -409,12 +178,12 @@ static void sleep_called_off(struct kpod *p)
 static void pod_sleep(struct kpod *p, const char *why)
 {
     struct kmodel *km = p->km;
-    if (shared(km)) {
-        unroute(p);
+    if (kube_sleep_shared(km)) {
+        kube_pod_unroute(p);
         p->sleep = KS_DOZING;
         p->sleep_sent = false;
         p->marked_ms = 0;
-        mark(p, MARK_FALLING);
+        kube_pod_mark(p, MARK_FALLING);
         LOGI("putting pod to sleep once every activator lets go of it",
              "model=%s pod=%s level=%u reason=\"%s\"", km->m->name, p->name,
              (unsigned)km->spec.sleep_level, why);
@@ -425,7 +194,7 @@ static void pod_sleep(struct kpod *p, const char *why)
     if (send_control(p, path, on_slept)) {
         return;
     }
-    unroute(p);
+    kube_pod_unroute(p);
     p->sleep = KS_DOZING;
     LOGI("putting pod to sleep", "model=%s pod=%s level=%u reason=\"%s\"", km->m->name, p->name,
          (unsigned)km->spec.sleep_level, why);
@@ -472,19 +241,19 @@ static void on_woken(struct control *c, int status, void *ud)
     uint64_t now = clock_now_ms();
     /* Awake; one that lost the lease meanwhile follows the marks below, from
      * "waking" so that no mark left routes it again. */
-    p->sleep = deciding(km) ? KS_AWAKE : KS_WAKING;
-    mark(p, MARK_CLEAR);
+    p->sleep = kube_sleep_deciding(km) ? KS_AWAKE : KS_WAKING;
+    kube_pod_mark(p, MARK_CLEAR);
     km->m->stats.wakes++;
     km->last_wake_ms = now - p->wake_asked_ms;
     histogram_observe(&km->m->stats.wake, (double)km->last_wake_ms / 1000.0);
     LOGI("pod awake", "model=%s pod=%s wake_ms=%llu", km->m->name, p->name,
          (unsigned long long)km->last_wake_ms);
     p->wake_asked_ms = 0;
-    if (!deciding(km)) {
-        follow_mark(p); /* it lost the lease meanwhile */
+    if (!kube_sleep_deciding(km)) {
+        kube_pod_follow_mark(p); /* it lost the lease meanwhile */
         return;
     }
-    release_held(p);
+    (void)kube_pod_still_serving(p, false);
     kube_pod_ready(p, "woken");
 }
 
@@ -695,10 +464,10 @@ static void wake_wanted(struct kmodel *km)
 {
     struct model *m = km->m;
     bool asked = false;
-    if (shared(km)) {
+    if (kube_sleep_shared(km)) {
         strmap_each(&km->pods, any_wake_request, &asked);
     }
-    if (!deciding(km) || (model_idle(km) && !asked)) {
+    if (!kube_sleep_deciding(km) || (model_idle(km) && !asked)) {
         return;
     }
     unsigned want = km->sc.last.desired ? km->sc.last.desired : 1;
@@ -716,7 +485,7 @@ static void ask_one(void *ud, const char *key, void *value)
     if (!*done && (p->sleep == KS_ASLEEP || p->sleep == KS_DOZING) && !p->terminating &&
         !p->retired) {
         *done = true;
-        request_wake(p);
+        kube_pod_request_wake(p);
     }
 }
 
@@ -731,7 +500,7 @@ bool kube_wake_for_demand(struct kmodel *km)
 {
     struct sleep_count c = {0};
     strmap_each(&km->pods, count_pod, &c);
-    if (!deciding(km)) {
+    if (!kube_sleep_deciding(km)) {
         if (c.asleep + c.dozing && km->m->n_endpoints == 0) {
             ask_leader_to_wake(km);
         }
@@ -751,33 +520,29 @@ static void sleep_if_awake(void *ud, const char *key, void *value)
     }
 }
 
-/* Every tick, with several activators, on the leader: a mark written again
- * after a failure, or when the pod object disagrees with it (another wrote
- * over it, or a wake request came after it); a pod falling asleep gets its
- * /sleep once the others let go of it, or serves again when requests came
- * meanwhile. */
+/* Every tick, with several activators, on the leader: its marks kept
+ * written (kube_pod_marks_tend); a pod falling asleep gets its /sleep once
+ * the others let go of it, or serves again when requests came meanwhile or
+ * its mark keeps being refused. */
 static void tend_marks(void *ud, const char *key, void *value)
 {
     struct kpod *p = value;
     struct kmodel *km = p->km;
-    if (!deciding(km) || p->terminating) {
+    if (!kube_sleep_deciding(km) || p->terminating) {
         return;
     }
-    uint64_t now = clock_now_ms();
-    if (!p->mark_call && p->mark_want != MARK_NONE && p->mark_done == p->mark_want &&
-        now - p->mark_done_ms > 1000 &&
-        (!mark_agrees(p->mark_want, p->mark_seen) ||
-         (p->wake_requested && p->sleep == KS_AWAKE))) {
-        p->mark_done = MARK_NONE; /* the watch has had a second to show it: write it again */
-    }
-    if (p->wake_requested && p->sleep == KS_AWAKE && p->mark_want == MARK_NONE) {
-        p->mark_want = MARK_CLEAR; /* a request that came after the pod woke */
-    }
-    mark_send(p);
+    kube_pod_marks_tend(p);
     if (p->sleep != KS_DOZING || p->sleep_sent) {
         return;
     }
-    if (!model_idle(km) || p->wake_requested || still_serving(p, false) ||
+    if (p->mark_failures >= MARK_FAILURES_GIVE_UP && p->mark_want == MARK_FALLING) {
+        /* Not put to sleep again for a while: the API keeps refusing the mark. */
+        p->mark_failures = 0;
+        p->mark_retry_ms = clock_now_ms() + MARK_GIVE_UP_MS;
+        sleep_called_off(p);
+        return;
+    }
+    if (!model_idle(km) || p->wake_requested || kube_pod_still_serving(p, false) ||
         !k8s_peers_heard_all(&km->kb->peers, 0)) {
         sleep_called_off(p); /* requests came, or a peer went quiet: it cannot let go */
         return;
@@ -794,25 +559,25 @@ void kube_sleep_tick(struct kmodel *km, uint64_t now)
     struct model *m = km->m;
     unsigned waking, dozing;
     m->replicas_asleep = kube_pods_asleep(km, &waking, &dozing) + dozing;
-    if (shared(km)) {
+    if (kube_sleep_shared(km)) {
         strmap_each(&km->pods, tend_marks, NULL);
     }
     if (m->inflight > 0 || m->queue.count > 0) {
         km->busy_at_ms = now;
-        if (!deciding(km) && m->n_endpoints == 0) {
+        if (!kube_sleep_deciding(km) && m->n_endpoints == 0) {
             ask_leader_to_wake(km); /* again, should the last ask be lost */
         }
         wake_wanted(km);
         return;
     }
     wake_wanted(km); /* a follower's wake request */
-    if (!km->spec.sleep_level || m->n_endpoints == 0 || !deciding(km) ||
+    if (!km->spec.sleep_level || m->n_endpoints == 0 || !kube_sleep_deciding(km) ||
         now - km->busy_at_ms < km->spec.idle_before_sleep_ms) {
         return;
     }
     struct kube_backend *kb = km->kb;
     uint64_t since = kb->leader_since_ms > km->busy_at_ms ? kb->leader_since_ms : km->busy_at_ms;
-    if (shared(km) && (!k8s_peers_heard_all(&kb->peers, since) ||
+    if (kube_sleep_shared(km) && (!k8s_peers_heard_all(&kb->peers, since) ||
                        k8s_peers_demand(&kb->peers, km->key) ||
                        k8s_peers_idle_ms(&kb->peers, km->key) < km->spec.idle_before_sleep_ms)) {
         return; /* busy at another activator, or lately, or not heard from since the lease */
@@ -825,29 +590,25 @@ static void lead_or_follow(void *ud, const char *key, void *value)
     struct kpod *p = value;
     p->mark_want = MARK_NONE; /* a new leader's wishes start from the marks it finds */
     p->mark_done = p->mark_seen;
-    if (deciding(p->km)) {
-        adopt_mark(p);
+    if (kube_sleep_deciding(p->km)) {
+        kube_pod_adopt_mark(p);
     } else {
-        follow_mark(p);
+        kube_pod_follow_mark(p);
     }
 }
 
 void kube_pod_sleep_marks(struct kpod *p, const struct k8s_pod_info *pi)
 {
     struct kmodel *km = p->km;
-    if (!shared(km)) {
+    if (!kube_sleep_shared(km)) {
         return;
     }
-    bool asked = pi->wake_requested && !p->wake_requested;
-    p->wake_requested = pi->wake_requested;
-    p->mark_seen = !pi->sleep_state[0]                           ? MARK_NONE
-                   : strcmp(pi->sleep_state, "asleep") == 0 ? MARK_ASLEEP
-                                                                : MARK_FALLING;
-    if (!deciding(km)) {
-        follow_mark(p);
+    bool asked = kube_pod_read_marks(p, pi);
+    if (!kube_sleep_deciding(km)) {
+        kube_pod_follow_mark(p);
         return;
     }
-    adopt_mark(p);
+    kube_pod_adopt_mark(p);
     if (asked) {
         LOGI("a peer asked for a pod to wake", "model=%s pod=%s", km->m->name, p->name);
         km->busy_at_ms = clock_now_ms(); /* demand: idle-before-sleep counts from here */
@@ -869,27 +630,3 @@ void kube_sleep_leadership(struct kube_backend *kb)
     strmap_each(&kb->models, lead_or_follow_model, NULL);
 }
 
-struct unrouted_pass {
-    cJSON *list;
-};
-
-static void unrouted_pod(void *ud, const char *key, void *value)
-{
-    struct kpod *p = value;
-    if (p->mark_seen != MARK_NONE && !p->reported && !still_serving(p, false)) {
-        char pod_key[600];
-        snprintf(pod_key, sizeof pod_key, "%s/%s", p->km->spec.namespace_, p->name);
-        cJSON_AddItemToArray(((struct unrouted_pass *)ud)->list, cJSON_CreateString(pod_key));
-    }
-}
-
-static void unrouted_model(void *ud, const char *key, void *value)
-{
-    strmap_each(&((struct kmodel *)value)->pods, unrouted_pod, ud);
-}
-
-void kube_sleep_unrouted(struct kube_backend *kb, cJSON *out)
-{
-    struct unrouted_pass u = {cJSON_AddArrayToObject(out, "unrouted")};
-    strmap_each(&kb->models, unrouted_model, &u);
-}
