@@ -38,6 +38,12 @@ struct upstream_ctx;
 #define ACCEPT_FAST_HANDSHAKE_MS 10
 #define ACCEPT_FAST_PATH_KNOWN_MS 60000
 
+/* A configured address (no one queue to infer from) takes a completed
+ * handshake as the acceptance, except within this long of a stalled
+ * connect: its queue overflowed, so new connections count again until
+ * each one's own answer, as a replica's do without an accept check. */
+#define ACCEPT_CAUTION_MS 10000
+
 /* How long an accept check waits for its answer: a replica slow to accept
  * answers it late, and the connections it vouches for wait as long. */
 #define ACCEPT_CHECK_TIMEOUT_MS 5000
@@ -85,6 +91,7 @@ struct endpoint {
     uint32_t remade;     /* of those, made again and not completed yet */
     uint32_t accept_window;
     uint64_t window_shrunk_ms; /* last shrink: once per ACCEPT_STALL_MS */
+    uint64_t stalled_ms;       /* the last stalled connect; 0: none */
     /* When a handshake here last took under ACCEPT_FAST_HANDSHAKE_MS (the
      * kernel's round-trip time): a pending connect is taken as dropped only
      * while the path is known fast. 0: never. */
@@ -125,7 +132,8 @@ void endpoint_unref(struct endpoint *ep);
 void accept_opened(struct endpoint *ep, struct accept_slot *s, bool connected, uint64_t now);
 /* Its connect completed (fast: the kernel's round-trip time of the
  * handshake was under ACCEPT_FAST_HANDSHAKE_MS). Where the address may not
- * have one queue, that is all thaw learns of its acceptance: true, as
+ * have one queue, that is all thaw learns of its acceptance, and it counts
+ * as such unless a connect stalled within ACCEPT_CAUTION_MS: true, as
  * accept_vouched, when the window was full and has room now. */
 bool accept_connected(struct endpoint *ep, struct accept_slot *s, bool fast, uint64_t now);
 /* The connection is gone. */

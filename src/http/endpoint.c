@@ -110,7 +110,7 @@ bool accept_connected(struct endpoint *ep, struct accept_slot *s, bool fast, uin
     if (!s->unconfirmed) {
         return false;
     }
-    if (ep->one_queue) {
+    if (ep->one_queue || (ep->stalled_ms && now - ep->stalled_ms < ACCEPT_CAUTION_MS)) {
         established(ep, s);
         return false;
     }
@@ -118,7 +118,9 @@ bool accept_connected(struct endpoint *ep, struct accept_slot *s, bool fast, uin
      * is in, and what the replica behind it has accepted, cannot be
      * inferred. A listener sends its SYN-ACK only while its queue has room,
      * so the handshake is taken as the acceptance: the window bounds the
-     * connects under way, and answers that take long hold nothing back. */
+     * connects under way, and answers that take long hold nothing back.
+     * Once a connect stalls (a queue overflowed: a server slow to accept),
+     * established connections count again until they answer, for a while. */
     return accept_vouched(ep, s, 0);
 }
 
@@ -173,6 +175,7 @@ void accept_wait(struct endpoint *ep, struct accept_slot *s)
 bool accept_stalled(struct endpoint *ep, struct accept_slot *s, uint64_t now)
 {
     uint32_t in_queue = ep->unconfirmed - ep->connecting;
+    ep->stalled_ms = now;
     if (s->remade) {
         s->remade = false; /* made again and lost again: no longer under way */
         ep->remade--;

@@ -100,7 +100,9 @@ struct kpod {
     enum kpod_mark mark_done;  /* what it wrote last */
     uint64_t mark_done_ms;     /* when that landed */
     unsigned mark_failures;    /* PATCHes failed in a row */
+    unsigned falling_refused;  /* falling-asleep marks refused in a row */
     uint64_t mark_retry_ms;    /* not written again before this */
+    uint64_t no_sleep_until_ms; /* the API kept refusing its mark: not put to sleep before */
     struct k8s_call *mark_call;
     uint64_t marked_ms;        /* leader: when its falling-asleep mark landed; 0: not yet */
     bool sleep_sent;           /* leader: /sleep sent, the others having let go */

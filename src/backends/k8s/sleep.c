@@ -324,7 +324,7 @@ static void sleep_victim(void *ud, const char *key, void *value)
     if (v->nm->held - v->nm->coming <= v->cap || strcmp(p->node, v->nm->node) != 0 ||
         (int)km->m->set.priority != v->tier || !km->spec.sleep_level || !p->reported ||
         p->sleep != KS_AWAKE || p->terminating || !model_idle(km) ||
-        clock_now_ms() < p->mark_retry_ms) {
+        clock_now_ms() < p->no_sleep_until_ms) {
         return;
     }
     char why[300];
@@ -515,7 +515,7 @@ static void sleep_if_awake(void *ud, const char *key, void *value)
 {
     struct kpod *p = value;
     if (p->reported && p->sleep == KS_AWAKE && !p->no_idle_sleep && !p->terminating &&
-        clock_now_ms() >= p->mark_retry_ms) {
+        clock_now_ms() >= p->no_sleep_until_ms) {
         pod_sleep(p, "idle-before-sleep passed");
     }
 }
@@ -535,10 +535,12 @@ static void tend_marks(void *ud, const char *key, void *value)
     if (p->sleep != KS_DOZING || p->sleep_sent) {
         return;
     }
-    if (p->mark_failures >= MARK_FAILURES_GIVE_UP && p->mark_want == MARK_FALLING) {
-        /* Not put to sleep again for a while: the API keeps refusing the mark. */
-        p->mark_failures = 0;
-        p->mark_retry_ms = clock_now_ms() + MARK_GIVE_UP_MS;
+    if (p->falling_refused >= MARK_FAILURES_GIVE_UP && p->mark_want == MARK_FALLING &&
+        !p->mark_call) {
+        /* Not put to sleep again for a while: the API keeps refusing the
+         * mark (its removal is still written, should one have landed). */
+        p->falling_refused = 0;
+        p->no_sleep_until_ms = clock_now_ms() + MARK_GIVE_UP_MS;
         sleep_called_off(p);
         return;
     }
@@ -590,6 +592,8 @@ static void lead_or_follow(void *ud, const char *key, void *value)
     struct kpod *p = value;
     p->mark_want = MARK_NONE; /* a new leader's wishes start from the marks it finds */
     p->mark_done = p->mark_seen;
+    p->mark_failures = p->falling_refused = 0;
+    p->mark_retry_ms = 0;
     if (kube_sleep_deciding(p->km)) {
         kube_pod_adopt_mark(p);
     } else {

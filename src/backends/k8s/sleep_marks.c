@@ -81,6 +81,9 @@ static void on_marked(void *ud, long status, const char *body, size_t len, const
     if (status < 200 || status > 299) {
         /* Written again by the tick, backing off. */
         unsigned n = ++p->mark_failures;
+        if (sent == MARK_FALLING) {
+            p->falling_refused++;
+        }
         uint64_t wait = n < 7 ? 500ull << n : MARK_RETRY_MAX_MS;
         p->mark_retry_ms = now + (wait < MARK_RETRY_MAX_MS ? wait : MARK_RETRY_MAX_MS);
         if ((n & (n - 1)) == 0) {
@@ -91,6 +94,7 @@ static void on_marked(void *ud, long status, const char *body, size_t len, const
         return;
     }
     p->mark_failures = 0;
+    p->falling_refused = 0;
     p->mark_done = sent;
     p->mark_done_ms = now;
     if (sent == MARK_FALLING && p->mark_want == MARK_FALLING && p->sleep == KS_DOZING) {
