@@ -126,20 +126,9 @@ def test_two_activators_share_sleep_mode(fleet):
     it (the follower asks the leader, which sends /wake_up): no cold start,
     nothing answered "the model is sleeping". The pod runs the independent
     asyncio counterpart with vLLM's sleep mode."""
-    f = fleet(2)
+    f = sleepy_fleet(fleet, 2, token_ms=500)
     leader = f.one_leader()
     follower = next(t for t in f.thaws if t is not leader)
-    d = deployment("llama", replicas=0, load_ms=300,
-                   annotations={"thaw.dev/sleep-mode": "true",
-                                "thaw.dev/idle-before-sleep": "500ms",
-                                "thaw.dev/sleep-timeout": "5s"})
-    d["spec"]["template"]["metadata"]["annotations"].update(
-        {"sim.thaw.dev/server": "asyncio", "sim.thaw.dev/sleep-mode": "true",
-         "sim.thaw.dev/token-ms": "500"})
-    f.sim.create_deployment(d)
-    for t in f.thaws:
-        wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
-                 what="model seen")
     # A cold start through the follower, then a request there that takes 2 s
     # (4 tokens of 500 ms): the leader sees nothing of it but the follower's
     # /demand, and must not put the pod to sleep meanwhile.

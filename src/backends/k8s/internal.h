@@ -443,6 +443,8 @@ void kube_pod_request_wake(struct kpod *p);
  * are marked asleep and nothing of it runs on any more ("ns/pod"), for the
  * leader to know they were let go of. */
 void kube_sleep_unrouted(struct kube_backend *kb, cJSON *out);
+/* "ns/pod": how /demand names a pod. */
+void kube_pod_key(const struct kpod *p, char *out, size_t len);
 void kube_pod_marks_dispose(struct kpod *p);
 /* A pod leaves: its control request and delete are dropped. */
 void kube_pod_sleep_dispose(struct kpod *p);

@@ -550,7 +550,7 @@ static void tend_marks(void *ud, const char *key, void *value)
         return;
     }
     char pod_key[600];
-    snprintf(pod_key, sizeof pod_key, "%s/%s", km->spec.namespace_, p->name);
+    kube_pod_key(p, pod_key, sizeof pod_key);
     if (p->marked_ms && k8s_peers_let_go(&km->kb->peers, km->key, pod_key, p->marked_ms)) {
         send_sleep(p);
     }

@@ -68,9 +68,22 @@ uint64_t kube_sleep_held_inflight(const struct kmodel *km)
     return n;
 }
 
-
 #define MARK_RETRY_MAX_MS 30000
 
+void kube_pod_key(const struct kpod *p, char *out, size_t len)
+{
+    snprintf(out, len, "%s/%s", p->km->spec.namespace_, p->name);
+}
+
+/* A merge patch of p's metadata.annotations (body: the whole patch). */
+static struct k8s_call *patch_pod(struct kpod *p, const char *body, k8s_done_cb done)
+{
+    struct kmodel *km = p->km;
+    char path[700];
+    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
+    return k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json", body,
+                       strlen(body), 15000, done, p);
+}
 
 static void on_marked(void *ud, long status, const char *body, size_t len, const char *err)
 {
@@ -84,7 +97,7 @@ static void on_marked(void *ud, long status, const char *body, size_t len, const
         if (sent == MARK_FALLING) {
             p->falling_refused++;
         }
-        uint64_t wait = n < 7 ? 500ull << n : MARK_RETRY_MAX_MS;
+        uint64_t wait = n < 6 ? 500ull << n : MARK_RETRY_MAX_MS; /* 1, 2, 4... 30 s */
         p->mark_retry_ms = now + (wait < MARK_RETRY_MAX_MS ? wait : MARK_RETRY_MAX_MS);
         if ((n & (n - 1)) == 0) {
             LOGW("writing a pod's sleep mark failed (RBAC: patch on pods?)",
@@ -117,14 +130,12 @@ void kube_pod_mark_send(struct kpod *p)
     const char *v = p->mark_want == MARK_FALLING ? "\"falling-asleep\""
                     : p->mark_want == MARK_ASLEEP ? "\"asleep\""
                                                   : "null";
-    char body[256], path[700];
+    char body[256];
     /* A mark written or removed answers any wake request made before it. */
     snprintf(body, sizeof body, "{\"metadata\":{\"annotations\":{\"%s\":%s,\"%s\":null}}}",
              K8S_SLEEP_STATE_ANNOTATION, v, K8S_WAKE_REQUEST_ANNOTATION);
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
     p->mark_sent = p->mark_want;
-    p->mark_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
-                               body, strlen(body), 15000, on_marked, p);
+    p->mark_call = patch_pod(p, body, on_marked);
 }
 
 void kube_pod_mark(struct kpod *p, enum kpod_mark want)
@@ -209,16 +220,13 @@ void kube_pod_request_wake(struct kpod *p)
     if (p->wake_call || (p->wake_request_ms && now - p->wake_request_ms < WAKE_REQUEST_AGAIN_MS)) {
         return;
     }
-    char body[400], path[700];
+    char body[400];
     snprintf(body, sizeof body, "{\"metadata\":{\"annotations\":{\"%s\":\"%s\"}}}",
              K8S_WAKE_REQUEST_ANNOTATION, km->kb->identity);
-    snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
     p->wake_request_ms = now;
-    p->wake_call = k8s_request(km->kb->client, "PATCH", path, "application/merge-patch+json",
-                               body, strlen(body), 15000, on_wake_requested, p);
+    p->wake_call = patch_pod(p, body, on_wake_requested);
     LOGI("asking the leader to wake a pod", "model=%s pod=%s", km->m->name, p->name);
 }
-
 
 void kube_pod_marks_tend(struct kpod *p)
 {
@@ -254,17 +262,13 @@ void kube_pod_marks_dispose(struct kpod *p)
     (void)kube_pod_still_serving(p, true);
 }
 
-struct unrouted_pass {
-    cJSON *list;
-};
-
 static void unrouted_pod(void *ud, const char *key, void *value)
 {
     struct kpod *p = value;
     if (p->mark_seen != MARK_NONE && !p->reported && !kube_pod_still_serving(p, false)) {
         char pod_key[600];
-        snprintf(pod_key, sizeof pod_key, "%s/%s", p->km->spec.namespace_, p->name);
-        cJSON_AddItemToArray(((struct unrouted_pass *)ud)->list, cJSON_CreateString(pod_key));
+        kube_pod_key(p, pod_key, sizeof pod_key);
+        cJSON_AddItemToArray(ud, cJSON_CreateString(pod_key));
     }
 }
 
@@ -275,6 +279,5 @@ static void unrouted_model(void *ud, const char *key, void *value)
 
 void kube_sleep_unrouted(struct kube_backend *kb, cJSON *out)
 {
-    struct unrouted_pass u = {cJSON_AddArrayToObject(out, "unrouted")};
-    strmap_each(&kb->models, unrouted_model, &u);
+    strmap_each(&kb->models, unrouted_model, cJSON_AddArrayToObject(out, "unrouted"));
 }
