@@ -18,11 +18,11 @@
 /* A reused connection closed by the replica within this long of the request
  * going out is taken as closed before the replica read it. */
 #define STALE_RACE_MS 250
-/* A connection pooled less than this long ago, in an earlier loop turn, is
- * reused without the peek for a close (take_pooled): no replica's idle timer
- * is that short, a close racing the request is sent again all the same
- * (is_stale_pooled), and bytes nobody asked for raised a read event in the
- * turn that followed. */
+/* A connection pooled less than this long ago is reused without the peek
+ * for a close (take_pooled) when the loop has seen everything the replica
+ * sent before the turn began: no replica's idle timer is that short, a close
+ * racing the request is sent again all the same (is_stale_pooled), and
+ * bytes nobody asked for raise a read event in the turn that follows. */
 #define PEEK_AFTER_IDLE_MS 100
 
 
@@ -169,7 +169,7 @@ static struct model *release(struct upstream *u, bool reusable)
             r->conn->on_drain = NULL;
         }
     }
-    if (reusable && m && !*ctx->draining && !u->server_no_keepalive &&
+    if (reusable && m && !*ctx->draining && !u->server_no_keepalive && !u->reading_fin &&
         ep->n_idle < ctx->keepalive_per_endpoint && !u->dead) {
         u->state = UP_IDLE;
         if (u->reading_paused) {
@@ -183,6 +183,7 @@ static struct model *release(struct upstream *u, bool reusable)
         event_del(&u->wev);
         u->idle_since_ms = clock_now_ms();
         u->idle_since_turn = loop_turn(ctx->base);
+        u->pooled_drained = u->reading_drained;
         arm_ms(u, pool_idle_ms(u, ctx->keepalive_timeout_ms));
         http_head_reset(&u->head);
     } else {
@@ -223,20 +224,31 @@ static bool nothing_to_read(int fd)
     return got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+/* Pooled moments ago, with nothing from the replica unseen but what came in
+ * this very turn: pooled by a read that emptied the socket with no close
+ * flagged (what came after it raises an event at the next poll), or in an
+ * earlier turn (what came after the answer was polled since). Turns are told
+ * apart by the loop's cached time, which may be coarse: two turns in one tick
+ * count as one, so it errs towards the peek. */
+static bool known_open(const struct upstream *u, uint64_t now, uint64_t turn)
+{
+    if (now - u->idle_since_ms >= PEEK_AFTER_IDLE_MS) {
+        return false;
+    }
+    return u->pooled_drained || u->idle_since_turn != turn;
+}
+
 /* The most recently pooled connection the replica has not closed. A close
  * the loop has not processed yet (the replica's idle timer, or its death) is
  * seen here with one non-blocking peek, before a request is put on it; not
- * on a connection pooled moments ago in an earlier turn (a system call a
- * request saved). One pooled in this very turn is peeked: what the replica
- * sent after its answer has raised no event yet. */
+ * on a connection known open (a system call a request saved). */
 static struct upstream *take_pooled(struct upstream_ctx *ctx, struct endpoint *ep)
 {
     struct list_node *n;
     uint64_t now = clock_now_ms(), turn = loop_turn(ctx->base);
     while ((n = list_first(&ep->idle))) {
         struct upstream *u = container_of(n, struct upstream, node);
-        bool fresh = now - u->idle_since_ms < PEEK_AFTER_IDLE_MS && u->idle_since_turn != turn;
-        if (fresh || nothing_to_read(u->fd)) {
+        if (known_open(u, now, turn) || nothing_to_read(u->fd)) {
             list_remove(n);
             ep->n_idle--;
             return u;
@@ -993,11 +1005,17 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
     for (;;) {
         ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
         if (n > 0) {
-            if (!take_bytes(u, scratch, (size_t)n)) {
+            bool drained = (size_t)n < CONN_SCRATCH_BYTES && !(what & EV_CLOSED);
+            /* For release, while these bytes are taken. */
+            u->reading_drained = drained;
+            u->reading_fin = (what & EV_CLOSED) != 0;
+            bool more = take_bytes(u, scratch, (size_t)n);
+            u->reading_drained = u->reading_fin = false;
+            if (!more) {
                 break;
             }
-            if ((size_t)n < CONN_SCRATCH_BYTES && !(what & EV_CLOSED)) {
-                break; /* drained: the next bytes raise a new edge */
+            if (drained) {
+                break; /* the next bytes raise a new edge */
             }
             if ((size_t)n >= budget) {
                 event_active(&u->rev, what, 0); /* the rest next turn */

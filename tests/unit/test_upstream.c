@@ -181,11 +181,25 @@ static struct model *u_give_slot(struct endpoint *ep)
     return ep->model;
 }
 
+/* What the proxy does on capacity, when a test asks for it: the next waiting
+ * request goes out at once, in the loop turn that freed the slot (after the
+ * replica closed its side, if close_first). */
+struct env;
+static struct {
+    struct env *e;
+    struct fake_req *next;
+    bool close_first;
+} on_capacity;
+static void dispatch_next(void);
+
 static void u_capacity(void *ud, struct model *m)
 {
     assert_ptr_equal(m, FAKE_MODEL);
     fk.capacities++;
     note('C');
+    if (on_capacity.next) {
+        dispatch_next();
+    }
 }
 
 /* An error status into a heartbeat stream: what the proxy would turn into
@@ -240,6 +254,7 @@ struct env {
 static int setup(void **state)
 {
     memset(&fk, 0, sizeof fk);
+    memset(&on_capacity, 0, sizeof on_capacity);
     struct env *e = calloc(1, sizeof *e);
     assert_non_null(e);
     e->base = event_base_new();
@@ -625,6 +640,24 @@ static void test_idle_pooled_connection_closed_by_replica_is_not_reused(void **s
     assert_int_equal(fk.dones, 2);
 }
 
+/* One more client connection and its request (the env's own client has one
+ * in flight already). */
+static struct fake_req *another_client_request(struct env *e)
+{
+    int cfd = loopnet_connect(e->client_port, 0);
+    assert_true(cfd >= 0);
+    struct sockaddr_in peer;
+    int sfd = loopnet_accept(e->client_lfd, &peer);
+    assert_true(sfd >= 0);
+    assert_non_null(
+        conn_new(&e->net, sfd, &e->req_limits, &client_handler, e, (struct sockaddr *)&peer));
+    assert_true(loopnet_send_str(cfd, simple_get));
+    assert_true(RUN_UNTIL(fk.waiting != NULL));
+    struct fake_req *fr = fk.waiting;
+    fk.waiting = NULL;
+    return fr;
+}
+
 /* After one round trip: a client's next request, and the replica closing
  * the pooled connection (pooled at idle_since_ms, in the loop turn `turn`)
  * without the loop running since. */
@@ -641,15 +674,21 @@ static struct fake_req *close_pooled_unseen(struct env *e, uint64_t idle_since_m
     return fr;
 }
 
-/* The request arrives on a new connection and is answered, nothing failed. */
-static void answered_on_a_new_connection(struct env *e)
+/* The request arrives on a new connection and is answered (the dones-th
+ * answer), nothing failed. */
+static void answered_after(struct env *e, int dones)
 {
     replica_accept(e);
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
     assert_true(loopnet_send_str(e->replica.fd, ok_response));
-    assert_true(RUN_UNTIL(fk.dones == 2));
+    assert_true(RUN_UNTIL(fk.dones == dones));
     assert_int_equal(e->metrics.upstream_connects, 2);
     assert_int_equal(fk.fails + fk.retries, 0);
+}
+
+static void answered_on_a_new_connection(struct env *e)
+{
+    answered_after(e, 2);
 }
 
 static void test_pooled_connection_closed_unseen_is_not_reused(void **state)
@@ -675,6 +714,64 @@ static void test_fresh_pooled_connection_closed_unseen_is_sent_again(void **stat
     assert_int_equal(e->metrics.upstream_reused, 1);
     assert_true(RUN_UNTIL(e->metrics.upstream_stale_retries == 1));
     answered_on_a_new_connection(e);
+}
+
+static void dispatch_next(void)
+{
+    struct env *e = on_capacity.e;
+    struct fake_req *fr = on_capacity.next;
+    on_capacity.next = NULL;
+    if (on_capacity.close_first) {
+        close(e->replica.fd);
+        e->replica.fd = -1;
+    }
+    dispatch(e, fr, simple_get_up);
+}
+
+/* A second client's request waits; the replica answers the first. */
+static void answer_with_one_waiting(struct env *e, bool close_first, bool fin_with_answer)
+{
+    open_client(e);
+    round_trip(e, true);
+    struct fake_req *first = client_request(e, simple_get);
+    struct fake_req *second = another_client_request(e);
+    dispatch(e, first, simple_get_up);
+    assert_true(RUN_UNTIL(e->replica.got.len == 2 * strlen(simple_get_up)));
+    on_capacity.e = e;
+    on_capacity.next = second;
+    on_capacity.close_first = close_first;
+    assert_true(loopnet_send_str(e->replica.fd, ok_response));
+    if (fin_with_answer) {
+        shutdown(e->replica.fd, SHUT_WR); /* before the loop polls: flagged with the answer */
+    }
+    assert_true(RUN_UNTIL(fk.dones == 2));
+    assert_null(on_capacity.next); /* sent in the turn the answer was read */
+}
+
+static void test_connection_pooled_this_turn_by_a_draining_read_is_taken_without_a_peek(void **state)
+{
+    struct env *e = *state;
+    /* The replica closes after the read that emptied the socket, within the
+     * turn: nothing the loop could have seen at the turn's start, so no peek
+     * (a system call per request under load), and the close is met as one
+     * racing the request: sent again on a new connection. */
+    answer_with_one_waiting(e, true, false);
+    assert_int_equal(e->metrics.upstream_reused, 2);
+    assert_int_equal(e->metrics.upstream_stale_closed, 0);
+    assert_true(RUN_UNTIL(e->metrics.upstream_stale_retries == 1));
+    answered_after(e, 3);
+}
+
+static void test_a_connection_whose_fin_came_with_the_answer_is_not_pooled(void **state)
+{
+    struct env *e = *state;
+    /* The poll flagged the replica's FIN with its answer: the connection is
+     * closed, not pooled, and the next request goes on a new one. */
+    answer_with_one_waiting(e, false, true);
+    assert_int_equal(e->metrics.upstream_reused, 1);
+    assert_int_equal(e->metrics.upstream_stale_closed, 0);
+    answered_after(e, 3);
+    assert_int_equal(e->metrics.upstream_stale_retries, 0);
 }
 
 static void test_pooled_connection_closing_under_a_request_is_sent_again(void **state)
@@ -758,24 +855,6 @@ static void test_a_stalled_connect_is_made_again_once_the_queue_has_room(void **
     assert_int_equal(fk.fails + fk.retries, 0);
     assert_int_equal(e->ep->connecting, 0);
     assert_int_equal(e->ep->remade, 0);
-}
-
-/* One more client connection and its request (the env's own client has one
- * in flight already). */
-static struct fake_req *another_client_request(struct env *e)
-{
-    int cfd = loopnet_connect(e->client_port, 0);
-    assert_true(cfd >= 0);
-    struct sockaddr_in peer;
-    int sfd = loopnet_accept(e->client_lfd, &peer);
-    assert_true(sfd >= 0);
-    assert_non_null(
-        conn_new(&e->net, sfd, &e->req_limits, &client_handler, e, (struct sockaddr *)&peer));
-    assert_true(loopnet_send_str(cfd, simple_get));
-    assert_true(RUN_UNTIL(fk.waiting != NULL));
-    struct fake_req *fr = fk.waiting;
-    fk.waiting = NULL;
-    return fr;
 }
 
 static void test_no_descriptor_for_a_stalled_connect_does_not_spin(void **state)
@@ -1146,6 +1225,11 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_pooled_connection_closed_unseen_is_not_reused, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(
+            test_connection_pooled_this_turn_by_a_draining_read_is_taken_without_a_peek, setup,
+            teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_connection_whose_fin_came_with_the_answer_is_not_pooled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fresh_pooled_connection_closed_unseen_is_sent_again, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(
