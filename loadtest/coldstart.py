@@ -15,8 +15,10 @@ an independently written Python asyncio server (accepts at Python speed, a
 bind-late (the port opens when loaded) and 503 (health answers 503 while
 loading). For the asyncio server the same N requests are also sent straight
 to it once loaded, all at once on fresh connections; and its best rate, on 64
-warm keep-alive connections (wrk): N requests take at least N / that rate of the
-server's own time, whoever sends them, the floor for any p99 at N.
+warm keep-alive connections (wrk), with its CPU per request: straight to it,
+and through thaw-relay-floor (a relay that parses nothing). N requests take
+at least N / that rate of the server's own time; through the relay, the floor
+for any proxy's p99 at N on this machine.
 
 Then requests slow to answer: 256 held (100 with SMOKE=1) on the asyncio server
 answering each 2 s (0.5 s) after it arrives, as a non-streaming completion does:
@@ -26,7 +28,7 @@ Then memory: N held requests (10,000; 1,000 with SMOKE=1) on a cold model,
 thaw's RSS per held request, connection included.
 
 Environment: SMOKE=1 (CI: 1 and 100 clients, 1,000 held), THAW_BIN, SIM_BIN,
-CLIENT_BIN. Figures only; never fails on time.
+CLIENT_BIN, FLOOR_BIN. Figures only; never fails on time.
 """
 
 import json
@@ -36,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -48,6 +51,7 @@ BUILD = os.path.join(ROOT, "build")
 THAW_BIN = os.environ.get("THAW_BIN", os.path.join(BUILD, "thaw"))
 SIM_BIN = os.environ.get("SIM_BIN", os.path.join(BUILD, "thaw-model-sim"))
 CLIENT_BIN = os.environ.get("CLIENT_BIN", os.path.join(BUILD, "thaw-coldstart-client"))
+FLOOR_BIN = os.environ.get("FLOOR_BIN", os.path.join(BUILD, "thaw-relay-floor"))
 SMOKE = os.environ.get("SMOKE") == "1"
 
 
@@ -125,28 +129,52 @@ wrk.headers["Content-Type"] = "application/json"
 """
 
 
-def run_rate(d, seconds=2):
+def cpu_ms(pid):
+    """A process's time on a CPU so far (ns precision, /proc/PID/schedstat)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e6
+
+
+def run_rate(d, relay=False, seconds=2):
     """The loaded asyncio server's requests per second on 64 warm keep-alive
-    connections: how fast it can answer at best."""
-    if not shutil.which("wrk"):
+    connections, and its CPU per request: how fast it can answer at best.
+    With relay, through thaw-relay-floor (a relay that parses nothing, the
+    least any proxy adds): on two shared cores the proxy's work competes with
+    the server's, so this is the best any proxy can get from it here.
+    None when wrk (or the relay) is missing."""
+    if not shutil.which("wrk") or (relay and not os.path.exists(FLOOR_BIN)):
         return None
     script = f"{d}/post.lua"
     with open(script, "w") as f:
         f.write(WRK_POST)
     srv = subprocess.Popen(server_command("asyncio-bind-late", "0", 0, f"{d}/ready-rate"),
                            stdout=subprocess.PIPE, text=True)
+    procs = [srv]
     try:
         port = srv.stdout.readline().split()[1]
+        if relay:
+            floor = subprocess.Popen([FLOOR_BIN, "epoll", "0", port], stdout=subprocess.PIPE,
+                                     text=True)
+            procs.append(floor)
+            port = floor.stdout.readline().split()[1]
+        before = cpu_ms(srv.pid)
         out = subprocess.run(["wrk", "-t1", "-c64", f"-d{seconds}s", "-s", script,
                               f"http://127.0.0.1:{port}/v1/completions"],
                              capture_output=True, text=True, timeout=seconds + 30).stdout
+        used = cpu_ms(srv.pid) - before
+        rate = requests = None
         for line in out.splitlines():
             if line.startswith("Requests/sec:"):
-                return float(line.split()[1])
-        return None
+                rate = float(line.split()[1])
+            elif "requests in" in line:
+                requests = int(line.split()[0])
+        if not rate or not requests:
+            return None
+        return {"rps": rate, "server_cpu_us_per_request": used * 1000 / requests}
     finally:
-        srv.terminate()
-        srv.wait(10)
+        for p in procs:
+            p.terminate()
+            p.wait(10)
 
 
 def held_burst(port, n, ready_file):
@@ -161,19 +189,51 @@ def held_burst(port, n, ready_file):
     return (ready_ns, *delays_ms(out, ready_ns))
 
 
+class CpuFromReady(threading.Thread):
+    """CPU time of thaw and of its model server from the server's first
+    healthy answer (its ready file written) on: where the time after it goes."""
+
+    def __init__(self, thaw_pid, ready_file):
+        super().__init__(daemon=True)
+        self.thaw_pid, self.ready_file, self.start_ms = thaw_pid, ready_file, None
+        self.pids = ()
+
+    def run(self):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if os.path.exists(self.ready_file) and os.path.getsize(self.ready_file):
+                with open(f"/proc/{self.thaw_pid}/task/{self.thaw_pid}/children") as f:
+                    self.pids = (self.thaw_pid, *(int(p) for p in f.read().split()[:1]))
+                self.start_ms = [cpu_ms(p) for p in self.pids]
+                return
+            time.sleep(0.0002)
+
+    def used_ms(self):
+        """(thaw, server) ms since ready; None when not seen."""
+        self.join(5)
+        if not self.start_ms or len(self.pids) < 2:
+            return None
+        return tuple(cpu_ms(p) - t for p, t in zip(self.pids, self.start_ms))
+
+
 def run_cold(n, d, server="c"):
     load_ms = 1000 if n <= 100 else 2500
     ready_file = f"{d}/ready-{server}-{n}"
     thaw, port, admin = start_thaw(d, load_ms, n, ready_file, server)
     try:
+        cpu = CpuFromReady(thaw.pid, ready_file)
+        cpu.start()
         ready_ns, rows, ok, delays = held_burst(port, n, ready_file)
+        used = cpu.used_ms()
         early = [r for r in ok if r[0] < ready_ns]
         st = status(admin)["models"][0]
         return {"clients": n, "server": server, "load_ms": load_ms, "answered_200": len(ok),
                 "lost": n - len(ok), "before_ready": len(early), "starts": st["starts"],
                 "first_ms": delays[0] if delays else float("nan"),
                 "p50_ms": pct(delays, 50), "p99_ms": pct(delays, 99),
-                "max_ms": delays[-1] if delays else float("nan")}
+                "max_ms": delays[-1] if delays else float("nan"),
+                "thaw_cpu_us_per_request": used and used[0] * 1000 / n,
+                "server_cpu_us_per_request": used and used[1] * 1000 / n}
     finally:
         thaw.terminate()
         thaw.wait(30)
@@ -238,12 +298,16 @@ def main():
         results = [run_cold(n, d, server) for server in servers for n in sizes]
         direct = [run_direct(n, d) for n in sizes if n > 1]
         print("cold start: thaw's added delay, model health OK -> client's first byte")
+        print("(CPU: us per request from the server's first healthy answer on, thaw's and "
+              "the server's)")
         print(f"{'server':>18} {'clients':>8} {'first ms':>9} {'p50 ms':>8} {'p99 ms':>8} "
-              f"{'max ms':>8} {'lost':>5} {'starts':>6}")
+              f"{'max ms':>8} {'lost':>5} {'starts':>6} {'CPU thaw':>9} {'CPU server':>10}")
         for r in results + direct:
+            cpus = [r.get(k) for k in ("thaw_cpu_us_per_request", "server_cpu_us_per_request")]
+            cpus = [f"{c:.0f}" if c is not None else "-" for c in cpus]
             print(f"{r['server']:>18} {r['clients']:>8} {r['first_ms']:>9.2f} {r['p50_ms']:>8.2f} "
                   f"{r['p99_ms']:>8.2f} {r['max_ms']:>8.2f} {r['lost']:>5} "
-                  f"{r.get('starts', '-'):>6}")
+                  f"{r.get('starts', '-'):>6} {cpus[0]:>9} {cpus[1]:>10}")
             if r.get("before_ready"):
                 print(f"  note: {r['before_ready']} answered before the health check: "
                       "they were not held")
@@ -252,17 +316,21 @@ def main():
               f"(asyncio, binds late): last answer {slow['last_ms']:.0f} ms after the server's "
               f"first healthy answer (all at once: {slow['answer_ms']} ms), lost {slow['lost']}, "
               f"accept checks {slow['accept_checks']:.0f}")
-        rate = None if SMOKE else run_rate(d)
-        if rate:
-            print(f"asyncio server's best rate, 64 warm connections: {rate:.0f} requests/s; "
-                  + ", ".join(f"{n} requests need >= {n / rate * 1000:.0f} ms of it"
-                              for n in sizes if n > 1))
+        rates = {} if SMOKE else {"direct": run_rate(d), "relay": run_rate(d, relay=True)}
+        for how, rate in rates.items():
+            if rate:
+                label = "direct" if how == "direct" else "through a bare relay"
+                print(f"asyncio server's best rate, 64 warm connections, {label}: "
+                      f"{rate['rps']:.0f} requests/s, its CPU {rate['server_cpu_us_per_request']:.0f}"
+                      " us per request; " + ", ".join(
+                          f"{n} requests need >= {n / rate['rps'] * 1000:.0f} ms of it"
+                          for n in sizes if n > 1))
         mem = run_memory(1000 if SMOKE else 10000, d)
         print(f"held requests on a cold model: {mem['held']}, RSS {mem['rss_before_kib']} KiB -> "
               f"{mem['rss_after_kib']} KiB: {mem['bytes_per_held_request']} bytes each, "
               "connection included (target <= 4096)")
         print("COLDSTART_JSON " + json.dumps({"cold": results, "direct": direct, "slow": slow,
-                                              "asyncio_rate_rps": rate, "memory": mem}))
+                                              "asyncio_rate": rates, "memory": mem}))
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0
