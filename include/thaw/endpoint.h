@@ -47,6 +47,10 @@ struct upstream_ctx;
 /* How long an accept check waits for its answer: a replica slow to accept
  * answers it late, and the connections it vouches for wait as long. */
 #define ACCEPT_CHECK_TIMEOUT_MS 5000
+/* A check that got no answer (refused, reset, timed out) is sent again this
+ * much later while the window still wants one: nothing else would send it
+ * while the window is full. */
+#define ACCEPT_CHECK_RETRY_MS 100
 
 /* One new connection's place in its replica's accept window (embedded in
  * the connection). */
@@ -112,6 +116,7 @@ struct endpoint {
      * back (run by upstream). */
     struct control check;
     struct upstream_ctx *check_ctx; /* set once a check has run (check is initialised) */
+    struct event check_retry;       /* ... and this timer assigned */
     uint64_t check_upto;            /* the running check vouches for these */
     char check_path[128];           /* the replica's health path */
     /* A replica that just became ready gets its first request alone until

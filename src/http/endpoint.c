@@ -44,6 +44,7 @@ void endpoint_unref(struct endpoint *ep)
     if (--ep->refs == 0) {
         if (ep->check_ctx) {
             control_cancel(&ep->check);
+            event_del(&ep->check_retry);
         }
         free(ep->id);
         free(ep);

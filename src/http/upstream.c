@@ -40,6 +40,7 @@ static void on_write(evutil_socket_t fd, short what, void *arg);
 static void on_timer(evutil_socket_t fd, short what, void *arg);
 static void on_body(void *ud, const char *data, size_t len);
 static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep);
+static void on_check_retry(evutil_socket_t fd, short what, void *arg);
 static void arm_connect_timer(struct upstream *u, uint64_t now);
 
 static const char *owner_name(const struct endpoint *ep)
@@ -590,8 +591,17 @@ static void on_check_done(struct control *c, int status, void *ud)
          * those established before it. */
         accepted(ctx, ep, NULL, ep->check_upto);
         check_accepts(ctx, ep);
+    } else if (accept_wants_check(ep)) {
+        struct timeval tv = clock_timeval(ACCEPT_CHECK_RETRY_MS);
+        evtimer_add(&ep->check_retry, &tv);
     }
     endpoint_unref(ep);
+}
+
+static void on_check_retry(evutil_socket_t fd, short what, void *arg)
+{
+    struct endpoint *ep = arg;
+    check_accepts(ep->check_ctx, ep);
 }
 
 /* At the cap with established connections unanswered, a check finds out
@@ -605,8 +615,10 @@ static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
     }
     if (!ep->check_ctx) {
         control_init(&ep->check, ctx->base);
+        evtimer_assign(&ep->check_retry, ctx->base, on_check_retry, ep);
         ep->check_ctx = ctx;
     }
+    evtimer_del(&ep->check_retry);
     ep->check_upto = ep->established;
     if (control_send(&ep->check, ep->addr_text, "GET", ep->check_path,
                      ACCEPT_CHECK_TIMEOUT_MS, on_check_done, ep) == 0) {

@@ -857,6 +857,49 @@ static void test_a_stalled_connect_is_made_again_once_the_queue_has_room(void **
     assert_int_equal(e->ep->remade, 0);
 }
 
+/* The next connection in the replica's accept queue, taken by the test. */
+static int replica_takes_next(struct env *e)
+{
+    int fd = -1;
+    for (int i = 0; i < 200 && fd < 0; i++) {
+        fd = accept4(e->replica_lfd, NULL, NULL, SOCK_NONBLOCK);
+        if (fd < 0) {
+            RUN_FOR(5);
+        }
+    }
+    assert_true(fd >= 0);
+    return fd;
+}
+
+static void test_an_accept_check_that_got_no_answer_is_sent_again(void **state)
+{
+    struct env *e = *state;
+    e->ep->one_queue = true;
+    e->ep->accept_window = 1;
+    strcpy(e->ep->check_path, "/health");
+    open_client(e);
+    dispatch(e, client_request(e, simple_get), simple_get_up);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    /* The window is full of a connection the replica works on: a check. */
+    assert_true(RUN_UNTIL(e->metrics.upstream_accept_checks == 1));
+    struct fake_req *second = another_client_request(e);
+    dispatch(e, second, simple_get_up);
+    close(replica_takes_next(e)); /* no answer: reset */
+    /* Sent again (before, nothing did while the window stayed full, and the
+     * second request waited for the first one's answer). */
+    assert_true(RUN_UNTIL(e->metrics.upstream_accept_checks == 2));
+    int check = replica_takes_next(e);
+    const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
+    assert_true(send(check, ok, sizeof ok - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof ok - 1));
+    /* Its answer vouches for the first connection: the second goes out. */
+    int next = replica_takes_next(e);
+    assert_int_equal(e->metrics.upstream_connects, 2);
+    assert_int_equal(fk.dones + fk.fails, 0);
+    close(next);
+    close(check);
+}
+
 static void test_no_descriptor_for_a_stalled_connect_does_not_spin(void **state)
 {
     struct env *e = *state;
@@ -1238,6 +1281,8 @@ int main(void)
             test_a_stalled_connect_is_left_alone_without_a_fast_one_beside_it, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_a_stalled_connect_is_made_again_once_the_queue_has_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_an_accept_check_that_got_no_answer_is_sent_again,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_descriptor_for_a_stalled_connect_does_not_spin,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsolicited_101_fails_with_502, setup, teardown),
