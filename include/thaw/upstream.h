@@ -124,10 +124,10 @@ struct upstream {
     bool server_no_keepalive;     /* it said timeout=0 */
     uint64_t sent_ms;             /* when the request was handed to it */
     uint64_t idle_since_ms;       /* when it was last pooled */
-    uint64_t idle_since_turn;     /* ... the loop turn's time then, in µs */
     bool reading_drained; /* taking the bytes of a read that emptied the socket,
                              no close flagged */
     bool reading_fin;     /* ... of a read the replica's FIN came with: not pooled */
+    bool resumed;         /* the next on_read was started by the client's drain */
     bool pooled_drained;  /* pooled by such a read (see take_pooled) */
     /* The timer is lazy: deadline_ms is when the connection times out (0:
      * never), timer_at_ms when tev fires (0: not armed), never later than

@@ -18,22 +18,12 @@
 /* A reused connection closed by the replica within this long of the request
  * going out is taken as closed before the replica read it. */
 #define STALE_RACE_MS 250
-/* A connection pooled less than this long ago is reused without the peek
- * for a close (take_pooled) when the loop has seen everything the replica
- * sent before the turn began: no replica's idle timer is that short, a close
- * racing the request is sent again all the same (is_stale_pooled), and
- * bytes nobody asked for raise a read event in the turn that follows. */
+/* A connection pooled less than this long ago, by a read that emptied its
+ * socket, is reused without the peek for a close (take_pooled): no replica's
+ * idle timer is that short, a close racing the request is sent again all the
+ * same (is_stale_pooled), and bytes nobody asked for raise a read event. */
 #define PEEK_AFTER_IDLE_MS 100
 
-
-/* The event loop's time for this turn (cached when it last polled, in µs):
- * two values differ only across a poll. */
-static uint64_t loop_turn(struct event_base *base)
-{
-    struct timeval tv;
-    event_base_gettimeofday_cached(base, &tv);
-    return (uint64_t)tv.tv_sec * 1000000u + (uint64_t)tv.tv_usec;
-}
 
 static void on_read(evutil_socket_t fd, short what, void *arg);
 static void on_write(evutil_socket_t fd, short what, void *arg);
@@ -183,7 +173,6 @@ static struct model *release(struct upstream *u, bool reusable)
         ep->n_idle++;
         event_del(&u->wev);
         u->idle_since_ms = clock_now_ms();
-        u->idle_since_turn = loop_turn(ctx->base);
         u->pooled_drained = u->reading_drained;
         arm_ms(u, pool_idle_ms(u, ctx->keepalive_timeout_ms));
         http_head_reset(&u->head);
@@ -225,18 +214,15 @@ static bool nothing_to_read(int fd)
     return got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
-/* Pooled moments ago, with nothing from the replica unseen but what came in
- * this very turn: pooled by a read that emptied the socket with no close
- * flagged (what came after it raises an event at the next poll), or in an
- * earlier turn (what came after the answer was polled since). Turns are told
- * apart by the loop's cached time, which may be coarse: two turns in one tick
- * count as one, so it errs towards the peek. */
-static bool known_open(const struct upstream *u, uint64_t now, uint64_t turn)
+/* Pooled moments ago by a read that emptied the socket with no FIN flagged:
+ * whatever the replica sent after that read raises an event at the next
+ * poll, which closes the connection (unless it is taken in this very turn,
+ * when a close racing the request is sent again). A read that did not empty
+ * the socket, or came after a pause for the client (a FIN may wait behind
+ * it), leaves bytes that raise no new edge: peeked. */
+static bool known_open(const struct upstream *u, uint64_t now)
 {
-    if (now - u->idle_since_ms >= PEEK_AFTER_IDLE_MS) {
-        return false;
-    }
-    return u->pooled_drained || u->idle_since_turn != turn;
+    return u->pooled_drained && now - u->idle_since_ms < PEEK_AFTER_IDLE_MS;
 }
 
 /* The most recently pooled connection the replica has not closed. A close
@@ -246,10 +232,10 @@ static bool known_open(const struct upstream *u, uint64_t now, uint64_t turn)
 static struct upstream *take_pooled(struct upstream_ctx *ctx, struct endpoint *ep)
 {
     struct list_node *n;
-    uint64_t now = clock_now_ms(), turn = loop_turn(ctx->base);
+    uint64_t now = clock_now_ms();
     while ((n = list_first(&ep->idle))) {
         struct upstream *u = container_of(n, struct upstream, node);
-        if (known_open(u, now, turn) || nothing_to_read(u->fd)) {
+        if (known_open(u, now) || nothing_to_read(u->fd)) {
             list_remove(n);
             ep->n_idle--;
             return u;
@@ -580,6 +566,16 @@ static void accepted(struct upstream_ctx *ctx, struct endpoint *ep, struct accep
     made_room(ctx, ep, accept_vouched(ep, s, seq));
 }
 
+/* A check that got no answer, or could not be sent: nothing else sends one
+ * while the window stays full. */
+static void retry_check_later(struct endpoint *ep)
+{
+    if (accept_wants_check(ep)) {
+        struct timeval tv = clock_timeval(ACCEPT_CHECK_RETRY_MS);
+        evtimer_add(&ep->check_retry, &tv);
+    }
+}
+
 static void on_check_done(struct control *c, int status, void *ud)
 {
     struct endpoint *ep = ud;
@@ -591,9 +587,8 @@ static void on_check_done(struct control *c, int status, void *ud)
          * those established before it. */
         accepted(ctx, ep, NULL, ep->check_upto);
         check_accepts(ctx, ep);
-    } else if (accept_wants_check(ep)) {
-        struct timeval tv = clock_timeval(ACCEPT_CHECK_RETRY_MS);
-        evtimer_add(&ep->check_retry, &tv);
+    } else {
+        retry_check_later(ep);
     }
     endpoint_unref(ep);
 }
@@ -623,6 +618,8 @@ static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
     if (control_send(&ep->check, ep->addr_text, "GET", ep->check_path,
                      ACCEPT_CHECK_TIMEOUT_MS, on_check_done, ep) == 0) {
         ctx->metrics->upstream_accept_checks++;
+    } else {
+        retry_check_later(ep); /* no socket or no route: on_check_done is not called */
     }
 }
 
@@ -714,7 +711,9 @@ static void on_client_drain(struct conn *c)
         event_add(&u->rev, NULL);
         /* Edge-triggered, bytes (or the replica's FIN) that came while paused
          * raise no new edge when the pause and this resume cancel out in the
-         * loop's change list: read until the socket is drained now. */
+         * loop's change list: read until the socket is drained now (EV_CLOSED
+         * made up for that: no FIN is known). */
+        u->resumed = true;
         event_active(&u->rev, EV_READ | EV_CLOSED, 0);
         arm_ms(u, r->idle_timeout_ms);
     }
@@ -1014,13 +1013,15 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
     enter(u);
     char *scratch = u->ctx->scratch;
     size_t budget = CONN_READ_BUDGET;
+    bool resumed = u->resumed;
+    u->resumed = false;
     for (;;) {
         ssize_t n = recv(fd, scratch, CONN_SCRATCH_BYTES, 0);
         if (n > 0) {
             bool drained = (size_t)n < CONN_SCRATCH_BYTES && !(what & EV_CLOSED);
             /* For release, while these bytes are taken. */
             u->reading_drained = drained;
-            u->reading_fin = (what & EV_CLOSED) != 0;
+            u->reading_fin = (what & EV_CLOSED) && !resumed;
             bool more = take_bytes(u, scratch, (size_t)n);
             u->reading_drained = u->reading_fin = false;
             if (!more) {

@@ -659,16 +659,16 @@ static struct fake_req *another_client_request(struct env *e)
 }
 
 /* After one round trip: a client's next request, and the replica closing
- * the pooled connection (pooled at idle_since_ms, in the loop turn `turn`)
- * without the loop running since. */
-static struct fake_req *close_pooled_unseen(struct env *e, uint64_t idle_since_ms, uint64_t turn)
+ * the pooled connection (pooled at idle_since_ms, by a read that emptied the
+ * socket or not) without the loop running since. */
+static struct fake_req *close_pooled_unseen(struct env *e, uint64_t idle_since_ms, bool drained)
 {
     open_client(e);
     round_trip(e, true);
     struct fake_req *fr = client_request(e, simple_get);
     struct upstream *pooled = container_of(list_first(&e->ep->idle), struct upstream, node);
     pooled->idle_since_ms = idle_since_ms;
-    pooled->idle_since_turn = turn;
+    pooled->pooled_drained = drained;
     close(e->replica.fd);
     e->replica.fd = -1;
     return fr;
@@ -696,7 +696,7 @@ static void test_pooled_connection_closed_unseen_is_not_reused(void **state)
     struct env *e = *state;
     /* Pooled a while ago (a connection pooled moments ago is taken without
      * the peek: the next test): the peek before reuse sees the close. */
-    struct fake_req *fr = close_pooled_unseen(e, 0, 0);
+    struct fake_req *fr = close_pooled_unseen(e, 0, true);
     dispatch(e, fr, simple_get_up);
     assert_int_equal(e->metrics.upstream_stale_closed, 1);
     assert_int_equal(e->metrics.upstream_reused, 0);
@@ -706,10 +706,10 @@ static void test_pooled_connection_closed_unseen_is_not_reused(void **state)
 static void test_fresh_pooled_connection_closed_unseen_is_sent_again(void **state)
 {
     struct env *e = *state;
-    /* Closed right after its answer: taken without a peek (pooled just now,
-     * in an earlier turn), and the failure sends the request again on a new
-     * connection. */
-    struct fake_req *fr = close_pooled_unseen(e, clock_now_ms(), 0);
+    /* Closed right after its answer: taken without a peek (pooled just now
+     * by a read that emptied the socket), and the failure sends the request
+     * again on a new connection. */
+    struct fake_req *fr = close_pooled_unseen(e, clock_now_ms(), true);
     dispatch(e, fr, simple_get_up);
     assert_int_equal(e->metrics.upstream_reused, 1);
     assert_true(RUN_UNTIL(e->metrics.upstream_stale_retries == 1));
@@ -772,6 +772,56 @@ static void test_a_connection_whose_fin_came_with_the_answer_is_not_pooled(void 
     assert_int_equal(e->metrics.upstream_stale_closed, 0);
     answered_after(e, 3);
     assert_int_equal(e->metrics.upstream_stale_retries, 0);
+}
+
+static void test_a_connection_pooled_by_a_read_that_left_bytes_is_peeked(void **state)
+{
+    struct env *e = *state;
+    /* Pooled moments ago, but by a read that did not empty the socket: what
+     * is left raises no new edge, so the peek before reuse sees the close. */
+    struct fake_req *fr = close_pooled_unseen(e, clock_now_ms(), false);
+    dispatch(e, fr, simple_get_up);
+    assert_int_equal(e->metrics.upstream_stale_closed, 1);
+    assert_int_equal(e->metrics.upstream_reused, 0);
+    answered_on_a_new_connection(e);
+}
+
+static void test_stray_bytes_behind_an_answer_that_filled_a_read_reach_no_client(void **state)
+{
+    struct env *e = *state;
+    /* The answer ends exactly at the end of a full read, and the replica
+     * sent more behind it (a second answer nobody asked for): pooled with
+     * bytes that raise no new edge. Taken in a later turn, the peek sees
+     * them and the connection is closed; the next client gets its own
+     * answer, not the stray one. */
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    const char stray[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!";
+    char head[64];
+    size_t hl = (size_t)snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %05zu\r\n\r\n",
+                                 (size_t)0);
+    size_t body = CONN_SCRATCH_BYTES - hl;
+    snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %05zu\r\n\r\n", body);
+    size_t total = CONN_SCRATCH_BYTES + sizeof stray - 1;
+    char *resp = malloc(total);
+    assert_non_null(resp);
+    memcpy(resp, head, hl);
+    memset(resp + hl, 'y', body);
+    memcpy(resp + CONN_SCRATCH_BYTES, stray, sizeof stray - 1);
+    assert_true(send(e->replica.fd, resp, total, MSG_NOSIGNAL) == (ssize_t)total);
+    free(resp);
+    assert_true(RUN_UNTIL(fk.dones == 1 && e->client.got.len >= body));
+    RUN_FOR(5); /* a later turn */
+    size_t before = e->client.got.len;
+    fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    assert_int_equal(e->metrics.upstream_stale_closed, 1);
+    answered_on_a_new_connection(e);
+    assert_true(RUN_UNTIL(e->client.got.len > before && loopnet_has(&e->client, "\r\n\r\nok")));
+    assert_false(loopnet_has(&e->client, "EVIL!"));
 }
 
 static void test_pooled_connection_closing_under_a_request_is_sent_again(void **state)
@@ -883,21 +933,51 @@ static void test_an_accept_check_that_got_no_answer_is_sent_again(void **state)
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
     /* The window is full of a connection the replica works on: a check. */
     assert_true(RUN_UNTIL(e->metrics.upstream_accept_checks == 1));
-    struct fake_req *second = another_client_request(e);
-    dispatch(e, second, simple_get_up);
+    assert_int_equal(e->ep->unconfirmed, 1);
     close(replica_takes_next(e)); /* no answer: reset */
-    /* Sent again (before, nothing did while the window stayed full, and the
-     * second request waited for the first one's answer). */
+    /* Sent again (before, nothing did while the window stayed full: the
+     * next requests waited for the first one's answer). */
     assert_true(RUN_UNTIL(e->metrics.upstream_accept_checks == 2));
-    int check = replica_takes_next(e);
-    const char ok[] = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n";
-    assert_true(send(check, ok, sizeof ok - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof ok - 1));
-    /* Its answer vouches for the first connection: the second goes out. */
-    int next = replica_takes_next(e);
-    assert_int_equal(e->metrics.upstream_connects, 2);
+    struct loopnet_peer check;
+    loopnet_peer_init(&check, replica_takes_next(e));
+    struct loopnet_peer *peers[] = {&check};
+    assert_true(LOOPNET_RUN_UNTIL(e->base, peers, 1, loopnet_has(&check, "\r\n\r\n")));
+    assert_true(loopnet_has(&check, "GET /health HTTP/1.1\r\n"));
+    assert_true(loopnet_send_str(check.fd, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
+    /* Its answer vouches for the request's connection: room again. */
+    int capacities = fk.capacities;
+    assert_true(RUN_UNTIL(e->ep->unconfirmed == 0));
+    assert_int_equal(fk.capacities, capacities + 1);
     assert_int_equal(fk.dones + fk.fails, 0);
-    close(next);
-    close(check);
+    loopnet_peer_dispose(&check);
+}
+
+static void test_an_accept_check_that_could_not_be_sent_is_sent_later(void **state)
+{
+    struct env *e = *state;
+    e->ep->one_queue = true;
+    e->ep->accept_window = 1;
+    strcpy(e->ep->check_path, "/health");
+    open_client(e);
+    dispatch(e, client_request(e, simple_get), simple_get_up);
+    replica_accept(e);
+    /* No descriptor left for the check when the window fills. */
+    int lowest = dup(0);
+    close(lowest);
+    struct rlimit saved, low;
+    getrlimit(RLIMIT_NOFILE, &saved);
+    low = saved;
+    low.rlim_cur = (rlim_t)lowest;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    bool sent = RUN_UNTIL(e->replica.got.len == strlen(simple_get_up));
+    RUN_FOR(30);
+    uint64_t checks_without = e->metrics.upstream_accept_checks;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &saved), 0);
+    assert_true(sent);
+    assert_int_equal(checks_without, 0);
+    /* Sent once a descriptor is there (before, never while the window
+     * stayed full). */
+    assert_true(RUN_UNTIL(e->metrics.upstream_accept_checks == 1));
 }
 
 static void test_no_descriptor_for_a_stalled_connect_does_not_spin(void **state)
@@ -1027,6 +1107,37 @@ static void test_slow_client_pauses_reading_from_the_replica(void **state)
     assert_true(e->client.got.data[e->client.got.len - 1] == 'y');
     /* Never much more than a read's worth above the mark. */
     assert_true(e->max_pending <= CONN_OUT_HIGH_WATER + CONN_SCRATCH_BYTES);
+    assert_int_equal(e->ep->n_idle, 1);
+    e->feed = NULL;
+    free(resp);
+}
+
+static void test_an_answer_finished_after_a_pause_for_the_client_is_pooled(void **state)
+{
+    struct env *e = *state;
+    /* The whole answer is in thaw's socket while reading is paused for a
+     * slow client; the read the client's drain starts finishes it. The
+     * FIN that read is told to look for is not the replica's: the
+     * connection is pooled. */
+    open_client_buffered(e, 8192);
+    e->client.paused = true;
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    size_t body = 160 << 10;
+    char head[64];
+    snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n", body);
+    char *resp = malloc(strlen(head) + body);
+    assert_non_null(resp);
+    memcpy(resp, head, strlen(head));
+    memset(resp + strlen(head), 'y', body);
+    e->feed = resp;
+    e->feed_len = strlen(head) + body;
+    assert_true(RUN_UNTIL(fr->up.up && fr->up.up->reading_paused && e->feed_off == e->feed_len));
+    RUN_FOR(20);
+    e->client.paused = false;
+    assert_true(RUN_UNTIL(fk.dones == 1 && e->client.got.len >= body));
     assert_int_equal(e->ep->n_idle, 1);
     e->feed = NULL;
     free(resp);
@@ -1273,6 +1384,10 @@ int main(void)
             teardown),
         cmocka_unit_test_setup_teardown(
             test_a_connection_whose_fin_came_with_the_answer_is_not_pooled, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_connection_pooled_by_a_read_that_left_bytes_is_peeked,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_stray_bytes_behind_an_answer_that_filled_a_read_reach_no_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fresh_pooled_connection_closed_unseen_is_sent_again, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(
@@ -1283,11 +1398,15 @@ int main(void)
             test_a_stalled_connect_is_made_again_once_the_queue_has_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_an_accept_check_that_got_no_answer_is_sent_again,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_an_accept_check_that_could_not_be_sent_is_sent_later,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_descriptor_for_a_stalled_connect_does_not_spin,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsolicited_101_fails_with_502, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interim_100_is_skipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_cancels_the_upstream, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_an_answer_finished_after_a_pause_for_the_client_is_pooled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slow_client_pauses_reading_from_the_replica, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_close_delimited_body_is_rechunked, setup, teardown),
