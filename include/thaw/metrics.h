@@ -46,6 +46,7 @@ enum reject_reason {
     REJECT_BAD_FORM, /* a multipart/form-data body that is not one */
     REJECT_UNKNOWN_REVISION, /* a thaw-revision header naming no revision of the model */
     REJECT_TENANTS_NOT_LOADED, /* tenants.required, from a source not loaded yet */
+    REJECT_TRANSFER_CODING,    /* a request body in a transfer coding besides chunked */
     REJECT_COUNT
 };
 

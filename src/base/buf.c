@@ -89,6 +89,40 @@ int buf_printf(struct buf *b, const char *fmt, ...)
     return 0;
 }
 
+/* The length of the well-formed UTF-8 sequence at s (of n bytes), 0 if
+ * none starts there (a stray continuation byte, an overlong form, a
+ * surrogate, past U+10FFFF, or cut short). */
+static size_t utf8_sequence(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        lo = c == 0xe0 ? 0xa0 : 0x80;
+        hi = c == 0xed ? 0x9f : 0xbf;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        lo = c == 0xf0 ? 0x90 : 0x80;
+        hi = c == 0xf4 ? 0x8f : 0xbf;
+    } else {
+        return 0;
+    }
+    if (n < len || s[1] < lo || s[1] > hi) {
+        return 0;
+    }
+    for (size_t i = 2; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80) {
+            return 0;
+        }
+    }
+    return len;
+}
+
+/* Client input (a model's name, say) goes into error bodies: bytes that are
+ * not UTF-8 become U+FFFD, so the body stays JSON. */
 int buf_append_json_escaped(struct buf *b, const char *s, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
@@ -96,10 +130,10 @@ int buf_append_json_escaped(struct buf *b, const char *s, size_t n)
     if (rc) {
         return rc;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
         char esc[6];
-        size_t elen = 0;
+        size_t elen = 0, take = 1;
         switch (c) {
         case '"': esc[0] = '\\'; esc[1] = '"'; elen = 2; break;
         case '\\': esc[0] = '\\'; esc[1] = '\\'; elen = 2; break;
@@ -111,16 +145,20 @@ int buf_append_json_escaped(struct buf *b, const char *s, size_t n)
                 esc[0] = '\\'; esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
                 esc[4] = hex[c >> 4]; esc[5] = hex[c & 15];
                 elen = 6;
+            } else if (c >= 0x80) {
+                take = utf8_sequence((const unsigned char *)s + i, n - i);
+                if (take == 0) {
+                    memcpy(esc, "\\ufffd", 6);
+                    elen = 6;
+                    take = 1;
+                }
             }
         }
-        if (elen) {
-            rc = buf_append(b, esc, elen);
-        } else {
-            rc = buf_append(b, &s[i], 1);
-        }
+        rc = elen ? buf_append(b, esc, elen) : buf_append(b, &s[i], take);
         if (rc) {
             return rc;
         }
+        i += take;
     }
     return 0;
 }

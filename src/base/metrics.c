@@ -73,6 +73,10 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_TENANTS_NOT_LOADED] = {"tenants_not_loaded", 503, true,
                                    "thaw has not loaded its tenants yet (tenants.source), so "
                                    "it cannot check API keys; retry after Retry-After seconds"},
+    [REJECT_TRANSFER_CODING] = {"transfer_coding_not_implemented", 501, false,
+                                "the request's Transfer-Encoding names a coding besides "
+                                "chunked, which thaw does not decode (compress with "
+                                "Content-Encoding instead)"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

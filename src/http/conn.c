@@ -588,6 +588,8 @@ static enum reject_reason http_error_reason(enum http_error e)
         return REJECT_INTERNAL;
     case HTTP_ERR_BAD_VERSION:
         return REJECT_VERSION_NOT_SUPPORTED;
+    case HTTP_ERR_TRANSFER_CODING:
+        return REJECT_TRANSFER_CODING;
     default:
         return REJECT_BAD_REQUEST;
     }

@@ -258,6 +258,27 @@ static int on_header_value_complete(llhttp_t *ll)
     return terminate(p);
 }
 
+/* A request body coded in anything but chunked alone ("gzip, chunked"):
+ * thaw takes the chunked framing off and would forward the rest as if
+ * uncoded. */
+static bool has_other_transfer_coding(const struct http_head *h)
+{
+    for (size_t k = 0; k < h->n_headers; k++) {
+        const struct http_header *x = &h->headers[k];
+        if (!http_name_eq(http_hname(h, x), x->name_len, "transfer-encoding")) {
+            continue;
+        }
+        const char *v = h->bytes.data + x->value_off, *tok;
+        size_t i = 0, tlen;
+        while (next_list_token(v, x->value_len, &i, &tok, &tlen)) {
+            if (tlen != 7 || strncasecmp(tok, "chunked", 7) != 0) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 static int on_headers_complete(llhttp_t *ll)
 {
     struct http_parser *p = P(ll);
@@ -286,6 +307,9 @@ static int on_headers_complete(llhttp_t *ll)
     if (ll->type == HTTP_REQUEST && h->has_length &&
         h->content_length > p->limits->max_body_bytes) {
         return fail(p, HTTP_ERR_BODY_TOO_LARGE);
+    }
+    if (ll->type == HTTP_REQUEST && h->chunked && has_other_transfer_coding(h)) {
+        return fail(p, HTTP_ERR_TRANSFER_CODING);
     }
     if (p->skip_body) {
         return 1; /* no body follows a response to HEAD */
@@ -400,11 +424,13 @@ void http_parser_init(struct http_parser *p, llhttp_type_t type, const struct ht
 void http_parser_next(struct http_parser *p, struct http_head *head, struct buf *body)
 {
     llhttp_errno_t e = llhttp_get_errno(&p->ll);
-    if (e == HPE_PAUSED) {
+    if (p->ll.upgrade) {
+        /* thaw does not upgrade (Upgrade is dropped as hop-by-hop): the
+         * connection goes on as HTTP/1.1. llhttp takes what follows an
+         * upgrade as another protocol's, so it starts afresh. */
+        llhttp_reset(&p->ll);
+    } else if (e == HPE_PAUSED) {
         llhttp_resume(&p->ll);
-    } else if (e == HPE_PAUSED_UPGRADE) {
-        /* thaw does not upgrade; Upgrade is dropped as hop-by-hop. */
-        llhttp_resume_after_upgrade(&p->ll);
     }
     p->head = head;
     p->body = body;

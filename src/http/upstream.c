@@ -1031,6 +1031,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
                 break; /* the next bytes raise a new edge */
             }
             if ((size_t)n >= budget) {
+                u->resumed = resumed; /* with the EV_CLOSED it made up */
                 event_active(&u->rev, what, 0); /* the rest next turn */
                 break;
             }

@@ -221,6 +221,59 @@ def test_absolute_form_authority_replaces_host(thaw):
     assert r.json()["path"] == "/v1/completions"
 
 
+def test_a_request_asking_to_upgrade_leaves_the_connection_http(thaw, upstream):
+    """thaw upgrades nothing (Upgrade is hop-by-hop): the request is proxied as a
+    plain one, and the connection goes on as HTTP/1.1. curl's h2c upgrade
+    (`curl --http2 URL URL`) sends exactly this; before, the next request on the
+    connection got 400."""
+    s = thaw.connect(timeout=10)
+    try:
+        s.sendall(b"GET /echo HTTP/1.1\r\nHost: model-a\r\nUpgrade: h2c\r\n"
+                  b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAoAAA\r\n\r\n"
+                  b"GET /echo?second HTTP/1.1\r\nHost: model-a\r\n\r\n")
+        reader = httpc.Reader(s)
+        first, second = reader.response(), reader.response()
+    finally:
+        s.close()
+    assert first.status == 200, first.body
+    assert not [k for k, _ in echoed_headers(first) if k in ("upgrade", "http2-settings")]
+    assert second.status == 200, second.body
+    assert second.json()["path"] == "/echo?second"
+    assert upstream.requests == 2
+    thaw.assert_reconciled()
+
+
+def test_a_body_in_a_transfer_coding_besides_chunked_is_501(thaw, upstream):
+    """thaw takes the chunked framing off a body; a coding under it (gzip) would
+    reach the replica as if the body were plain. RFC 9112: 501."""
+    r = exchange(thaw, b"POST /v1/completions HTTP/1.1\r\nHost: model-a\r\n"
+                       b"Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nxxxxx\r\n0\r\n\r\n")
+    assert r.status == 501, r.body
+    assert r.json()["error"]["code"] == "transfer_coding_not_implemented"
+    r = exchange(thaw, b"POST /v1/completions HTTP/1.1\r\nHost: model-a\r\n"
+                       b"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       b"5\r\nxxxxx\r\n0\r\n\r\n")
+    assert r.status == 501, r.body
+    assert upstream.requests == 0
+    thaw.assert_reconciled()
+
+
+def test_error_bodies_stay_json_whatever_bytes_the_client_sent(thaw):
+    """The model a client named goes into the 404's message: bytes that are not
+    UTF-8 become U+FFFD, so OpenAI clients can still decode the error."""
+    for name in (b"m\xff1", b"m\xc0\xb1", b"\xed\xa0\x80x"):
+        body = b'{"model":"' + name + b'"}'
+        r = exchange(thaw, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert r.status == 404, r.body
+        err = json.loads(r.body.decode("utf-8"))["error"]
+        assert err["code"] == "model_not_found" and "\ufffd" in err["message"], err
+    r = exchange(thaw, b"GET /v1/models/%FF%C0 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert r.status == 404
+    json.loads(r.body.decode("utf-8"))
+    thaw.assert_reconciled()
+
+
 # --- forwarding headers -----------------------------------------------------
 
 FORGED = (b"X-Forwarded-For: 127.9.8.7\r\nX-Forwarded-Proto: https\r\n"

@@ -43,6 +43,20 @@ static void test_json_escape(void **state)
     buf_dispose(&b);
 }
 
+static void test_json_escape_keeps_utf8_and_replaces_what_is_not(void **state)
+{
+    struct buf b;
+    buf_init(&b);
+    /* é, €, 😀 kept; a stray 0xFF, an overlong '1' (C0 B1), a surrogate
+     * (ED A0 80) and a cut-short € replaced, one U+FFFD per byte. */
+    const char s[] = "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|m\xff" "1|\xc0\xb1|\xed\xa0\x80|\xe2\x82";
+    buf_append_json_escaped(&b, s, sizeof s - 1);
+    buf_append(&b, "", 1);
+    assert_string_equal(b.data, "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80|m\\ufffd1|\\ufffd\\ufffd|"
+                                "\\ufffd\\ufffd\\ufffd|\\ufffd\\ufffd");
+    buf_dispose(&b);
+}
+
 static void test_printf_long(void **state)
 {
     struct buf b;
@@ -62,6 +76,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_append_consume),
         cmocka_unit_test(test_json_escape),
+        cmocka_unit_test(test_json_escape_keeps_utf8_and_replaces_what_is_not),
         cmocka_unit_test(test_printf_long),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
