@@ -444,6 +444,17 @@ static void round_trip(struct env *e, bool new_connection)
                           e->client.got.data[e->client.got.len - 1] == 'k'));
 }
 
+/* A client's GET, sent to the replica on a new connection it accepted. */
+static struct fake_req *request_at_the_replica(struct env *e)
+{
+    open_client(e);
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    replica_accept(e);
+    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    return fr;
+}
+
 static void test_request_out_response_back_connection_pooled(void **state)
 {
     struct env *e = *state;
@@ -583,11 +594,7 @@ static void test_refused_connect_retries_and_ejects(void **state)
 static void test_replica_closing_after_the_head_aborts_the_client(void **state)
 {
     struct env *e = *state;
-    open_client(e);
-    struct fake_req *fr = client_request(e, simple_get);
-    dispatch(e, fr, simple_get_up);
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    request_at_the_replica(e);
     assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"));
     assert_true(RUN_UNTIL(loopnet_has(&e->client, "Content-Length: 100\r\n\r\n")));
     assert_int_equal(fk.first_bytes, 1);
@@ -608,11 +615,7 @@ static void test_replica_closing_after_the_head_aborts_the_client(void **state)
 static void test_replica_closing_before_the_head_answers_502(void **state)
 {
     struct env *e = *state;
-    open_client(e);
-    struct fake_req *fr = client_request(e, simple_get);
-    dispatch(e, fr, simple_get_up);
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    request_at_the_replica(e);
     close(e->replica.fd);
     e->replica.fd = -1;
     assert_true(RUN_UNTIL(fk.fails == 1 && loopnet_has(&e->client, "}}\n")));
@@ -691,16 +694,22 @@ static void answered_on_a_new_connection(struct env *e)
     answered_after(e, 2);
 }
 
+/* fr goes out; the peek before reuse sees the pooled connection closed, and
+ * fr is answered on a new one. */
+static void peeked_and_dropped(struct env *e, struct fake_req *fr)
+{
+    dispatch(e, fr, simple_get_up);
+    assert_int_equal(e->metrics.upstream_stale_closed, 1);
+    assert_int_equal(e->metrics.upstream_reused, 0);
+    answered_on_a_new_connection(e);
+}
+
 static void test_pooled_connection_closed_unseen_is_not_reused(void **state)
 {
     struct env *e = *state;
     /* Pooled a while ago (a connection pooled moments ago is taken without
      * the peek: the next test): the peek before reuse sees the close. */
-    struct fake_req *fr = close_pooled_unseen(e, 0, true);
-    dispatch(e, fr, simple_get_up);
-    assert_int_equal(e->metrics.upstream_stale_closed, 1);
-    assert_int_equal(e->metrics.upstream_reused, 0);
-    answered_on_a_new_connection(e);
+    peeked_and_dropped(e, close_pooled_unseen(e, 0, true));
 }
 
 static void test_fresh_pooled_connection_closed_unseen_is_sent_again(void **state)
@@ -779,11 +788,7 @@ static void test_a_connection_pooled_by_a_read_that_left_bytes_is_peeked(void **
     struct env *e = *state;
     /* Pooled moments ago, but by a read that did not empty the socket: what
      * is left raises no new edge, so the peek before reuse sees the close. */
-    struct fake_req *fr = close_pooled_unseen(e, clock_now_ms(), false);
-    dispatch(e, fr, simple_get_up);
-    assert_int_equal(e->metrics.upstream_stale_closed, 1);
-    assert_int_equal(e->metrics.upstream_reused, 0);
-    answered_on_a_new_connection(e);
+    peeked_and_dropped(e, close_pooled_unseen(e, clock_now_ms(), false));
 }
 
 static void test_stray_bytes_behind_an_answer_that_filled_a_read_reach_no_client(void **state)
@@ -794,11 +799,7 @@ static void test_stray_bytes_behind_an_answer_that_filled_a_read_reach_no_client
      * bytes that raise no new edge. Taken in a later turn, the peek sees
      * them and the connection is closed; the next client gets its own
      * answer, not the stray one. */
-    open_client(e);
-    struct fake_req *fr = client_request(e, simple_get);
-    dispatch(e, fr, simple_get_up);
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    struct fake_req *fr = request_at_the_replica(e);
     const char stray[] = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!";
     char head[64];
     size_t hl = (size_t)snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Length: %05zu\r\n\r\n",
@@ -921,15 +922,36 @@ static int replica_takes_next(struct env *e)
     return fd;
 }
 
-static void test_an_accept_check_that_got_no_answer_is_sent_again(void **state)
+/* Lowers the descriptor limit to the lowest free descriptor: no socket can
+ * be opened. Returns the limit to put back. */
+static struct rlimit no_descriptor_left(void)
 {
-    struct env *e = *state;
+    int lowest = dup(0);
+    close(lowest);
+    struct rlimit saved, low;
+    getrlimit(RLIMIT_NOFILE, &saved);
+    low = saved;
+    low.rlim_cur = (rlim_t)lowest;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    return saved;
+}
+
+/* A replica's own queue, a window of one new connection, and a request on
+ * it that the replica accepted. */
+static void window_of_one_taken(struct env *e)
+{
     e->ep->one_queue = true;
     e->ep->accept_window = 1;
     strcpy(e->ep->check_path, "/health");
     open_client(e);
     dispatch(e, client_request(e, simple_get), simple_get_up);
     replica_accept(e);
+}
+
+static void test_an_accept_check_that_got_no_answer_is_sent_again(void **state)
+{
+    struct env *e = *state;
+    window_of_one_taken(e);
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
     /* The window is full of a connection the replica works on: a check. */
     assert_true(RUN_UNTIL(e->metrics.upstream_accept_checks == 1));
@@ -955,20 +977,9 @@ static void test_an_accept_check_that_got_no_answer_is_sent_again(void **state)
 static void test_an_accept_check_that_could_not_be_sent_is_sent_later(void **state)
 {
     struct env *e = *state;
-    e->ep->one_queue = true;
-    e->ep->accept_window = 1;
-    strcpy(e->ep->check_path, "/health");
-    open_client(e);
-    dispatch(e, client_request(e, simple_get), simple_get_up);
-    replica_accept(e);
+    window_of_one_taken(e);
     /* No descriptor left for the check when the window fills. */
-    int lowest = dup(0);
-    close(lowest);
-    struct rlimit saved, low;
-    getrlimit(RLIMIT_NOFILE, &saved);
-    low = saved;
-    low.rlim_cur = (rlim_t)lowest;
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    struct rlimit saved = no_descriptor_left();
     bool sent = RUN_UNTIL(e->replica.got.len == strlen(simple_get_up));
     RUN_FOR(30);
     uint64_t checks_without = e->metrics.upstream_accept_checks;
@@ -995,13 +1006,7 @@ static void test_no_descriptor_for_a_stalled_connect_does_not_spin(void **state)
     assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
     /* No descriptor left to make the stalled connect again when the answer
      * makes room: it waits on (before, the loop tried again forever). */
-    int lowest = dup(0);
-    close(lowest);
-    struct rlimit saved, low;
-    getrlimit(RLIMIT_NOFILE, &saved);
-    low = saved;
-    low.rlim_cur = (rlim_t)lowest;
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    struct rlimit saved = no_descriptor_left();
     alarm(10); /* a spinning loop ends the test */
     assert_true(loopnet_send_str(e->replica.fd, ok_response));
     bool answered = RUN_UNTIL(fk.dones == 1);
@@ -1014,11 +1019,7 @@ static void test_no_descriptor_for_a_stalled_connect_does_not_spin(void **state)
 static void test_unsolicited_101_fails_with_502(void **state)
 {
     struct env *e = *state;
-    open_client(e);
-    struct fake_req *fr = client_request(e, simple_get);
-    dispatch(e, fr, simple_get_up);
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    request_at_the_replica(e);
     assert_true(loopnet_send_str(e->replica.fd,
                                  "HTTP/1.1 101 Switching Protocols\r\n"
                                  "Upgrade: websocket\r\nConnection: upgrade\r\n\r\n"));
@@ -1036,11 +1037,7 @@ static void test_unsolicited_101_fails_with_502(void **state)
 static void test_interim_100_is_skipped(void **state)
 {
     struct env *e = *state;
-    open_client(e);
-    struct fake_req *fr = client_request(e, simple_get);
-    dispatch(e, fr, simple_get_up);
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    request_at_the_replica(e);
     assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 100 Continue\r\n\r\n"));
     RUN_FOR(20);
     assert_int_equal(fk.first_bytes, 0);
@@ -1054,11 +1051,7 @@ static void test_interim_100_is_skipped(void **state)
 static void test_client_leaving_cancels_the_upstream(void **state)
 {
     struct env *e = *state;
-    open_client(e);
-    struct fake_req *fr = client_request(e, simple_get);
-    dispatch(e, fr, simple_get_up);
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    request_at_the_replica(e);
     close(e->client.fd);
     e->client.fd = -1;
     assert_true(RUN_UNTIL(fk.aborts == 1 && e->replica.eof));
@@ -1153,11 +1146,7 @@ static void test_an_answer_finished_after_a_pause_for_the_client_is_pooled(void 
 static void test_close_delimited_body_is_rechunked(void **state)
 {
     struct env *e = *state;
-    open_client(e);
-    struct fake_req *fr = client_request(e, simple_get);
-    dispatch(e, fr, simple_get_up);
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    request_at_the_replica(e);
     assert_true(
         loopnet_send_str(e->replica.fd, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nhello"));
     assert_true(RUN_UNTIL(loopnet_has(&e->client, "hello")));
@@ -1226,11 +1215,7 @@ static void test_silent_replica_times_out_with_504(void **state)
 static void test_client_leaving_mid_response(void **state)
 {
     struct env *e = *state;
-    open_client(e);
-    struct fake_req *fr = client_request(e, simple_get);
-    dispatch(e, fr, simple_get_up);
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    request_at_the_replica(e);
     assert_true(
         loopnet_send_str(e->replica.fd, "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\nabc"));
     assert_true(RUN_UNTIL(loopnet_has(&e->client, "abc")));
@@ -1321,11 +1306,7 @@ static void test_replica_keepalive_timeout_zero_is_not_pooled(void **state)
 static void test_nothing_is_pooled_while_draining(void **state)
 {
     struct env *e = *state;
-    open_client(e);
-    struct fake_req *fr = client_request(e, simple_get);
-    dispatch(e, fr, simple_get_up);
-    replica_accept(e);
-    assert_true(RUN_UNTIL(e->replica.got.len == strlen(simple_get_up)));
+    request_at_the_replica(e);
     e->draining = true;
     e->net.draining = true;
     assert_true(loopnet_send_str(e->replica.fd, ok_response));
