@@ -24,7 +24,7 @@ void http_head_reset(struct http_head *h)
     h->method_known = false;
     h->http_major = h->http_minor = 0;
     h->status = 0;
-    h->keep_alive = h->chunked = h->has_length = false;
+    h->keep_alive = h->chunked = h->has_length = h->body_ignored = false;
     h->content_length = 0;
     h->connection_names_close = h->connection_names_other = false;
 }
@@ -308,11 +308,20 @@ static int on_headers_complete(llhttp_t *ll)
         h->content_length > p->limits->max_body_bytes) {
         return fail(p, HTTP_ERR_BODY_TOO_LARGE);
     }
-    if (ll->type == HTTP_REQUEST && h->chunked && has_other_transfer_coding(h)) {
+    if ((ll->flags & F_TRANSFER_ENCODING) && has_other_transfer_coding(h)) {
         return fail(p, HTTP_ERR_TRANSFER_CODING);
+    }
+    if (ll->type == HTTP_RESPONSE && (h->status < 100 || h->status > 599)) {
+        return fail_why(p, HTTP_ERR_BAD_REQUEST, "the status code is not between 100 and 599");
     }
     if (p->skip_body) {
         return 1; /* no body follows a response to HEAD */
+    }
+    if (ll->type == HTTP_RESPONSE && (h->status == 204 || h->status == 304)) {
+        /* They end at the blank line whatever their head says (RFC 9112
+         * 6.3); llhttp would read a declared body. */
+        h->body_ignored = h->chunked || (h->has_length && h->content_length > 0);
+        return 1;
     }
     return HPE_PAUSED;
 }

@@ -935,7 +935,9 @@ static void process(struct upstream *u, const char *data, size_t n)
                 client_gone(u);
                 return;
             }
-            complete(u, u->head.keep_alive && off == n);
+            /* Bytes after the answer, or a body a 204 or 304 declared
+             * (they would come as an answer nobody asked for): not pooled. */
+            complete(u, u->head.keep_alive && off == n && !u->head.body_ignored);
             return;
         case HTTP_EV_ERROR:
             fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);

@@ -1034,6 +1034,53 @@ static void test_unsolicited_101_fails_with_502(void **state)
     assert_true(RUN_UNTIL(e->replica.eof));
 }
 
+/* The replica answers the request at it with `answer`: the client gets a
+ * 502 and the connection is closed, not pooled. */
+static void answered_502_and_closed(struct env *e, const char *answer)
+{
+    request_at_the_replica(e);
+    assert_true(loopnet_send_str(e->replica.fd, answer));
+    assert_true(RUN_UNTIL(fk.fails == 1 && loopnet_has(&e->client, "}}\n")));
+    assert_int_equal(fk.last_reason, REJECT_UPSTREAM_ERROR);
+    assert_true(loopnet_has(&e->client, "HTTP/1.1 502 "));
+    assert_int_equal(e->ep->n_idle, 0);
+    assert_true(RUN_UNTIL(e->replica.eof));
+}
+
+static void test_a_status_code_out_of_range_is_502(void **state)
+{
+    /* Before, "000" and "099" went to the client as they were. */
+    answered_502_and_closed(*state, "HTTP/1.1 099 Odd\r\nContent-Length: 2\r\n\r\nok");
+}
+
+static void test_a_status_code_over_599_is_502(void **state)
+{
+    answered_502_and_closed(*state, "HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok");
+}
+
+static void test_an_answer_in_a_transfer_coding_besides_chunked_is_502(void **state)
+{
+    /* Before, the gzip bytes went out as a plain chunked body. */
+    answered_502_and_closed(*state, "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                                    "2\r\nok\r\n0\r\n\r\n");
+}
+
+static void test_a_204_ends_at_its_head_whatever_body_it_declares(void **state)
+{
+    struct env *e = *state;
+    /* Before, the declared body went to the client after the 204, where it
+     * was taken as the answer to the client's next request. */
+    request_at_the_replica(e);
+    assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 204 No Content\r\nContent-Length: 39\r\n\r\n"
+                                                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!"));
+    assert_true(RUN_UNTIL(fk.dones == 1 && loopnet_has(&e->client, "\r\n\r\n")));
+    RUN_FOR(20);
+    assert_true(loopnet_has(&e->client, "HTTP/1.1 204 "));
+    assert_false(loopnet_has(&e->client, "EVIL!"));
+    assert_int_equal(loopnet_count(&e->client, "HTTP/1.1 "), 1);
+    assert_int_equal(e->ep->n_idle, 0); /* the declared body would follow: closed */
+}
+
 static void test_interim_100_is_skipped(void **state)
 {
     struct env *e = *state;
@@ -1391,6 +1438,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_no_descriptor_for_a_stalled_connect_does_not_spin,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_unsolicited_101_fails_with_502, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_status_code_out_of_range_is_502, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_status_code_over_599_is_502, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_an_answer_in_a_transfer_coding_besides_chunked_is_502, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_204_ends_at_its_head_whatever_body_it_declares,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_interim_100_is_skipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_cancels_the_upstream, setup, teardown),
         cmocka_unit_test_setup_teardown(
