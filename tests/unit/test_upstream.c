@@ -825,6 +825,25 @@ static void test_stray_bytes_behind_an_answer_that_filled_a_read_reach_no_client
     assert_false(loopnet_has(&e->client, "EVIL!"));
 }
 
+static void test_an_answer_nobody_asked_for_on_a_pooled_connection_reaches_no_client(void **state)
+{
+    struct env *e = *state;
+    /* Pooled by a read that emptied the socket (taken without a peek), then
+     * the replica sends a second answer while it is idle: its read event
+     * closes the connection before the next request comes. */
+    open_client(e);
+    round_trip(e, true);
+    assert_int_equal(e->ep->n_idle, 1);
+    assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nEVIL!"));
+    assert_true(RUN_UNTIL(e->ep->n_idle == 0));
+    size_t before = e->client.got.len;
+    struct fake_req *fr = client_request(e, simple_get);
+    dispatch(e, fr, simple_get_up);
+    answered_on_a_new_connection(e);
+    assert_true(RUN_UNTIL(e->client.got.len > before && loopnet_has(&e->client, "\r\n\r\nok")));
+    assert_false(loopnet_has(&e->client, "EVIL!"));
+}
+
 static void test_pooled_connection_closing_under_a_request_is_sent_again(void **state)
 {
     struct env *e = *state;
@@ -1423,6 +1442,9 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_stray_bytes_behind_an_answer_that_filled_a_read_reach_no_client, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_an_answer_nobody_asked_for_on_a_pooled_connection_reaches_no_client, setup,
+            teardown),
         cmocka_unit_test_setup_teardown(test_fresh_pooled_connection_closed_unseen_is_sent_again, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(
