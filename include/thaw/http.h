@@ -37,7 +37,8 @@ struct http_head {
     uint16_t status;       /* responses only */
     bool keep_alive;       /* after this message, per llhttp */
     bool chunked;          /* Transfer-Encoding: chunked */
-    bool body_ignored;     /* a 204 or 304 whose head declared a body: none was read */
+    bool body_ignored;     /* a 204 (Content-Length) or 304 (chunked) whose head declared
+                              a body: none was read */
     bool has_length;       /* Content-Length present */
     uint64_t content_length;
     /* What Connection headers name besides the fixed hop-by-hop headers:

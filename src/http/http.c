@@ -308,7 +308,11 @@ static int on_headers_complete(llhttp_t *ll)
         h->content_length > p->limits->max_body_bytes) {
         return fail(p, HTTP_ERR_BODY_TOO_LARGE);
     }
-    if ((ll->flags & F_TRANSFER_ENCODING) && has_other_transfer_coding(h)) {
+    /* A coding besides chunked, or a Transfer-Encoding llhttp did not take
+     * as chunked ("chunked,"): a response's body would be read to its close
+     * and passed on coded. */
+    if ((ll->flags & F_TRANSFER_ENCODING) &&
+        (!(ll->flags & F_CHUNKED) || has_other_transfer_coding(h))) {
         return fail(p, HTTP_ERR_TRANSFER_CODING);
     }
     if (ll->type == HTTP_RESPONSE && (h->status < 100 || h->status > 599)) {
@@ -319,8 +323,10 @@ static int on_headers_complete(llhttp_t *ll)
     }
     if (ll->type == HTTP_RESPONSE && (h->status == 204 || h->status == 304)) {
         /* They end at the blank line whatever their head says (RFC 9112
-         * 6.3); llhttp would read a declared body. */
-        h->body_ignored = h->chunked || (h->has_length && h->content_length > 0);
+         * 6.3); llhttp would read a declared body. A 304's Content-Length
+         * is the length the 200 would have had, not a body. */
+        h->body_ignored = h->chunked ||
+                          (h->status == 204 && h->has_length && h->content_length > 0);
         return 1;
     }
     return HPE_PAUSED;

@@ -20,6 +20,7 @@ Paths (the query string may override the defaults given to the constructor):
   /trickle?bytes=&interval_ms=   the body one byte per interval
   /close-before-response    FIN without any response byte
   /slow?ms=                 200 after a delay
+  /no-content-with-body?later_ms=   a 204 declaring Content-Length: 2, the 2 bytes sent later
   /status?code=             that status with a JSON error body
   /ok and any other path    200 JSON echoing method, path and body length
 """
@@ -478,6 +479,14 @@ def route_close_before_response(conn, req, close):
     return False
 
 
+def route_no_content_with_body(conn, req, close):
+    # A 204 that declares a body (which HTTP says it cannot have), the body sent later.
+    conn.send(b"HTTP/1.1 204 No Content\r\nContent-Length: 2\r\n\r\n")
+    conn.pause(float(req.query.get("later_ms", "50")) / 1000.0)
+    conn.send(b"ok")
+    return not close
+
+
 def route_slow(conn, req, close):
     conn.pause(float(req.query.get("ms", "1000")) / 1000.0)
     return route_ok(conn, req, close)
@@ -500,6 +509,7 @@ BUILTIN = {
     "/trickle": route_trickle,
     "/close-before-response": route_close_before_response,
     "/slow": route_slow,
+    "/no-content-with-body": route_no_content_with_body,
     "/status": route_status,
 }
 

@@ -308,3 +308,18 @@ def test_close_after_the_replica_worked_on_a_request_is_not_retried(thaw_factory
     assert up.stats()["paths"].count("/crash") == 1
     assert t.metric("thaw_upstream_stale_retries_total") == 0
     t.assert_reconciled()
+
+
+def test_a_health_check_answered_204_with_a_body_leaves_no_bytes_for_the_first_request(
+        thaw_factory):
+    """A health path answering 204 with a declared body (sent a moment later):
+    the probe's connection, which carries the first held request, must not be
+    kept, or the late body would be read as that request's answer (502)."""
+    t = thaw_factory({"models": [{
+        "name": "llama", "command": [PY, str(COUNTERPARTS / "raw_upstream.py"), "--port", "{port}"],
+        "health_path": "/no-content-with-body?later_ms=50", "idle_timeout_ms": 60000,
+        "startup_timeout_ms": 30000, "stop_grace_ms": 2000}]})
+    r = get(t, "/ok", host="llama")
+    assert r.status == 200, r.body
+    t.assert_reconciled()
+

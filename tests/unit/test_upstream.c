@@ -1100,6 +1100,37 @@ static void test_a_204_ends_at_its_head_whatever_body_it_declares(void **state)
     assert_int_equal(e->ep->n_idle, 0); /* the declared body would follow: closed */
 }
 
+static void test_a_204_whose_declared_body_comes_later_is_not_pooled(void **state)
+{
+    struct env *e = *state;
+    /* The declared body is not in the read that ends the 204: it would come
+     * later as an answer nobody asked for. */
+    request_at_the_replica(e);
+    assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n"));
+    assert_true(RUN_UNTIL(fk.dones == 1 && loopnet_has(&e->client, "\r\n\r\n")));
+    RUN_FOR(20);
+    assert_int_equal(e->ep->n_idle, 0);
+}
+
+static void test_a_304_with_the_length_of_the_200_is_pooled(void **state)
+{
+    struct env *e = *state;
+    /* A 304's Content-Length says what the 200 would have had (RFC 9110
+     * 8.6): no body follows, and the connection is reused. */
+    request_at_the_replica(e);
+    assert_true(loopnet_send_str(e->replica.fd, "HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n"));
+    assert_true(RUN_UNTIL(fk.dones == 1 && e->ep->n_idle == 1));
+    assert_int_equal(fk.last_status, 304);
+}
+
+static void test_a_transfer_encoding_that_is_not_chunked_is_502(void **state)
+{
+    /* "chunked," is not chunked to llhttp: the body would be read to the
+     * close and passed on with its framing as data. */
+    answered_502_and_closed(*state, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked,\r\n\r\n"
+                                    "2\r\nok\r\n0\r\n\r\n");
+}
+
 static void test_interim_100_is_skipped(void **state)
 {
     struct env *e = *state;
@@ -1466,6 +1497,12 @@ int main(void)
             test_an_answer_in_a_transfer_coding_besides_chunked_is_502, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_204_ends_at_its_head_whatever_body_it_declares,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_204_whose_declared_body_comes_later_is_not_pooled,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_304_with_the_length_of_the_200_is_pooled, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_transfer_encoding_that_is_not_chunked_is_502, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_interim_100_is_skipped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_leaving_cancels_the_upstream, setup, teardown),
         cmocka_unit_test_setup_teardown(
