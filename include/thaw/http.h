@@ -58,7 +58,7 @@ enum http_error {
     HTTP_ERR_BODY_TOO_LARGE,
     HTTP_ERR_NO_MEMORY,
     HTTP_ERR_BAD_VERSION,     /* a request's HTTP major version is not 1 */
-    HTTP_ERR_TRANSFER_CODING, /* a request's Transfer-Encoding has more than chunked */
+    HTTP_ERR_TRANSFER_CODING, /* a Transfer-Encoding besides chunked alone */
 };
 
 /* Chunk extensions are parsed and dropped; their bytes per request are capped. */

@@ -258,8 +258,8 @@ static int on_header_value_complete(llhttp_t *ll)
     return terminate(p);
 }
 
-/* A request body coded in anything but chunked alone ("gzip, chunked"):
- * thaw takes the chunked framing off and would forward the rest as if
+/* A body coded in anything but chunked alone ("gzip, chunked"): thaw takes
+ * the chunked framing off (or passes it on) and would forward the rest as if
  * uncoded. */
 static bool has_other_transfer_coding(const struct http_head *h)
 {
