@@ -136,13 +136,13 @@ def test_two_activators_poking_at_zero_scale_up_once(fleet):
     for th in ths:
         th.join(60)
     assert [r.status for r in res] == [200] * 10
+    # One replica, never two (each activator scaling up) and never back to zero.
+    # The same count written again is harmless and happens on a loaded machine:
+    # a new leader after a late renewal, or a watch event older than the write.
     log = [n for name, n in f.sim.state()["scale_log"] if name == "llama"]
+    assert log and set(log) == {1}, log
     if lease_transitions(f) == transitions:
-        assert log == [1], log  # the leader alone scaled, once
-    else:
-        # The lease changed hands (a renewal late on a loaded machine): the new
-        # leader writes its own scale, the same one replica.
-        assert log and set(log) == {1}, log
+        assert len(log) <= 2, log
     for t in f.thaws:
         t.assert_reconciled()
 
