@@ -38,7 +38,7 @@ struct http_head {
     bool keep_alive;       /* after this message, per llhttp */
     bool chunked;          /* Transfer-Encoding: chunked */
     bool body_ignored;     /* a 204 (Content-Length) or 304 (chunked) whose head declared
-                              a body: none was read */
+                              a body: none was read, and keep_alive is false */
     bool has_length;       /* Content-Length present */
     uint64_t content_length;
     /* What Connection headers name besides the fixed hop-by-hop headers:

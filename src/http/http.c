@@ -404,8 +404,9 @@ static int on_message_complete(llhttp_t *ll)
 {
     struct http_parser *p = P(ll);
     p->msg_done = true;
-    /* keep-alive can change with trailers; read it again. */
-    p->head->keep_alive = llhttp_should_keep_alive(ll);
+    /* keep-alive can change with trailers; read it again. A body a 204 or
+     * 304 declared would come as bytes nobody asked for: not reusable. */
+    p->head->keep_alive = llhttp_should_keep_alive(ll) && !p->head->body_ignored;
     return HPE_PAUSED;
 }
 

@@ -178,9 +178,8 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
         again(p); /* 503 while loading, or anything else */
         return;
     }
-    /* Bytes past the answer, or a body a 204 declared (to come), would
-     * belong to no request: not reusable. */
-    succeeded(p, p->head.keep_alive && used == (size_t)n && !p->head.body_ignored);
+    /* Bytes past the answer would belong to no request: not reusable. */
+    succeeded(p, p->head.keep_alive && used == (size_t)n);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)

@@ -935,9 +935,8 @@ static void process(struct upstream *u, const char *data, size_t n)
                 client_gone(u);
                 return;
             }
-            /* Bytes after the answer, or a body a 204 or 304 declared
-             * (they would come as an answer nobody asked for): not pooled. */
-            complete(u, u->head.keep_alive && off == n && !u->head.body_ignored);
+            /* Bytes after the answer would be one nobody asked for. */
+            complete(u, u->head.keep_alive && off == n);
             return;
         case HTTP_EV_ERROR:
             fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
