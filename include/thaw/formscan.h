@@ -6,7 +6,9 @@
  * look back), the current part-header line (bounded), and the model's value
  * (bounded). Parts other than the first one named "model" are skipped,
  * however large (an audio file, say; between CRs at memchr speed); the scan stops at the end of the
- * model field's value and looks at nothing after it.
+ * model field's value and looks at nothing after it, unless started with
+ * formscan_init_whole: then it reads on to the closing delimiter and refuses a
+ * second field named "model" (servers' form parsers keep the last one).
  *
  * Pure: no I/O, no allocation. */
 #ifndef THAW_FORMSCAN_H
@@ -34,6 +36,7 @@ enum formscan_status {
     FORMSCAN_NO_MODEL,       /* the form ended (or the body did) without a model field */
     FORMSCAN_MODEL_TOO_LONG, /* the model field is longer than FORMSCAN_MODEL_MAX */
     FORMSCAN_INVALID,        /* not multipart/form-data: formscan_error() says why */
+    FORMSCAN_DUPLICATE_MODEL, /* a second field named "model" (whole scans only) */
 };
 
 struct formscan {
@@ -43,6 +46,8 @@ struct formscan {
     uint8_t matched; /* delimiter bytes matched so far */
     uint8_t after;   /* bytes read after a delimiter (the "--" of the close, padding) */
     bool part_is_model;
+    bool whole;       /* read to the closing delimiter (formscan_init_whole) */
+    bool model_known; /* whole scans: the model field is complete, the rest still read */
     enum formscan_status status;
     const char *error; /* static text, for FORMSCAN_INVALID */
     uint64_t error_offset;
@@ -61,8 +66,14 @@ struct formscan {
 size_t formscan_boundary(const char *content_type, size_t len, char *out);
 /* Starts a scan for a body with this boundary (1..FORMSCAN_BOUNDARY_MAX bytes). */
 void formscan_init(struct formscan *s, const char *boundary, size_t len);
+/* The same, reading the whole form: formscan_feed reports FORMSCAN_MODEL as
+ * soon as the model is known and keeps reading; FORMSCAN_INVALID or
+ * FORMSCAN_DUPLICATE_MODEL may still follow, and formscan_finish says
+ * FORMSCAN_MODEL only for a form that closed. */
+void formscan_init_whole(struct formscan *s, const char *boundary, size_t len);
 /* Feeds the next piece. Returns FORMSCAN_MORE until the answer is known,
- * then that answer (later calls change nothing). */
+ * then that answer (later calls change nothing, but for a whole scan's
+ * FORMSCAN_MODEL: see above). */
 enum formscan_status formscan_feed(struct formscan *s, const char *data, size_t len);
 /* The body ended: the final answer, never FORMSCAN_MORE. */
 enum formscan_status formscan_finish(struct formscan *s);

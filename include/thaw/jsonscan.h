@@ -5,10 +5,14 @@
  * without building anything, and stops as soon as the top-level "model"
  * string is complete. Keys and values are compared after JSON unescaping
  * ("mo\u0064el" is "model"). "model" keys inside nested objects or arrays
- * do not count; of duplicate top-level keys the first decides.
+ * do not count.
  *
- * Everything before the answer is checked as strict JSON (RFC 8259); bytes
- * after it are not looked at. Pure: no I/O, no allocation. */
+ * Everything before the answer is checked as strict JSON (RFC 8259). A scan
+ * started with jsonscan_init_whole goes on to the end of the body, checking
+ * the rest too and refusing a second top-level "model" key: model servers
+ * read the last one (Python's json), so a body naming two models would be
+ * routed as one and run as the other. Other scans stop at the answer, and of
+ * duplicate keys the first decides. Pure: no I/O, no allocation. */
 #ifndef THAW_JSONSCAN_H
 #define THAW_JSONSCAN_H
 
@@ -27,6 +31,7 @@ enum jsonscan_status {
     JSONSCAN_NO_MODEL,   /* a complete JSON object without a string "model" (finish only) */
     JSONSCAN_MODEL_TOO_LONG, /* "model" is a string longer than JSONSCAN_MODEL_MAX */
     JSONSCAN_INVALID,    /* not a JSON object: jsonscan_error() says where and why */
+    JSONSCAN_DUPLICATE_MODEL, /* a second top-level "model" key (whole scans only) */
 };
 
 struct jsonscan {
@@ -42,6 +47,8 @@ struct jsonscan {
     bool model_not_string;
     bool literal_for_key; /* the literal being matched is the key's value (true) */
     bool key_is_true;     /* the key's value was the literal true */
+    bool whole;           /* read to the end of the body (jsonscan_init_whole) */
+    bool model_known;     /* whole scans: the model string is complete, the rest still read */
     const char *key;      /* the top-level key looked for: "model" unless told */
     uint8_t key_len;
     const char *literal;  /* the literal being matched */
@@ -57,12 +64,18 @@ struct jsonscan {
 };
 
 void jsonscan_init(struct jsonscan *s);
+/* The same, reading the whole body: jsonscan_feed reports JSONSCAN_MODEL as
+ * soon as the model is known and keeps reading; JSONSCAN_INVALID or
+ * JSONSCAN_DUPLICATE_MODEL may still follow, and jsonscan_finish says
+ * JSONSCAN_MODEL only for a complete object. */
+void jsonscan_init_whole(struct jsonscan *s);
 /* The same for another top-level key (static, at most 255 bytes, ASCII).
  * A string value is reported as JSONSCAN_MODEL; after JSONSCAN_NO_MODEL,
  * key_is_true says whether the key's value was the literal true. */
 void jsonscan_init_key(struct jsonscan *s, const char *key);
 /* Feeds the next piece of the body. Returns JSONSCAN_MORE until an answer
- * is known, then that answer (further calls change nothing). */
+ * is known, then that answer (further calls change nothing, but for a
+ * whole scan's JSONSCAN_MODEL: see above). */
 enum jsonscan_status jsonscan_feed(struct jsonscan *s, const char *data, size_t len);
 /* The body ended. Returns the final answer: never JSONSCAN_MORE. */
 enum jsonscan_status jsonscan_finish(struct jsonscan *s);

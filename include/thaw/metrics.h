@@ -47,6 +47,7 @@ enum reject_reason {
     REJECT_UNKNOWN_REVISION, /* a thaw-revision header naming no revision of the model */
     REJECT_TENANTS_NOT_LOADED, /* tenants.required, from a source not loaded yet */
     REJECT_TRANSFER_CODING,    /* a request body in a transfer coding besides chunked */
+    REJECT_DUPLICATE_MODEL,    /* a body naming "model" twice (JSON key or form field) */
     REJECT_COUNT
 };
 

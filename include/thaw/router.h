@@ -42,6 +42,7 @@ enum route_status {
     ROUTE_BAD_JSON,     /* body is not a JSON object */
     ROUTE_NO_MODEL_FIELD, /* JSON object without a string "model" */
     ROUTE_AMBIGUOUS,    /* a bare name several namespaces have (see route.ambiguous) */
+    ROUTE_DUPLICATE_MODEL, /* the body names a model twice (a whole scan) */
 };
 
 enum route_via { ROUTE_VIA_HOST, ROUTE_VIA_PATH, ROUTE_VIA_BODY };

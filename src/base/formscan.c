@@ -166,6 +166,12 @@ void formscan_init(struct formscan *s, const char *boundary, size_t len)
     s->error = len ? NULL : "empty boundary";
 }
 
+void formscan_init_whole(struct formscan *s, const char *boundary, size_t len)
+{
+    formscan_init(s, boundary, len);
+    s->whole = true;
+}
+
 static enum formscan_status fail(struct formscan *s, const char *why)
 {
     s->status = FORMSCAN_INVALID;
@@ -243,9 +249,14 @@ static enum formscan_status headers_byte(struct formscan *s, char ch)
         header_line(s, s->line, n);
         return FORMSCAN_MORE;
     }
+    if (s->part_is_model && s->model_known) {
+        return answer(s, FORMSCAN_DUPLICATE_MODEL);
+    }
     s->state = F_DATA; /* the empty line: the data follows */
     s->matched = 0;
-    s->value_len = 0;
+    if (!s->model_known) {
+        s->value_len = 0;
+    }
     return FORMSCAN_MORE;
 }
 
@@ -263,8 +274,12 @@ static enum formscan_status data_byte(struct formscan *s, char ch)
     if (s->part_is_model) {
         s->value_len -= s->delim_len;
         s->value[s->value_len] = '\0';
-        return answer(s,
-                      s->value_len > FORMSCAN_MODEL_MAX ? FORMSCAN_MODEL_TOO_LONG : FORMSCAN_MODEL);
+        if (s->value_len > FORMSCAN_MODEL_MAX || !s->whole) {
+            return answer(s, s->value_len > FORMSCAN_MODEL_MAX ? FORMSCAN_MODEL_TOO_LONG
+                                                                : FORMSCAN_MODEL);
+        }
+        s->model_known = true;
+        s->part_is_model = false;
     }
     s->state = F_AFTER_DELIM;
     s->after = 0;
@@ -295,7 +310,8 @@ static enum formscan_status step(struct formscan *s, char ch)
         if (ch != '-') {
             return fail(s, "unexpected byte after a boundary");
         }
-        return answer(s, FORMSCAN_NO_MODEL); /* the closing delimiter */
+        /* the closing delimiter */
+        return answer(s, s->model_known ? FORMSCAN_MODEL : FORMSCAN_NO_MODEL);
     case F_DELIM_CR:
         if (ch != '\n') {
             return fail(s, "boundary line not ended by CRLF");
@@ -340,7 +356,7 @@ enum formscan_status formscan_feed(struct formscan *s, const char *data, size_t 
         s->offset++;
         i++;
     }
-    return s->status;
+    return s->status == FORMSCAN_MORE && s->model_known ? FORMSCAN_MODEL : s->status;
 }
 
 enum formscan_status formscan_finish(struct formscan *s)

@@ -48,6 +48,12 @@ void jsonscan_init(struct jsonscan *s)
     jsonscan_init_key(s, "model");
 }
 
+void jsonscan_init_whole(struct jsonscan *s)
+{
+    jsonscan_init(s);
+    s->whole = true;
+}
+
 static enum jsonscan_status fail(struct jsonscan *s, const char *why)
 {
     s->status = JSONSCAN_INVALID;
@@ -151,18 +157,29 @@ static enum jsonscan_status end_string(struct jsonscan *s)
         return fail(s, "unpaired UTF-16 surrogate in a string");
     }
     switch (s->str_kind) {
-    case STR_TOP_KEY:
-        s->key_is_model =
-            !s->model_seen && !s->key_mismatch && s->key_pos == s->key_len;
+    case STR_TOP_KEY: {
+        bool is_key = !s->key_mismatch && s->key_pos == s->key_len;
+        if (is_key && s->model_seen && s->whole) {
+            s->status = JSONSCAN_DUPLICATE_MODEL;
+            s->error_offset = s->offset;
+            return s->status;
+        }
+        s->key_is_model = is_key && !s->model_seen;
         if (s->key_is_model) {
             s->model_seen = true;
         }
         s->state = S_COLON;
         break;
+    }
     case STR_KEY:
         s->state = S_COLON;
         break;
     case STR_MODEL:
+        if (s->whole) {
+            s->model_known = true;
+            s->state = S_AFTER;
+            break;
+        }
         s->status = JSONSCAN_MODEL;
         return s->status;
     default:
@@ -478,7 +495,7 @@ enum jsonscan_status jsonscan_feed(struct jsonscan *s, const char *data, size_t 
         }
         i++;
     }
-    return s->status;
+    return s->status == JSONSCAN_MORE && s->model_known ? JSONSCAN_MODEL : s->status;
 }
 
 enum jsonscan_status jsonscan_finish(struct jsonscan *s)
@@ -487,7 +504,7 @@ enum jsonscan_status jsonscan_finish(struct jsonscan *s)
         return s->status;
     }
     if (s->state == S_DONE) {
-        s->status = JSONSCAN_NO_MODEL;
+        s->status = s->model_known ? JSONSCAN_MODEL : JSONSCAN_NO_MODEL;
         return s->status;
     }
     return fail(s, s->offset == 0 ? "the body is empty" : "the body ends before the JSON does");

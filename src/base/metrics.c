@@ -77,6 +77,9 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
                                 "the request's Transfer-Encoding names a coding besides "
                                 "chunked, which thaw does not decode (compress with "
                                 "Content-Encoding instead)"},
+    [REJECT_DUPLICATE_MODEL] = {"duplicate_model", 400, false,
+                                "the request body names \"model\" twice (two top-level keys "
+                                "or two form fields); name the model once"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

@@ -513,6 +513,8 @@ enum route_status router_resolve_scan(const struct router *r, enum jsonscan_stat
         return ROUTE_NO_MODEL_FIELD;
     case JSONSCAN_MORE:
         return ROUTE_NEED_BODY;
+    case JSONSCAN_DUPLICATE_MODEL:
+        return ROUTE_DUPLICATE_MODEL;
     default:
         return ROUTE_BAD_JSON;
     }
@@ -522,9 +524,9 @@ enum route_status router_resolve_body(const struct router *r, const char *body, 
                                       struct route *out)
 {
     struct jsonscan scan;
-    jsonscan_init(&scan);
+    jsonscan_init_whole(&scan);
     enum jsonscan_status st = jsonscan_feed(&scan, body, len);
-    if (st == JSONSCAN_MORE) {
+    if (st == JSONSCAN_MORE || st == JSONSCAN_MODEL) {
         st = jsonscan_finish(&scan);
     }
     return router_resolve_scan(r, st, &scan, out);

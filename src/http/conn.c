@@ -483,7 +483,8 @@ void conn_error_body(struct buf *out, enum reject_reason reason, const char *det
     buf_init(&m);
     error_message(&m, reason, detail, model);
     /* The request parameter at fault: the model named, or missing. */
-    bool about_model = reason == REJECT_NO_MODEL_FIELD || (reason == REJECT_UNKNOWN_MODEL && model);
+    bool about_model = reason == REJECT_NO_MODEL_FIELD || reason == REJECT_DUPLICATE_MODEL ||
+                       (reason == REJECT_UNKNOWN_MODEL && model);
     conn_error_json(out, m.data ? m.data : "", m.len, conn_error_type(ri->status),
                     about_model ? "model" : NULL, ri->name, with_status ? ri->status : 0);
     buf_dispose(&m);

@@ -249,14 +249,14 @@ static int start_body_scan(struct request *r)
         if (!r->form) {
             return REJECT_INTERNAL;
         }
-        formscan_init(r->form, boundary, blen);
+        formscan_init_whole(r->form, boundary, blen);
         return REJECT_COUNT;
     }
     r->scan = malloc(sizeof *r->scan);
     if (!r->scan) {
         return REJECT_INTERNAL;
     }
-    jsonscan_init(r->scan);
+    jsonscan_init_whole(r->scan);
     return REJECT_COUNT;
 }
 
@@ -364,18 +364,72 @@ static int route_by_body(struct runtime *rt, struct request *r)
     return take_model(rt, r);
 }
 
+/* Feeds a scan the body's bytes it has not seen, and the body's end (at_end):
+ * its answer. The scans read the whole body, so an answer of MODEL may still
+ * turn into a second model or a malformed rest. */
+static enum jsonscan_status feed_json(struct request *r, bool at_end)
+{
+    const char *fresh = r->ex.body.data + r->body_seen;
+    enum jsonscan_status js = jsonscan_feed(r->scan, fresh, r->ex.body.len - r->body_seen);
+    return at_end && (js == JSONSCAN_MORE || js == JSONSCAN_MODEL) ? jsonscan_finish(r->scan) : js;
+}
+
+static enum formscan_status feed_form(struct request *r, bool at_end)
+{
+    const char *fresh = r->ex.body.data + r->body_seen;
+    enum formscan_status fs = formscan_feed(r->form, fresh, r->ex.body.len - r->body_seen);
+    return at_end && (fs == FORMSCAN_MORE || fs == FORMSCAN_MODEL) ? formscan_finish(r->form) : fs;
+}
+
+static void end_body_scan(struct request *r)
+{
+    free(r->scan);
+    r->scan = NULL;
+    free(r->form);
+    r->form = NULL;
+}
+
+/* The body routed the request; its scan reads on to the end. A second
+ * "model" (which the server would read instead of the first) or a
+ * malformed rest rejects it. Returns false after rejecting. */
+static bool scan_rest(struct conn *c, struct request *r, bool at_end)
+{
+    char why[160] = "";
+    enum reject_reason bad = REJECT_COUNT;
+    if (r->form) {
+        enum formscan_status fs = feed_form(r, at_end);
+        if (fs == FORMSCAN_DUPLICATE_MODEL) {
+            bad = REJECT_DUPLICATE_MODEL;
+        } else if (fs != FORMSCAN_MODEL) {
+            bad = REJECT_BAD_FORM;
+            formscan_error(r->form, why, sizeof why);
+        }
+    } else {
+        enum jsonscan_status js = feed_json(r, at_end);
+        if (js == JSONSCAN_DUPLICATE_MODEL) {
+            bad = REJECT_DUPLICATE_MODEL;
+        } else if (js != JSONSCAN_MODEL) {
+            bad = REJECT_BAD_JSON;
+            jsonscan_error(r->scan, why, sizeof why);
+        }
+    }
+    if (bad == REJECT_COUNT && !at_end) {
+        return true;
+    }
+    end_body_scan(r);
+    if (bad != REJECT_COUNT) {
+        conn_reject(c, bad, why);
+        return false;
+    }
+    return true;
+}
+
 /* Feeds the body's new bytes to the JSON scan (at_end: the body is complete). */
 static enum route_status scan_json(struct runtime *rt, struct request *r, bool at_end, char *why,
                                    size_t whylen)
 {
     struct jsonscan *scan = r->scan;
-    enum jsonscan_status js = scan->status;
-    if (js == JSONSCAN_MORE && r->ex.body.len > r->body_seen) {
-        js = jsonscan_feed(scan, r->ex.body.data + r->body_seen, r->ex.body.len - r->body_seen);
-    }
-    if (js == JSONSCAN_MORE && at_end) {
-        js = jsonscan_finish(scan);
-    }
+    enum jsonscan_status js = feed_json(r, at_end);
     enum route_status st = router_resolve_scan(&rt->fleet.router, js, scan, &r->route);
     if (st == ROUTE_BAD_JSON) {
         jsonscan_error(scan, why, whylen);
@@ -393,13 +447,7 @@ static enum route_status scan_form(struct runtime *rt, struct request *r, bool a
                                    size_t whylen)
 {
     struct formscan *form = r->form;
-    enum formscan_status fs = form->status;
-    if (fs == FORMSCAN_MORE && r->ex.body.len > r->body_seen) {
-        fs = formscan_feed(form, r->ex.body.data + r->body_seen, r->ex.body.len - r->body_seen);
-    }
-    if (fs == FORMSCAN_MORE && at_end) {
-        fs = formscan_finish(form);
-    }
+    enum formscan_status fs = feed_form(r, at_end);
     size_t len;
     const char *name;
     switch (fs) {
@@ -420,6 +468,8 @@ static enum route_status scan_form(struct runtime *rt, struct request *r, bool a
         return ROUTE_NOT_FOUND;
     case FORMSCAN_NO_MODEL:
         return ROUTE_NO_MODEL_FIELD;
+    case FORMSCAN_DUPLICATE_MODEL:
+        return ROUTE_DUPLICATE_MODEL;
     default:
         formscan_error(form, why, whylen);
         return ROUTE_BAD_JSON;
@@ -430,6 +480,9 @@ static enum route_status scan_form(struct runtime *rt, struct request *r, bool a
  * the body is complete). Returns false after rejecting the request. */
 static bool scan_body(struct conn *c, struct request *r, bool at_end)
 {
+    if (r->model_resolved) {
+        return scan_rest(c, r, at_end);
+    }
     struct runtime *rt = rt_of(c);
     char why[160] = "";
     enum route_status st = r->form ? scan_form(rt, r, at_end, why, sizeof why)
@@ -442,25 +495,26 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
         size_t len;
         const char *name = form ? formscan_model(r->form, &len) : jsonscan_model(r->scan, &len);
         reject_ambiguous(c, name, len, false);
-        free(r->scan);
-        r->scan = NULL;
-        free(r->form);
-        r->form = NULL;
+        end_body_scan(r);
         return false;
     }
-    free(r->scan);
-    r->scan = NULL;
-    free(r->form);
-    r->form = NULL;
-    switch (st) {
-    case ROUTE_FOUND: {
+    if (st == ROUTE_FOUND) {
         int rc = route_by_body(rt, r);
         if (rc != REJECT_COUNT) {
+            end_body_scan(r);
             conn_reject(c, (enum reject_reason)rc, NULL);
             return false;
         }
-        return true;
+        if (at_end) {
+            end_body_scan(r);
+        }
+        return true; /* the rest of the body is still scanned (scan_rest) */
     }
+    end_body_scan(r);
+    switch (st) {
+    case ROUTE_DUPLICATE_MODEL:
+        conn_reject(c, REJECT_DUPLICATE_MODEL, NULL);
+        return false;
     case ROUTE_BAD_JSON:
         conn_reject(c, form ? REJECT_BAD_FORM : REJECT_BAD_JSON, why);
         return false;

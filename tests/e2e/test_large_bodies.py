@@ -175,6 +175,13 @@ def test_model_known_early_answers_before_the_body_ends(thaw_factory, sims):
     (b'{"model":42}', 400, "missing_model", None),
     (b'{"mo\\u0064el":"ll\\u0061ma","prompt":"hi"}', 200, None, None),
     (b'{"a":{"model":"nope"},"model":"llama"}', 200, None, None),
+    # The whole body is read: a second "model" (the one Python's json keeps)
+    # and a malformed rest are refused, not passed on behind a route.
+    (b'{"model":"llama","prompt":"hi","model":"nope"}', 400, "duplicate_model", None),
+    (b'{"model":7,"model":"llama"}', 400, "duplicate_model", None),
+    (b'{"model":"llama","prompt":"hi"} trailing', 400, "bad_json",
+     "unexpected data after the JSON object at byte 32"),
+    (b'{"model":"llama","n":[1,2', 400, "bad_json", "the body ends before the JSON does"),
 ])
 def test_body_routing_answers(thaw_factory, sims, body, status, kind, detail):
     sim = sims("llama")

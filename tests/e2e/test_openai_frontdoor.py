@@ -185,6 +185,44 @@ def test_multipart_errors_are_openai_errors(thaw_factory, replica):
     t.assert_reconciled()
 
 
+def test_a_body_naming_the_model_twice_is_refused(thaw_factory, replica, replica2):
+    """Routed by the first "model" and run by the server as the last, such a
+    body would be counted and capped as one model and served as another:
+    thaw reads the whole body and refuses it, in JSON and in forms, also
+    when the second comes well after the first routed the request."""
+    t = thaw_factory({"models": [{"name": "a", "endpoints": [replica.address]},
+                                 {"name": "b", "endpoints": [replica2.address]},
+                                 cold_model("sleepy")]})
+    r = httpc.request(t.host, t.port, "POST", "/v1/embeddings",
+                      {"Content-Type": "application/json"},
+                      b'{"model":"a","input":"x","model":"b"}')
+    assert r.status == 400, r.body
+    err = r.json()["error"]
+    assert_openai_error(err, "duplicate_model", "invalid_request_error")
+    assert err["param"] == "model"
+    body, ctype = form([("model", None, b"a"), ("file", "a.wav", wav_bytes()),
+                        ("model", None, b"b")])
+    r = httpc.request(t.host, t.port, "POST", "/v1/audio/transcriptions",
+                      {"Content-Type": ctype}, body)
+    assert r.status == 400 and r.json()["error"]["code"] == "duplicate_model", r.body
+    # The second arrives in a later read, after the first routed the
+    # request to a cold model: still refused, and nothing reaches a replica.
+    s = t.connect()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: thaw.test\r\n"
+              b"Transfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n")
+    first = b'{"model":"sleepy","messages":[{"role":"user","content":"hi"}],'
+    s.sendall(b"%x\r\n%s\r\n" % (len(first), first))
+    time.sleep(0.2)
+    second = b'"model":"a"}'
+    s.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(second), second))
+    s.settimeout(10 * SLOW)
+    r = httpc.Reader(s).response()
+    s.close()
+    assert r.status == 400 and r.json()["error"]["code"] == "duplicate_model", r.body
+    assert replica.counts == {} and replica2.counts == {}
+    t.assert_reconciled()
+
+
 class ModelsPoller(threading.Thread):
     """GET /v1/models (answered by thaw's loop itself) back to back on one
     keep-alive connection, timed."""

@@ -90,9 +90,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (router_body_kind(path, rt.path_len) == ROUTE_BODY_FORM && ct &&
                     (blen = formscan_boundary(http_hvalue(&head, ct), ct->value_len, boundary))) {
                     static struct formscan form;
-                    formscan_init(&form, boundary, blen);
-                    if (formscan_feed(&form, body.data ? body.data : "", body.len) ==
-                        FORMSCAN_MORE) {
+                    formscan_init_whole(&form, boundary, blen);
+                    enum formscan_status fs =
+                        formscan_feed(&form, body.data ? body.data : "", body.len);
+                    if (fs == FORMSCAN_MORE || fs == FORMSCAN_MODEL) {
                         formscan_finish(&form);
                     }
                 } else {

@@ -20,9 +20,26 @@ struct outcome {
     uint64_t consumed;
 };
 
+/* Whole scans (formscan_init_whole) in the cases that ask for them. */
+static bool whole_scan;
+
+static bool reads_on(enum formscan_status st)
+{
+    return st == FORMSCAN_MORE || (whole_scan && st == FORMSCAN_MODEL);
+}
+
+static void start(struct formscan *s, const char *boundary)
+{
+    if (whole_scan) {
+        formscan_init_whole(s, boundary, strlen(boundary));
+    } else {
+        formscan_init(s, boundary, strlen(boundary));
+    }
+}
+
 static void finish_into(struct formscan *s, enum formscan_status st, struct outcome *o)
 {
-    if (st == FORMSCAN_MORE) {
+    if (reads_on(st)) {
         st = formscan_finish(s);
     }
     o->status = st;
@@ -41,9 +58,9 @@ static void scan_step(const char *boundary, const char *body, size_t len, size_t
                       struct outcome *o)
 {
     struct formscan s;
-    formscan_init(&s, boundary, strlen(boundary));
+    start(&s, boundary);
     enum formscan_status st = FORMSCAN_MORE;
-    for (size_t at = 0; at < len && st == FORMSCAN_MORE; at += step) {
+    for (size_t at = 0; at < len && reads_on(st); at += step) {
         st = formscan_feed(&s, body + at, at + step > len ? len - at : step);
     }
     finish_into(&s, st, o);
@@ -53,9 +70,9 @@ static void scan_split(const char *boundary, const char *body, size_t len, size_
                        struct outcome *o)
 {
     struct formscan s;
-    formscan_init(&s, boundary, strlen(boundary));
+    start(&s, boundary);
     enum formscan_status st = formscan_feed(&s, body, cut);
-    if (st == FORMSCAN_MORE) {
+    if (reads_on(st)) {
         st = formscan_feed(&s, body + cut, len - cut);
     }
     finish_into(&s, st, o);
@@ -215,13 +232,47 @@ static void test_boundary_param(void **state)
     assert_int_equal(formscan_boundary(longer, strlen(longer), b), 0);
 }
 
+/* The proxy's scan reads the whole form: a second field named "model" (the
+ * one a server's form parser keeps) and a form that never closes are
+ * refused; the model is kept across the parts after it. */
+static void test_whole_form(void **state)
+{
+    whole_scan = true;
+    const char *twice = "--b\r\n"
+                        "Content-Disposition: form-data; name=\"model\"\r\n\r\n"
+                        "whisper-1\r\n--b\r\n"
+                        "Content-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+                        "RIFF\r\n--b\r\n"
+                        "Content-Disposition: form-data; name=model\r\n\r\n"
+                        "other\r\n--b--\r\n";
+    assert_int_equal(scan_str("b", twice).status, FORMSCAN_DUPLICATE_MODEL);
+    const char *once = "--b\r\n"
+                       "Content-Disposition: form-data; name=\"model\"\r\n\r\n"
+                       "whisper-1\r\n--b\r\n"
+                       "Content-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+                       "RIFF and more bytes\r\n--b\r\n"
+                       "Content-Disposition: form-data; name=\"models\"\r\n\r\n"
+                       "x\r\n--b--\r\n";
+    struct outcome o = scan_str("b", once);
+    assert_int_equal(o.status, FORMSCAN_MODEL);
+    assert_string_equal(o.model, "whisper-1");
+    assert_int_equal(o.consumed, (uint64_t)(strstr(once, "--b--") + 5 - once));
+    /* The form must close: a body cut after the model is refused. */
+    size_t cut = (size_t)(strstr(once, "RIFF") - once);
+    assert_int_equal(scan("b", once, cut).status, FORMSCAN_INVALID);
+    assert_int_equal(scan_str("b", "--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n"
+                                   "1\r\n--b--").status,
+                     FORMSCAN_NO_MODEL);
+    whole_scan = false;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_field),    cmocka_unit_test(test_quoted_and_preamble),
         cmocka_unit_test(test_no_model),       cmocka_unit_test(test_invalid),
         cmocka_unit_test(test_bounds),         cmocka_unit_test(test_large_part),
-        cmocka_unit_test(test_boundary_param),
+        cmocka_unit_test(test_boundary_param), cmocka_unit_test(test_whole_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

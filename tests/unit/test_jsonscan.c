@@ -20,9 +20,17 @@ struct outcome {
     char error[160];
 };
 
+/* Whole scans (jsonscan_init_whole) in the cases that ask for them. */
+static bool whole_scan;
+
+static bool reads_on(enum jsonscan_status st)
+{
+    return st == JSONSCAN_MORE || (whole_scan && st == JSONSCAN_MODEL);
+}
+
 static void finish_into(struct jsonscan *s, enum jsonscan_status st, struct outcome *o)
 {
-    if (st == JSONSCAN_MORE) {
+    if (reads_on(st)) {
         st = jsonscan_finish(s);
     }
     o->status = st;
@@ -41,10 +49,14 @@ static void scan_cuts(const char *body, size_t len, const size_t *cuts, size_t n
                       struct outcome *o)
 {
     struct jsonscan s;
-    jsonscan_init(&s);
+    if (whole_scan) {
+        jsonscan_init_whole(&s);
+    } else {
+        jsonscan_init(&s);
+    }
     enum jsonscan_status st = JSONSCAN_MORE;
     size_t at = 0;
-    for (size_t i = 0; i <= n_cuts && st == JSONSCAN_MORE; i++) {
+    for (size_t i = 0; i <= n_cuts && reads_on(st); i++) {
         size_t end = i < n_cuts ? cuts[i] : len;
         st = jsonscan_feed(&s, body + at, end - at);
         at = end;
@@ -305,6 +317,36 @@ static void test_other_key(void **state)
     assert_false(stream_of("{\"streams\":true}"));
 }
 
+/* The proxy's scan reads the whole body: a second top-level "model" (the one
+ * a Python server would use) and a malformed rest are refused, nested
+ * "model" keys still do not count, and the model is reported early. */
+static void test_whole_body(void **state)
+{
+    whole_scan = true;
+    expect_status("{\"model\":\"first\",\"model\":\"second\"}", JSONSCAN_DUPLICATE_MODEL);
+    expect_status("{\"model\":42,\"model\":\"second\"}", JSONSCAN_DUPLICATE_MODEL);
+    expect_status("{\"model\":\"a\",\"x\":[1,{\"y\":2}],\"mo\\u0064el\":\"b\"}",
+                  JSONSCAN_DUPLICATE_MODEL);
+    expect_model("{\"model\":\"m\",\"a\":{\"model\":\"x\"},\"b\":[{\"model\":\"y\"}],"
+                 "\"models\":\"z\"} ",
+                 "m", 1);
+    expect_status("{\"prompt\":\"x\"}", JSONSCAN_NO_MODEL);
+    expect_invalid("{\"model\":\"m\", this is not JSON", "expected a string key at byte 14");
+    expect_invalid("{\"model\":\"m\"} x", "unexpected data after the JSON object at byte 14");
+    expect_invalid("{\"model\":\"m\",\"n\":[1,2", "the body ends before the JSON does at byte 21");
+
+    struct jsonscan s;
+    jsonscan_init_whole(&s);
+    const char *head = "{\"model\":\"m\",\"messages\":[";
+    assert_int_equal(jsonscan_feed(&s, head, strlen(head)), JSONSCAN_MODEL);
+    size_t len;
+    assert_string_equal(jsonscan_model(&s, &len), "m");
+    const char *rest = "],\"model\":\"n\"}";
+    assert_int_equal(jsonscan_feed(&s, rest, strlen(rest)), JSONSCAN_DUPLICATE_MODEL);
+    assert_int_equal(jsonscan_finish(&s), JSONSCAN_DUPLICATE_MODEL);
+    whole_scan = false;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -312,6 +354,7 @@ int main(void)
         cmocka_unit_test(test_nested_decoys),        cmocka_unit_test(test_stops_early),
         cmocka_unit_test(test_bad_input),            cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_large_skipped_string), cmocka_unit_test(test_other_key),
+        cmocka_unit_test(test_whole_body),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
