@@ -137,6 +137,9 @@ struct conn {
     bool broken;        /* a write failed: closed from the write callback */
     bool first_request; /* nothing received yet on this connection */
     bool lingering;     /* counted in ctx->n_lingering */
+    /* The request read last was read whole and asked to close the
+     * connection (Connection: close, or HTTP/1.0 without keep-alive). */
+    bool asked_close;
     size_t *count; /* the connection count it is in (per port), decremented at close */
     bool body_total_armed;     /* the body timer is the total one, not the idle one */
     /* The timer is lazy (as an upstream's): deadline_ms is when the current

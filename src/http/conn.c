@@ -337,7 +337,8 @@ int conn_writev(struct conn *c, const struct iovec *iov, int n)
 }
 
 /* Starts the polite close: flush, half-close, discard input for a moment so
- * a client still sending does not get a reset that eats our response. */
+ * a client still sending does not get a reset that eats our response; at
+ * once where nothing of the client's can still come. */
 static void begin_close(struct conn *c)
 {
     c->state = CONN_CLOSING;
@@ -346,11 +347,14 @@ static void begin_close(struct conn *c)
         set_timer(c, TIMER_SEND);
         return;
     }
-    shutdown(c->fd, SHUT_WR);
-    if (c->eof) {
+    if (c->eof || (c->asked_close && buf_unread(&c->in) == 0)) {
+        /* The client closed, or asked to close after a request read whole
+         * with nothing behind it: nothing of its is in flight, so close
+         * (FIN) without the half-close and the linger, as nginx does. */
         conn_close(c, ABORT_CLIENT_CLOSED);
         return;
     }
+    shutdown(c->fd, SHUT_WR);
     struct conn_ctx *s = c->ctx;
     if (!c->lingering) {
         if (s->n_lingering >= CONN_MAX_LINGERING) {
@@ -607,6 +611,7 @@ static void start_request(struct conn *c)
     c->ex = r;
     http_parser_next(&c->parser, &r->head, &r->body);
     c->state = CONN_READING;
+    c->asked_close = false;
     c->body_deadline_ms = 0;
     if (!c->first_request) {
         set_timer(c, TIMER_HEADER);
@@ -697,6 +702,7 @@ static void on_complete(struct conn *c)
 {
     struct exchange *r = c->ex;
     c->state = CONN_HANDLING;
+    c->asked_close = !r->head.keep_alive;
     set_timer(c, TIMER_NONE);
     c->handler->on_request(c, r);
 }

@@ -468,6 +468,45 @@ static void test_http10_without_keepalive_closes_after_answer(void **state)
     assert_int_equal(e->fk.frees, 1);
 }
 
+/* A client that asked to close, its request read whole: nothing of its can
+ * still come, so the connection closes with the answer (a FIN, no linger),
+ * while the client still has it all. */
+static void test_asked_close_closes_without_lingering(void **state)
+{
+    struct env *e = *state;
+    e->fk.answer_at_once = true;
+    open_conn(e, 0, 0);
+    assert_true(loopnet_send_str(
+        e->client.fd, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"));
+    assert_true(RUN_UNTIL(e->client.eof || e->client.err));
+    assert_int_equal(e->client.err, 0);
+    assert_true(loopnet_has(&e->client, "answer 0."));
+    assert_true(loopnet_has(&e->client, "Connection: close\r\n"));
+    /* Gone with the answer, not waiting for the client's close. */
+    assert_true(conns_empty(e));
+    assert_int_equal(e->ctx.n_lingering, 0);
+}
+
+/* Bytes behind a request that asked to close (a client pipelining anyway),
+ * received while it is answered: the connection lingers, so more of them
+ * cause no reset of the answer. */
+static void test_asked_close_with_bytes_behind_lingers(void **state)
+{
+    struct env *e = *state;
+    struct conn *c = open_conn(e, 0, 0);
+    assert_true(loopnet_send_str(e->client.fd, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"));
+    assert_true(RUN_UNTIL(e->fk.waiting != NULL));
+    assert_true(loopnet_send_str(e->client.fd, "GET /next HTTP/1.1\r\nHost: a\r\n\r\n"));
+    RUN_FOR(20);
+    answer(c, e->fk.waiting);
+    assert_true(RUN_UNTIL(loopnet_has(&e->client, "answer 0.")));
+    assert_int_equal(e->ctx.n_lingering, 1);
+    assert_false(conns_empty(e));
+    assert_true(RUN_UNTIL(e->client.eof || e->client.err));
+    assert_int_equal(e->client.err, 0);
+    assert_false(loopnet_has(&e->client, "answer 1."));
+}
+
 static void test_http10_keepalive_stays_open(void **state)
 {
     struct env *e = *state;
@@ -810,6 +849,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_http10_without_keepalive_closes_after_answer, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_http10_keepalive_stays_open, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_asked_close_closes_without_lingering, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_asked_close_with_bytes_behind_lingers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_request_gets_400_then_lingering_close, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_partial_head_times_out_with_408, setup, teardown),
