@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The Kubernetes backend under load, through the API simulator.
 
-1. Cold start: N concurrent clients (100; 20 with SMOKE=1) hit a model
+1. Cold start: N concurrent clients (100 and 1,000; 20 with SMOKE=1) hit a model
    Deployment at zero replicas, written as the Kubernetes docs write one
    (selector app: llama, no thaw label on the pod template), the kubelet
    probing every 10 s (its default). thaw scales it; the pod's model server
@@ -149,7 +149,8 @@ def cold_start(d, n, server="c", loading="bind-late"):
         api(d, port, "POST", "/apis/apps/v1/namespaces/models/deployments",
             deployment("llama", annotations={"thaw.dev/max-concurrency": str(n),
                                              "thaw.dev/target": str(n)},
-                       tpl_annotations={"sim.thaw.dev/load-ms": "1500",
+                       # long enough for every client to be held first
+                       tpl_annotations={"sim.thaw.dev/load-ms": "1500" if n <= 100 else "3000",
                                         "sim.thaw.dev/token-ms": "0",
                                         "sim.thaw.dev/server": server,
                                         "sim.thaw.dev/loading": loading,
@@ -229,7 +230,8 @@ def main():
     try:
         make_pki(d)
         kinds = [("c", "bind-late"), ("asyncio-model", "bind-late"), ("asyncio-model", "503")]
-        cold = [cold_start(d, 20 if SMOKE else 100, *k) for k in (kinds[1:2] if SMOKE else kinds)]
+        sizes = (20,) if SMOKE else (100, 1000)
+        cold = [cold_start(d, n, *k) for n in sizes for k in (kinds[1:2] if SMOKE else kinds)]
         print("kubernetes cold start (through the API simulator, kubelet probing every 10 s): "
               "pod health OK -> first byte")
         for c in cold:
