@@ -83,6 +83,7 @@ fuzz kubeconfig 6 4096
 fuzz k8s_objects 6 8192
 fuzz execcred 6 2048
 fuzz formscan 6 4096
+fuzz jsonscan 6 4096
 
 step "benchmarks (smoke mode: figures only, never pass/fail on time)"
 SMOKE=1 ./loadtest/bench_proxy.sh || status=1

@@ -46,6 +46,7 @@ struct formscan {
     uint8_t matched; /* delimiter bytes matched so far */
     uint8_t after;   /* bytes read after a delimiter (the "--" of the close, padding) */
     bool part_is_model;
+    bool disposition_seen; /* the current part's Content-Disposition was read */
     bool whole;       /* read to the closing delimiter (formscan_init_whole) */
     bool model_known; /* whole scans: the model field is complete, the rest still read */
     enum formscan_status status;

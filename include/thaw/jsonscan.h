@@ -7,7 +7,9 @@
  * ("mo\u0064el" is "model"). "model" keys inside nested objects or arrays
  * do not count.
  *
- * Everything before the answer is checked as strict JSON (RFC 8259). A scan
+ * Everything before the answer is checked as strict JSON (RFC 8259), in
+ * UTF-8; a \u escape of a lone surrogate is taken as Python's json takes it
+ * (in a model name it can match no configured one). A scan
  * started with jsonscan_init_whole goes on to the end of the body, checking
  * the rest too and refusing a second top-level "model" key: model servers
  * read the last one (Python's json), so a body naming two models would be
@@ -40,6 +42,8 @@ struct jsonscan {
     uint8_t str_kind;     /* what the current string is: skipped, a top-level key, the model */
     uint8_t lit_pos;      /* position inside true/false/null */
     uint8_t hex_left;     /* hex digits of a \u escape still to come (of four) */
+    uint8_t utf8_more;    /* continuation bytes of a raw UTF-8 character still to come */
+    uint8_t utf8_lo, utf8_hi; /* the range the next of them must lie in */
     uint8_t key_pos;      /* how much of "model" the current top-level key matched */
     bool key_mismatch;
     bool key_is_model;    /* the value being read belongs to the first top-level "model" */

@@ -48,6 +48,7 @@ enum reject_reason {
     REJECT_TENANTS_NOT_LOADED, /* tenants.required, from a source not loaded yet */
     REJECT_TRANSFER_CODING,    /* a request body in a transfer coding besides chunked */
     REJECT_DUPLICATE_MODEL,    /* a body naming "model" twice (JSON key or form field) */
+    REJECT_ENCODED_BODY,       /* a body that decides the route, sent with a Content-Encoding */
     REJECT_COUNT
 };
 

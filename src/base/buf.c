@@ -1,4 +1,5 @@
 #include "thaw/buf.h"
+#include "thaw/utf8.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -87,38 +88,6 @@ int buf_printf(struct buf *b, const char *fmt, ...)
     va_end(ap);
     b->len += (size_t)n;
     return 0;
-}
-
-/* The length of the well-formed UTF-8 sequence at s (of n bytes), 0 if
- * none starts there (a stray continuation byte, an overlong form, a
- * surrogate, past U+10FFFF, or cut short). */
-static size_t utf8_sequence(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
-    if (c >= 0xc2 && c <= 0xdf) {
-        len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        len = 3;
-        lo = c == 0xe0 ? 0xa0 : 0x80;
-        hi = c == 0xed ? 0x9f : 0xbf;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4;
-        lo = c == 0xf0 ? 0x90 : 0x80;
-        hi = c == 0xf4 ? 0x8f : 0xbf;
-    } else {
-        return 0;
-    }
-    if (n < len || s[1] < lo || s[1] > hi) {
-        return 0;
-    }
-    for (size_t i = 2; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80) {
-            return 0;
-        }
-    }
-    return len;
 }
 
 /* Client input (a model's name, say) goes into error bodies: bytes that are

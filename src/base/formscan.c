@@ -62,13 +62,18 @@ static size_t param_value(const char *p, size_t n, char *out, size_t cap, size_t
     return i;
 }
 
+enum param_found { PARAM_ABSENT, PARAM_FOUND, PARAM_MALFORMED };
+
 /* Walks "; key=value" parameters from p for the one named key (case-
- * insensitive). True when found and well formed, with its value in out (cap
- * bytes with the NUL). */
-static bool find_param(const char *p, size_t n, const char *key, char *out, size_t cap,
-                       size_t *outlen)
+ * insensitive): its value into out (cap bytes with the NUL). A key given
+ * twice, or also in RFC 2231's extended forms (key*=, key*0=), is
+ * PARAM_MALFORMED: parsers differ on which one counts (python-multipart's
+ * dict keeps the last). */
+static enum param_found find_param(const char *p, size_t n, const char *key, char *out,
+                                   size_t cap, size_t *outlen)
 {
     size_t i = 0, klen = strlen(key);
+    enum param_found found = PARAM_ABSENT;
     while (i < n) {
         while (i < n && (is_ows(p[i]) || p[i] == ';')) {
             i++;
@@ -88,24 +93,31 @@ static bool find_param(const char *p, size_t n, const char *key, char *out, size
         while (i < n && is_ows(p[i])) {
             i++;
         }
-        bool wanted = kend - k == klen && strncasecmp(p + k, key, klen) == 0;
+        bool same = kend - k >= klen && strncasecmp(p + k, key, klen) == 0;
+        if (same && kend - k > klen && p[k + klen] == '*') {
+            return PARAM_MALFORMED;
+        }
+        bool wanted = same && kend - k == klen;
+        if (wanted && found == PARAM_FOUND) {
+            return PARAM_MALFORMED;
+        }
         char scratch[FORMSCAN_LINE_MAX];
         size_t vlen = 0;
         size_t used =
             param_value(p + i, n - i, wanted ? out : scratch, wanted ? cap : sizeof scratch, &vlen);
+        if (used == PARAM_BAD) {
+            return wanted ? PARAM_MALFORMED : found;
+        }
         if (wanted) {
             *outlen = vlen;
-            return used != PARAM_BAD;
-        }
-        if (used == PARAM_BAD) {
-            return false;
+            found = PARAM_FOUND;
         }
         i += used;
         while (i < n && p[i] != ';') {
             i++;
         }
     }
-    return false;
+    return found;
 }
 
 size_t formscan_boundary(const char *ct, size_t len, char *out)
@@ -125,7 +137,8 @@ size_t formscan_boundary(const char *ct, size_t len, char *out)
         return 0; /* "multipart/form-datax" */
     }
     size_t blen = 0;
-    if (!find_param(ct + i, len - i, "boundary", out, FORMSCAN_BOUNDARY_MAX + 1, &blen) ||
+    if (find_param(ct + i, len - i, "boundary", out, FORMSCAN_BOUNDARY_MAX + 1, &blen) !=
+            PARAM_FOUND ||
         blen == 0 || out[blen - 1] == ' ') {
         return 0;
     }
@@ -207,25 +220,37 @@ static bool delim_step(struct formscan *s, char ch)
 }
 
 /* A complete part-header line (CR stripped): notes whether the part is the
- * form field named "model". */
-static void header_line(struct formscan *s, const char *line, size_t n)
+ * form field named "model". Returns why the line makes the part's name
+ * ambiguous, or NULL. */
+static const char *header_line(struct formscan *s, const char *line, size_t n)
 {
     static const char cd[] = "content-disposition:";
-    if (!starts_with(line, n, cd)) {
-        return;
+    if (is_ows(line[0])) {
+        return "folded part header line"; /* obs-fold: parsers differ */
     }
+    if (!starts_with(line, n, cd)) {
+        return NULL;
+    }
+    if (s->disposition_seen) {
+        return "two Content-Disposition headers in a part";
+    }
+    s->disposition_seen = true;
     size_t i = sizeof cd - 1;
     while (i < n && is_ows(line[i])) {
         i++;
     }
     if (!starts_with(line + i, n - i, "form-data")) {
-        return;
+        return NULL;
     }
     i += sizeof "form-data" - 1;
-    char name[8];
+    char name[FORMSCAN_LINE_MAX]; /* any value the line can hold */
     size_t nlen = 0;
-    s->part_is_model = find_param(line + i, n - i, "name", name, sizeof name, &nlen) && nlen == 5 &&
-                       memcmp(name, "model", 5) == 0;
+    enum param_found f = find_param(line + i, n - i, "name", name, sizeof name, &nlen);
+    if (f == PARAM_MALFORMED) {
+        return "ambiguous name parameter in a part's Content-Disposition";
+    }
+    s->part_is_model = f == PARAM_FOUND && nlen == 5 && memcmp(name, "model", 5) == 0;
+    return NULL;
 }
 
 static enum formscan_status headers_byte(struct formscan *s, char ch)
@@ -246,8 +271,8 @@ static enum formscan_status headers_byte(struct formscan *s, char ch)
     }
     s->line_len = 0;
     if (n > 0) {
-        header_line(s, s->line, n);
-        return FORMSCAN_MORE;
+        const char *why = header_line(s, s->line, n);
+        return why ? fail(s, why) : FORMSCAN_MORE;
     }
     if (s->part_is_model && s->model_known) {
         return answer(s, FORMSCAN_DUPLICATE_MODEL);
@@ -320,6 +345,7 @@ static enum formscan_status step(struct formscan *s, char ch)
         s->line_len = 0;
         s->header_bytes = 0;
         s->part_is_model = false;
+        s->disposition_seen = false;
         return FORMSCAN_MORE;
     case F_HEADERS:
         return headers_byte(s, ch);

@@ -1,4 +1,5 @@
 #include "thaw/jsonscan.h"
+#include "thaw/utf8.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -151,10 +152,20 @@ static enum jsonscan_status emit(struct jsonscan *s, uint32_t cp, bool raw_byte)
     return JSONSCAN_MORE;
 }
 
+/* A high surrogate not followed by a low one stands alone: as Python's json
+ * keeps it (JavaScript's JSON.stringify writes one for a string cut inside
+ * a character), in the 3-byte form no UTF-8 name can equal. */
+static enum jsonscan_status flush_high_surrogate(struct jsonscan *s)
+{
+    uint32_t high = s->high_surrogate;
+    s->high_surrogate = 0;
+    return high ? emit(s, high, false) : JSONSCAN_MORE;
+}
+
 static enum jsonscan_status end_string(struct jsonscan *s)
 {
-    if (s->high_surrogate) {
-        return fail(s, "unpaired UTF-16 surrogate in a string");
+    if (flush_high_surrogate(s) != JSONSCAN_MORE) {
+        return s->status;
     }
     switch (s->str_kind) {
     case STR_TOP_KEY: {
@@ -250,22 +261,19 @@ static enum jsonscan_status end_unicode_escape(struct jsonscan *s)
 {
     uint32_t code = s->code;
     s->state = S_STR;
-    if (s->high_surrogate) {
-        if (code < 0xDC00 || code > 0xDFFF) {
-            return fail(s, "unpaired UTF-16 surrogate in a string");
-        }
+    if (s->high_surrogate && code >= 0xDC00 && code <= 0xDFFF) {
         uint32_t cp = 0x10000 + ((s->high_surrogate - 0xD800) << 10) + (code - 0xDC00);
         s->high_surrogate = 0;
         return emit(s, cp, false);
+    }
+    if (flush_high_surrogate(s) != JSONSCAN_MORE) {
+        return s->status;
     }
     if (code >= 0xD800 && code <= 0xDBFF) {
         s->high_surrogate = code;
         return JSONSCAN_MORE;
     }
-    if (code >= 0xDC00 && code <= 0xDFFF) {
-        return fail(s, "unpaired UTF-16 surrogate in a string");
-    }
-    return emit(s, code, false);
+    return emit(s, code, false); /* a lone low surrogate too */
 }
 
 static enum jsonscan_status string_escape(struct jsonscan *s, unsigned char ch)
@@ -279,9 +287,11 @@ static enum jsonscan_status string_escape(struct jsonscan *s, unsigned char ch)
         return JSONSCAN_MORE;
     }
     const char *p = ch ? strchr(from, ch) : NULL;
-    if (!p || s->high_surrogate) {
-        return fail(s, s->high_surrogate ? "unpaired UTF-16 surrogate in a string"
-                                         : "invalid escape in a string");
+    if (!p) {
+        return fail(s, "invalid escape in a string");
+    }
+    if (flush_high_surrogate(s) != JSONSCAN_MORE) {
+        return s->status;
     }
     s->state = S_STR;
     return emit(s, (unsigned char)to[p - from], false);
@@ -289,11 +299,17 @@ static enum jsonscan_status string_escape(struct jsonscan *s, unsigned char ch)
 
 static enum jsonscan_status string_char(struct jsonscan *s, unsigned char ch)
 {
+    if (s->utf8_more) {
+        if (ch < s->utf8_lo || ch > s->utf8_hi) {
+            return fail(s, "invalid UTF-8 in a string");
+        }
+        s->utf8_more--;
+        s->utf8_lo = 0x80;
+        s->utf8_hi = 0xbf;
+        return emit(s, ch, true);
+    }
     if (ch == '"') {
         return end_string(s);
-    }
-    if (s->high_surrogate && ch != '\\') {
-        return fail(s, "unpaired UTF-16 surrogate in a string");
     }
     if (ch == '\\') {
         s->state = S_STR_ESC;
@@ -301,6 +317,12 @@ static enum jsonscan_status string_char(struct jsonscan *s, unsigned char ch)
     }
     if (ch < 0x20) {
         return fail(s, "control character in a string");
+    }
+    if (flush_high_surrogate(s) != JSONSCAN_MORE) {
+        return s->status;
+    }
+    if (ch >= 0x80 && !utf8_lead(ch, &s->utf8_more, &s->utf8_lo, &s->utf8_hi)) {
+        return fail(s, "invalid UTF-8 in a string");
     }
     return emit(s, ch, true);
 }
@@ -465,13 +487,26 @@ static enum jsonscan_status step(struct jsonscan *s, unsigned char ch)
     }
 }
 
-/* Skipped string content: everything up to a quote, a backslash or a
- * control character, in one go. */
+/* Skipped string content: everything up to a quote, a backslash, a control
+ * character, or bytes that are not whole UTF-8 characters (invalid, or cut
+ * by the piece's end: step() reads those), in one go. */
 static size_t skip_plain(const unsigned char *p, size_t n)
 {
     size_t i = 0;
-    while (i < n && p[i] >= 0x20 && p[i] != '"' && p[i] != '\\') {
-        i++;
+    while (i < n) {
+        unsigned char ch = p[i];
+        if (ch < 0x80) {
+            if (ch < 0x20 || ch == '"' || ch == '\\') {
+                break;
+            }
+            i++;
+            continue;
+        }
+        size_t len = utf8_sequence(p + i, n - i);
+        if (len == 0) {
+            break;
+        }
+        i += len;
     }
     return i;
 }
@@ -481,7 +516,8 @@ enum jsonscan_status jsonscan_feed(struct jsonscan *s, const char *data, size_t 
     const unsigned char *p = (const unsigned char *)data;
     size_t i = 0;
     while (i < len && s->status == JSONSCAN_MORE) {
-        if (s->state == S_STR && s->str_kind <= STR_KEY && !s->high_surrogate) {
+        if (s->state == S_STR && s->str_kind <= STR_KEY && !s->high_surrogate &&
+            !s->utf8_more) {
             size_t k = skip_plain(p + i, len - i);
             i += k;
             s->offset += k;

@@ -80,6 +80,10 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_DUPLICATE_MODEL] = {"duplicate_model", 400, false,
                                 "the request body names \"model\" twice (two top-level keys "
                                 "or two form fields); name the model once"},
+    [REJECT_ENCODED_BODY] = {"encoded_body", 415, false,
+                             "the request body is compressed (Content-Encoding), so thaw cannot "
+                             "read the model it names: send it uncompressed, or name the model in "
+                             "a /models/<name>/ path prefix or the Host header"},
 };
 
 const struct reject_info *reject_info(enum reject_reason r)

@@ -1,5 +1,6 @@
 #include "thaw/config.h"
 #include "thaw/jsonpos.h"
+#include "thaw/jsonscan.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -258,6 +259,24 @@ static int check_name_value(struct parser *p, const cJSON *item, const char *pat
     }
     if (check_name(s)) {
         return fail(p, item, path, "may hold only letters, digits, '-', '.' and '_'");
+    }
+    return 0;
+}
+
+/* Aliases are the names requests use (in the body's "model" too), so none
+ * may be longer than a request can name. */
+static int check_aliases(struct parser *p, const cJSON *item, const char *path, void *field)
+{
+    (void)field;
+    size_t i = 0;
+    for (const cJSON *e = item->child; e; e = e->next, i++) {
+        size_t n = strlen(e->valuestring);
+        if (n > JSONSCAN_MODEL_MAX) {
+            char epath[300];
+            snprintf(epath, sizeof epath, "%s[%zu]", path, i);
+            return fail(p, e, epath, "is too long (%zu bytes; a request names at most %d)", n,
+                        JSONSCAN_MODEL_MAX);
+        }
     }
     return 0;
 }
@@ -872,7 +891,8 @@ static const struct conf_key model_keys[] = {
     {.name = "namespace", .type = KEY_STRING, .offset = offsetof(struct config_model, namespace_),
      .def_str = "default", .check = check_name_value},
     K_STRINGS(struct config_model, hosts, check_host),
-    K_STRINGS(struct config_model, aliases, NULL),
+    {.name = "aliases", .type = KEY_STRINGS, .offset = offsetof(struct config_model, aliases),
+     .count_offset = offsetof(struct config_model, n_aliases), .check = check_aliases},
     K_STRINGS(struct config_model, endpoints, check_hostport),
     K_STRINGS(struct config_model, command, NULL),
     {.name = "env", .type = KEY_CUSTOM, .parse = parse_env},

@@ -538,7 +538,7 @@ void conn_reject(struct conn *c, enum reject_reason reason, const char *detail)
         c->handler->on_reject(c, r, reason);
     }
     /* A request whose body was not read leaves the stream out of sync. */
-    if (!r || r->state == REQ_READING || reason == REJECT_TOO_MANY_CONNECTIONS) {
+    if (!r || c->state == CONN_READING || reason == REJECT_TOO_MANY_CONNECTIONS) {
         c->close_after = true;
     }
     if (r && c->handler->reject_in_stream && c->handler->reject_in_stream(c, r, reason, detail)) {

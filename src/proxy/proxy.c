@@ -238,6 +238,10 @@ static int start_body_scan(struct request *r)
 {
     const struct http_head *h = &r->ex.head;
     const char *path = http_target(h) + r->route.path_off;
+    const struct http_header *ce = http_head_find(h, "content-encoding");
+    if (ce && !http_name_eq(http_hvalue(h, ce), ce->value_len, "identity")) {
+        return REJECT_ENCODED_BODY; /* a compressed body names no model thaw can read */
+    }
     if (router_body_kind(path, r->route.path_len) == ROUTE_BODY_FORM) {
         const struct http_header *ct = http_head_find(h, "content-type");
         char boundary[FORMSCAN_BOUNDARY_MAX + 1];
@@ -509,6 +513,15 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
             end_body_scan(r);
         }
         return true; /* the rest of the body is still scanned (scan_rest) */
+    }
+    if (st == ROUTE_DUPLICATE_MODEL) {
+        /* Named in the error as when the route was taken before the second. */
+        size_t len = 0;
+        const char *name = form ? (r->form->model_known ? formscan_model(r->form, &len) : NULL)
+                                : (r->scan->model_known ? jsonscan_model(r->scan, &len) : NULL);
+        if (name) {
+            note_asked_model(r, name, len);
+        }
     }
     end_body_scan(r);
     switch (st) {

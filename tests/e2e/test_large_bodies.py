@@ -182,6 +182,9 @@ def test_model_known_early_answers_before_the_body_ends(thaw_factory, sims):
     (b'{"model":"llama","prompt":"hi"} trailing', 400, "bad_json",
      "unexpected data after the JSON object at byte 32"),
     (b'{"model":"llama","n":[1,2', 400, "bad_json", "the body ends before the JSON does"),
+    # JSON is UTF-8 (RFC 8259 8.1).
+    (b'{"model":"llama","x":"\xff\xfe"}', 400, "bad_json", "invalid UTF-8 in a string at byte 22"),
+    (b'{"model":"llama","x":"caf\xc3\xa9 \xf0\x9f\x98\x80"}', 200, None, None),
 ])
 def test_body_routing_answers(thaw_factory, sims, body, status, kind, detail):
     sim = sims("llama")
@@ -194,6 +197,26 @@ def test_body_routing_answers(thaw_factory, sims, body, status, kind, detail):
         assert err["code"] == kind and r.status == status
         if detail:
             assert detail in err["message"]
+
+
+def test_a_body_refused_once_read_whole_keeps_the_connection(thaw_factory, sims):
+    """Refused when its end shows it is not JSON, a request has been read
+    whole: the connection goes on to the next request (one refused before its
+    body is in closes, as the rest of the body would be out of step)."""
+    sim = sims("llama")
+    t = thaw_factory({"models": [{"name": "llama", "endpoints": [sim.address]}]})
+    s = t.connect()
+    rd = httpc.Reader(s)
+    httpc.send(s, "POST", "/v1/completions", {"Content-Type": "application/json"},
+               b'{"model":"llama","prompt":"hi"')
+    r = rd.response()
+    assert r.status == 400 and r.json()["error"]["code"] == "bad_json", r.body
+    assert r.header("connection") != "close"
+    httpc.send(s, "POST", "/v1/completions", {"Content-Type": "application/json"},
+               b'{"model":"llama","prompt":"hi"}')
+    assert rd.response().status == 200
+    s.close()
+    t.assert_reconciled()
 
 
 def test_model_split_across_chunks_and_reads(thaw_factory, sims):

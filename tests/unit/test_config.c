@@ -386,6 +386,24 @@ static void test_strictness(void **state)
     cfg = parse(text, &err);
     assert_non_null(cfg);
     config_free(cfg);
+    /* An alias a request's body could not name: longer than 256 bytes. */
+    char alias[300];
+    memset(alias, 'x', 257);
+    alias[257] = '\0';
+    snprintf(text, sizeof text,
+             "{\"models\": [{\"name\": \"a\",\n\"aliases\": [\"b\", \"%s\"], "
+             "\"endpoints\": [\"127.0.0.1:1\"]}]}",
+             alias);
+    expect_error(text, "test.json:2: models[0].aliases[1]: is too long (257 bytes; a request "
+                       "names at most 256)");
+    alias[256] = '\0';
+    snprintf(text, sizeof text,
+             "{\"models\": [{\"name\": \"a\", \"aliases\": [\"%s\"], "
+             "\"endpoints\": [\"127.0.0.1:1\"]}]}",
+             alias);
+    cfg = parse(text, &err);
+    assert_non_null(cfg);
+    config_free(cfg);
     expect_error("{\"models\": [\n{\"name\": \"a\",\n \"endpoints\": [\"127.0.0.1:1\",\n"
                  " \"no-such-host.invalid:80\"]}]}",
                  "test.json:4: models[0].endpoints[1]: host \"no-such-host.invalid\" does not "

@@ -155,6 +155,56 @@ static void test_invalid(void **state)
     assert_string_equal(o.error, "unexpected byte after a boundary at byte 3");
 }
 
+/* A part whose name parsers read differently is refused, wherever it is: a
+ * second name parameter (python-multipart keeps the last, others the
+ * first), RFC 2231's name*=, a folded header line, two Content-Disposition
+ * headers. Other long names are only not "model". */
+static void expect_ambiguous(const char *headers, const char *error)
+{
+    char body[512];
+    snprintf(body, sizeof body,
+             "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n"
+             "--b\r\n%s\r\n\r\nx\r\n--b--\r\n",
+             headers);
+    whole_scan = true;
+    struct outcome o = scan_str("b", body);
+    whole_scan = false;
+    if (o.status != FORMSCAN_INVALID || strncmp(o.error, error, strlen(error)) != 0) {
+        fail_msg("%s: status %d, error \"%s\"", headers, o.status, o.error);
+    }
+    /* Before the model field as well, in any scan. */
+    snprintf(body, sizeof body, "--b\r\n%s\r\n\r\nx\r\n--b--\r\n", headers);
+    o = scan_str("b", body);
+    if (o.status != FORMSCAN_INVALID || strncmp(o.error, error, strlen(error)) != 0) {
+        fail_msg("%s first: status %d, error \"%s\"", headers, o.status, o.error);
+    }
+}
+
+static void test_ambiguous_part_names(void **state)
+{
+    const char *twice = "ambiguous name parameter in a part's Content-Disposition";
+    expect_ambiguous("Content-Disposition: form-data; name=\"x\"; name=\"model\"", twice);
+    expect_ambiguous("Content-Disposition: form-data; NAME=model; name=x", twice);
+    expect_ambiguous("Content-Disposition: form-data; name*=UTF-8''model", twice);
+    expect_ambiguous("Content-Disposition: form-data; name*0=\"mo\"; name*1=\"del\"", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=\"model", twice);
+    expect_ambiguous("Content-Disposition: form-data;\r\n name=\"model\"",
+                     "folded part header line");
+    expect_ambiguous("Content-Disposition: form-data; name=\"x\"\r\n"
+                     "Content-Disposition: form-data; name=\"model\"",
+                     "two Content-Disposition headers in a part");
+    /* Not ambiguous: long names, filename*, names that only start alike. */
+    whole_scan = true;
+    struct outcome o = scan_str(
+        "b", "--b\r\nContent-Disposition: form-data; name=\"a_rather_long_field_name_here\"; "
+             "filename*=UTF-8''a%20b.wav\r\n\r\nx\r\n--b\r\n"
+             "Content-Disposition: form-data; name=\"modelx\"; names=\"model\"\r\n\r\ny\r\n"
+             "--b\r\nContent-Disposition: form-data; name=model\r\n\r\nm\r\n--b--");
+    whole_scan = false;
+    assert_int_equal(o.status, FORMSCAN_MODEL);
+    assert_string_equal(o.model, "m");
+}
+
 static void test_bounds(void **state)
 {
     /* A model value longer than the bound. */
@@ -227,6 +277,11 @@ static void test_boundary_param(void **state)
     assert_int_equal(formscan_boundary(ct, strlen(ct), b), 0);
     ct = "multipart/form-data; boundary=";
     assert_int_equal(formscan_boundary(ct, strlen(ct), b), 0);
+    /* Two boundaries: parsers differ on which one counts. */
+    ct = "multipart/form-data; boundary=AAAA; boundary=BBBB";
+    assert_int_equal(formscan_boundary(ct, strlen(ct), b), 0);
+    ct = "multipart/form-data; boundary=AAAA; BOUNDARY=\"AAAA\"";
+    assert_int_equal(formscan_boundary(ct, strlen(ct), b), 0);
     char longer[200];
     snprintf(longer, sizeof longer, "multipart/form-data; boundary=%071d", 0);
     assert_int_equal(formscan_boundary(longer, strlen(longer), b), 0);
@@ -273,6 +328,7 @@ int main(void)
         cmocka_unit_test(test_no_model),       cmocka_unit_test(test_invalid),
         cmocka_unit_test(test_bounds),         cmocka_unit_test(test_large_part),
         cmocka_unit_test(test_boundary_param), cmocka_unit_test(test_whole_form),
+        cmocka_unit_test(test_ambiguous_part_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "thaw/http.h"
+#include "thaw/metrics.h"
 
 static struct http_limits lim = {1024, 8, 100};
 
@@ -322,6 +323,17 @@ static void test_response_modes(void **state)
     ctx_dispose(&c);
 }
 
+/* Every status thaw answers a request with has its reason phrase. */
+static void test_every_rejection_status_has_a_reason_phrase(void **state)
+{
+    for (int r = 0; r < REJECT_COUNT; r++) {
+        int status = reject_info((enum reject_reason)r)->status;
+        if (strcmp(http_reason_phrase(status), "Unknown") == 0) {
+            fail_msg("no reason phrase for %d (%s)", status, reject_info((enum reject_reason)r)->name);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -334,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_expect_and_tokens),
         cmocka_unit_test(test_hop_by_hop),
         cmocka_unit_test(test_response_modes),
+        cmocka_unit_test(test_every_rejection_status_has_a_reason_phrase),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

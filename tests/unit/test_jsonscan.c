@@ -141,6 +141,20 @@ static void test_escapes(void **state)
     expect_model("{\"model\":\"a\\u0000b\"}", "a\0b", 3);
 }
 
+/* Lone surrogate escapes are valid JSON grammar, and Python's json keeps
+ * them (JavaScript writes them for a string cut inside a character): taken,
+ * and in a model name they match nothing UTF-8. Raw UTF-8 passes whole. */
+static void test_lone_surrogates_and_utf8(void **state)
+{
+    expect_status("{\"a\":\"\\ud83d\"}", JSONSCAN_NO_MODEL);
+    expect_status("{\"a\":\"\\ud83dx\\ude00\\n\"}", JSONSCAN_NO_MODEL);
+    expect_status("{\"a\":\"\\ud83d\\ud83d\\ude00\"}", JSONSCAN_NO_MODEL);
+    expect_model("{\"a\":\"\\ude00\",\"model\":\"m\"}", "m", 1);
+    expect_model("{\"model\":\"\\ud83d\\u0041\"}", "\xed\xa0\xbd" "A", 4);
+    expect_model("{\"model\":\"x\\ud83d\"}", "x\xed\xa0\xbd", 4);
+    expect_model("{\"p\":\"\xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80 caf\xc3\xa9\",\"model\":\"m\"}", "m", 1);
+}
+
 static void test_nested_decoys(void **state)
 {
     expect_model("{\"a\":{\"model\":\"x\"},\"b\":[{\"model\":\"y\"},[\"model\"]],"
@@ -204,11 +218,16 @@ static void test_bad_input(void **state)
     expect_invalid("{\"a\":+1}", "expected a JSON value at byte 5");
     expect_invalid("{\"a\":\"\\x\"}", "invalid escape in a string at byte 7");
     expect_invalid("{\"a\":\"\\u12G4\"}", "invalid \\u escape in a string at byte 10");
-    expect_invalid("{\"a\":\"\\ud83d\"}", "unpaired UTF-16 surrogate in a string at byte 12");
-    expect_invalid("{\"a\":\"\\ud83dx\"}", "unpaired UTF-16 surrogate in a string at byte 12");
-    expect_invalid("{\"a\":\"\\ude00\"}", "unpaired UTF-16 surrogate in a string at byte 11");
-    expect_invalid("{\"model\":\"\\ud83d\\u0041\"}",
-                   "unpaired UTF-16 surrogate in a string at byte 21");
+    /* Bytes that are not UTF-8 (RFC 8259 8.1), wherever they are. */
+    expect_invalid("{\"a\":\"\xff\"}", "invalid UTF-8 in a string at byte 6");
+    expect_invalid("{\"a\":\"x\x80\"}", "invalid UTF-8 in a string at byte 7");
+    expect_invalid("{\"a\":\"\xc1\xa4\"}", "invalid UTF-8 in a string at byte 6"); /* overlong */
+    expect_invalid("{\"a\":\"\xe0\x80\xaf\"}", "invalid UTF-8 in a string at byte 7");
+    expect_invalid("{\"a\":\"\xed\xa0\x80\"}", "invalid UTF-8 in a string at byte 7");
+    expect_invalid("{\"a\":\"\xf4\x90\x80\x80\"}", "invalid UTF-8 in a string at byte 7");
+    expect_invalid("{\"a\":\"\xe2\x82\"}", "invalid UTF-8 in a string at byte 8"); /* cut */
+    expect_invalid("{\"\xfe\":1}", "invalid UTF-8 in a string at byte 2");
+    expect_invalid("{\"model\":\"m\xc3\"}", "invalid UTF-8 in a string at byte 12");
     expect_invalid("{\"a\":\"x\ny\"}", "control character in a string at byte 7");
     expect_invalid("{\"a\":1}x", "unexpected data after the JSON object at byte 7");
     expect_invalid("{\"a\":1}{}", "unexpected data after the JSON object at byte 7");
@@ -354,7 +373,7 @@ int main(void)
         cmocka_unit_test(test_nested_decoys),        cmocka_unit_test(test_stops_early),
         cmocka_unit_test(test_bad_input),            cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_large_skipped_string), cmocka_unit_test(test_other_key),
-        cmocka_unit_test(test_whole_body),
+        cmocka_unit_test(test_whole_body), cmocka_unit_test(test_lone_surrogates_and_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -199,6 +199,24 @@ static void test_thaw_annotations(void **state)
     assert_string_equal(s.errors, "");
 }
 
+/* An alias no request could name (over 256 bytes) is said, in the Event. */
+static void test_an_alias_too_long_to_name_is_said(void **state)
+{
+    struct k8s_model_spec s;
+    char anns[600];
+    char alias[300];
+    memset(alias, 'x', 257);
+    alias[257] = '\0';
+    snprintf(anns, sizeof anns, "{\"thaw.dev/aliases\":\"ok, %s\"}", alias);
+    assert_int_equal(parse(anns, "", &s), 0);
+    assert_non_null(strstr(s.errors, "thaw.dev/aliases: \"ok, xxx"));
+    assert_non_null(strstr(s.errors, "longer than 256 bytes"));
+    alias[256] = '\0';
+    snprintf(anns, sizeof anns, "{\"thaw.dev/aliases\":\"ok, %s\"}", alias);
+    assert_int_equal(parse(anns, "", &s), 0);
+    assert_string_equal(s.errors, "");
+}
+
 static void test_knative_aliases_and_precedence(void **state)
 {
     struct k8s_model_spec s;
@@ -1218,6 +1236,7 @@ int main(void)
         cmocka_unit_test(test_sleep_mode_annotations),
         cmocka_unit_test(test_revision_annotations),
         cmocka_unit_test(test_knative_aliases_and_precedence),
+        cmocka_unit_test(test_an_alias_too_long_to_name_is_said),
         cmocka_unit_test(test_bad_values_keep_defaults_and_say_why),
         cmocka_unit_test(test_not_a_deployment),
         cmocka_unit_test(test_every_setting_as_an_annotation),

@@ -3,6 +3,7 @@
 #include "thaw/k8s/informer.h"
 #include "thaw/k8s/objects.h"
 #include "thaw/k8s/json.h"
+#include "thaw/jsonscan.h"
 #include "thaw/rollout.h"
 
 #include <ctype.h>
@@ -62,6 +63,19 @@ int k8s_parse_duration_ms(const char *s, uint64_t *out)
     }
     *out = total;
     return 0;
+}
+
+/* The longest name in a list separated by commas or spaces. */
+static size_t longest_name(const char *list)
+{
+    size_t longest = 0;
+    while (*list) {
+        size_t n = strcspn(list, ", ");
+        longest = n > longest ? n : longest;
+        list += n;
+        list += strspn(list, ", ");
+    }
+    return longest;
 }
 
 static void add_error(struct k8s_model_spec *o, const char *key, const char *value,
@@ -467,6 +481,9 @@ static void read_routing(const struct ann_src *anns, struct k8s_model_spec *o)
     copy_str(o->hosts, sizeof o->hosts, v);
     v = annotation(anns, "thaw.dev/aliases", NULL, &used);
     copy_str(o->aliases, sizeof o->aliases, v);
+    if (v && longest_name(v) > JSONSCAN_MODEL_MAX) {
+        add_error(o, used, v, "names an alias longer than 256 bytes, which no request can name");
+    }
 }
 
 static bool read_bool(const struct ann_src *anns, const char *key, bool *field,
