@@ -239,10 +239,14 @@ static const char *header_line(struct formscan *s, const char *line, size_t n)
     while (i < n && is_ows(line[i])) {
         i++;
     }
-    if (!starts_with(line + i, n - i, "form-data")) {
-        return NULL;
+    /* RFC 7578 4.2: form-data, always. Some parsers (python-multipart) read
+     * the name of any disposition, others none but form-data's. */
+    size_t t = sizeof "form-data" - 1;
+    if (!starts_with(line + i, n - i, "form-data") ||
+        (i + t < n && line[i + t] != ';' && !is_ows(line[i + t]))) {
+        return "a part's Content-Disposition is not form-data";
     }
-    i += sizeof "form-data" - 1;
+    i += t;
     char name[FORMSCAN_LINE_MAX]; /* any value the line can hold */
     size_t nlen = 0;
     enum param_found f = find_param(line + i, n - i, "name", name, sizeof name, &nlen);

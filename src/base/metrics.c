@@ -76,7 +76,8 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_TRANSFER_CODING] = {"transfer_coding_not_implemented", 501, false,
                                 "the request's Transfer-Encoding names a coding besides "
                                 "chunked, which thaw does not decode (compress with "
-                                "Content-Encoding instead)"},
+                                "Content-Encoding instead, naming the model in the path or "
+                                "Host)"},
     [REJECT_DUPLICATE_MODEL] = {"duplicate_model", 400, false,
                                 "the request body names \"model\" twice (two top-level keys "
                                 "or two form fields); name the model once"},

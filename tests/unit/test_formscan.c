@@ -193,6 +193,10 @@ static void test_ambiguous_part_names(void **state)
     expect_ambiguous("Content-Disposition: form-data; name=\"x\"\r\n"
                      "Content-Disposition: form-data; name=\"model\"",
                      "two Content-Disposition headers in a part");
+    expect_ambiguous("Content-Disposition: attachment; name=\"model\"",
+                     "a part's Content-Disposition is not form-data");
+    expect_ambiguous("Content-Disposition: form-datax; name=\"model\"",
+                     "a part's Content-Disposition is not form-data");
     /* Not ambiguous: long names, filename*, names that only start alike. */
     whole_scan = true;
     struct outcome o = scan_str(
