@@ -9,6 +9,7 @@
 #include <curl/curl.h>
 
 static void start_list(struct k8s_informer *inf);
+static void request_page(struct k8s_informer *inf);
 static void start_watch(struct k8s_informer *inf);
 
 void k8s_object_key(const cJSON *obj, char *out, size_t len)
@@ -90,6 +91,17 @@ static void remove_by_key(struct k8s_informer *inf, const char *key)
     cJSON_Delete(key_only);
 }
 
+/* Forgets the list under way (its pages so far and its continue token). */
+static void end_listing(struct k8s_informer *inf)
+{
+    if (inf->listing) {
+        strmap_dispose(&inf->listed);
+        inf->listing = false;
+    }
+    free(inf->cont);
+    inf->cont = NULL;
+}
+
 int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t len)
 {
     cJSON *root = cJSON_ParseWithLength(body, len);
@@ -98,19 +110,30 @@ int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t l
         cJSON_Delete(root);
         return -1;
     }
-    struct strmap seen;
-    strmap_init(&seen);
+    if (!inf->listing) {
+        strmap_init(&inf->listed);
+        inf->listing = true;
+    }
+    inf->list_pages++;
     const cJSON *it;
     cJSON_ArrayForEach(it, items)
     {
         char key[600];
         k8s_object_key(it, key, sizeof key);
-        strmap_put(&seen, key, strlen(key), (void *)1);
+        strmap_put(&inf->listed, key, strlen(key), (void *)1);
         strmap_put(&inf->known, key, strlen(key), (void *)1);
         inf->ops->upsert(inf->ud, it);
     }
+    const char *cont = k8s_get_string(root, "metadata.continue");
+    if (cont && *cont) {
+        char *copy = strdup(cont);
+        cJSON_Delete(root);
+        free(inf->cont);
+        inf->cont = copy;
+        return copy ? 1 : -1;
+    }
     /* Whatever we knew that the list no longer has went away meanwhile. */
-    struct sweep sw = {inf, &seen, NULL, 0, 0};
+    struct sweep sw = {inf, &inf->listed, NULL, 0, 0};
     strmap_each(&inf->known, collect_gone, &sw);
     for (size_t i = 0; i < sw.n_gone; i++) {
         if (sw.gone[i]) {
@@ -120,7 +143,7 @@ int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t l
         }
     }
     free(sw.gone);
-    strmap_dispose(&seen);
+    end_listing(inf);
     const char *rv = k8s_get_string(root, "metadata.resourceVersion");
     snprintf(inf->rv, sizeof inf->rv, "%s", rv ? rv : "");
     cJSON_Delete(root);
@@ -139,17 +162,27 @@ static void on_list(void *ud, long status, const char *body, size_t len, const c
 {
     struct k8s_informer *inf = ud;
     inf->call = NULL;
+    if (status == 410 && inf->cont) {
+        /* The continue token outlived the server's history: list anew. */
+        LOGI("kubernetes list page expired (410 Gone): listing again", "resource=%s",
+             inf->name);
+        start_list(inf);
+        return;
+    }
     if (status != 200) {
         char why[200];
         snprintf(why, sizeof why, "list: %s (HTTP %ld)", err ? err : "error", status);
         retry_later(inf, why);
         return;
     }
-    if (k8s_informer_apply_list(inf, body, len)) {
+    int rc = k8s_informer_apply_list(inf, body, len);
+    if (rc < 0) {
         retry_later(inf, "list: not a list object");
-        return;
+    } else if (rc > 0) {
+        request_page(inf);
+    } else {
+        start_watch(inf);
     }
-    start_watch(inf);
 }
 
 int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t len)
@@ -248,18 +281,29 @@ static void build_path(struct k8s_informer *inf, char *out, size_t len, bool wat
                  "&resourceVersion=%s%s",
                  inf->path, inf->watch_timeout_s, inf->rv, sel);
     } else {
-        snprintf(out, len, "%s%s%s", inf->path, sel[0] ? "?" : "", sel[0] ? sel + 1 : "");
+        char *cont = inf->cont ? curl_easy_escape(NULL, inf->cont, 0) : NULL;
+        snprintf(out, len, "%s?limit=%d%s%s%s", inf->path, K8S_LIST_PAGE, cont ? "&continue=" : "",
+                 cont ? cont : "", sel);
+        curl_free(cont);
     }
 }
 
-static void start_list(struct k8s_informer *inf)
+/* Asks for the list's next page (its first when no continue token is kept). */
+static void request_page(struct k8s_informer *inf)
 {
-    char path[2048];
+    char path[4096];
     build_path(inf, path, sizeof path, false);
     inf->call = k8s_request(inf->client, "GET", path, NULL, NULL, 0, 60000, on_list, inf);
     if (!inf->call) {
         retry_later(inf, "out of memory");
     }
+}
+
+/* A list from its first page; one under way is dropped. */
+static void start_list(struct k8s_informer *inf)
+{
+    end_listing(inf);
+    request_page(inf);
 }
 
 static void start_watch(struct k8s_informer *inf)
@@ -307,6 +351,7 @@ void k8s_informer_dispose(struct k8s_informer *inf)
     k8s_call_cancel(inf->call);
     inf->call = NULL;
     event_del(&inf->retry);
+    end_listing(inf);
     strmap_dispose(&inf->known);
     free(inf->name);
     free(inf->path);

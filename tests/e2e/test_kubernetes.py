@@ -324,6 +324,43 @@ def test_python_client_lists_and_watches(cluster, tmp_path):
     assert code == 409 and st["kind"] == "Status" and st["reason"] == "Conflict"
 
 
+def test_lists_come_in_pages_to_kubectl_the_python_client_and_thaw(cluster, thaw_factory,
+                                                                    tmp_path):
+    """520 model Deployments: the simulator pages lists as the API server
+    does (limit, continue; an expired token is 410), kubectl and the Python
+    client follow the pages, and thaw reads them in pages of 500 and knows
+    every model."""
+    from kubernetes import client, config
+    sim = cluster()
+    n = 520
+    for i in range(n):
+        sim.create_deployment(deployment(f"m{i:03d}"))
+    config.load_kube_config(sim.kubeconfig(str(tmp_path / "kc")))
+    apps = client.AppsV1Api()
+    first = apps.list_namespaced_deployment("models", limit=200)
+    assert len(first.items) == 200 and first.metadata._continue
+    second = apps.list_namespaced_deployment("models", limit=200,
+                                             _continue=first.metadata._continue)
+    assert second.items[0].metadata.name == "m200" and second.metadata._continue
+    assert second.metadata.resource_version == first.metadata.resource_version
+    sim.faults(compact=True)
+    with pytest.raises(client.exceptions.ApiException) as e:
+        apps.list_namespaced_deployment("models", limit=200, _continue=second.metadata._continue)
+    assert e.value.status == 410
+    if os.path.exists(KUBECTL):
+        r = subprocess.run([KUBECTL, "--kubeconfig", str(tmp_path / "kc"), "get", "deployments",
+                            "-n", "models", "--chunk-size=128", "-o", "name"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert len(r.stdout.split()) == n
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, timeout=30, what="informers synced")
+    st = t.status()
+    assert len(st["models"]) == n
+    deps = [i for i in st["kubernetes"]["informers"] if i["resource"] == "deployments"]
+    assert deps and deps[0]["list_pages"] == 2 and deps[0]["lists"] == 1, deps
+
+
 # --- thaw's Kubernetes backend -------------------------------------------------
 
 def test_scale_from_zero_with_100_held_requests(cluster, thaw_factory, tmp_path):

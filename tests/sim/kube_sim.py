@@ -21,7 +21,9 @@ env, volumes, conditions... merged by their keys; $patch, $setElementOrder,
 $retainKeys, $deleteFromPrimitiveList directives) and JSON patch. Writes to an
 object ignore its status (and /status writes only its status), as the real
 server does for kinds with a status subresource; metadata.generation moves
-when the spec does. Lists carry resourceVersion; watches stream one JSON
+when the spec does. Lists carry resourceVersion and are paged when asked
+(limit, continue; a token older than the retained history is 410 Expired);
+watches stream one JSON
 event per line (chunked) with BOOKMARKs when asked (allowWatchBookmarks) and
 end after timeoutSeconds; label selectors (=, ==, !=, exists, !exists, in,
 notin) and field selectors (metadata.name, metadata.namespace, spec.nodeName,
@@ -423,6 +425,36 @@ def _strip_directives(v):
     return v
 
 
+def list_page(store, plural, ns, kind, apiv, lsel, fsel, q):
+    """A list response, paged as the apiserver pages it (limit and continue):
+    the items after the continue token's key, at most limit of them, with a
+    continue token while more remain. A token whose resourceVersion is older
+    than the retained history is 410 Expired, as a compacted etcd makes it."""
+    limit = int(q.get("limit") or 0)
+    token = q.get("continue")
+    after, start_rv = None, None
+    if token:
+        try:
+            t = json.loads(base64.urlsafe_b64decode(token.encode()))
+            start_rv, after = int(t["rv"]), (t["after"][0], t["after"][1])
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise ApiError(400, "BadRequest", "invalid continue token")
+        if start_rv < store.compacted_rv:
+            raise ApiError(410, "Expired", "The provided continue parameter is too old to "
+                           "display a consistent list result. You can start a new list "
+                           "without the continue parameter.")
+    items, rv = store.list(plural, ns, lsel, fsel, after, limit)
+    if start_rv is not None:
+        rv = str(start_rv)
+    md = {"resourceVersion": rv}
+    if limit > 0 and len(items) > limit:
+        items = items[:limit]
+        last = items[-1]["metadata"]
+        md["continue"] = base64.urlsafe_b64encode(json.dumps(
+            {"rv": int(rv), "after": [last.get("namespace", ""), last["name"]]}).encode()).decode()
+    return {"kind": kind + "List", "apiVersion": apiv, "metadata": md, "items": items}
+
+
 def _merge_list(cur, patch, key):
     if key == "port" and any(isinstance(i, dict) and "containerPort" in i for i in cur + patch):
         key = "containerPort"
@@ -799,11 +831,19 @@ class Store:
             self._record(plural, "DELETED", cur)
             return copy.deepcopy(cur)
 
-    def list(self, plural, ns, lsel, fsel):
+    def list(self, plural, ns, lsel, fsel, after=None, limit=0):
+        """Copies of the objects selected, in key order: those after the key
+        `after` only, and at most limit + 1 of them (limit > 0), so a page
+        costs its own size; with the current resourceVersion."""
         with self.lock:
-            items = [copy.deepcopy(o) for (n, _), o in sorted(self._table(plural).items())
-                     if (ns is None or n == ns) and lsel(o["metadata"].get("labels"))
-                     and fsel(o)]
+            items = []
+            for (n, name), o in sorted(self._table(plural).items()):
+                if after is not None and (n, name) <= after:
+                    continue
+                if (ns is None or n == ns) and lsel(o["metadata"].get("labels")) and fsel(o):
+                    items.append(copy.deepcopy(o))
+                    if limit > 0 and len(items) > limit:
+                        break
             return items, str(self.rv)
 
     def all(self, plural):
@@ -2571,11 +2611,9 @@ class Handler(BaseHTTPRequestHandler):
             if method == "GET":
                 if (q.get("watch") or "").lower() in ("true", "1"):
                     return self.watch(plural, ns, q, kind, apiv)
-                items, rv = store.list(plural, ns, parse_label_selector(q.get("labelSelector")),
-                                       parse_field_selector(q.get("fieldSelector")))
-                return self.send_json(200, {"kind": kind + "List", "apiVersion": apiv,
-                                            "metadata": {"resourceVersion": rv},
-                                            "items": items})
+                return self.send_json(200, list_page(
+                    store, plural, ns, kind, apiv, parse_label_selector(q.get("labelSelector")),
+                    parse_field_selector(q.get("fieldSelector")), q))
             if method == "POST":
                 obj = self.body() or {}
                 if not isinstance(obj, dict):

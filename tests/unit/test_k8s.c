@@ -1120,6 +1120,40 @@ static void test_informer_without_network(void **state)
     event_base_free(base);
 }
 
+/* A list in pages (limit and continue): the continue token is kept for the
+ * next page, nothing is swept until the last, and what no page had is gone. */
+static void test_informer_list_in_pages(void **state)
+{
+    static const struct k8s_informer_ops ops = {note_upsert, note_remove, NULL};
+    struct seen_objects seen = {0};
+    struct event_base *base = event_base_new();
+    struct k8s_informer inf;
+    k8s_informer_init(&inf, NULL, base, "pods", "/api/v1/pods", NULL, &ops, &seen);
+    const char *before = "{\"metadata\":{\"resourceVersion\":\"5\"},\"items\":["
+                         "{\"metadata\":{\"name\":\"a\",\"namespace\":\"m\"}},"
+                         "{\"metadata\":{\"name\":\"x\",\"namespace\":\"m\"}},"
+                         "{\"metadata\":{\"name\":\"z\",\"namespace\":\"m\"}}]}";
+    assert_int_equal(k8s_informer_apply_list(&inf, before, strlen(before)), 0);
+    assert_null(inf.cont);
+    const char *page1 = "{\"metadata\":{\"resourceVersion\":\"9\",\"continue\":\"tok1\","
+                        "\"remainingItemCount\":1},\"items\":["
+                        "{\"metadata\":{\"name\":\"a\",\"namespace\":\"m\"}}]}";
+    assert_int_equal(k8s_informer_apply_list(&inf, page1, strlen(page1)), 1);
+    assert_string_equal(inf.cont, "tok1");
+    assert_int_equal(seen.n_rm, 0); /* x and z may still come */
+    assert_int_equal(seen.n_up, 4);
+    const char *page2 = "{\"metadata\":{\"resourceVersion\":\"9\"},\"items\":["
+                        "{\"metadata\":{\"name\":\"z\",\"namespace\":\"m\"}}]}";
+    assert_int_equal(k8s_informer_apply_list(&inf, page2, strlen(page2)), 0);
+    assert_null(inf.cont);
+    assert_string_equal(inf.rv, "9");
+    assert_int_equal(seen.n_rm, 1);
+    assert_string_equal(seen.removed[0], "m/x");
+    assert_int_equal(inf.list_pages, 3);
+    k8s_informer_dispose(&inf);
+    event_base_free(base);
+}
+
 /* A kubeconfig from memory: relative paths are relative to the name given. */
 static void test_kubeconfig_text(void **state)
 {
@@ -1263,6 +1297,7 @@ int main(void)
         cmocka_unit_test(test_kubeconfig),
         cmocka_unit_test(test_exec_credential),
         cmocka_unit_test(test_informer_without_network),
+        cmocka_unit_test(test_informer_list_in_pages),
         cmocka_unit_test(test_kubeconfig_text),
         cmocka_unit_test(test_in_cluster),
         cmocka_unit_test(test_backoff_is_capped_and_jittered),

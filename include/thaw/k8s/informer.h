@@ -5,7 +5,10 @@
  * the last resourceVersion; failures back off (k8s_backoff_ms). After a
  * relist, objects the list no longer has are reported removed, so a watch
  * event missed while disconnected is never missed for good.
- * The informer keeps only keys and resourceVersions, not objects. */
+ * Lists are read in pages of K8S_LIST_PAGE objects (limit and continue, as
+ * client-go's pager does), so a namespace of thousands of Deployments never
+ * sits in memory whole; an expired continue token (410) starts the list
+ * again. The informer keeps only keys and resourceVersions, not objects. */
 #ifndef THAW_K8S_INFORMER_H
 #define THAW_K8S_INFORMER_H
 
@@ -19,6 +22,8 @@
 #include "thaw/k8s/client.h"
 #include "thaw/k8s/json.h"
 #include "thaw/strmap.h"
+
+#define K8S_LIST_PAGE 500
 
 struct k8s_informer_ops {
     void (*upsert)(void *ud, const cJSON *obj);
@@ -39,11 +44,16 @@ struct k8s_informer {
     struct event retry;
     char rv[64];
     struct strmap known; /* "ns/name" -> (unused) */
+    /* The list under way: its continue token (NULL: on its first page, or
+     * none under way) and the keys its pages have had so far. */
+    char *cont;
+    struct strmap listed;
+    bool listing;
     bool synced;
     bool relist_needed;
     unsigned failures;
     long watch_timeout_s;
-    uint64_t relists, watch_restarts, errors, events;
+    uint64_t relists, list_pages, watch_restarts, errors, events;
     char last_error[200];
 };
 
@@ -56,8 +66,9 @@ void k8s_informer_set_field_selector(struct k8s_informer *inf, const char *field
 void k8s_informer_start(struct k8s_informer *inf);
 void k8s_informer_dispose(struct k8s_informer *inf);
 /* What the list and watch responses do, without the network (also used by
- * tests and fuzzing). apply_list: a list response body; 0, or -1 when it is
- * not a list (nothing changed). apply_event: one watch event line; non-zero
+ * tests and fuzzing). apply_list: a list response body (a page of one);
+ * 0 when the list is complete, 1 when a continue token says more pages
+ * follow (kept in cont), or -1 when it is not a list (nothing changed). apply_event: one watch event line; non-zero
  * when the watch should end (an ERROR event). */
 int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t len);
 int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t len);

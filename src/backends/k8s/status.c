@@ -249,6 +249,7 @@ static void add_informer(cJSON *arr, const struct k8s_informer *inf, const char 
     cJSON_AddBoolToObject(j, "synced", inf->synced);
     cJSON_AddStringToObject(j, "resource_version", inf->rv);
     cJSON_AddNumberToObject(j, "lists", (double)inf->relists);
+    cJSON_AddNumberToObject(j, "list_pages", (double)inf->list_pages);
     cJSON_AddNumberToObject(j, "watch_restarts", (double)inf->watch_restarts);
     cJSON_AddNumberToObject(j, "errors", (double)inf->errors);
     cJSON_AddNumberToObject(j, "events", (double)inf->events);
