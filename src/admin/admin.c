@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -821,6 +822,9 @@ static void status_cold_start(const struct model *m, uint64_t now, cJSON *jm)
     }
 }
 
+/* A /status this large gives its memory back when answered. */
+#define ADMIN_TRIM_BYTES (1024 * 1024)
+
 static void render_status(struct admin_ctx *adm, struct buf *out)
 {
     cJSON *root = cJSON_CreateObject();
@@ -940,6 +944,12 @@ static void admin_on_request(struct conn *c, struct exchange *x)
     } else if (http_name_eq(target, len, "/status")) {
         render_status(adm, &body);
         conn_respond(c, 200, "application/json", body.data, body.len, NULL);
+        if (body.len > ADMIN_TRIM_BYTES) {
+            /* The tree of thousands of models is freed: hand its pages back
+             * (as they sit above the heap's live data, they would stay). */
+            buf_dispose(&body);
+            malloc_trim(0);
+        }
     } else {
         buf_append_str(&body, "{\"error\":{\"type\":\"not_found\",\"message\":\"admin paths: "
                               "/healthz /readyz /metrics /status\",\"code\":404}}\n");
