@@ -44,7 +44,6 @@ struct formscan {
     uint8_t state;
     uint8_t delim_len;
     uint8_t matched; /* delimiter bytes matched so far */
-    uint8_t after;   /* bytes read after a delimiter (the "--" of the close, padding) */
     bool part_is_model;
     bool disposition_seen; /* the current part's Content-Disposition was read */
     bool whole;       /* read to the closing delimiter (formscan_init_whole) */

@@ -7,9 +7,11 @@
  * ("mo\u0064el" is "model"). "model" keys inside nested objects or arrays
  * do not count.
  *
- * Everything before the answer is checked as strict JSON (RFC 8259), in
- * UTF-8; a \u escape of a lone surrogate is taken as Python's json takes it
- * (in a model name it can match no configured one). A scan
+ * Everything before the answer is checked as JSON (RFC 8259) in UTF-8, with
+ * what Python's json (the servers') also takes: a leading byte order mark,
+ * NaN, Infinity and -Infinity, lone surrogates (escaped, or encoded as
+ * surrogatepass decodes them; in a model name they match no configured
+ * one). A scan
  * started with jsonscan_init_whole goes on to the end of the body, checking
  * the rest too and refusing a second top-level "model" key: model servers
  * read the last one (Python's json), so a body naming two models would be
@@ -53,6 +55,7 @@ struct jsonscan {
     bool key_is_true;     /* the key's value was the literal true */
     bool whole;           /* read to the end of the body (jsonscan_init_whole) */
     bool model_known;     /* whole scans: the model string is complete, the rest still read */
+    bool bom;             /* the body opened with a UTF-8 byte order mark */
     const char *key;      /* the top-level key looked for: "model" unless told */
     uint8_t key_len;
     const char *literal;  /* the literal being matched */

@@ -6,7 +6,7 @@
 
 enum form_state {
     F_PREAMBLE,    /* before the first delimiter */
-    F_AFTER_DELIM, /* after a delimiter: "--" (the form ends) or padding and CRLF */
+    F_AFTER_DELIM, /* after a delimiter: "--" (the form ends) or CRLF */
     F_CLOSE,       /* one '-' of the closing "--" read */
     F_DELIM_CR,    /* the CR ending a delimiter line read */
     F_HEADERS,     /* a part's header lines */
@@ -28,27 +28,34 @@ static bool starts_with(const char *p, size_t n, const char *lit)
 
 #define PARAM_BAD ((size_t)-1)
 
-/* One parameter value at p (a token, or a quoted-string unescaped), into out
- * (cap bytes with the NUL). Returns the bytes consumed, or PARAM_BAD when
- * malformed or longer than cap - 1; *outlen gets the value's length. */
+/* One parameter value at p (a token, or a quoted-string), into out (cap
+ * bytes with the NUL). Returns the bytes consumed, or PARAM_BAD when
+ * malformed or longer than cap - 1; *outlen gets the value's length.
+ * Parsers differ on quoted-pairs (python-multipart's quote counting takes
+ * the quote of \\" as escaped) and on a value in <...> (older ones strip
+ * the brackets), so a backslash in a quoted string, bytes after its closing
+ * quote and a bracketed value are malformed here: clients write none. */
 static size_t param_value(const char *p, size_t n, char *out, size_t cap, size_t *outlen)
 {
     size_t i = 0, o = 0;
     if (n > 0 && p[0] == '"') {
         for (i = 1; i < n && p[i] != '"'; i++) {
-            char ch = p[i];
-            if (ch == '\\' && i + 1 < n) {
-                ch = p[++i];
-            }
-            if (o + 1 >= cap) {
+            if (p[i] == '\\' || o + 1 >= cap) {
                 return PARAM_BAD;
             }
-            out[o++] = ch;
+            out[o++] = p[i];
         }
         if (i >= n) {
             return PARAM_BAD; /* unterminated */
         }
         i++;
+        size_t j = i;
+        while (j < n && is_ows(p[j])) {
+            j++;
+        }
+        if (j < n && p[j] != ';') {
+            return PARAM_BAD; /* name="model"x */
+        }
     } else {
         for (; i < n && p[i] != ';' && !is_ows(p[i]); i++) {
             if (o + 1 >= cap) {
@@ -59,6 +66,9 @@ static size_t param_value(const char *p, size_t n, char *out, size_t cap, size_t
     }
     out[o] = '\0';
     *outlen = o;
+    if (o >= 2 && out[0] == '<' && out[o - 1] == '>') {
+        return PARAM_BAD;
+    }
     return i;
 }
 
@@ -106,7 +116,7 @@ static enum param_found find_param(const char *p, size_t n, const char *key, cha
         size_t used =
             param_value(p + i, n - i, wanted ? out : scratch, wanted ? cap : sizeof scratch, &vlen);
         if (used == PARAM_BAD) {
-            return wanted ? PARAM_MALFORMED : found;
+            return PARAM_MALFORMED; /* where the next parameter starts is in doubt */
         }
         if (wanted) {
             *outlen = vlen;
@@ -126,7 +136,9 @@ size_t formscan_boundary(const char *ct, size_t len, char *out)
     while (len > 0 && is_ows(*ct)) {
         ct++, len--;
     }
-    if (!starts_with(ct, len, type)) {
+    /* In lower case, as clients write it (Starlette compares it as such and
+     * reads no form otherwise). */
+    if (len < sizeof type - 1 || memcmp(ct, type, sizeof type - 1) != 0) {
         return 0;
     }
     size_t i = sizeof type - 1;
@@ -140,6 +152,16 @@ size_t formscan_boundary(const char *ct, size_t len, char *out)
     if (find_param(ct + i, len - i, "boundary", out, FORMSCAN_BOUNDARY_MAX + 1, &blen) !=
             PARAM_FOUND ||
         blen == 0 || out[blen - 1] == ' ') {
+        return 0;
+    }
+    /* A charset decodes the field names for some parsers (Starlette): one
+     * other than UTF-8 could make another field "model". */
+    char charset[32];
+    size_t clen = 0;
+    enum param_found cs = find_param(ct + i, len - i, "charset", charset, sizeof charset, &clen);
+    if (cs == PARAM_MALFORMED ||
+        (cs == PARAM_FOUND && strcasecmp(charset, "utf-8") != 0 && strcasecmp(charset, "utf8") != 0 &&
+         strcasecmp(charset, "us-ascii") != 0)) {
         return 0;
     }
     for (size_t j = 0; j < blen; j++) {
@@ -262,17 +284,22 @@ static enum formscan_status headers_byte(struct formscan *s, char ch)
     if (++s->header_bytes > FORMSCAN_HEADERS_MAX) {
         return fail(s, "part headers too long");
     }
+    bool after_cr = s->line_len > 0 && s->line[s->line_len - 1] == '\r';
     if (ch != '\n') {
+        if (after_cr) {
+            return fail(s, "a CR without LF in part headers");
+        }
         if (s->line_len == FORMSCAN_LINE_MAX) {
             return fail(s, "part header line too long");
         }
         s->line[s->line_len++] = ch;
         return FORMSCAN_MORE;
     }
-    size_t n = s->line_len;
-    if (n > 0 && s->line[n - 1] == '\r') {
-        n--;
+    /* CRLF only: python-multipart ends a line at CR, others at LF. */
+    if (!after_cr) {
+        return fail(s, "part header line not ended by CRLF");
     }
+    size_t n = s->line_len - 1;
     s->line_len = 0;
     if (n > 0) {
         const char *why = header_line(s, s->line, n);
@@ -311,7 +338,6 @@ static enum formscan_status data_byte(struct formscan *s, char ch)
         s->part_is_model = false;
     }
     s->state = F_AFTER_DELIM;
-    s->after = 0;
     return FORMSCAN_MORE;
 }
 
@@ -321,14 +347,13 @@ static enum formscan_status step(struct formscan *s, char ch)
     case F_PREAMBLE:
         if (delim_step(s, ch)) {
             s->state = F_AFTER_DELIM;
-            s->after = 0;
         }
         return FORMSCAN_MORE;
     case F_AFTER_DELIM:
-        if (ch == '-' && s->after == 0) {
+        /* No transport padding (RFC 2046 allows it; python-multipart takes
+         * a padded delimiter line for data, so the parts would differ). */
+        if (ch == '-') {
             s->state = F_CLOSE;
-        } else if (is_ows(ch)) {
-            s->after = 1;
         } else if (ch == '\r') {
             s->state = F_DELIM_CR;
         } else {

@@ -231,6 +231,12 @@ static enum jsonscan_status begin_value(struct jsonscan *s, unsigned char ch)
     case 'n':
         s->literal = "null";
         break;
+    case 'N': /* NaN and Infinity: Python's json takes them */
+        s->literal = "NaN";
+        break;
+    case 'I':
+        s->literal = "Infinity";
+        break;
     default:
         if (ch >= '1' && ch <= '9') {
             s->state = S_NUM_INT;
@@ -324,6 +330,9 @@ static enum jsonscan_status string_char(struct jsonscan *s, unsigned char ch)
     if (ch >= 0x80 && !utf8_lead(ch, &s->utf8_more, &s->utf8_lo, &s->utf8_hi)) {
         return fail(s, "invalid UTF-8 in a string");
     }
+    if (ch == 0xed) {
+        s->utf8_hi = 0xbf; /* an encoded surrogate: Python decodes with surrogatepass */
+    }
     return emit(s, ch, true);
 }
 
@@ -393,6 +402,20 @@ static bool number_char(struct jsonscan *s, unsigned char ch, bool *bad)
 /* One byte outside the fast paths. */
 static enum jsonscan_status step(struct jsonscan *s, unsigned char ch)
 {
+    if (s->state == S_NUM_MINUS && ch == 'I') {
+        s->state = S_LITERAL; /* -Infinity */
+        s->literal = "Infinity";
+        s->lit_pos = 1;
+        return JSONSCAN_MORE;
+    }
+    if (s->state == S_START && s->offset < 3 && ch == (unsigned char)"\xef\xbb\xbf"[s->offset] &&
+        (s->offset == 0 || s->bom)) {
+        s->bom = true; /* a UTF-8 byte order mark, which Python's json skips */
+        return JSONSCAN_MORE;
+    }
+    if (s->state == S_START && s->bom && s->offset < 3) {
+        return fail(s, "the body is not a JSON object");
+    }
     switch (s->state) {
     case S_STR:
         return string_char(s, ch);

@@ -238,9 +238,12 @@ static int start_body_scan(struct request *r)
 {
     const struct http_head *h = &r->ex.head;
     const char *path = http_target(h) + r->route.path_off;
-    const struct http_header *ce = http_head_find(h, "content-encoding");
-    if (ce && !http_name_eq(http_hvalue(h, ce), ce->value_len, "identity")) {
-        return REJECT_ENCODED_BODY; /* a compressed body names no model thaw can read */
+    for (uint32_t i = 0; i < h->n_headers; i++) {
+        const struct http_header *x = &h->headers[i];
+        if (http_name_eq(http_hname(h, x), x->name_len, "content-encoding") &&
+            !http_name_eq(http_hvalue(h, x), x->value_len, "identity")) {
+            return REJECT_ENCODED_BODY; /* a compressed body names no model thaw can read */
+        }
     }
     if (router_body_kind(path, r->route.path_len) == ROUTE_BODY_FORM) {
         const struct http_header *ct = http_head_find(h, "content-type");
@@ -393,6 +396,13 @@ static void end_body_scan(struct request *r)
     r->form = NULL;
 }
 
+/* The body's declared length is all in: a rejection can wait for the end of
+ * the request, so the connection stays open for the next one. */
+static bool body_all_in(const struct request *r)
+{
+    return r->ex.head.has_length && r->ex.body.len >= r->ex.head.content_length;
+}
+
 /* The body routed the request; its scan reads on to the end. A second
  * "model" (which the server would read instead of the first) or a
  * malformed rest rejects it. Returns false after rejecting. */
@@ -417,7 +427,7 @@ static bool scan_rest(struct conn *c, struct request *r, bool at_end)
             jsonscan_error(r->scan, why, sizeof why);
         }
     }
-    if (bad == REJECT_COUNT && !at_end) {
+    if (!at_end && (bad == REJECT_COUNT || body_all_in(r))) {
         return true;
     }
     end_body_scan(r);
@@ -491,7 +501,7 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
     char why[160] = "";
     enum route_status st = r->form ? scan_form(rt, r, at_end, why, sizeof why)
                                    : scan_json(rt, r, at_end, why, sizeof why);
-    if (st == ROUTE_NEED_BODY) {
+    if (st == ROUTE_NEED_BODY || (st != ROUTE_FOUND && !at_end && body_all_in(r))) {
         return true;
     }
     bool form = r->form != NULL;

@@ -80,6 +80,15 @@ def form(fields, boundary="----thawFormBoundary7MA4YWxk"):
     return body, f"multipart/form-data; boundary={boundary}"
 
 
+def exchange_raw(t, raw):
+    """One request written as given, on its own connection."""
+    s = t.connect()
+    s.sendall(raw)
+    r = httpc.Reader(s).response()
+    s.close()
+    return r
+
+
 def assert_openai_error(err, code, status_type):
     assert set(err) >= {"message", "type", "param", "code"}, err
     assert err["code"] == code and err["type"] == status_type, err
@@ -230,6 +239,9 @@ def test_a_body_naming_the_model_twice_is_refused(thaw_factory, replica, replica
                       b"\x1f\x8b\x08\x00")
     assert r.status == 415, r.body
     assert_openai_error(r.json()["error"], "encoded_body", "invalid_request_error")
+    r = exchange_raw(t, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                        b"Content-Encoding: identity\r\nContent-Encoding: gzip\r\n\r\n\x1f\x8b\x08\x00")
+    assert r.status == 415, r.body
     # The second arrives in a later read, after the first routed the
     # request to a cold model: still refused, and nothing reaches a replica.
     s = t.connect()

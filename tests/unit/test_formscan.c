@@ -121,7 +121,7 @@ static void test_model_field(void **state)
 
 static void test_quoted_and_preamble(void **state)
 {
-    struct outcome o = scan_str("b", "ignored preamble\r\n--b  \r\n"
+    struct outcome o = scan_str("b", "ignored preamble\r\n--b\r\n"
                                      "Content-Disposition: form-data; filename=\"x;y\"; "
                                      "NAME=\"model\"\r\n\r\n"
                                      "org/Model \"q\"\r\n--b--");
@@ -130,6 +130,16 @@ static void test_quoted_and_preamble(void **state)
     o = scan_str("b", "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n\r\n--b--");
     assert_int_equal(o.status, FORMSCAN_MODEL);
     assert_string_equal(o.model, "");
+    /* No padding after a delimiter, no bare LF or lone CR in part headers:
+     * python-multipart reads those otherwise. */
+    o = scan_str("b", "--b  \r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--b--");
+    assert_int_equal(o.status, FORMSCAN_INVALID);
+    o = scan_str("b", "--b\r\nContent-Disposition: form-data; name=\"x\"\n"
+                      "Content-Type: text/plain; name=\"model\"\r\n\r\nm\r\n--b--");
+    assert_int_equal(o.status, FORMSCAN_INVALID);
+    assert_string_equal(o.error, "part header line not ended by CRLF at byte 45");
+    o = scan_str("b", "--b\r\nContent-Disposition: form-data; name=\"x\"\rX\r\n\r\nm\r\n--b--");
+    assert_int_equal(o.status, FORMSCAN_INVALID);
 }
 
 static void test_no_model(void **state)
@@ -195,6 +205,11 @@ static void test_ambiguous_part_names(void **state)
                      "two Content-Disposition headers in a part");
     expect_ambiguous("Content-Disposition: attachment; name=\"model\"",
                      "a part's Content-Disposition is not form-data");
+    expect_ambiguous("Content-Disposition: form-data; name=\"x\"; q=\"\\\\\"; r=\"; name=model; s=\"",
+                     twice);
+    expect_ambiguous("Content-Disposition: form-data; name=\"mo\\del\"", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=\"model\"x", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=<model>", twice);
     expect_ambiguous("Content-Disposition: form-datax; name=\"model\"",
                      "a part's Content-Disposition is not form-data");
     /* Not ambiguous: long names, filename*, names that only start alike. */
@@ -270,9 +285,22 @@ static void test_boundary_param(void **state)
     const char *ct = "multipart/form-data; boundary=----WebKitFormBoundary7MA4YWxk";
     assert_int_equal(formscan_boundary(ct, strlen(ct), b), 30);
     assert_string_equal(b, "----WebKitFormBoundary7MA4YWxk");
-    ct = "Multipart/Form-Data; charset=utf-8; BOUNDARY=\"a b:c\"";
+    ct = "multipart/form-data; charset=utf-8; BOUNDARY=\"a b:c\"";
     assert_int_equal(formscan_boundary(ct, strlen(ct), b), 5);
     assert_string_equal(b, "a b:c");
+    /* Refused where parsers would read another form or other names: a type
+     * not in lower case, a charset besides UTF-8, a backslash or bytes after
+     * the quote in a quoted value, a bracketed value. */
+    const char *refused[] = {
+        "Multipart/Form-Data; boundary=a", "multipart/form-data; boundary=a; charset=utf-7",
+        "multipart/form-data; boundary=\"X\\X\"", "multipart/form-data; boundary=\"a\"b",
+        "multipart/form-data; q=\"\\\\\"; boundary=YY; r=\"; boundary=XX; s=\"",
+        "multipart/form-data; boundary=<XX>"};
+    for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
+        if (formscan_boundary(refused[k], strlen(refused[k]), b) != 0) {
+            fail_msg("accepted: %s", refused[k]);
+        }
+    }
     ct = "application/json";
     assert_int_equal(formscan_boundary(ct, strlen(ct), b), 0);
     ct = "multipart/form-data";

@@ -153,6 +153,11 @@ static void test_lone_surrogates_and_utf8(void **state)
     expect_model("{\"model\":\"\\ud83d\\u0041\"}", "\xed\xa0\xbd" "A", 4);
     expect_model("{\"model\":\"x\\ud83d\"}", "x\xed\xa0\xbd", 4);
     expect_model("{\"p\":\"\xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80 caf\xc3\xa9\",\"model\":\"m\"}", "m", 1);
+    /* What else Python's json takes: a byte order mark, NaN and the
+     * infinities, a surrogate encoded raw (its surrogatepass). */
+    expect_model("\xef\xbb\xbf{\"model\":\"m\"}", "m", 1);
+    expect_model("{\"t\":NaN,\"u\":[Infinity,-Infinity],\"model\":\"m\"}", "m", 1);
+    expect_model("{\"a\":\"\xed\xa0\xbd\",\"model\":\"x\xed\xb8\x80\"}", "x\xed\xb8\x80", 4);
 }
 
 static void test_nested_decoys(void **state)
@@ -223,7 +228,10 @@ static void test_bad_input(void **state)
     expect_invalid("{\"a\":\"x\x80\"}", "invalid UTF-8 in a string at byte 7");
     expect_invalid("{\"a\":\"\xc1\xa4\"}", "invalid UTF-8 in a string at byte 6"); /* overlong */
     expect_invalid("{\"a\":\"\xe0\x80\xaf\"}", "invalid UTF-8 in a string at byte 7");
-    expect_invalid("{\"a\":\"\xed\xa0\x80\"}", "invalid UTF-8 in a string at byte 7");
+    expect_invalid("{\"a\":\"\xed\xc0\x80\"}", "invalid UTF-8 in a string at byte 7");
+    expect_invalid("\xef\xbb{}", "the body is not a JSON object at byte 2");
+    expect_invalid("{\"a\":NaNa}", "expected ',' or '}' at byte 8");
+    expect_invalid("{\"a\":-Inf}", "invalid literal (true, false or null expected) at byte 9");
     expect_invalid("{\"a\":\"\xf4\x90\x80\x80\"}", "invalid UTF-8 in a string at byte 7");
     expect_invalid("{\"a\":\"\xe2\x82\"}", "invalid UTF-8 in a string at byte 8"); /* cut */
     expect_invalid("{\"\xfe\":1}", "invalid UTF-8 in a string at byte 2");
