@@ -58,8 +58,8 @@ static size_t param_value(const char *p, size_t n, char *out, size_t cap, size_t
         }
     } else {
         for (; i < n && p[i] != ';' && !is_ows(p[i]); i++) {
-            if (o + 1 >= cap) {
-                return PARAM_BAD;
+            if (p[i] == '"' || p[i] == '\\' || o + 1 >= cap) {
+                return PARAM_BAD; /* a quote here opens a string for some parsers */
             }
             out[o++] = p[i];
         }
@@ -91,6 +91,9 @@ static enum param_found find_param(const char *p, size_t n, const char *key, cha
         size_t k = i;
         while (i < n && p[i] != '=' && p[i] != ';') {
             i++;
+        }
+        if (memchr(p + k, '"', i - k) || memchr(p + k, '\\', i - k)) {
+            return PARAM_MALFORMED; /* x"="abc; name=model; y=" reads two ways */
         }
         if (i >= n || p[i] != '=') {
             continue; /* a parameter without a value */

@@ -25,6 +25,7 @@ static void on_retry(evutil_socket_t fd, short what, void *arg)
     if (inf->relist_needed || !inf->synced) {
         start_list(inf);
     } else {
+        inf->unpaged = false;
         start_watch(inf);
     }
 }
@@ -163,9 +164,12 @@ static void on_list(void *ud, long status, const char *body, size_t len, const c
     struct k8s_informer *inf = ud;
     inf->call = NULL;
     if (status == 410 && inf->cont) {
-        /* The continue token outlived the server's history: list anew. */
-        LOGI("kubernetes list page expired (410 Gone): listing again", "resource=%s",
+        /* The continue token outlived the server's history: list again,
+         * whole this time (as client-go's pager falls back), which cannot
+         * expire so. */
+        LOGI("kubernetes list page expired (410 Gone): listing again, unpaged", "resource=%s",
              inf->name);
+        inf->unpaged = true;
         start_list(inf);
         return;
     }
@@ -181,6 +185,7 @@ static void on_list(void *ud, long status, const char *body, size_t len, const c
     } else if (rc > 0) {
         request_page(inf);
     } else {
+        inf->unpaged = false;
         start_watch(inf);
     }
 }
@@ -282,8 +287,12 @@ static void build_path(struct k8s_informer *inf, char *out, size_t len, bool wat
                  inf->path, inf->watch_timeout_s, inf->rv, sel);
     } else {
         char *cont = inf->cont ? curl_easy_escape(NULL, inf->cont, 0) : NULL;
-        snprintf(out, len, "%s?limit=%d%s%s%s", inf->path, K8S_LIST_PAGE, cont ? "&continue=" : "",
-                 cont ? cont : "", sel);
+        if (inf->unpaged) {
+            snprintf(out, len, "%s%s%s", inf->path, sel[0] ? "?" : "", sel[0] ? sel + 1 : "");
+        } else {
+            snprintf(out, len, "%s?limit=%d%s%s%s", inf->path, K8S_LIST_PAGE,
+                     cont ? "&continue=" : "", cont ? cont : "", sel);
+        }
         curl_free(cont);
     }
 }

@@ -506,14 +506,21 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
     }
     bool form = r->form != NULL;
     if (st == ROUTE_AMBIGUOUS) {
+        /* The name lives in the scan, and the answer may free the request:
+         * copied, the scan freed, then answered. */
         size_t len;
         const char *name = form ? formscan_model(r->form, &len) : jsonscan_model(r->scan, &len);
-        reject_ambiguous(c, name, len, false);
+        char copy[JSONSCAN_MODEL_MAX + 1];
+        memcpy(copy, name, len);
         end_body_scan(r);
+        reject_ambiguous(c, copy, len, false);
         return false;
     }
     if (st == ROUTE_FOUND) {
         int rc = route_by_body(rt, r);
+        if (rc != REJECT_COUNT && !at_end && body_all_in(r)) {
+            return true; /* taken again, and refused, at the request's end */
+        }
         if (rc != REJECT_COUNT) {
             end_body_scan(r);
             conn_reject(c, (enum reject_reason)rc, NULL);

@@ -359,6 +359,15 @@ def test_lists_come_in_pages_to_kubectl_the_python_client_and_thaw(cluster, thaw
     assert len(st["models"]) == n
     deps = [i for i in st["kubernetes"]["informers"] if i["resource"] == "deployments"]
     assert deps and deps[0]["list_pages"] == 2 and deps[0]["lists"] == 1, deps
+    # Every continue token expired (a busy etcd compacting): thaw lists
+    # again whole, as client-go's pager falls back, and knows every model.
+    sim.faults(expire_pages=True)
+    t2 = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t2, "/readyz") == 200, timeout=30, what="synced unpaged")
+    st = t2.status()
+    assert len(st["models"]) == n
+    deps = [i for i in st["kubernetes"]["informers"] if i["resource"] == "deployments"]
+    assert deps[0]["list_pages"] == 2 and deps[0]["lists"] == 1, deps
 
 
 # --- thaw's Kubernetes backend -------------------------------------------------

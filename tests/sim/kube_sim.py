@@ -126,6 +126,7 @@ Fault controls (POST /_sim/faults with JSON): {"drop_watches": true},
 only requests whose body holds S), {"delay_ms": N} (with
 "delay_methods": ["PATCH", ...] only requests of those methods),
 {"compact": true} (forget history: old resourceVersions get 410),
+{"expire_pages": true} (every list continue token gets 410 Expired),
 {"tokens": [...]} (accepted bearer tokens). GET /_sim/state shows counters,
 the scale log, nodes (their pods and requested resources), ReplicaSets and
 pods. --state FILE keeps objects across a restart (written on SIGTERM, read
@@ -426,32 +427,26 @@ def _strip_directives(v):
 
 
 def list_page(store, plural, ns, kind, apiv, lsel, fsel, q):
-    """A list response, paged as the apiserver pages it (limit and continue):
-    the items after the continue token's key, at most limit of them, with a
-    continue token while more remain. A token whose resourceVersion is older
-    than the retained history is 410 Expired, as a compacted etcd makes it."""
+    """A list response, paged as the API server pages it (limit and
+    continue): later pages come from the first page's snapshot, at its
+    resourceVersion; a token whose resourceVersion is older than the retained
+    history (or no longer kept) is 410 Expired, as a compacted etcd makes it."""
     limit = int(q.get("limit") or 0)
     token = q.get("continue")
-    after, start_rv = None, None
     if token:
-        try:
-            t = json.loads(base64.urlsafe_b64decode(token.encode()))
-            start_rv, after = int(t["rv"]), (t["after"][0], t["after"][1])
-        except (ValueError, KeyError, TypeError, IndexError):
-            raise ApiError(400, "BadRequest", "invalid continue token")
-        if start_rv < store.compacted_rv:
+        kept = store.take_pages(token)
+        if kept is None:
             raise ApiError(410, "Expired", "The provided continue parameter is too old to "
                            "display a consistent list result. You can start a new list "
                            "without the continue parameter.")
-    items, rv = store.list(plural, ns, lsel, fsel, after, limit)
-    if start_rv is not None:
-        rv = str(start_rv)
-    md = {"resourceVersion": rv}
+        rv, items = kept
+    else:
+        items, rv = store.list(plural, ns, lsel, fsel)
+    md = {"resourceVersion": str(rv)}
     if limit > 0 and len(items) > limit:
+        md["continue"] = store.keep_pages(int(rv), items[limit:])
+        md["remainingItemCount"] = len(items) - limit
         items = items[:limit]
-        last = items[-1]["metadata"]
-        md["continue"] = base64.urlsafe_b64encode(json.dumps(
-            {"rv": int(rv), "after": [last.get("namespace", ""), last["name"]]}).encode()).decode()
     return {"kind": kind + "List", "apiVersion": apiv, "metadata": md, "items": items}
 
 
@@ -729,6 +724,9 @@ class Store:
         self.history = []  # (rv, plural, type, obj)
         self.history_max = history
         self.compacted_rv = self.rv  # history holds events after this rv
+        self.pages = {}  # continue id -> (rv, items left): paged lists' snapshots
+        self.page_seq = 0
+        self.expire_pages = False  # fault: every continue token is 410 Expired
         self.watch_generation = 0  # bumped to drop every watch
 
     def _bump(self):
@@ -831,20 +829,36 @@ class Store:
             self._record(plural, "DELETED", cur)
             return copy.deepcopy(cur)
 
-    def list(self, plural, ns, lsel, fsel, after=None, limit=0):
-        """Copies of the objects selected, in key order: those after the key
-        `after` only, and at most limit + 1 of them (limit > 0), so a page
-        costs its own size; with the current resourceVersion."""
+    def list(self, plural, ns, lsel, fsel):
         with self.lock:
-            items = []
-            for (n, name), o in sorted(self._table(plural).items()):
-                if after is not None and (n, name) <= after:
-                    continue
-                if (ns is None or n == ns) and lsel(o["metadata"].get("labels")) and fsel(o):
-                    items.append(copy.deepcopy(o))
-                    if limit > 0 and len(items) > limit:
-                        break
+            items = [copy.deepcopy(o) for (n, _), o in sorted(self._table(plural).items())
+                     if (ns is None or n == ns) and lsel(o["metadata"].get("labels"))
+                     and fsel(o)]
             return items, str(self.rv)
+
+    def keep_pages(self, rv, rest):
+        """Keeps what is left of a paged list (a snapshot, as the API server
+        serves later pages at the first one's resourceVersion); returns its
+        continue token. The 64 most recent are kept."""
+        with self.lock:
+            self.page_seq += 1
+            self.pages[self.page_seq] = (rv, rest)
+            while len(self.pages) > 64:
+                self.pages.pop(next(iter(self.pages)))
+            return base64.urlsafe_b64encode(json.dumps(
+                {"rv": rv, "id": self.page_seq}).encode()).decode()
+
+    def take_pages(self, token):
+        """(rv, the items left) for a continue token; None when expired."""
+        try:
+            t = json.loads(base64.urlsafe_b64decode(token.encode()))
+            rv, key = int(t["rv"]), int(t["id"])
+        except (ValueError, KeyError, TypeError):
+            raise ApiError(400, "BadRequest", "invalid continue token")
+        with self.lock:
+            kept = self.pages.pop(key, None)
+            expired = kept is None or rv < self.compacted_rv or self.expire_pages
+            return None if expired else kept
 
     def all(self, plural):
         return self.list(plural, None, lambda l: True, lambda o: True)[0]
@@ -2526,6 +2540,8 @@ class Handler(BaseHTTPRequestHandler):
                 sim.delay_methods = set(f.get("delay_methods") or ())
             if f.get("compact"):
                 sim.store.compact()
+            if "expire_pages" in f:
+                sim.store.expire_pages = bool(f["expire_pages"])
             if "tokens" in f:
                 sim.tokens = set(f["tokens"])
             return self.send_json(200, {"ok": True})

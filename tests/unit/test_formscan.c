@@ -210,6 +210,9 @@ static void test_ambiguous_part_names(void **state)
     expect_ambiguous("Content-Disposition: form-data; name=\"mo\\del\"", twice);
     expect_ambiguous("Content-Disposition: form-data; name=\"model\"x", twice);
     expect_ambiguous("Content-Disposition: form-data; name=<model>", twice);
+    expect_ambiguous("Content-Disposition: form-data; x\"=\"abc; name=model; y=\"", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=mo\"del", twice);
+    expect_ambiguous("Content-Disposition: form-data; \"weird; name=model", twice);
     expect_ambiguous("Content-Disposition: form-datax; name=\"model\"",
                      "a part's Content-Disposition is not form-data");
     /* Not ambiguous: long names, filename*, names that only start alike. */
@@ -295,7 +298,8 @@ static void test_boundary_param(void **state)
         "Multipart/Form-Data; boundary=a", "multipart/form-data; boundary=a; charset=utf-7",
         "multipart/form-data; boundary=\"X\\X\"", "multipart/form-data; boundary=\"a\"b",
         "multipart/form-data; q=\"\\\\\"; boundary=YY; r=\"; boundary=XX; s=\"",
-        "multipart/form-data; boundary=<XX>"};
+        "multipart/form-data; boundary=<XX>",
+        "multipart/form-data; x\"=\"; boundary=AAA; y=\"; boundary=BBB"};
     for (size_t k = 0; k < sizeof refused / sizeof *refused; k++) {
         if (formscan_boundary(refused[k], strlen(refused[k]), b) != 0) {
             fail_msg("accepted: %s", refused[k]);

@@ -8,7 +8,7 @@
  * Lists are read in pages of K8S_LIST_PAGE objects (limit and continue, as
  * client-go's pager does), so a namespace of thousands of Deployments never
  * sits in memory whole; an expired continue token (410) starts the list
- * again. The informer keeps only keys and resourceVersions, not objects. */
+ * again, whole (client-go's fallback). The informer keeps only keys and resourceVersions, not objects. */
 #ifndef THAW_K8S_INFORMER_H
 #define THAW_K8S_INFORMER_H
 
@@ -49,6 +49,7 @@ struct k8s_informer {
     char *cont;
     struct strmap listed;
     bool listing;
+    bool unpaged; /* a continue token expired: the next list is whole */
     bool synced;
     bool relist_needed;
     unsigned failures;
