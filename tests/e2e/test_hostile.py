@@ -272,20 +272,18 @@ def test_error_bodies_stay_json_whatever_bytes_the_client_sent(thaw):
     it; bytes in a path) becomes U+FFFD, so OpenAI clients can still decode
     the error. Other bytes that are not UTF-8 in a JSON body make it not
     JSON: 400, the body still JSON."""
-    for name in (b"m\\ud800", b"\\udfff1", b"x\\ud83d\\u0041", b"\xed\xa0\x80x"):
+    not_found = (404, "model_not_found", "\ufffd")
+    not_json = (400, "bad_json", "invalid UTF-8")
+    for name, (status, code, text) in [
+            (b"m\\ud800", not_found), (b"\\udfff1", not_found), (b"x\\ud83d\\u0041", not_found),
+            (b"\xed\xa0\x80x", not_found), (b"m\xff1", not_json), (b"m\xc0\xb1", not_json),
+            (b"\xf4\x90\x80\x80", not_json)]:
         body = b'{"model":"' + name + b'"}'
         r = exchange(thaw, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        assert r.status == 404, r.body
+        assert r.status == status, r.body
         err = json.loads(r.body.decode("utf-8"))["error"]
-        assert err["code"] == "model_not_found" and "\ufffd" in err["message"], err
-    for name in (b"m\xff1", b"m\xc0\xb1", b"\xf4\x90\x80\x80"):
-        body = b'{"model":"' + name + b'"}'
-        r = exchange(thaw, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        assert r.status == 400, r.body
-        err = json.loads(r.body.decode("utf-8"))["error"]
-        assert err["code"] == "bad_json" and "invalid UTF-8" in err["message"], err
+        assert err["code"] == code and text in err["message"], err
     r = exchange(thaw, b"GET /v1/models/%FF%C0 HTTP/1.1\r\nHost: x\r\n\r\n")
     assert r.status == 404
     json.loads(r.body.decode("utf-8"))

@@ -19,6 +19,7 @@ import pytest
 import httpc
 from conftest import ROOT, free_port, wait_for
 from openai_replica import Replica
+from test_proxy import raw_exchange
 
 SIM = os.environ.get("THAW_SIM_BIN", os.path.join(ROOT, "build", "thaw-model-sim"))
 SLOW = 3 if os.environ.get("THAW_SANITIZED") else 1
@@ -78,15 +79,6 @@ def form(fields, boundary="----thawFormBoundary7MA4YWxk"):
         parts.append(f"--{boundary}\r\n{head}\r\n".encode() + data + b"\r\n")
     body = b"".join(parts) + f"--{boundary}--\r\n".encode()
     return body, f"multipart/form-data; boundary={boundary}"
-
-
-def exchange_raw(t, raw):
-    """One request written as given, on its own connection."""
-    s = t.connect()
-    s.sendall(raw)
-    r = httpc.Reader(s).response()
-    s.close()
-    return r
 
 
 def assert_openai_error(err, code, status_type):
@@ -239,7 +231,7 @@ def test_a_body_naming_the_model_twice_is_refused(thaw_factory, replica, replica
                       b"\x1f\x8b\x08\x00")
     assert r.status == 415, r.body
     assert_openai_error(r.json()["error"], "encoded_body", "invalid_request_error")
-    r = exchange_raw(t, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+    r = raw_exchange(t, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
                         b"Content-Encoding: identity\r\nContent-Encoding: gzip\r\n\r\n\x1f\x8b\x08\x00")
     assert r.status == 415, r.body
     # The second arrives in a later read, after the first routed the
