@@ -31,11 +31,11 @@
 #define FORMSCAN_MODEL_MAX JSONSCAN_MODEL_MAX
 
 enum formscan_status {
-    FORMSCAN_MORE = 0,       /* feed more, or formscan_finish at the end */
-    FORMSCAN_MODEL,          /* the model field's value is known: formscan_model() */
-    FORMSCAN_NO_MODEL,       /* the form ended (or the body did) without a model field */
-    FORMSCAN_MODEL_TOO_LONG, /* the model field is longer than FORMSCAN_MODEL_MAX */
-    FORMSCAN_INVALID,        /* not multipart/form-data: formscan_error() says why */
+    FORMSCAN_MORE = 0,        /* feed more, or formscan_finish at the end */
+    FORMSCAN_MODEL,           /* the model field's value is known: formscan_model() */
+    FORMSCAN_NO_MODEL,        /* the form ended (or the body did) without a model field */
+    FORMSCAN_MODEL_TOO_LONG,  /* the model field is longer than FORMSCAN_MODEL_MAX */
+    FORMSCAN_INVALID,         /* not multipart/form-data: formscan_error() says why */
     FORMSCAN_DUPLICATE_MODEL, /* a second field named "model" (whole scans only) */
 };
 
@@ -46,8 +46,8 @@ struct formscan {
     uint8_t matched; /* delimiter bytes matched so far */
     bool part_is_model;
     bool disposition_seen; /* the current part's Content-Disposition was read */
-    bool whole;       /* read to the closing delimiter (formscan_init_whole) */
-    bool model_known; /* whole scans: the model field is complete, the rest still read */
+    bool whole;            /* read to the closing delimiter (formscan_init_whole) */
+    bool model_known;      /* whole scans: the model field is complete, the rest still read */
     enum formscan_status status;
     const char *error; /* static text, for FORMSCAN_INVALID */
     uint64_t error_offset;

@@ -79,8 +79,8 @@ enum param_found { PARAM_ABSENT, PARAM_FOUND, PARAM_MALFORMED };
  * twice, or also in RFC 2231's extended forms (key*=, key*0=), is
  * PARAM_MALFORMED: parsers differ on which one counts (python-multipart's
  * dict keeps the last). */
-static enum param_found find_param(const char *p, size_t n, const char *key, char *out,
-                                   size_t cap, size_t *outlen)
+static enum param_found find_param(const char *p, size_t n, const char *key, char *out, size_t cap,
+                                   size_t *outlen)
 {
     size_t i = 0, klen = strlen(key);
     enum param_found found = PARAM_ABSENT;
@@ -163,8 +163,8 @@ size_t formscan_boundary(const char *ct, size_t len, char *out)
     size_t clen = 0;
     enum param_found cs = find_param(ct + i, len - i, "charset", charset, sizeof charset, &clen);
     if (cs == PARAM_MALFORMED ||
-        (cs == PARAM_FOUND && strcasecmp(charset, "utf-8") != 0 && strcasecmp(charset, "utf8") != 0 &&
-         strcasecmp(charset, "us-ascii") != 0)) {
+        (cs == PARAM_FOUND && strcasecmp(charset, "utf-8") != 0 &&
+         strcasecmp(charset, "utf8") != 0 && strcasecmp(charset, "us-ascii") != 0)) {
         return 0;
     }
     for (size_t j = 0; j < blen; j++) {
@@ -335,7 +335,7 @@ static enum formscan_status data_byte(struct formscan *s, char ch)
         s->value[s->value_len] = '\0';
         if (s->value_len > FORMSCAN_MODEL_MAX || !s->whole) {
             return answer(s, s->value_len > FORMSCAN_MODEL_MAX ? FORMSCAN_MODEL_TOO_LONG
-                                                                : FORMSCAN_MODEL);
+                                                               : FORMSCAN_MODEL);
         }
         s->model_known = true;
         s->part_is_model = false;

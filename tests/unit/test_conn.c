@@ -477,7 +477,8 @@ static void test_asked_close_closes_without_lingering(void **state)
     e->fk.answer_at_once = true;
     open_conn(e, 0, 0);
     assert_true(loopnet_send_str(
-        e->client.fd, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"));
+        e->client.fd,
+        "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi"));
     assert_true(RUN_UNTIL(e->client.eof || e->client.err));
     assert_int_equal(e->client.err, 0);
     assert_true(loopnet_has(&e->client, "answer 0."));
@@ -494,7 +495,8 @@ static void test_asked_close_with_bytes_behind_lingers(void **state)
 {
     struct env *e = *state;
     struct conn *c = open_conn(e, 0, 0);
-    assert_true(loopnet_send_str(e->client.fd, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"));
+    assert_true(
+        loopnet_send_str(e->client.fd, "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"));
     assert_true(RUN_UNTIL(e->fk.waiting != NULL));
     assert_true(loopnet_send_str(e->client.fd, "GET /next HTTP/1.1\r\nHost: a\r\n\r\n"));
     RUN_FOR(20);
@@ -850,7 +852,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_http10_keepalive_stays_open, setup, teardown),
         cmocka_unit_test_setup_teardown(test_asked_close_closes_without_lingering, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_asked_close_with_bytes_behind_lingers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_asked_close_with_bytes_behind_lingers, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_malformed_request_gets_400_then_lingering_close, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_partial_head_times_out_with_408, setup, teardown),

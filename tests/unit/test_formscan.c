@@ -205,8 +205,8 @@ static void test_ambiguous_part_names(void **state)
                      "two Content-Disposition headers in a part");
     expect_ambiguous("Content-Disposition: attachment; name=\"model\"",
                      "a part's Content-Disposition is not form-data");
-    expect_ambiguous("Content-Disposition: form-data; name=\"x\"; q=\"\\\\\"; r=\"; name=model; s=\"",
-                     twice);
+    expect_ambiguous(
+        "Content-Disposition: form-data; name=\"x\"; q=\"\\\\\"; r=\"; name=model; s=\"", twice);
     expect_ambiguous("Content-Disposition: form-data; name=\"mo\\del\"", twice);
     expect_ambiguous("Content-Disposition: form-data; name=\"model\"x", twice);
     expect_ambiguous("Content-Disposition: form-data; name=<model>", twice);
@@ -295,8 +295,10 @@ static void test_boundary_param(void **state)
      * not in lower case, a charset besides UTF-8, a backslash or bytes after
      * the quote in a quoted value, a bracketed value. */
     const char *refused[] = {
-        "Multipart/Form-Data; boundary=a", "multipart/form-data; boundary=a; charset=utf-7",
-        "multipart/form-data; boundary=\"X\\X\"", "multipart/form-data; boundary=\"a\"b",
+        "Multipart/Form-Data; boundary=a",
+        "multipart/form-data; boundary=a; charset=utf-7",
+        "multipart/form-data; boundary=\"X\\X\"",
+        "multipart/form-data; boundary=\"a\"b",
         "multipart/form-data; q=\"\\\\\"; boundary=YY; r=\"; boundary=XX; s=\"",
         "multipart/form-data; boundary=<XX>",
         "multipart/form-data; x\"=\"; boundary=AAA; y=\"; boundary=BBB"};
@@ -352,7 +354,8 @@ static void test_whole_form(void **state)
     size_t cut = (size_t)(strstr(once, "RIFF") - once);
     assert_int_equal(scan("b", once, cut).status, FORMSCAN_INVALID);
     assert_int_equal(scan_str("b", "--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n"
-                                   "1\r\n--b--").status,
+                                   "1\r\n--b--")
+                         .status,
                      FORMSCAN_NO_MODEL);
     whole_scan = false;
 }
@@ -360,10 +363,14 @@ static void test_whole_form(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model_field),    cmocka_unit_test(test_quoted_and_preamble),
-        cmocka_unit_test(test_no_model),       cmocka_unit_test(test_invalid),
-        cmocka_unit_test(test_bounds),         cmocka_unit_test(test_large_part),
-        cmocka_unit_test(test_boundary_param), cmocka_unit_test(test_whole_form),
+        cmocka_unit_test(test_model_field),
+        cmocka_unit_test(test_quoted_and_preamble),
+        cmocka_unit_test(test_no_model),
+        cmocka_unit_test(test_invalid),
+        cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_large_part),
+        cmocka_unit_test(test_boundary_param),
+        cmocka_unit_test(test_whole_form),
         cmocka_unit_test(test_ambiguous_part_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -329,7 +329,8 @@ static void test_every_rejection_status_has_a_reason_phrase(void **state)
     for (int r = 0; r < REJECT_COUNT; r++) {
         int status = reject_info((enum reject_reason)r)->status;
         if (strcmp(http_reason_phrase(status), "Unknown") == 0) {
-            fail_msg("no reason phrase for %d (%s)", status, reject_info((enum reject_reason)r)->name);
+            fail_msg("no reason phrase for %d (%s)", status,
+                     reject_info((enum reject_reason)r)->name);
         }
     }
 }

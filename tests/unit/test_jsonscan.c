@@ -152,7 +152,9 @@ static void test_lone_surrogates_and_utf8(void **state)
     expect_model("{\"a\":\"\\ude00\",\"model\":\"m\"}", "m", 1);
     expect_model("{\"model\":\"\\ud83d\\u0041\"}", "\xed\xa0\xbd" "A", 4);
     expect_model("{\"model\":\"x\\ud83d\"}", "x\xed\xa0\xbd", 4);
-    expect_model("{\"p\":\"\xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80 caf\xc3\xa9\",\"model\":\"m\"}", "m", 1);
+    expect_model("{\"p\":\"\xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x98\x80 caf\xc3\xa9\","
+                 "\"model\":\"m\"}",
+                 "m", 1);
     /* What else Python's json takes: a byte order mark, NaN and the
      * infinities, a surrogate encoded raw (its surrogatepass). */
     expect_model("\xef\xbb\xbf{\"model\":\"m\"}", "m", 1);

@@ -8,7 +8,8 @@
  * Lists are read in pages of K8S_LIST_PAGE objects (limit and continue, as
  * client-go's pager does), so a namespace of thousands of Deployments never
  * sits in memory whole; an expired continue token (410) starts the list
- * again, whole (client-go's fallback). The informer keeps only keys and resourceVersions, not objects. */
+ * again, whole (client-go's fallback). The informer keeps only keys and
+ * resourceVersions, not objects. */
 #ifndef THAW_K8S_INFORMER_H
 #define THAW_K8S_INFORMER_H
 
@@ -67,10 +68,11 @@ void k8s_informer_set_field_selector(struct k8s_informer *inf, const char *field
 void k8s_informer_start(struct k8s_informer *inf);
 void k8s_informer_dispose(struct k8s_informer *inf);
 /* What the list and watch responses do, without the network (also used by
- * tests and fuzzing). apply_list: a list response body (a page of one);
- * 0 when the list is complete, 1 when a continue token says more pages
- * follow (kept in cont), or -1 when it is not a list (nothing changed). apply_event: one watch event line; non-zero
- * when the watch should end (an ERROR event). */
+ * tests and fuzzing). apply_list: a list response body (a page of one); 0
+ * when the list is complete, 1 when a continue token says more pages follow
+ * (kept in cont), or -1 when it is not a list (nothing changed).
+ * apply_event: one watch event line; non-zero when the watch should end (an
+ * ERROR event). */
 int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t len);
 int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t len);
 /* "namespace/name" of an object into out. */
