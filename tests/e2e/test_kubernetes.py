@@ -715,8 +715,8 @@ def test_idle_model_scales_to_zero(cluster, thaw_factory, tmp_path):
     assert complete(t).status == 200
     wait_for(lambda: sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")[1]
              ["spec"]["replicas"] == 0, timeout=20, what="scaled to zero")
-    _, evs = sim.call("GET", "/api/v1/namespaces/models/events")
-    assert any(e["reason"] == "ScaledToZero" for e in evs["items"])
+    # (the Event is posted after the scale is written: it may come a moment later)
+    wait_for(lambda: "ScaledToZero" in events_by_reason(sim), timeout=5, what="the Event")
     assert complete(t, timeout=30).status == 200  # and back
 
 
