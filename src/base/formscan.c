@@ -26,21 +26,34 @@ static bool starts_with(const char *p, size_t n, const char *lit)
     return n >= l && strncasecmp(p, lit, l) == 0;
 }
 
+/* RFC 9110's tchar: what a parameter's key or unquoted value may hold. Any
+ * other byte outside a quoted string is refused: Python strips \xa0, \x85
+ * and \x1c-\x1f from keys and values as whitespace, so "\xa0name=model"
+ * is its name parameter and not one here. */
+static bool is_tchar(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+           (ch != '\0' && strchr("!#$%&'*+-.^_`|~", ch) != NULL);
+}
+
 #define PARAM_BAD ((size_t)-1)
 
 /* One parameter value at p (a token, or a quoted-string), into out (cap
  * bytes with the NUL). Returns the bytes consumed, or PARAM_BAD when
  * malformed or longer than cap - 1; *outlen gets the value's length.
  * Parsers differ on quoted-pairs (python-multipart's quote counting takes
- * the quote of \\" as escaped) and on a value in <...> (older ones strip
- * the brackets), so a backslash in a quoted string, bytes after its closing
- * quote and a bracketed value are malformed here: clients write none. */
-static size_t param_value(const char *p, size_t n, char *out, size_t cap, size_t *outlen)
+ * the quote of \\" as escaped; RFC 9110 reads \\m as m) and on a value in
+ * <...> (older ones strip the brackets). So a backslash before a quote is
+ * malformed in any value, and any backslash in the value looked for (a
+ * filename keeps its Windows path's backslashes); so are bytes after the
+ * closing quote and a bracketed value. */
+static size_t param_value(const char *p, size_t n, bool wanted, char *out, size_t cap,
+                          size_t *outlen)
 {
     size_t i = 0, o = 0;
     if (n > 0 && p[0] == '"') {
         for (i = 1; i < n && p[i] != '"'; i++) {
-            if (p[i] == '\\' || o + 1 >= cap) {
+            if ((p[i] == '\\' && (wanted || (i + 1 < n && p[i + 1] == '"'))) || o + 1 >= cap) {
                 return PARAM_BAD;
             }
             out[o++] = p[i];
@@ -49,20 +62,20 @@ static size_t param_value(const char *p, size_t n, char *out, size_t cap, size_t
             return PARAM_BAD; /* unterminated */
         }
         i++;
-        size_t j = i;
-        while (j < n && is_ows(p[j])) {
-            j++;
-        }
-        if (j < n && p[j] != ';') {
-            return PARAM_BAD; /* name="model"x */
-        }
     } else {
         for (; i < n && p[i] != ';' && !is_ows(p[i]); i++) {
-            if (p[i] == '"' || p[i] == '\\' || o + 1 >= cap) {
+            if (!is_tchar(p[i]) || o + 1 >= cap) {
                 return PARAM_BAD; /* a quote here opens a string for some parsers */
             }
             out[o++] = p[i];
         }
+    }
+    size_t j = i;
+    while (j < n && is_ows(p[j])) {
+        j++;
+    }
+    if (j < n && p[j] != ';') {
+        return PARAM_BAD; /* name="model"x, name=model x */
     }
     out[o] = '\0';
     *outlen = o;
@@ -76,9 +89,10 @@ enum param_found { PARAM_ABSENT, PARAM_FOUND, PARAM_MALFORMED };
 
 /* Walks "; key=value" parameters from p for the one named key (case-
  * insensitive): its value into out (cap bytes with the NUL). A key given
- * twice, or also in RFC 2231's extended forms (key*=, key*0=), is
- * PARAM_MALFORMED: parsers differ on which one counts (python-multipart's
- * dict keeps the last). */
+ * twice (a bare "key" too: Python reads it as key=""), or also in RFC
+ * 2231's extended forms (key*=, key*0=), is PARAM_MALFORMED: parsers differ
+ * on which one counts (python-multipart's dict keeps the last). So is a key
+ * that is not a token. */
 static enum param_found find_param(const char *p, size_t n, const char *key, char *out, size_t cap,
                                    size_t *outlen)
 {
@@ -92,21 +106,29 @@ static enum param_found find_param(const char *p, size_t n, const char *key, cha
         while (i < n && p[i] != '=' && p[i] != ';') {
             i++;
         }
-        if (memchr(p + k, '"', i - k) || memchr(p + k, '\\', i - k)) {
-            return PARAM_MALFORMED; /* x"="abc; name=model; y=" reads two ways */
-        }
-        if (i >= n || p[i] != '=') {
-            continue; /* a parameter without a value */
-        }
         size_t kend = i;
         while (kend > k && is_ows(p[kend - 1])) {
             kend--;
+        }
+        for (size_t c = k; c < kend; c++) {
+            if (!is_tchar(p[c])) {
+                return PARAM_MALFORMED; /* x"="abc; name=model; y=" reads two ways */
+            }
+        }
+        bool same = kend - k >= klen && strncasecmp(p + k, key, klen) == 0;
+        if (i >= n || p[i] != '=') {
+            if (same && kend - k == klen) {
+                return PARAM_MALFORMED; /* a bare "name" */
+            }
+            continue; /* another parameter without a value */
+        }
+        if (kend == k) {
+            return PARAM_MALFORMED; /* "=model": no key */
         }
         i++;
         while (i < n && is_ows(p[i])) {
             i++;
         }
-        bool same = kend - k >= klen && strncasecmp(p + k, key, klen) == 0;
         if (same && kend - k > klen && p[k + klen] == '*') {
             return PARAM_MALFORMED;
         }
@@ -116,8 +138,8 @@ static enum param_found find_param(const char *p, size_t n, const char *key, cha
         }
         char scratch[FORMSCAN_LINE_MAX];
         size_t vlen = 0;
-        size_t used =
-            param_value(p + i, n - i, wanted ? out : scratch, wanted ? cap : sizeof scratch, &vlen);
+        size_t used = param_value(p + i, n - i, wanted, wanted ? out : scratch,
+                                  wanted ? cap : sizeof scratch, &vlen);
         if (used == PARAM_BAD) {
             return PARAM_MALFORMED; /* where the next parameter starts is in doubt */
         }
@@ -162,9 +184,8 @@ size_t formscan_boundary(const char *ct, size_t len, char *out)
     char charset[32];
     size_t clen = 0;
     enum param_found cs = find_param(ct + i, len - i, "charset", charset, sizeof charset, &clen);
-    if (cs == PARAM_MALFORMED ||
-        (cs == PARAM_FOUND && strcasecmp(charset, "utf-8") != 0 &&
-         strcasecmp(charset, "utf8") != 0 && strcasecmp(charset, "us-ascii") != 0)) {
+    if (cs == PARAM_MALFORMED || (cs == PARAM_FOUND && strcasecmp(charset, "utf-8") != 0 &&
+                                  strcasecmp(charset, "utf8") != 0)) {
         return 0;
     }
     for (size_t j = 0; j < blen; j++) {
@@ -279,6 +300,11 @@ static const char *header_line(struct formscan *s, const char *line, size_t n)
         return "ambiguous name parameter in a part's Content-Disposition";
     }
     s->part_is_model = f == PARAM_FOUND && nlen == 5 && memcmp(name, "model", 5) == 0;
+    /* A form parser hands the server a file there, not the model's name. */
+    if (s->part_is_model &&
+        find_param(line + i, n - i, "filename", name, sizeof name, &nlen) != PARAM_ABSENT) {
+        return "the model field is a file (it has a filename)";
+    }
     return NULL;
 }
 

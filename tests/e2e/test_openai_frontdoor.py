@@ -155,6 +155,29 @@ def test_every_openai_endpoint_routes_by_its_body(thaw_factory, replica, replica
     t.assert_reconciled()
 
 
+def test_curl_uploads_route_by_their_model_field_whatever_the_file_is_called(
+        thaw_factory, replica):
+    """curl sends a file's name as it is, a Windows path's backslashes and
+    UTF-8 too: the form still routes, and the replica gets it whole."""
+    t = thaw_factory({"models": [{"name": "w", "endpoints": [replica.address],
+                                  "aliases": ["whisper-1"]}]})
+    d = tempfile.mkdtemp(prefix="thaw-upload-")
+    wav = os.path.join(d, "speech.wav")
+    audio = wav_bytes()
+    with open(wav, "wb") as f:
+        f.write(audio)
+    for filename in ("C:\\Users\\me\\speech.wav", "back\\slash.wav", "caf\u00e9 \u00e0.wav"):
+        p = subprocess.run(["curl", "-sS", "-o", "-", "-w", "\n%{http_code}",
+                            "-F", f"file=@{wav};filename={filename}", "-F", "model=whisper-1",
+                            f"{t.url}/v1/audio/transcriptions"],
+                           capture_output=True, timeout=60)
+        body, _, code = p.stdout.rpartition(b"\n")
+        assert p.returncode == 0 and code == b"200", (filename, p.stderr, p.stdout)
+        assert json.loads(body)["text"] == f"{len(audio)} bytes for whisper-1", body
+    assert replica.counts == {"POST /v1/audio/transcriptions": 3}
+    t.assert_reconciled()
+
+
 def test_multipart_errors_are_openai_errors(thaw_factory, replica):
     t = thaw_factory({"models": [{"name": "whisper", "endpoints": [replica.address]}]})
     path = "/v1/audio/transcriptions"

@@ -122,7 +122,7 @@ static void test_model_field(void **state)
 static void test_quoted_and_preamble(void **state)
 {
     struct outcome o = scan_str("b", "ignored preamble\r\n--b\r\n"
-                                     "Content-Disposition: form-data; filename=\"x;y\"; "
+                                     "Content-Disposition: form-data; title=\"x;y\"; "
                                      "NAME=\"model\"\r\n\r\n"
                                      "org/Model \"q\"\r\n--b--");
     assert_int_equal(o.status, FORMSCAN_MODEL);
@@ -215,11 +215,28 @@ static void test_ambiguous_part_names(void **state)
     expect_ambiguous("Content-Disposition: form-data; \"weird; name=model", twice);
     expect_ambiguous("Content-Disposition: form-datax; name=\"model\"",
                      "a part's Content-Disposition is not form-data");
-    /* Not ambiguous: long names, filename*, names that only start alike. */
+    /* Python strips \xa0, \x85, \x0b, \x0c and \x1c-\x1f around keys and
+     * values, and reads a bare "name" as name="". */
+    expect_ambiguous("Content-Disposition: form-data;\xa0name=\"model\"", twice);
+    expect_ambiguous("Content-Disposition: form-data; name\x85=\"model\"", twice);
+    expect_ambiguous("Content-Disposition: form-data; \x1fname=model", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=model\x0b", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=model x", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=\"model\"\xa0", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=\"model\"; name", twice);
+    expect_ambiguous("Content-Disposition: form-data; =model", twice);
+    expect_ambiguous("Content-Disposition: form-data; filename=\"a\\\"; name=\"model\"", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=\"model\"; filename=\"m.txt\"",
+                     "the model field is a file");
+    /* Not ambiguous: long names, filename*, names that only start alike, a
+     * Windows path's backslashes in a filename (browsers and curl send
+     * them as they are), UTF-8 in a quoted filename. */
     whole_scan = true;
     struct outcome o = scan_str(
         "b", "--b\r\nContent-Disposition: form-data; name=\"a_rather_long_field_name_here\"; "
              "filename*=UTF-8''a%20b.wav\r\n\r\nx\r\n--b\r\n"
+             "Content-Disposition: form-data; name=\"f\"; filename=\"C:\\Users\\\xc3\xa9.wav\""
+             "\r\n\r\nx\r\n--b\r\n"
              "Content-Disposition: form-data; name=\"modelx\"; names=\"model\"\r\n\r\ny\r\n"
              "--b\r\nContent-Disposition: form-data; name=model\r\n\r\nm\r\n--b--");
     whole_scan = false;
@@ -297,6 +314,9 @@ static void test_boundary_param(void **state)
     const char *refused[] = {
         "Multipart/Form-Data; boundary=a",
         "multipart/form-data; boundary=a; charset=utf-7",
+        "multipart/form-data; boundary=a; charset=us-ascii",
+        "multipart/form-data; boundary=a;\xa0" "charset=latin-1",
+        "multipart/form-data; boundary=a; charset",
         "multipart/form-data; boundary=\"X\\X\"",
         "multipart/form-data; boundary=\"a\"b",
         "multipart/form-data; q=\"\\\\\"; boundary=YY; r=\"; boundary=XX; s=\"",
