@@ -140,6 +140,11 @@ struct conn {
     /* The request read last was read whole and asked to close the
      * connection (Connection: close, or HTTP/1.0 without keep-alive). */
     bool asked_close;
+    /* The handler refused the head of a request whose short body had all
+     * arrived with it: the refusal is answered at the body's end, so the
+     * connection stays in step and open (see on_head). */
+    bool refusal_held;
+    int held_reason; /* enum reject_reason */
     size_t *count; /* the connection count it is in (per port), decremented at close */
     bool body_total_armed;     /* the body timer is the total one, not the idle one */
     /* The timer is lazy (as an upstream's): deadline_ms is when the current

@@ -612,6 +612,7 @@ static void start_request(struct conn *c)
     http_parser_next(&c->parser, &r->head, &r->body);
     c->state = CONN_READING;
     c->asked_close = false;
+    c->refusal_held = false;
     c->body_deadline_ms = 0;
     if (!c->first_request) {
         set_timer(c, TIMER_HEADER);
@@ -651,9 +652,10 @@ static bool expects_body(const struct http_head *h)
     return h->chunked || (h->has_length && h->content_length > 0);
 }
 
-/* Runs the handler's look at a complete head. false when the request was
- * answered (and the connection may be closing). */
-static bool on_head(struct conn *c)
+/* Runs the handler's look at a complete head; `ahead` bytes of input follow
+ * it, already read. false when the request was answered (and the
+ * connection may be closing). */
+static bool on_head(struct conn *c, size_t ahead)
 {
     struct exchange *r = c->ex;
     struct http_head *h = &r->head;
@@ -682,6 +684,15 @@ static bool on_head(struct conn *c)
     }
     if (c->handler->on_head) {
         int rc = c->handler->on_head(c, r);
+        if (rc != REJECT_COUNT && !want_continue && h->has_length && !h->chunked &&
+            h->content_length <= ahead && h->content_length <= CONN_SCRATCH_BYTES) {
+            /* Its body came with the head (as a short JSON body does):
+             * read it, then refuse, and the connection goes on (nginx
+             * discards such a body too). */
+            c->refusal_held = true;
+            c->held_reason = rc;
+            return true;
+        }
         if (rc != REJECT_COUNT) {
             conn_reject(c, (enum reject_reason)rc, NULL);
             return false;
@@ -704,6 +715,11 @@ static void on_complete(struct conn *c)
     c->state = CONN_HANDLING;
     c->asked_close = !r->head.keep_alive;
     set_timer(c, TIMER_NONE);
+    if (c->refusal_held) {
+        c->refusal_held = false;
+        conn_reject(c, (enum reject_reason)c->held_reason, NULL);
+        return;
+    }
     c->handler->on_request(c, r);
 }
 
@@ -759,7 +775,7 @@ static void process_input(struct conn *c, const char *data, size_t len)
             data += used;
             len -= used;
         }
-        if (c->handler->on_body && c->ex && c->ex->state == REQ_READING &&
+        if (c->handler->on_body && c->ex && c->ex->state == REQ_READING && !c->refusal_held &&
             !c->handler->on_body(c, c->ex)) {
             return; /* answered while its body arrived */
         }
@@ -770,7 +786,7 @@ static void process_input(struct conn *c, const char *data, size_t len)
             }
             break;
         case HTTP_EV_HEAD:
-            if (!on_head(c)) {
+            if (!on_head(c, from_in ? buf_unread(&c->in) : len)) {
                 return;
             }
             after_head = true; /* a bodiless request completes without more input */

@@ -228,6 +228,41 @@ def test_a_body_refused_once_read_whole_keeps_the_connection(thaw_factory, sims)
     t.assert_reconciled()
 
 
+def test_a_head_refused_with_its_body_beside_it_keeps_the_connection(thaw_factory, sims):
+    """A request refused at its head (a model nobody serves in the path, a
+    compressed body, a bad priority) whose short body came in the same
+    packet is read to its end, answered, and the connection goes on; one
+    whose body is still to come closes, as the rest would be out of step."""
+    sim = sims("llama")
+    t = thaw_factory({"models": [{"name": "llama", "endpoints": [sim.address]}]})
+    s = t.connect()
+    rd = httpc.Reader(s)
+    body = b'{"model":"llama","prompt":"hi"}'
+    refused = [
+        ("/models/nope/v1/completions", {}, 404, "model_not_found"),
+        ("/v1/completions", {"Content-Encoding": "gzip"}, 415, "encoded_body"),
+        ("/v1/completions", {"thaw-priority": "urgent"}, 400, "bad_priority"),
+    ]
+    for path, headers, status, code in refused:
+        httpc.send(s, "POST", path, {"Content-Type": "application/json", **headers}, body)
+        r = rd.response()
+        assert r.status == status and r.json()["error"]["code"] == code, r.body
+        assert r.header("connection") != "close", path
+    # Pipelined behind a refused one, the next request is served.
+    httpc.send(s, "POST", "/models/nope/v1/completions", {}, body)
+    httpc.send(s, "POST", "/v1/completions", {"Content-Type": "application/json"}, body)
+    assert rd.response().status == 404 and rd.response().status == 200
+    s.close()
+    # The body not in yet: answered at once, and closed.
+    s = t.connect()
+    s.sendall(b"POST /models/nope/v1/completions HTTP/1.1\r\nHost: thaw.test\r\n"
+              b"Content-Length: 100\r\n\r\n")
+    r = httpc.Reader(s).response()
+    assert r.status == 404 and r.header("connection") == "close"
+    s.close()
+    t.assert_reconciled()
+
+
 def test_model_split_across_chunks_and_reads(thaw_factory, sims):
     sim = sims("llama")
     t = thaw_factory({"models": [{"name": "llama", "endpoints": [sim.address]}]})
