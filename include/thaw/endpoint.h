@@ -80,6 +80,9 @@ struct endpoint {
     uint32_t share;
     uint32_t refs; /* in-flight requests + pooled connections + the owner's link */
     uint64_t ejected_until_ms;
+    /* Ejected because a connection broke mid-exchange (see upstream's
+     * hold_until_alive): any answer to a check ends the ejection. */
+    bool held_for_check;
     uint64_t requests;
     uint64_t connect_failures;
     struct list_node idle; /* pooled upstream connections */

@@ -116,6 +116,7 @@ struct server_metrics {
     uint64_t upstream_stale_retries;
     uint64_t upstream_stale_closed;
     uint64_t upstream_accept_checks;
+    uint64_t upstream_break_holds; /* replicas held back after a connection broke */
     uint64_t upstream_connect_stalls; /* connects made again after a stall */
     struct code_counts unrouted_codes; /* responses to requests no model took */
     uint64_t accept_paused; /* listeners paused for want of file descriptors */

@@ -338,6 +338,11 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
                    "Health requests on connections of their own, sent to learn whether a replica "
                    "has accepted new connections that have not answered yet.",
                    sm->upstream_accept_checks);
+    metrics_single(o, "thaw_upstream_break_holds_total", "counter",
+                   "Replicas that reset or closed a connection before its answer ended, and got "
+                   "no more requests until a health request on a connection of its own was "
+                   "answered.",
+                   sm->upstream_break_holds);
     metrics_single(o, "thaw_upstream_connect_stalls_total", "counter",
                    "Connects to replicas made again after 30 ms without an answer to their SYN "
                    "(a full accept queue drops it); each shrinks how many new connections the "

@@ -305,6 +305,17 @@ static void fail(struct upstream *u, enum reject_reason reason, enum abort_reaso
     }
 }
 
+static void hold_until_alive(struct upstream_ctx *ctx, struct endpoint *ep);
+
+/* The replica reset or closed the connection mid-exchange: the request
+ * fails (see fail), and the replica is held back until it shows it is
+ * alive, before the freed slot takes the next request. */
+static void broke(struct upstream *u)
+{
+    hold_until_alive(u->ctx, u->ep);
+    fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+}
+
 /* Writing to the client failed mid-response: the client left, the replica
  * did nothing wrong. Drop the exchange and close the client. */
 static void client_gone(struct upstream *u)
@@ -384,7 +395,7 @@ static void send_request(struct upstream *u)
         } else if (u->sent == 0) {
             connect_failed(u, err); /* nothing was accepted: safe elsewhere */
         } else {
-            fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+            broke(u);
         }
         return;
     }
@@ -583,9 +594,19 @@ static void on_check_done(struct control *c, int status, void *ud)
     (void)c;
     endpoint_ref(ep);
     if (status > 0) {
-        /* Any answer: the replica accepted the check's connection, and
-         * those established before it. */
+        /* Any answer: the replica is alive, and it accepted the check's
+         * connection and those established before it. */
+        bool held = ep->held_for_check;
+        if (held) {
+            ep->held_for_check = false;
+            ep->ejected_until_ms = 0;
+            LOGI("replica answered after a broken connection", "model=%s endpoint=%s",
+                 owner_name(ep), ep->addr_text);
+        }
         accepted(ctx, ep, NULL, ep->check_upto);
+        if (held && ep->model) {
+            ctx->handler->capacity(ctx->ud, ep->model);
+        }
         check_accepts(ctx, ep);
     } else {
         retry_check_later(ep);
@@ -599,14 +620,51 @@ static void on_check_retry(evutil_socket_t fd, short what, void *arg)
     check_accepts(ep->check_ctx, ep);
 }
 
+static bool send_check(struct upstream_ctx *ctx, struct endpoint *ep);
+
 /* At the cap with established connections unanswered, a check finds out
  * whether the replica has accepted them (they may carry requests that take
  * seconds to answer), rather than holding the next requests until then. */
 static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
 {
-    if (!accept_wants_check(ep) || !ep->model ||
-        (ep->check_ctx && control_running(&ep->check))) {
+    if (accept_wants_check(ep) && send_check(ctx, ep)) {
+        ctx->metrics->upstream_accept_checks++;
+    }
+}
+
+/* The replica reset or closed a connection before its answer ended. A
+ * replica that dies (a crash, the OOM killer) does that to every connection
+ * at once, and the request sent next into it would meet the same end (its
+ * queue accepts the connection until the process is gone): 502, though it
+ * was only waiting. So it gets nothing more until a check on a connection
+ * of its own is answered, a millisecond for one alive; until then requests
+ * go to other replicas or wait, as for an ejected one, and a replica
+ * reported gone meanwhile takes none of them. */
+static void hold_until_alive(struct upstream_ctx *ctx, struct endpoint *ep)
+{
+    if (!ep->model) {
         return;
+    }
+    uint64_t until = clock_now_ms() + ctx->eject_ms;
+    if (!ep->held_for_check) {
+        ctx->metrics->upstream_break_holds++;
+        LOGI("replica held back after a broken connection", "model=%s endpoint=%s",
+             owner_name(ep), ep->addr_text);
+    }
+    ep->held_for_check = true;
+    if (ep->ejected_until_ms < until) {
+        ep->ejected_until_ms = until;
+    }
+    send_check(ctx, ep);
+}
+
+/* One GET of the replica's health path on a connection of its own, unless
+ * one is out: its answer (on_check_done) vouches for the connections
+ * established before it, and that the replica is alive. */
+static bool send_check(struct upstream_ctx *ctx, struct endpoint *ep)
+{
+    if (!ep->model || (ep->check_ctx && control_running(&ep->check))) {
+        return false;
     }
     if (!ep->check_ctx) {
         control_init(&ep->check, ctx->base);
@@ -617,10 +675,10 @@ static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep)
     ep->check_upto = ep->established;
     if (control_send(&ep->check, ep->addr_text, "GET", ep->check_path,
                      ACCEPT_CHECK_TIMEOUT_MS, on_check_done, ep) == 0) {
-        ctx->metrics->upstream_accept_checks++;
-    } else {
-        retry_check_later(ep); /* no socket or no route: on_check_done is not called */
+        return true;
     }
+    retry_check_later(ep); /* no socket or no route: on_check_done is not called */
+    return false;
 }
 
 /* A connecting upstream's timer: the stall check, or its connect timeout
@@ -965,7 +1023,7 @@ static void on_eof(struct upstream *u, int err)
         if (is_stale_pooled(u)) {
             stale_pooled(u, err ? err : ECONNRESET);
         } else {
-            fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+            broke(u);
         }
         return;
     case UP_STREAMING:
@@ -976,7 +1034,7 @@ static void on_eof(struct upstream *u, int err)
             }
             complete(u, false);
         } else {
-            fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+            broke(u);
         }
         return;
     }

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import httpc
-from conftest import free_port
+from conftest import free_port, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "counterparts"))
 
@@ -117,6 +117,59 @@ def test_replica_killed_mid_stream_does_not_fail_held_requests(thaw_factory, run
     assert statuses == [200, 200, 200], statuses
     t.assert_reconciled()
     assert stale(t) >= 1
+
+
+def test_requests_queued_behind_a_replica_that_dies_wait_for_the_next_one(thaw_factory):
+    """One slot (max_concurrency 1), a stream on it, three requests queued
+    behind it, and the server SIGKILLed (the OOM killer): the stream is cut,
+    and the queued requests go to the next replica. Before, the first one
+    was sent into the dying server as the stream's slot freed (its listen
+    queue still took the connection) and answered 502."""
+    t = thaw_factory({"models": [counterpart_model(
+        "asyncio_server.py", "llama", "--token-delay-ms", "100", "--tokens", "20",
+        max_concurrency=1)]})
+    for trial in range(5):
+        assert completion(t).status == 200
+        stream = t.connect(timeout=60)
+        completion(t, stream=True, sock=stream)
+        assert httpc.Reader(stream).readline().startswith(b"HTTP/1.1 200")
+        clients = [t.connect(timeout=60) for _ in range(3)]
+        for s in clients:
+            completion(t, sock=s)
+        wait_for(lambda: t.metric("thaw_queue_depth", model="llama", tier="standard") == 3, timeout=10,
+                 what="three requests queued")
+        os.kill(model_pid(t), signal.SIGKILL)
+        statuses = [httpc.Reader(s).response().status for s in clients]
+        assert statuses == [200, 200, 200], (trial, statuses)
+        for s in clients + [stream]:
+            s.close()
+    assert t.metric("thaw_upstream_break_holds_total") >= 5
+    t.assert_reconciled()
+
+
+def test_a_replica_alive_after_a_reset_takes_the_next_request_at_once(thaw_factory):
+    """A server that resets one stream and lives on is held back only until
+    its health check answers: the request queued behind the reset one is
+    served within milliseconds, not after upstream.eject_ms (2 s), and the
+    process is not restarted."""
+    t = thaw_factory({"models": [counterpart_model("asyncio_server.py", "llama",
+                                                   max_concurrency=1)]})
+    assert completion(t).status == 200
+    broken = t.connect(timeout=60)
+    httpc.send(broken, "GET", "/fault/reset-mid?events=2", host="llama")
+    waiting = t.connect(timeout=60)
+    time.sleep(0.02)  # behind the reset one in the queue
+    start = time.monotonic()
+    completion(t, sock=waiting)
+    r = httpc.Reader(waiting).response()
+    took = time.monotonic() - start
+    assert r.status == 200 and took < 1.0, (r.status, took)
+    assert t.metric("thaw_upstream_break_holds_total") == 1
+    m = next(m for m in t.status()["models"] if m["name"] == "llama")
+    assert m["starts"] == 1
+    broken.close()
+    waiting.close()
+    t.assert_reconciled()
 
 
 def stale(t):
