@@ -61,6 +61,7 @@ struct metrics_stream {
     char *names;
     size_t family;     /* the family being rendered */
     size_t next_model; /* in a per-model family: the next model */
+    bool family_begun; /* its HELP/TYPE are out (a piece may end right after them) */
     bool chunked;      /* HTTP/1.1: chunked; else the body ends at close */
     struct buf piece;
 };
@@ -559,8 +560,9 @@ static bool render_more(struct metrics_stream *ms, struct buf *o, size_t want)
             ms->family++;
             continue;
         }
-        if (ms->next_model == 0) {
+        if (!ms->family_begun) {
             metrics_help_type(o, f->name, f->type, f->help);
+            ms->family_begun = true;
         }
         while (ms->next_model < ms->n_models && o->len < want) {
             f->per_model(&ms->models[ms->next_model++], o);
@@ -568,6 +570,7 @@ static bool render_more(struct metrics_stream *ms, struct buf *o, size_t want)
         if (ms->next_model == ms->n_models) {
             ms->family++;
             ms->next_model = 0;
+            ms->family_begun = false;
         }
     }
     return ms->family == N_FAMILIES;

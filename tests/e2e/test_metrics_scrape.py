@@ -122,6 +122,25 @@ def test_metrics_of_400_models_complete_and_well_formed(thaw_factory, upstream):
     t.assert_reconciled()
 
 
+def test_a_piece_ending_right_after_a_family_header_does_not_repeat_it(thaw_factory, upstream):
+    """/metrics goes out in pieces of about 32 KiB. A piece that ended right
+    after a family's HELP and TYPE wrote them again at the start of the
+    next one: two HELP lines, an exposition Prometheus refuses. Names of
+    every length from 1 to 48 move the pieces' ends over every header."""
+    from test_reload import hup, write_config
+    t = thaw_factory({"models": [{"name": "m", "endpoints": [upstream.address]}]})
+    for length in range(1, 49):
+        write_config(t, {"models": [{"name": f"m{i}" + "x" * length,
+                                     "endpoints": [upstream.address]} for i in range(3)]})
+        hup(t)
+        r = get_metrics(t)
+        assert r.status == 200 and len(r.body) > 32 * 1024  # more than one piece
+        try:
+            check_exposition(r.body.decode())
+        except AssertionError as e:
+            raise AssertionError(f"names of {length + 2} bytes: {e}") from None
+
+
 def test_client_leaving_mid_scrape_frees_it(thaw_factory, upstream):
     import socket
     t = thaw_factory(many_models(upstream))
