@@ -38,6 +38,9 @@ static inline int buf_append_str(struct buf *b, const char *s)
 int buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends s as the inside of a JSON string (no quotes), escaping as needed. */
 int buf_append_json_escaped(struct buf *b, const char *s, size_t n);
+/* Appends s, each byte that starts no valid UTF-8 sequence replaced by
+ * U+FFFD (JSON printed from strings of outside origin stays UTF-8). */
+int buf_append_utf8_repaired(struct buf *b, const char *s, size_t n);
 /* Unread bytes. */
 static inline size_t buf_unread(const struct buf *b)
 {

@@ -893,7 +893,8 @@ static void render_status(struct admin_ctx *adm, struct buf *out)
     }
     char *s = cJSON_PrintUnformatted(root);
     if (s) {
-        buf_append_str(out, s);
+        /* Names and errors from files and clusters may hold any bytes. */
+        buf_append_utf8_repaired(out, s, strlen(s));
         buf_append(out, "\n", 1);
         free(s);
     }

@@ -90,6 +90,25 @@ int buf_printf(struct buf *b, const char *fmt, ...)
     return 0;
 }
 
+int buf_append_utf8_repaired(struct buf *b, const char *s, size_t n)
+{
+    size_t i = 0, clean = 0;
+    while (i < n) {
+        unsigned char c = (unsigned char)s[i];
+        size_t take = c < 0x80 ? 1 : utf8_sequence((const unsigned char *)s + i, n - i);
+        if (take) {
+            i += take;
+            continue;
+        }
+        int rc = buf_append(b, s + clean, i - clean);
+        if (rc || (rc = buf_append(b, "\xef\xbf\xbd", 3))) {
+            return rc;
+        }
+        clean = ++i;
+    }
+    return buf_append(b, s + clean, n - clean);
+}
+
 /* Client input (a model's name, say) goes into error bodies: bytes that are
  * not UTF-8 become U+FFFD, so the body stays JSON. */
 int buf_append_json_escaped(struct buf *b, const char *s, size_t n)

@@ -106,6 +106,11 @@ def test_bad_file_is_refused_with_its_line_and_the_old_config_keeps_serving(thaw
     assert "models[0].max_concurrency" in t.status()["config"]["last_error"]
     assert get(t, "/models/llama/echo").status == 200
     assert upstream2.requests == 0
+    # A key that is not UTF-8 is quoted in the error: /status stays UTF-8.
+    with open(t.config_path, "wb") as f:
+        f.write(b'{"x\xff\xfe": 1}\n')
+    hup(t, "failure")
+    assert "\ufffd" in t.status()["config"]["last_error"]
     # Fixed: the next reload succeeds and the gauge and timestamp move.
     time.sleep(0.01)
     write_config(t, {"models": [static_model(upstream)]})
@@ -113,7 +118,7 @@ def test_bad_file_is_refused_with_its_line_and_the_old_config_keeps_serving(thaw
     assert t.metric("thaw_config_last_reload_successful") == 1
     assert t.metric("thaw_config_last_reload_success_timestamp_seconds") > started
     assert t.status()["config"]["last_reload"] == "success"
-    assert reloads(t, "failure") == 2 and reloads(t, "success") == 1
+    assert reloads(t, "failure") == 3 and reloads(t, "success") == 1
 
 
 def test_adding_a_model_makes_it_routable(thaw_factory, upstream, upstream2):

@@ -57,6 +57,21 @@ static void test_json_escape_keeps_utf8_and_replaces_what_is_not(void **state)
     buf_dispose(&b);
 }
 
+/* /status prints names and errors that came from files: a byte that is not
+ * UTF-8 becomes U+FFFD, valid sequences stay as they are. */
+static void test_utf8_repaired(void **state)
+{
+    struct buf b;
+    buf_init(&b);
+    const char in[] = "{\"e\":\"x\xff\xfe caf\xc3\xa9 \xe2\x82\"}";
+    assert_int_equal(buf_append_utf8_repaired(&b, in, sizeof in - 1), 0);
+    const char want[] = "{\"e\":\"x\xef\xbf\xbd\xef\xbf\xbd caf\xc3\xa9 "
+                        "\xef\xbf\xbd\xef\xbf\xbd\"}";
+    assert_int_equal(b.len, sizeof want - 1);
+    assert_memory_equal(b.data, want, b.len);
+    buf_dispose(&b);
+}
+
 static void test_printf_long(void **state)
 {
     struct buf b;
@@ -78,6 +93,7 @@ int main(void)
         cmocka_unit_test(test_json_escape),
         cmocka_unit_test(test_json_escape_keeps_utf8_and_replaces_what_is_not),
         cmocka_unit_test(test_printf_long),
+        cmocka_unit_test(test_utf8_repaired),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
