@@ -56,6 +56,7 @@ struct jsonscan {
     bool whole;           /* read to the end of the body (jsonscan_init_whole) */
     bool model_known;     /* whole scans: the model string is complete, the rest still read */
     bool bom;             /* the body opened with a UTF-8 byte order mark */
+    bool strict;          /* RFC 8259 only (jsonscan_init_strict) */
     const char *key;      /* the top-level key looked for: "model" unless told */
     uint8_t key_len;
     const char *literal;  /* the literal being matched */
@@ -76,6 +77,11 @@ void jsonscan_init(struct jsonscan *s);
  * JSONSCAN_DUPLICATE_MODEL may still follow, and jsonscan_finish says
  * JSONSCAN_MODEL only for a complete object. */
 void jsonscan_init_whole(struct jsonscan *s);
+/* A whole scan of RFC 8259 alone, for a file thaw reads (its configuration):
+ * none of what Python's json also takes (NaN, Infinity, lone surrogates,
+ * escaped or encoded) is valid; a leading byte order mark is skipped, as
+ * RFC 8259 allows (editors write one). */
+void jsonscan_init_strict(struct jsonscan *s);
 /* The same for another top-level key (static, at most 255 bytes, ASCII).
  * A string value is reported as JSONSCAN_MODEL; after JSONSCAN_NO_MODEL,
  * key_is_true says whether the key's value was the literal true. */

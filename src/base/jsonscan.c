@@ -55,6 +55,12 @@ void jsonscan_init_whole(struct jsonscan *s)
     s->whole = true;
 }
 
+void jsonscan_init_strict(struct jsonscan *s)
+{
+    jsonscan_init_whole(s);
+    s->strict = true;
+}
+
 static enum jsonscan_status fail(struct jsonscan *s, const char *why)
 {
     s->status = JSONSCAN_INVALID;
@@ -159,6 +165,9 @@ static enum jsonscan_status flush_high_surrogate(struct jsonscan *s)
 {
     uint32_t high = s->high_surrogate;
     s->high_surrogate = 0;
+    if (high && s->strict) {
+        return fail(s, "a lone surrogate in a string");
+    }
     return high ? emit(s, high, false) : JSONSCAN_MORE;
 }
 
@@ -233,9 +242,15 @@ static enum jsonscan_status begin_value(struct jsonscan *s, unsigned char ch)
         break;
     case 'N': /* NaN and Infinity: Python's json takes them */
         s->literal = "NaN";
+        if (s->strict) {
+            return fail(s, "expected a JSON value");
+        }
         break;
     case 'I':
         s->literal = "Infinity";
+        if (s->strict) {
+            return fail(s, "expected a JSON value");
+        }
         break;
     default:
         if (ch >= '1' && ch <= '9') {
@@ -278,6 +293,9 @@ static enum jsonscan_status end_unicode_escape(struct jsonscan *s)
     if (code >= 0xD800 && code <= 0xDBFF) {
         s->high_surrogate = code;
         return JSONSCAN_MORE;
+    }
+    if (s->strict && code >= 0xDC00 && code <= 0xDFFF) {
+        return fail(s, "a lone surrogate in a string");
     }
     return emit(s, code, false); /* a lone low surrogate too */
 }
@@ -330,7 +348,7 @@ static enum jsonscan_status string_char(struct jsonscan *s, unsigned char ch)
     if (ch >= 0x80 && !utf8_lead(ch, &s->utf8_more, &s->utf8_lo, &s->utf8_hi)) {
         return fail(s, "invalid UTF-8 in a string");
     }
-    if (ch == 0xed) {
+    if (ch == 0xed && !s->strict) {
         s->utf8_hi = 0xbf; /* an encoded surrogate: Python decodes with surrogatepass */
     }
     return emit(s, ch, true);
@@ -402,7 +420,7 @@ static bool number_char(struct jsonscan *s, unsigned char ch, bool *bad)
 /* One byte outside the fast paths. */
 static enum jsonscan_status step(struct jsonscan *s, unsigned char ch)
 {
-    if (s->state == S_NUM_MINUS && ch == 'I') {
+    if (s->state == S_NUM_MINUS && ch == 'I' && !s->strict) {
         s->state = S_LITERAL; /* -Infinity */
         s->literal = "Infinity";
         s->lit_pos = 1;

@@ -1685,6 +1685,33 @@ static bool path_on_line(const struct jsonpos *pos, const cJSON *item, int line,
     return false;
 }
 
+/* cJSON takes what RFC 8259 does not (leading zeros, raw control bytes in
+ * strings or between tokens, bytes that are not UTF-8, a bad \u escape read
+ * as the end of its string): an object cJSON read is checked again. */
+static int check_strict_json(const char *text, size_t len, const char *label,
+                             struct config_error *err)
+{
+    struct jsonscan *scan = malloc(sizeof *scan);
+    if (!scan) {
+        snprintf(err->msg, sizeof err->msg, "%s:0: (load): out of memory", label);
+        return -ENOMEM;
+    }
+    jsonscan_init_strict(scan);
+    enum jsonscan_status js = jsonscan_feed(scan, text, len);
+    if (js != JSONSCAN_INVALID) {
+        js = jsonscan_finish(scan);
+    }
+    int rc = 0;
+    if (js == JSONSCAN_INVALID) {
+        size_t at = scan->error_offset < len ? (size_t)scan->error_offset : len;
+        snprintf(err->msg, sizeof err->msg, "%s:%d: (syntax): not valid JSON: %s at byte %zu",
+                 label, jsonpos_line_of_offset(text, len, at), scan->error, at);
+        rc = -EINVAL;
+    }
+    free(scan);
+    return rc;
+}
+
 struct config *config_parse(const char *text, size_t len, const char *label,
                             struct config_error *err)
 {
@@ -1732,6 +1759,9 @@ struct config *config_parse(const char *text, size_t len, const char *label,
                  text[nul] == '\0' ? "a NUL byte in the file"
                                     : "a string holds a NUL character (\\u0000)");
         rc = -EINVAL;
+    }
+    if (!rc && cJSON_IsObject(root)) {
+        rc = check_strict_json(text, len, label, err);
     }
     if (!rc) {
         rc = parse_root(&p, root, cfg);

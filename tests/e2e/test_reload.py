@@ -106,11 +106,11 @@ def test_bad_file_is_refused_with_its_line_and_the_old_config_keeps_serving(thaw
     assert "models[0].max_concurrency" in t.status()["config"]["last_error"]
     assert get(t, "/models/llama/echo").status == 200
     assert upstream2.requests == 0
-    # A key that is not UTF-8 is quoted in the error: /status stays UTF-8.
+    # A key that is not UTF-8 is not JSON (RFC 8259); /status stays UTF-8.
     with open(t.config_path, "wb") as f:
         f.write(b'{"x\xff\xfe": 1}\n')
     hup(t, "failure")
-    assert "\ufffd" in t.status()["config"]["last_error"]
+    assert "invalid UTF-8 in a string at byte 3" in t.status()["config"]["last_error"]
     # Fixed: the next reload succeeds and the gauge and timestamp move.
     time.sleep(0.01)
     write_config(t, {"models": [static_model(upstream)]})
