@@ -338,6 +338,7 @@ struct conf_key {
     size_t offset;
     uint64_t def;      /* KEY_NUM, KEY_BOOL, KEY_ENUM */
     uint64_t min, max; /* KEY_NUM */
+    bool zero_ok;      /* KEY_NUM: 0 (the default's "none") is allowed below min */
     const char *def_str;
     const char *const *names; /* KEY_ENUM: value i is names[i] */
     int n_names;
@@ -363,6 +364,9 @@ struct section {
 #define SECTION(keys, finish) {keys, N_ELEMS(keys), finish}
 #define K_NUM(T, k, d, lo, hi)                                                                     \
     {.name = #k, .type = KEY_NUM, .offset = offsetof(T, k), .def = d, .min = lo, .max = hi}
+/* 0, or lo to hi. */
+#define K_NUM0(T, k, lo, hi)                                                                       \
+    {.name = #k, .type = KEY_NUM, .offset = offsetof(T, k), .min = lo, .max = hi, .zero_ok = true}
 #define K_BOOL(T, k, d) {.name = #k, .type = KEY_BOOL, .offset = offsetof(T, k), .def = d}
 #define K_STRING(T, k, d, chk)                                                                     \
     {.name = #k, .type = KEY_STRING, .offset = offsetof(T, k), .def_str = d, .check = chk}
@@ -449,6 +453,15 @@ static int read_key(struct parser *p, const struct conf_key *k, const cJSON *ite
     switch (k->type) {
     case KEY_NUM:
         rc = read_uint(p, item, path, k->min, k->max, field);
+        if (rc && k->zero_ok && cJSON_IsNumber(item) && item->valuedouble == 0) {
+            *(uint64_t *)field = 0;
+            p->err->msg[0] = '\0';
+            rc = 0;
+        } else if (rc && k->zero_ok && cJSON_IsNumber(item) && item->valuedouble > 0 &&
+                   item->valuedouble == floor(item->valuedouble)) {
+            rc = fail(p, item, path, "must be 0 or between %llu and %llu (got %.0f)",
+                      (unsigned long long)k->min, (unsigned long long)k->max, item->valuedouble);
+        }
         break;
     case KEY_BOOL:
         rc = read_bool(p, item, path, field);
@@ -917,7 +930,7 @@ static const struct conf_key model_keys[] = {
     K_NUM(struct config_model, gpu_memory_bytes, 0, 0, 1ull << 50),
     K_NUM(struct config_model, loading_heartbeat_ms, 0, 0, 600000),
     K_NUM(struct config_model, target, 0, 0, 100000),
-    K_NUM(struct config_model, stable_window_ms, 0, 0, 3600000),
+    K_NUM0(struct config_model, stable_window_ms, 6000, 3600000),
     {.name = "prewarm", .type = KEY_ENUM, .offset = offsetof(struct config_model, prewarm),
      .def = PREWARM_INHERIT, .lookup = lookup_prewarm, .enum_msg = PREWARM_MSG},
     K_OBJECT(struct config_model, sleep, &sleep_section),

@@ -298,6 +298,28 @@ static void test_odd_whitespace_lines(void **state)
     expect_error("\xEF\xBB\xBF{\n\"bogus\": 1}", "test.json:2: bogus: unknown key");
 }
 
+/* A model's stable window is 0 (the global one) or 6000 to 3600000 ms. */
+static void test_zero_or_range(void **state)
+{
+    expect_error("{\"models\": [{\"name\": \"m\", \"endpoints\": [\"127.0.0.1:1\"],\n"
+                 "  \"stable_window_ms\": 1}]}",
+                 "test.json:2: models[0].stable_window_ms: must be 0 or between 6000 and 3600000 "
+                 "(got 1)");
+    struct config_error err;
+    for (int i = 0; i < 2; i++) {
+        struct config *cfg = parse(i ? "{\"models\": [{\"name\": \"m\", \"endpoints\": "
+                                       "[\"127.0.0.1:1\"], \"stable_window_ms\": 6000}]}"
+                                     : "{\"models\": [{\"name\": \"m\", \"endpoints\": "
+                                       "[\"127.0.0.1:1\"], \"stable_window_ms\": 0}]}",
+                                   &err);
+        if (!cfg) {
+            fail_msg("refused: %s", err.msg);
+        }
+        assert_int_equal(cfg->models[0].stable_window_ms, i ? 6000 : 0);
+        config_free(cfg);
+    }
+}
+
 /* cJSON takes these and reads some of them as something else (a bad \u
  * escape ends the string there: the alias "org"); RFC 8259 does not. */
 static void test_rfc8259_only(void **state)
@@ -551,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_strictness),
         cmocka_unit_test(test_odd_whitespace_lines),
         cmocka_unit_test(test_rfc8259_only),
+        cmocka_unit_test(test_zero_or_range),
         cmocka_unit_test(test_many_keys_and_first_duplicate),
         cmocka_unit_test(test_gpu_duplicate_key),
         cmocka_unit_test(test_kubernetes_defaults),
