@@ -38,7 +38,10 @@ __attribute__((format(printf, 4, 5))) static int fail(struct parser *p, const cJ
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    snprintf(p->err->msg, sizeof p->err->msg, "%s:%d: %s: %s", p->label, line, key, what);
+    /* An object's own rule is named by its prefix ("models[0]."): no dot. */
+    size_t klen = strlen(key);
+    int shown = klen > 1 && key[klen - 1] == '.' ? (int)klen - 1 : (int)klen;
+    snprintf(p->err->msg, sizeof p->err->msg, "%s:%d: %.*s: %s", p->label, line, shown, key, what);
     return -EINVAL;
 }
 
@@ -288,7 +291,9 @@ static int parse_env(struct parser *p, const cJSON *obj, const char *path, void 
     if (!cJSON_IsObject(obj)) {
         return fail(p, obj, path, "must be an object of strings");
     }
-    int rc = check_duplicates(p, obj, "env.");
+    char prefix[300];
+    snprintf(prefix, sizeof prefix, "%s.", path);
+    int rc = check_duplicates(p, obj, prefix);
     if (rc) {
         return rc;
     }
@@ -760,6 +765,7 @@ static int parse_revision_list(struct parser *p, const cJSON *arr, const char *p
         }
         for (size_t j = 0; rc == 0 && j < i; j++) {
             if (strcmp(m->revisions[j].name, r->name) == 0) {
+                snprintf(kpath, sizeof kpath, "%s.name", epath);
                 rc = fail(p, name, kpath, "revision \"%s\" is listed twice", r->name);
             }
         }
@@ -840,6 +846,12 @@ static int model_finish(struct parser *p, const cJSON *obj, const char *prefix, 
                                      m->fallback_to_warm_revision)) {
         return fail(p, obj, prefix, "\"rollout\", \"sticky_header\", \"sticky_tenant\" and "
                     "\"fallback_to_warm_revision\" apply only to a model with \"revisions\"");
+    }
+    const cJSON *eps = cJSON_GetObjectItemCaseSensitive(obj, "endpoints");
+    if (m->n_endpoints == 0 && m->n_command == 0 && eps) {
+        char path[128];
+        snprintf(path, sizeof path, "%sendpoints", prefix);
+        return fail(p, eps, path, "must list at least one \"host:port\"");
     }
     if (m->n_endpoints == 0 && m->n_command == 0) {
         return fail(p, obj, prefix,
@@ -1095,7 +1107,9 @@ static int tenant_finish(struct parser *p, const cJSON *obj, const char *prefix,
         return fail(p, obj, prefix, "\"name\" is required");
     }
     if (strcmp(t->name, "default") == 0) {
-        return fail(p, cJSON_GetObjectItemCaseSensitive(obj, "name"), prefix,
+        char path[128];
+        snprintf(path, sizeof path, "%sname", prefix);
+        return fail(p, cJSON_GetObjectItemCaseSensitive(obj, "name"), path,
                     "\"default\" is the tenant of requests no other tenant claims; "
                     "set it in tenants.default");
     }
@@ -1499,22 +1513,28 @@ static const cJSON *model_source(const cJSON *models, const struct config *cfg, 
 /* A model's GPU needs (gpu_slices, gpu_memory_bytes, mig_profile) need a
  * command and a declared GPU that can hold them (checked at start-up
  * instead when the GPUs are discovered). */
-static int check_model_gpu(struct parser *p, const struct config *cfg, size_t i)
+static int check_model_gpu(struct parser *p, const cJSON *models, const struct config *cfg,
+                           size_t i)
 {
     const struct config_model *m = &cfg->models[i];
     const char *key = m->mig_profile ? "mig_profile" : "gpu_slices";
     char prefix[96], path[128];
-    model_source(NULL, cfg, i, prefix, sizeof prefix);
+    const cJSON *obj = model_source(models, cfg, i, prefix, sizeof prefix);
     snprintf(path, sizeof path, "%s%s", prefix, key);
+    /* The key's line; a revision that inherits it: the revision's. */
+    const cJSON *at = cJSON_GetObjectItemCaseSensitive(obj, key);
+    at = at ? at : obj;
     if (m->n_command == 0) {
-        return fail(p, NULL, path, "applies only to models with a \"command\"");
+        return fail(p, at, path, "applies only to models with a \"command\"");
     }
     if (m->mig_profile && m->gpu_slices) {
-        return fail(p, NULL, path, "a model takes a MIG instance or GPU slices, not both");
+        return fail(p, at, path, "a model takes a MIG instance or GPU slices, not both");
     }
     if (m->gpu_memory_bytes && !m->gpu_slices) {
         snprintf(path, sizeof path, "%sgpu_memory_bytes", prefix);
-        return fail(p, NULL, path, "needs \"gpu_slices\" (a MIG instance has its own memory)");
+        const cJSON *mem = cJSON_GetObjectItemCaseSensitive(obj, "gpu_memory_bytes");
+        return fail(p, mem ? mem : obj, path,
+                    "needs \"gpu_slices\" (a MIG instance has its own memory)");
     }
     if (cfg->gpu_discovery) {
         return 0;
@@ -1530,11 +1550,11 @@ static int check_model_gpu(struct parser *p, const struct config *cfg, size_t i)
         }
     }
     if (!fits && m->mig_profile) {
-        return fail(p, NULL, path, "no declared MIG instance has profile \"%s\" (see \"gpus\")",
+        return fail(p, at, path, "no declared MIG instance has profile \"%s\" (see \"gpus\")",
                     m->mig_profile);
     }
     if (!fits) {
-        return fail(p, NULL, path,
+        return fail(p, at, path,
                     "%llu slices%s do not fit on any declared GPU (see \"gpus\")",
                     (unsigned long long)m->gpu_slices,
                     m->gpu_memory_bytes ? " with their gpu_memory_bytes" : "");
@@ -1542,12 +1562,12 @@ static int check_model_gpu(struct parser *p, const struct config *cfg, size_t i)
     return 0;
 }
 
-static int check_gpu_slices(struct parser *p, const struct config *cfg)
+static int check_gpu_slices(struct parser *p, const cJSON *models, const struct config *cfg)
 {
     for (size_t i = 0; i < cfg->n_models; i++) {
         const struct config_model *m = &cfg->models[i];
         if (m->gpu_slices || m->mig_profile || m->gpu_memory_bytes) {
-            int rc = check_model_gpu(p, cfg, i);
+            int rc = check_model_gpu(p, models, cfg, i);
             if (rc) {
                 return rc;
             }
@@ -1561,7 +1581,7 @@ static int root_finish(struct parser *p, const cJSON *obj, const char *prefix, v
     struct config *cfg = base;
     const cJSON *models = cJSON_GetObjectItemCaseSensitive(obj, "models");
     int rc = models ? parse_models(p, models, cfg) : 0;
-    return rc ? rc : check_gpu_slices(p, cfg);
+    return rc ? rc : check_gpu_slices(p, models, cfg);
 }
 
 /* limits is early: model defaults depend on it. */

@@ -115,9 +115,9 @@ def test_memory_bound_gpu_evicts_an_idle_warm_replica_for_a_critical_model(thaw_
 
 @pytest.mark.parametrize("gpus,model,error", [
     ('[{"id": 0, "mig": "GPU-1234", "profile": "1g.5gb"}]', '"gpu_slices": 1',
-     'gpus[0].: "mig" must be a MIG device UUID'),
+     'gpus[0]: "mig" must be a MIG device UUID'),
     ('[{"id": 0, "mig": "MIG-1234"}]', '"gpu_slices": 1',
-     'gpus[0].: a MIG instance needs its "profile"'),
+     'gpus[0]: a MIG instance needs its "profile"'),
     ('[{"id": 0, "mig": "MIG-1234", "profile": "1g.5gb", "sharing": "mps"}]',
      '"mig_profile": "1g.5gb"', "MPS does not apply to MIG devices"),
     ('[{"id": 0, "mig": "MIG-1234", "profile": "1g.5gb"}]', '"mig_profile": "3g.20gb"',

@@ -53,7 +53,7 @@ static void test_tenants_source_and_document(void **state)
     assert_string_equal(cfg->tenants.source.key, "tenants.json");
     config_free(cfg);
     expect_error("{\"tenants\": {\"source\": {\"kind\": \"secret\", \"name\": \"t\"}}}",
-                 "test.json:1: tenants.source.: needs the kubernetes section");
+                 "test.json:1: tenants.source: needs the kubernetes section");
     expect_error("{\"kubernetes\": {}, \"tenants\": {\"source\": {\"kind\": \"vault\"}}}",
                  "tenants.source.kind: must be \"secret\" or \"configmap\"");
     expect_error("{\"kubernetes\": {}, \"tenants\": {\"source\": {\"kind\": \"secret\"}}}",
@@ -201,7 +201,7 @@ static void test_errors_name_file_line_and_key(void **state)
                  " \"priority\": \"urgent\"}]}",
                  "test.json:4: models[0].priority: must be one of");
     expect_error("{\"models\": [{\"name\": \"a\"}]}",
-                 "models[0].: \"endpoints\" (a list of \"host:port\") or \"command\"");
+                 "models[0]: \"endpoints\" (a list of \"host:port\") or \"command\"");
     expect_error("{\"models\": [{\"endpoints\": [\"h:1\"]}]}", "\"name\" is required");
     expect_error("{\"models\": [{\"name\": \"a\", \"endpoints\": [\"nohost\"]}]}",
                  "models[0].endpoints[0]: \"nohost\" is not valid");
@@ -246,8 +246,8 @@ static void test_process_models(void **state)
                  "models[0].gpu_slices: 1 slices do not fit on any declared GPU");
     expect_error("{\"models\": [{\"name\": \"m\", \"command\": [\"x\"],\n"
                  "\"min_replicas\": 2, \"max_replicas\": 1}]}",
-                 "test.json:2: models[0].: min_replicas (2) is above max_replicas (1)");
-    expect_error("{\"gpus\": [{\"id\": 0}, {\"id\": 0}]}", "gpus[1].: GPU id 0 is declared twice");
+                 "test.json:2: models[0]: min_replicas (2) is above max_replicas (1)");
+    expect_error("{\"gpus\": [{\"id\": 0}, {\"id\": 0}]}", "gpus[1]: GPU id 0 is declared twice");
     expect_error("{\"gpus\": [{\"id\": 0, \"sharing\": \"mig\"}]}", "gpus[0].sharing: must be");
     expect_error("{\"models\": [{\"name\": \"m\", \"command\": [\"x\"], \"env\": {\"A\": 1}}]}",
                  "models[0].env.A: must be a string");
@@ -296,6 +296,32 @@ static void test_odd_whitespace_lines(void **state)
     expect_error_len(ctl2, sizeof ctl2 - 1,
                      "test.json:3: (syntax): not valid JSON: expected a string key at byte 27");
     expect_error("\xEF\xBB\xBF{\n\"bogus\": 1}", "test.json:2: bogus: unknown key");
+}
+
+/* Errors found after the keys were read still name the key's line, and
+ * the key in full. */
+static void test_late_errors_name_line_and_key(void **state)
+{
+    expect_error("{\"gpus\": [{\"id\": 0, \"slices\": 4}],\n\"models\": [{\"name\": \"m\",\n"
+                 "\"command\": [\"x\"],\n\"gpu_slices\": 5}]}",
+                 "test.json:4: models[0].gpu_slices: 5 slices do not fit on any declared GPU");
+    expect_error("{\"models\": [{\"name\": \"m\", \"endpoints\": [\"127.0.0.1:1\"],\n"
+                 "\"gpu_slices\": 1}]}",
+                 "test.json:2: models[0].gpu_slices: applies only to models with a \"command\"");
+    expect_error("{\"models\": [{\"name\": \"m\", \"command\": [\"x\"],\n\"mig_profile\": "
+                 "\"1g.10gb\"}]}",
+                 "test.json:2: models[0].mig_profile: no declared MIG instance");
+    expect_error("{\"models\": [{\"name\": \"m\", \"command\": [\"x\"], \"env\": {\"A\": \"1\",\n"
+                 "\"A\": \"2\"}}]}",
+                 "test.json:2: models[0].env.A: duplicate key");
+    expect_error("{\"models\": [{\"name\": \"m\",\n\"endpoints\": []}]}",
+                 "test.json:2: models[0].endpoints: must list at least one \"host:port\"");
+    expect_error("{\"tenants\": {\"list\": [{\n\"name\": \"default\"}]}}",
+                 "test.json:2: tenants.list[0].name: \"default\" is the tenant");
+    expect_error("{\"models\": [{\"name\": \"m\", \"endpoints\": [\"127.0.0.1:1\"],\n"
+                 "\"revisions\": [{\"name\": \"a\", \"percent\": 50},\n"
+                 "{\"name\": \"a\", \"percent\": 50}]}]}",
+                 "test.json:3: models[0].revisions[1].name: revision \"a\" is listed twice");
 }
 
 /* A model's stable window is 0 (the global one) or 6000 to 3600000 ms. */
@@ -526,7 +552,7 @@ static void test_revision_errors(void **state)
                  "test.json:2: models[0].revisions: the revisions' percents add up to 90, not 100");
     expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [\n"
                  "{\"name\": \"a\", \"percent\": 100}]}]}",
-                 "models[0].revisions[0].: \"endpoints\"");
+                 "models[0].revisions[0]: \"endpoints\"");
     expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [\n"
                  "{\"name\": \"a\", \"percent\": 100, \"command\": [\"x\"], \"hosts\": [\"h\"]}]}]}",
                  "models[0].revisions[0].hosts: applies to the model");
@@ -574,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_odd_whitespace_lines),
         cmocka_unit_test(test_rfc8259_only),
         cmocka_unit_test(test_zero_or_range),
+        cmocka_unit_test(test_late_errors_name_line_and_key),
         cmocka_unit_test(test_many_keys_and_first_duplicate),
         cmocka_unit_test(test_gpu_duplicate_key),
         cmocka_unit_test(test_kubernetes_defaults),
