@@ -463,6 +463,16 @@ void reload_from_file(struct server *srv)
         record_failure(srv, err.msg);
         return;
     }
+    struct backend *backends[ADMIN_MAX_BACKENDS];
+    size_t n_backends = server_backends(srv, backends);
+    for (size_t i = 0; i < n_backends; i++) {
+        if (backends[i]->ops->check_config &&
+            backends[i]->ops->check_config(backends[i], next, err.msg, sizeof err.msg)) {
+            config_free(next);
+            record_failure(srv, err.msg);
+            return;
+        }
+    }
     reload_apply(srv, next);
     struct reload_status *st = &srv->rt.reload;
     st->succeeded++;

@@ -47,6 +47,10 @@ struct backend_ops {
     /* After a reload: read cfg from now on (settings that need a restart
      * keep the values the backend started with). NULL: it keeps none. */
     void (*set_config)(struct backend *b, const struct config *cfg);
+    /* Optional: what a reload's configuration asks that this backend as it
+     * runs cannot give (a GPU need no running GPU meets); 0, or -EINVAL
+     * with "FILE:LINE: KEY: problem" in err. */
+    int (*check_config)(struct backend *b, const struct config *cfg, char *err, size_t errlen);
     /* Its own metric families in Prometheus text (API client, leadership).
      * NULL: none. */
     void (*render_metrics)(struct backend *b, struct buf *out);

@@ -303,6 +303,9 @@ uint64_t config_default_idle_timeout_ms(enum tier priority);
 /* A configuration with every default and no models. */
 struct config *config_new_default(void);
 void config_free(struct config *cfg);
+/* Where cfg->models[i] is in the file, as errors name it: "models[0]." or,
+ * for a revision, "models[0].revisions[1].". */
+void config_model_prefix(const struct config *cfg, size_t i, char *prefix, size_t n);
 /* Replaces a string field. 0 or -ENOMEM. */
 int config_set_string(char **field, const char *value);
 /* Validates and sets a listen address given on the command line (flag

@@ -1850,6 +1850,9 @@ static void process_free(struct backend *b)
     free(pb);
 }
 
+static int process_check_config(struct backend *b, const struct config *cfg, char *err,
+                                size_t errlen);
+
 static const struct backend_ops process_ops = {
     .name = "process",
     .attach = process_attach,
@@ -1860,6 +1863,7 @@ static const struct backend_ops process_ops = {
     .update = process_update,
     .retire = process_retire,
     .set_config = process_set_config,
+    .check_config = process_check_config,
     .stop = process_stop,
     .free = process_free,
 };
@@ -2021,8 +2025,13 @@ done:
 
 /* Every model's GPU needs fit some unit (the config checked declared GPUs;
  * discovered ones are checked here). */
-static bool gpu_needs_fit(const struct process_backend *pb, const struct config *cfg)
+/* Every model's GPU needs against the GPUs this backend runs with
+ * (discovered, or declared at start: a change to "gpus" needs a restart).
+ * A model that fits on none would wait for capacity forever. */
+static int process_check_config(struct backend *b, const struct config *cfg, char *err,
+                                size_t errlen)
 {
+    const struct process_backend *pb = PB(b);
     for (size_t i = 0; i < cfg->n_models; i++) {
         const struct config_model *m = &cfg->models[i];
         if (!m->n_command || (!m->gpu_slices && !m->mig_profile)) {
@@ -2032,16 +2041,28 @@ static bool gpu_needs_fit(const struct process_backend *pb, const struct config 
         for (size_t g = 0; g < pb->n_gpus && !fits; g++) {
             const struct gpu_slot *s = &pb->gpus[g];
             fits = m->mig_profile ? s->profile && strcmp(s->profile, m->mig_profile) == 0
-                                  : !s->profile && s->slices >= m->gpu_slices;
+                                  : !s->profile && s->slices >= m->gpu_slices &&
+                                        (!s->memory_bytes || s->memory_bytes >= m->gpu_memory_bytes);
         }
         if (!fits) {
-            LOGE("a model's GPU needs fit on no GPU found", "model=%s gpu_slices=%llu "
-                 "mig_profile=%s gpus_found=%zu", m->name, (unsigned long long)m->gpu_slices,
-                 m->mig_profile ? m->mig_profile : "-", pb->n_gpus);
-            return false;
+            char prefix[96];
+            config_model_prefix(cfg, i, prefix, sizeof prefix);
+            if (m->mig_profile) {
+                snprintf(err, errlen,
+                         "%s:%d: %smig_profile: no MIG instance of profile \"%s\" among the %zu "
+                         "GPU units thaw runs with (a change to \"gpus\" needs a restart)",
+                         cfg->path, m->line, prefix, m->mig_profile, pb->n_gpus);
+            } else {
+                snprintf(err, errlen,
+                         "%s:%d: %sgpu_slices: %llu slices%s fit on none of the %zu GPU units "
+                         "thaw runs with (a change to \"gpus\" needs a restart)",
+                         cfg->path, m->line, prefix, (unsigned long long)m->gpu_slices,
+                         m->gpu_memory_bytes ? " with their gpu_memory_bytes" : "", pb->n_gpus);
+            }
+            return -EINVAL;
         }
     }
-    return true;
+    return 0;
 }
 
 struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
@@ -2062,7 +2083,11 @@ struct backend *backend_process_new(struct fleet *fleet, struct event_base *base
         process_free(&pb->base);
         return NULL;
     }
-    if (cfg->gpu_discovery && !gpu_needs_fit(pb, cfg)) {
+    char why[600];
+    if (cfg->gpu_discovery && process_check_config(&pb->base, cfg, why, sizeof why)) {
+        char q[700];
+        log_quote(q, sizeof q, why, strlen(why), 600);
+        LOGE("a model's GPU needs fit on no GPU found", "error=%s", q);
         process_free(&pb->base);
         return NULL;
     }

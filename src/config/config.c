@@ -1483,14 +1483,17 @@ static int parse_models(struct parser *p, const cJSON *models, struct config *cf
 /* Where model i was written: its object in the file's "models" (NULL when
  * models is) and its path, "models[k]." or, for a revision,
  * "models[k].revisions[j].". */
-static const cJSON *model_source(const cJSON *models, const struct config *cfg, size_t i,
-                                 char *prefix, size_t n)
+/* Where cfg->models[i] is in the file: its index, or its model's and its
+ * own for a revision (-1: not found). */
+static void model_place(const struct config *cfg, size_t i, long *model, long *rev)
 {
     const struct config_model *m = &cfg->models[i];
-    snprintf(prefix, n, "models[%zu].", i);
+    *model = (long)i;
+    *rev = -1;
     if (!m->parent) {
-        return cJSON_GetArrayItem(models, (int)i);
+        return;
     }
+    *model = -1;
     for (size_t k = 0; k < cfg->n_models; k++) {
         const struct config_model *pm = &cfg->models[k];
         if (pm->parent || strcmp(pm->name, m->parent) != 0 ||
@@ -1499,15 +1502,37 @@ static const cJSON *model_source(const cJSON *models, const struct config *cfg, 
         }
         for (size_t j = 0; j < pm->n_revisions; j++) {
             if (strcmp(pm->revisions[j].name, m->revision) == 0) {
-                snprintf(prefix, n, "models[%zu].revisions[%zu].", k, j);
-                return cJSON_GetArrayItem(
-                    cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(models, (int)k),
-                                                     "revisions"),
-                    (int)j);
+                *model = (long)k;
+                *rev = (long)j;
+                return;
             }
         }
     }
-    return NULL;
+}
+
+void config_model_prefix(const struct config *cfg, size_t i, char *prefix, size_t n)
+{
+    long k, j;
+    model_place(cfg, i, &k, &j);
+    if (j >= 0) {
+        snprintf(prefix, n, "models[%ld].revisions[%ld].", k, j);
+    } else {
+        snprintf(prefix, n, "models[%zu].", i);
+    }
+}
+
+static const cJSON *model_source(const cJSON *models, const struct config *cfg, size_t i,
+                                 char *prefix, size_t n)
+{
+    long k, j;
+    model_place(cfg, i, &k, &j);
+    config_model_prefix(cfg, i, prefix, n);
+    if (k < 0) {
+        return NULL;
+    }
+    const cJSON *obj = cJSON_GetArrayItem(models, (int)k);
+    return j < 0 ? obj : cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(obj, "revisions"),
+                                            (int)j);
 }
 
 /* A model's GPU needs (gpu_slices, gpu_memory_bytes, mig_profile) need a

@@ -175,3 +175,29 @@ def test_discovered_gpus_without_the_profile_asked_for(thaw_factory, fake_nvidia
         thaw_factory({"gpus": "discover", "gpu_discovery_command": [smi, "-L"],
                       "models": [sim_model("huge", mig_profile="7g.40gb")]})
     assert "fit on no GPU found" in str(e.value) and "7g.40gb" in str(e.value)
+
+
+def test_a_reload_is_checked_against_the_gpus_thaw_runs_with(thaw_factory, fake_nvidia_smi):
+    """A change to "gpus" needs a restart: a reload whose new model fits
+    only the file's new GPUs, or none of the discovered ones, is refused
+    (before, it was taken and the model waited for capacity forever)."""
+    from test_reload import hup, write_config
+    t = thaw_factory({"gpus": [{"id": 0, "slices": 4}],
+                      "models": [sim_model("a", load_ms=50, gpu_slices=1)]})
+    write_config(t, {"gpus": [{"id": 0, "slices": 8}],
+                     "models": [sim_model("a", load_ms=50, gpu_slices=1),
+                                sim_model("big", load_ms=50, gpu_slices=6)]})
+    hup(t, "failure")
+    err = t.status()["config"]["last_error"]
+    assert "models[1].gpu_slices: 6 slices fit on none of the 1 GPU units thaw runs with" in err
+    assert [m["name"] for m in t.status()["models"]] == ["a"]
+    assert complete(t, "a").status == 200
+    # Discovered GPUs are not in the file: a reload is checked against them.
+    smi = fake_nvidia_smi(NVIDIA_SMI_L)
+    t2 = thaw_factory({"gpus": "discover", "gpu_discovery_command": [smi, "-L"],
+                       "models": [sim_model("small", load_ms=50, mig_profile="1g.5gb")]})
+    write_config(t2, {"gpus": "discover", "gpu_discovery_command": [smi, "-L"],
+                      "models": [sim_model("small", load_ms=50, mig_profile="1g.5gb"),
+                                 sim_model("huge", load_ms=50, mig_profile="7g.40gb")]})
+    hup(t2, "failure")
+    assert 'no MIG instance of profile "7g.40gb"' in t2.status()["config"]["last_error"]
