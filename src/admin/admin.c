@@ -41,7 +41,7 @@ static struct admin_ctx *adm_of(struct conn *c)
  * shows the same models with the same values. */
 struct model_snap {
     const char *name;   /* in metrics_stream.names */
-    const char *labels; /* model="name", and namespace="ns" for cluster models; in names */
+    const char *labels; /* model="name", and namespace="ns" (carries_namespace); in names */
     struct model_stats stats;
     size_t queue_len[TIER_COUNT];
     size_t n_endpoints;
@@ -51,6 +51,13 @@ struct model_snap {
     enum tier priority;
     bool pool_warm;
 };
+
+/* Cluster models are named within a namespace, and so are file models given
+ * one: the same name may be in two, so their series carry it. */
+static bool carries_namespace(const struct model *m)
+{
+    return m->namespaced || strcmp(m->namespace_, "default") != 0;
+}
 
 struct metrics_stream {
     struct admin_ctx *adm;
@@ -404,7 +411,7 @@ static void revision_families(const struct metrics_stream *ms, struct buf *o)
     FOR_EACH_MODEL(adm, m)
     {
         char ns[300] = "";
-        if (m->namespaced) {
+        if (carries_namespace(m)) {
             snprintf(ns, sizeof ns, ",namespace=\"%s\"", m->namespace_);
         }
         for (size_t i = 0; m->revs && i < m->revs->n; i++) {
@@ -424,7 +431,7 @@ static void revision_families(const struct metrics_stream *ms, struct buf *o)
         const uint64_t n[3] = {rv->steps, rv->promotions, rv->rollbacks};
         const char *const what[3] = {"step", "promote", "rollback"};
         char ns[300] = "";
-        if (m->namespaced) {
+        if (carries_namespace(m)) {
             snprintf(ns, sizeof ns, ",namespace=\"%s\"", m->namespace_);
         }
         for (int a = 0; a < 3; a++) {
@@ -511,12 +518,10 @@ static int snapshot_models(struct metrics_stream *ms)
         memcpy(at, m->name, len);
         s->name = at;
         at += len;
-        /* Cluster models are named within a namespace: the same name may be
-         * in two, so their series carry it. A revision's series carry its
-         * model's name and its own. */
+        /* A revision's series carry its model's name and its own. */
         const char *model = m->parent ? m->parent->name : m->name;
         int w = sprintf(at, "model=\"%s\"", model);
-        if (m->namespaced) {
+        if (carries_namespace(m)) {
             w += sprintf(at + w, ",namespace=\"%s\"", m->namespace_);
         }
         if (m->parent && m->revision) {

@@ -141,6 +141,28 @@ def test_a_piece_ending_right_after_a_family_header_does_not_repeat_it(thaw_fact
             raise AssertionError(f"names of {length + 2} bytes: {e}") from None
 
 
+def test_one_name_in_two_namespaces_gives_two_sets_of_series(thaw_factory, upstream):
+    """Two file models named llama, in namespaces team-a and team-b: their
+    series carry the namespace (before, both wrote the same series, and
+    Prometheus refused the scrape); one in "default" carries none."""
+    t = thaw_factory({"models": [
+        {"name": "llama", "namespace": "team-a", "endpoints": [upstream.address]},
+        {"name": "llama", "namespace": "team-b", "endpoints": [upstream.address]},
+        {"name": "other", "endpoints": [upstream.address]}]})
+    r = httpc.request(t.host, t.port, "GET", "/models/team-b/llama/echo", {"Host": "x"})
+    assert r.status == 200
+    text = get_metrics(t).body.decode()
+    samples = check_exposition(text)
+    for fam, lines in samples.items():
+        series = [line.rsplit(" ", 1)[0] for line in lines]
+        assert len(series) == len(set(series)), f"{fam}: a series twice"
+    ready = samples["thaw_replicas_ready"]
+    assert 'thaw_replicas_ready{model="llama",namespace="team-a"} 1' in ready
+    assert 'thaw_replicas_ready{model="other"} 1' in ready
+    assert ('thaw_requests_total{model="llama",namespace="team-b",code="200"} 1'
+            in samples["thaw_requests_total"])
+
+
 def test_client_leaving_mid_scrape_frees_it(thaw_factory, upstream):
     import socket
     t = thaw_factory(many_models(upstream))
