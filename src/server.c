@@ -291,6 +291,8 @@ static void on_drain_tick(evutil_socket_t fd, short what, void *arg)
             proxy_flush_queue(&srv->rt, container_of(pos, struct model, node), REJECT_SHUTTING_DOWN,
                               NULL);
         }
+        /* A request whose answer has not started still gets one. */
+        proxy_give_up_forwarded(&srv->rt, REJECT_SHUTTING_DOWN, ABORT_SHUTDOWN);
         /* Give the 503s a moment to leave, then close whatever remains. */
         srv->drain_deadline_ms = UINT64_MAX;
         srv->drain_hard_stop = true;

@@ -972,6 +972,19 @@ void proxy_model_removed(struct runtime *rt, struct model *m, const char *reason
     proxy_flush_queue(rt, m, REJECT_MODEL_REMOVED, reason);
 }
 
+void proxy_give_up_forwarded(struct runtime *rt, enum reject_reason reason,
+                             enum abort_reason abort)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &rt->net.conns)
+    {
+        struct conn *c = container_of(pos, struct conn, node);
+        if (c->handler == &proxy_conn_handler && c->ex && request_of(c->ex)->fwd.up) {
+            upstream_give_up(request_of(c->ex)->fwd.up, reason, abort);
+        }
+    }
+}
+
 void proxy_flush_queue(struct runtime *rt, struct model *m, enum reject_reason reason,
                        const char *detail)
 {
@@ -1175,7 +1188,7 @@ static void upstream_failed(struct upstream_req *f, enum reject_reason reason,
 {
     struct request *r = request_of_fwd(f);
     struct conn *c = r->conn;
-    if (r->model) {
+    if (r->model && reason != REJECT_SHUTTING_DOWN) {
         r->model->stats.upstream_errors++;
     }
     /* Nothing of the replica's reached the client yet (a heartbeat stream

@@ -600,7 +600,7 @@ def test_admin_endpoints(thaw):
     m = st["models"][0]
     assert m["name"] == "llama" and m["replicas"][0]["requests"] == 1
     assert set(m["queue"]) >= {"critical", "standard", "batch"}
-    assert thaw.metric("thaw_requests_total", model="llama", code="200") == 1
+    assert thaw.metric("thaw_requests_total", model="llama", namespace="models", code="200") == 1
 
 
 def test_sigterm_drains_in_flight_requests(thaw_factory, upstream):
@@ -616,6 +616,38 @@ def test_sigterm_drains_in_flight_requests(thaw_factory, upstream):
         socket.create_connection((t.host, t.port), timeout=2).recv(1)
     th.join()
     assert res["r"].status == 200
+    assert t.proc.wait(10) == 0
+
+
+def test_drain_deadline_answers_every_request_not_yet_answered(thaw_factory, upstream):
+    """One slot; at SIGTERM one request runs, two wait. The first ends and
+    the next goes to the replica, which is still working on it at the drain
+    deadline: it gets 503 shutting_down, as the one still queued does. Before,
+    its connection was closed with no answer at all."""
+    t = thaw_factory({"limits": {"drain_timeout_ms": 800},
+                      "models": [model(upstream, max_concurrency=1)]})
+    res = {}
+
+    def run(key, ms):
+        try:
+            res[key] = get(t, f"/sleep?ms={ms}", host="llama")
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            res[key] = e
+    ths = [threading.Thread(target=run, args=("first", 300))]
+    ths[0].start()
+    wait_for(lambda: upstream.active == 1, what="the first in flight")
+    for key in ("second", "third"):
+        ths.append(threading.Thread(target=run, args=(key, 5000)))
+        ths[-1].start()
+    wait_for(lambda: t.metric("thaw_queue_depth_all") == 2, what="two queued")
+    t.proc.send_signal(15)
+    for th in ths:
+        th.join(30)
+    assert res["first"].status == 200
+    for key in ("second", "third"):
+        r = res[key]
+        assert not isinstance(r, Exception), (key, r)
+        assert r.status == 503 and r.json()["error"]["code"] == "shutting_down", (key, r.body)
     assert t.proc.wait(10) == 0
 
 
