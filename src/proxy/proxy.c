@@ -1324,6 +1324,13 @@ static void upstream_stream_error(struct upstream_req *f, int status, const char
     const char *type = cJSON_IsObject(src) ? json_string(src, "type") : NULL;
     const char *param = cJSON_IsObject(src) ? json_string(src, "param") : NULL;
     const char *code = cJSON_IsObject(src) ? json_string(src, "code") : NULL;
+    /* vLLM's code is the status as a number; OpenAI's clients take a string. */
+    const cJSON *num = cJSON_IsObject(src) ? cJSON_GetObjectItemCaseSensitive(src, "code") : NULL;
+    char code_text[24];
+    if (!code && cJSON_IsNumber(num) && num->valuedouble == (double)(long long)num->valuedouble) {
+        snprintf(code_text, sizeof code_text, "%lld", (long long)num->valuedouble);
+        code = code_text;
+    }
     struct buf m, json;
     buf_init(&m);
     buf_init(&json);

@@ -11,7 +11,8 @@ what was uploaded), standard library only.
 
 As a process (a process-backend command): --port P [--load-ms MS] binds only
 after MS (a model loading), [--error-status N] answers every POST with N and
-an OpenAI error body, [--delay-ms MS] answers POSTs after MS. In a test: Replica().start() serves on a thread.
+an OpenAI error body (with --vllm-error, vLLM's: "object": "error" and the status as
+"code"), [--delay-ms MS] answers POSTs after MS. In a test: Replica().start() serves on a thread.
 """
 
 import argparse
@@ -71,6 +72,11 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         self.counts["POST " + path] = self.counts.get("POST " + path, 0) + 1
         time.sleep(self.delay_ms / 1000)
+        if self.error_status and getattr(self, "vllm_error", False):
+            self.send_json(self.error_status, {
+                "object": "error", "message": "the replica cannot serve this now",
+                "type": "ServiceUnavailableError", "param": None, "code": self.error_status})
+            return
         if self.error_status:
             self.send_json(self.error_status, {"error": {
                 "message": "the replica cannot serve this now", "type": "replica_error",
@@ -154,10 +160,11 @@ def main():
     ap.add_argument("--load-ms", type=int, default=0)
     ap.add_argument("--error-status", type=int, default=0)
     ap.add_argument("--delay-ms", type=int, default=0)
+    ap.add_argument("--vllm-error", action="store_true")
     a = ap.parse_args()
     time.sleep(a.load_ms / 1000)
     handler = type("H", (Handler,), {"error_status": a.error_status, "delay_ms": a.delay_ms,
-                                     "counts": {}})
+                                     "vllm_error": a.vllm_error, "counts": {}})
     server = ThreadingHTTPServer(("127.0.0.1", a.port), handler)
     server.daemon_threads = True
     server.serve_forever()

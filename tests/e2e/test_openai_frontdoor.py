@@ -389,6 +389,23 @@ def test_replica_error_after_heartbeats_ends_as_an_sse_error_event(thaw_factory)
     t.assert_reconciled()
 
 
+def test_a_vllm_error_after_heartbeats_keeps_its_message_and_code(thaw_factory):
+    """vLLM answers {"object": "error", "message", "type", "code": 503}: the
+    event carries its message, and its numeric code as a string."""
+    t = thaw_factory({"models": [{
+        "name": "flaky", "loading_heartbeat_ms": 100, "idle_timeout_ms": 60000,
+        "startup_timeout_ms": 20000 * SLOW,
+        "command": [sys.executable, REPLICA, "--port", "{port}", "--load-ms", "300",
+                    "--error-status", "503", "--vllm-error"]}]})
+    r, events = stream_events(t, "flaky")
+    assert r.status == 200 and events[-1].startswith("event: error\ndata: {"), events
+    err = json.loads(events[-1][len("event: error\ndata: "):])["error"]
+    assert err["status"] == 503 and err["code"] == "503", err
+    assert err["message"] == "the replica cannot serve this now (model `flaky`)"
+    assert err["type"] == "ServiceUnavailableError"
+    t.assert_reconciled()
+
+
 def test_first_byte_timeout_after_heartbeats_is_an_sse_error_event(thaw_factory):
     t = thaw_factory({"models": [{
         "name": "slow", "loading_heartbeat_ms": 100, "idle_timeout_ms": 60000,
