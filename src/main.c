@@ -13,9 +13,6 @@
 
 #include <curl/curl.h>
 
-#ifndef THAW_VERSION
-#define THAW_VERSION "dev"
-#endif
 
 static void usage(FILE *f)
 {

@@ -16,9 +16,6 @@
 
 #include <cjson/cJSON.h>
 
-#ifndef THAW_VERSION
-#define THAW_VERSION "dev"
-#endif
 
 
 #define FOR_EACH_MODEL(adm, m)                                                                     \

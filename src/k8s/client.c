@@ -14,9 +14,6 @@
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
-#ifndef THAW_VERSION
-#define THAW_VERSION "dev"
-#endif
 
 #define TOKEN_REREAD_MS 60000
 #define MAX_RESPONSE_BYTES (256u << 20)
