@@ -116,6 +116,9 @@ static enum param_found find_param(const char *p, size_t n, const char *key, cha
             }
         }
         bool same = kend - k >= klen && strncasecmp(p + k, key, klen) == 0;
+        if (same && kend - k > klen && p[k + klen] == '*') {
+            return PARAM_MALFORMED; /* name*=, name*0=, and a bare name* (Python: name="") */
+        }
         if (i >= n || p[i] != '=') {
             if (same && kend - k == klen) {
                 return PARAM_MALFORMED; /* a bare "name" */
@@ -128,9 +131,6 @@ static enum param_found find_param(const char *p, size_t n, const char *key, cha
         i++;
         while (i < n && is_ows(p[i])) {
             i++;
-        }
-        if (same && kend - k > klen && p[k + klen] == '*') {
-            return PARAM_MALFORMED;
         }
         bool wanted = same && kend - k == klen;
         if (wanted && found == PARAM_FOUND) {
@@ -288,11 +288,19 @@ static const char *header_line(struct formscan *s, const char *line, size_t n)
     /* RFC 7578 4.2: form-data, always. Some parsers (python-multipart) read
      * the name of any disposition, others none but form-data's. */
     size_t t = sizeof "form-data" - 1;
-    if (!starts_with(line + i, n - i, "form-data") ||
-        (i + t < n && line[i + t] != ';' && !is_ows(line[i + t]))) {
+    if (!starts_with(line + i, n - i, "form-data")) {
         return "a part's Content-Disposition is not form-data";
     }
     i += t;
+    size_t after = i;
+    while (after < n && is_ows(line[after])) {
+        after++;
+    }
+    if (after < n && line[after] != ';') {
+        /* "form-datax", or "form-data name=model" (no ';': Python reads
+         * it all as the disposition's type, with no name) */
+        return "a part's Content-Disposition is not form-data";
+    }
     char name[FORMSCAN_LINE_MAX]; /* any value the line can hold */
     size_t nlen = 0;
     enum param_found f = find_param(line + i, n - i, "name", name, sizeof name, &nlen);

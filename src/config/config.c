@@ -684,7 +684,16 @@ static const struct section kubernetes_section = SECTION(kubernetes_keys, kubern
 static int check_health_path(struct parser *p, const cJSON *item, const char *path, void *field)
 {
     const char *s = *(char **)field;
-    return s[0] == '/' ? 0 : fail(p, item, path, "must start with '/'");
+    if (s[0] != '/') {
+        return fail(p, item, path, "must start with '/'");
+    }
+    /* It goes into a request line as it is: no space or control byte. */
+    for (const char *c = s; *c; c++) {
+        if ((unsigned char)*c <= ' ' || *c == 0x7f) {
+            return fail(p, item, path, "must not hold spaces or control characters");
+        }
+    }
+    return 0;
 }
 
 #define QUEUE_TIMEOUT_DEFAULT_MS 300000

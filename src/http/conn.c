@@ -684,7 +684,11 @@ static bool on_head(struct conn *c, size_t ahead)
     }
     if (c->handler->on_head) {
         int rc = c->handler->on_head(c, r);
-        if (rc != REJECT_COUNT && !want_continue && h->has_length && !h->chunked &&
+        /* Not CONNECT: llhttp reads no body after its head, whatever the
+         * Content-Length says. Not a body the buffer budget refused: kept,
+         * it would be memory the budget does not count. */
+        if (rc != REJECT_COUNT && rc != REJECT_BODY_BUFFER_FULL && rc != REJECT_BODY_TOO_LARGE &&
+            !want_continue && h->has_length && !h->chunked && h->method != HTTP_CONNECT &&
             h->content_length <= ahead && h->content_length <= CONN_SCRATCH_BYTES) {
             /* Its body came with the head (as a short JSON body does):
              * read it, then refuse, and the connection goes on (nginx
@@ -717,6 +721,9 @@ static void on_complete(struct conn *c)
     set_timer(c, TIMER_NONE);
     if (c->refusal_held) {
         c->refusal_held = false;
+        if (r->body.len != r->head.content_length) {
+            c->close_after = true; /* not the body it declared: out of step */
+        }
         conn_reject(c, (enum reject_reason)c->held_reason, NULL);
         return;
     }

@@ -253,6 +253,18 @@ def test_a_head_refused_with_its_body_beside_it_keeps_the_connection(thaw_factor
     httpc.send(s, "POST", "/v1/completions", {"Content-Type": "application/json"}, body)
     assert rd.response().status == 404 and rd.response().status == 200
     s.close()
+    # CONNECT takes no body, whatever its Content-Length says: what follows
+    # it is not read as one, nor as a request of its own. Refused and closed.
+    inner = (b"POST /v1/completions HTTP/1.1\r\nHost: thaw.test\r\nContent-Type: "
+             b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    s = t.connect()
+    s.sendall(b"CONNECT thaw.test:80 HTTP/1.1\r\nHost: thaw.test\r\nContent-Length: %d\r\n"
+              b"\r\n%s" % (len(inner), inner))
+    r = httpc.Reader(s).response()
+    assert r.status == 405 and r.header("connection") == "close"
+    assert httpc.closed_by_peer(s)
+    s.close()
+    assert t.metric("thaw_requests_total", model="llama", code="200") == 1
     # The body not in yet: answered at once, and closed.
     s = t.connect()
     s.sendall(b"POST /models/nope/v1/completions HTTP/1.1\r\nHost: thaw.test\r\n"

@@ -324,6 +324,17 @@ static void test_late_errors_name_line_and_key(void **state)
                  "test.json:3: models[0].revisions[1].name: revision \"a\" is listed twice");
 }
 
+/* The health path goes into a request line as it is. */
+static void test_health_path_is_one_token(void **state)
+{
+    expect_error("{\"models\": [{\"name\": \"m\", \"endpoints\": [\"127.0.0.1:1\"],\n"
+                 "\"health_path\": \"/health\\r\\nX-Evil: 1\"}]}",
+                 "test.json:2: models[0].health_path: must not hold spaces or control characters");
+    expect_error("{\"models\": [{\"name\": \"m\", \"endpoints\": [\"127.0.0.1:1\"],\n"
+                 "\"health_path\": \"/health now\"}]}",
+                 "models[0].health_path: must not hold spaces");
+}
+
 /* A model's stable window is 0 (the global one) or 6000 to 3600000 ms. */
 static void test_zero_or_range(void **state)
 {
@@ -600,6 +611,7 @@ int main(void)
         cmocka_unit_test(test_odd_whitespace_lines),
         cmocka_unit_test(test_rfc8259_only),
         cmocka_unit_test(test_zero_or_range),
+        cmocka_unit_test(test_health_path_is_one_token),
         cmocka_unit_test(test_late_errors_name_line_and_key),
         cmocka_unit_test(test_many_keys_and_first_duplicate),
         cmocka_unit_test(test_gpu_duplicate_key),

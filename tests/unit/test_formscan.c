@@ -228,6 +228,13 @@ static void test_ambiguous_part_names(void **state)
     expect_ambiguous("Content-Disposition: form-data; filename=\"a\\\"; name=\"model\"", twice);
     expect_ambiguous("Content-Disposition: form-data; name=\"model\"; filename=\"m.txt\"",
                      "the model field is a file");
+    /* A bare RFC 2231 key: Python's email reads it as the key, valued "". */
+    expect_ambiguous("Content-Disposition: form-data; name=model; name*", twice);
+    expect_ambiguous("Content-Disposition: form-data; name*0; name=\"model\"", twice);
+    expect_ambiguous("Content-Disposition: form-data; name=\"model\"; filename*",
+                     "the model field is a file");
+    expect_ambiguous("Content-Disposition: form-data name=model",
+                     "a part's Content-Disposition is not form-data");
     /* Not ambiguous: long names, filename*, names that only start alike, a
      * Windows path's backslashes in a filename (browsers and curl send
      * them as they are), UTF-8 in a quoted filename. */
@@ -317,6 +324,8 @@ static void test_boundary_param(void **state)
         "multipart/form-data; boundary=a; charset=us-ascii",
         "multipart/form-data; boundary=a;\xa0" "charset=latin-1",
         "multipart/form-data; boundary=a; charset",
+        "multipart/form-data; boundary=XYZ; boundary*",
+        "multipart/form-data; boundary*; boundary=XYZ",
         "multipart/form-data; boundary=\"X\\X\"",
         "multipart/form-data; boundary=\"a\"b",
         "multipart/form-data; q=\"\\\\\"; boundary=YY; r=\"; boundary=XX; s=\"",

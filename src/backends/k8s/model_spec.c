@@ -459,6 +459,20 @@ static void read_scaling(const struct ann_src *anns, struct k8s_model_spec *o)
     read_knative_mode(anns, o);
 }
 
+/* A health path goes into a request line as it is: one token from '/'. */
+static bool health_path_ok(const char *s)
+{
+    if (s[0] != '/') {
+        return false;
+    }
+    for (; *s; s++) {
+        if ((unsigned char)*s <= ' ' || *s == 0x7f) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static void read_routing(const struct ann_src *anns, struct k8s_model_spec *o)
 {
     const char *used;
@@ -467,8 +481,10 @@ static void read_routing(const struct ann_src *anns, struct k8s_model_spec *o)
     o->port = (int)port;
     const char *v = annotation(anns, "thaw.dev/health-path", NULL, &used);
     if (v) {
-        if (v[0] != '/') {
-            add_error(o, used, v, "does not start with '/'; using the default");
+        if (!health_path_ok(v)) {
+            add_error(o, used, v,
+                      "does not start with '/' or holds a space or control character; using the "
+                      "default");
         } else {
             copy_str(o->health_path, sizeof o->health_path, v);
         }
@@ -622,7 +638,7 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
         o->port = cport->valueint;
     }
     const char *rpath = k8s_get_string(c0, "readinessProbe.httpGet.path");
-    if (rpath) {
+    if (rpath && health_path_ok(rpath)) {
         copy_str(o->health_path, sizeof o->health_path, rpath);
     }
     /* Tier from the pod's PriorityClass name, e.g. "thaw-critical". */
