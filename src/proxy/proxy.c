@@ -698,7 +698,13 @@ struct heartbeat {
 static void heartbeat_build(const struct model *m, struct heartbeat *hb)
 {
     char comment[160];
-    size_t n = coldstart_heartbeat(&m->cold, clock_now_ms(), comment, sizeof comment);
+    size_t n;
+    if (m->n_endpoints > 0 && !m->cold.started_ms) {
+        /* Loaded: the stream waits for one of the replicas' slots. */
+        n = (size_t)snprintf(comment, sizeof comment, ": queued\n\n");
+    } else {
+        n = coldstart_heartbeat(&m->cold, clock_now_ms(), comment, sizeof comment);
+    }
     int w = snprintf(hb->chunk, sizeof hb->chunk, "%zx\r\n%.*s\r\n", n, (int)n, comment);
     hb->len = w > 0 && (size_t)w < sizeof hb->chunk ? (size_t)w : 0;
 }

@@ -317,6 +317,29 @@ def test_loading_heartbeats_keep_a_streaming_client_company(thaw_factory):
     t.assert_reconciled()
 
 
+def test_a_heartbeat_stream_waiting_for_a_slot_after_the_load_says_queued(thaw_factory):
+    """Two streams held through a load, one slot: the second waits for the
+    first to end after the model is ready, and its comments say `: queued`
+    then, not `: loading` with no phase."""
+    t = thaw_factory({"models": [sim_model(load_ms=300, token_ms=100, tokens=8,
+                                           loading_heartbeat_ms=100, max_concurrency=1)]})
+    out = [None, None]
+
+    def one(i):
+        out[i] = stream_request(t, {"model": "llama", "stream": True, "messages": []})[1]
+    ths = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(60)
+    comments = sorted(([e for e in r.body.decode().split("\n\n") if e.startswith(":")]
+                       for r in out), key=len)
+    assert all(c.startswith(": loading phase=") or c == ": queued" for c in comments[1])
+    assert comments[1].count(": queued") >= 4, comments[1]  # ~800 ms behind the first
+    assert ": queued" not in comments[0]
+    t.assert_reconciled()
+
+
 def test_failed_start_ends_a_heartbeat_stream_with_an_error_event(thaw_factory):
     t = thaw_factory({"models": [sim_model(load_ms=300, extra=("--fail-start",),
                                            loading_heartbeat_ms=100)]})
