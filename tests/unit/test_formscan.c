@@ -322,7 +322,7 @@ static void test_boundary_param(void **state)
         "Multipart/Form-Data; boundary=a",
         "multipart/form-data; boundary=a; charset=utf-7",
         "multipart/form-data; boundary=a; charset=us-ascii",
-        "multipart/form-data; boundary=a;\xa0" "charset=latin-1",
+        "multipart/form-data; boundary=a;\240charset=latin-1",
         "multipart/form-data; boundary=a; charset",
         "multipart/form-data; boundary=XYZ; boundary*",
         "multipart/form-data; boundary*; boundary=XYZ",
