@@ -448,6 +448,16 @@ static void record_failure(struct server *srv, const char *msg)
     LOGE("configuration reload failed: keeping the running configuration", "error=%s", q);
 }
 
+static bool has_process_models(const struct config *cfg)
+{
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        if (cfg->models[i].n_command) {
+            return true;
+        }
+    }
+    return false;
+}
+
 void reload_from_file(struct server *srv)
 {
     if (srv->rt.net.draining) {
@@ -462,6 +472,21 @@ void reload_from_file(struct server *srv)
     if (!next) {
         record_failure(srv, err.msg);
         return;
+    }
+    /* The first process model of a thaw that had none: its backend starts
+     * now, on the GPUs thaw runs with (a change to "gpus" needs a restart),
+     * so the file's GPU needs are checked against them below. */
+    if (!srv->process_backend && has_process_models(next)) {
+        srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, srv->rt.cfg);
+        if (!srv->process_backend) {
+            snprintf(err.msg, sizeof err.msg,
+                     "%s:0: models: the process backend its models need could not start (GPU "
+                     "discovery or the declared GPUs; see the log)",
+                     next->path);
+            config_free(next);
+            record_failure(srv, err.msg);
+            return;
+        }
     }
     struct backend *backends[ADMIN_MAX_BACKENDS];
     size_t n_backends = server_backends(srv, backends);

@@ -50,12 +50,12 @@ void proxy_dispatch(struct runtime *rt, struct model *m);
 /* m is being removed: answers its queued requests and those still reading
  * their body (503 no_replicas with reason). */
 void proxy_model_removed(struct runtime *rt, struct model *m, const char *reason);
-/* Answers every queued request of m with reason (model removed, shutdown). */
 /* Every request at a replica is given up (a drain's deadline): one whose
  * answer has not started gets `reason`, a heartbeat stream its error
  * event, the others are cut (`abort`). Queues must be empty first. */
 void proxy_give_up_forwarded(struct runtime *rt, enum reject_reason reason,
                              enum abort_reason abort);
+/* Answers every queued request of m with reason (model removed, shutdown). */
 void proxy_flush_queue(struct runtime *rt, struct model *m, enum reject_reason reason,
                        const char *detail);
 /* Seconds a client told to retry should wait: the model's measured cold start

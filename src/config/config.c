@@ -1867,6 +1867,10 @@ int config_parse_tenants(const char *text, size_t len, const char *label,
         cJSON_Delete(root);
         return -EINVAL;
     }
+    if (cJSON_IsObject(root) && check_strict_json(text, len, label, err)) {
+        cJSON_Delete(root);
+        return -EINVAL;
+    }
     if (jsonpos_build(&p.pos, text, len, root)) {
         snprintf(err->msg, sizeof err->msg, "%s:0: (load): out of memory", label);
         cJSON_Delete(root);

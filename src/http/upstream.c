@@ -614,6 +614,8 @@ static void on_check_done(struct control *c, int status, void *ud)
         }
         check_accepts(ctx, ep);
     } else {
+        /* No answer: a hold stays until its ejection lapses (eject_ms). */
+        ep->held_for_check = false;
         retry_check_later(ep);
     }
     endpoint_unref(ep);

@@ -201,3 +201,24 @@ def test_a_reload_is_checked_against_the_gpus_thaw_runs_with(thaw_factory, fake_
                                  sim_model("huge", load_ms=50, mig_profile="7g.40gb")]})
     hup(t2, "failure")
     assert 'no MIG instance of profile "7g.40gb"' in t2.status()["config"]["last_error"]
+
+
+def test_a_reload_adding_the_first_process_model_is_checked_too(thaw_factory, upstream):
+    """Started with static models only, there is no process backend yet: the
+    reload that adds the first process model starts it on the GPUs thaw runs
+    with, and checks the file against them. Before, the reload was taken and
+    the model could never start (504 after its queue timeout)."""
+    from test_reload import hup, write_config
+    t = thaw_factory({"gpus": [{"id": 0, "slices": 4}],
+                      "models": [{"name": "s", "endpoints": [upstream.address]}]})
+    write_config(t, {"gpus": [{"id": 0, "slices": 8}],
+                     "models": [{"name": "s", "endpoints": [upstream.address]},
+                                sim_model("big", load_ms=50, gpu_slices=6)]})
+    hup(t, "failure")
+    assert "6 slices fit on none of the 1 GPU units" in t.status()["config"]["last_error"]
+    # One that fits: taken, and served.
+    write_config(t, {"gpus": [{"id": 0, "slices": 4}],
+                     "models": [{"name": "s", "endpoints": [upstream.address]},
+                                sim_model("small", load_ms=50, gpu_slices=2)]})
+    hup(t)
+    assert complete(t, "small").status == 200

@@ -172,6 +172,23 @@ def test_a_replica_alive_after_a_reset_takes_the_next_request_at_once(thaw_facto
     t.assert_reconciled()
 
 
+def test_each_broken_answer_holds_the_replica_again(thaw_factory, upstream):
+    """A replica whose health check gets no HTTP answer (it answers garbage)
+    stays held until eject_ms lapses; the next break holds it again and is
+    counted. Before, the unanswered check left the hold's mark set: later
+    breaks were not counted, and an accept check's answer could end an
+    ejection that had nothing to do with the hold."""
+    t = thaw_factory({"upstream": {"eject_ms": 200},
+                      "models": [static_model(upstream, health_path="/garbage")]})
+    for i in range(3):
+        with pytest.raises(Exception):
+            get(t, "/cut", host="llama")  # a head, half a body, then the close
+        time.sleep(0.5)  # eject_ms lapses
+        assert get(t, "/echo", host="llama").status == 200
+    assert t.metric("thaw_upstream_break_holds_total") == 3
+    t.assert_reconciled()
+
+
 def stale(t):
     """Pooled connections the replica had closed: found closed when taken,
     or failing right after the request went out (then sent again)."""

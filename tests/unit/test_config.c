@@ -75,6 +75,9 @@ static void test_tenants_source_and_document(void **state)
     expect_tenants_error("{\"required\": true, \"lst\": []}", "doc:1: tenants.lst");
     expect_tenants_error("{\"source\": {}}", "doc:1: tenants.source: only the configuration file");
     expect_tenants_error("[1]", "doc:1: (top level): must be a JSON object");
+    /* RFC 8259 as the file is: a bad \u escape cut the name to "team". */
+    expect_tenants_error("{\"list\": [{\"name\": \"team\\u12G4-b\"}]}",
+                         "doc:1: (syntax): not valid JSON: invalid \\u escape in a string");
     expect_tenants_error("{\"required\": tru", "doc:1: (syntax)");
     /* A raw key in the document never shows in the error. */
     struct config_tenants t2;
