@@ -13,7 +13,6 @@
 
 #include <curl/curl.h>
 
-
 static void usage(FILE *f)
 {
     fprintf(f,

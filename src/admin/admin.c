@@ -16,8 +16,6 @@
 
 #include <cjson/cJSON.h>
 
-
-
 #define FOR_EACH_MODEL(adm, m)                                                                     \
     for (struct list_node *n_ = (adm)->rt->fleet.models.next;                                          \
          n_ != &(adm)->rt->fleet.models && ((m) = container_of(n_, struct model, node), 1);            \

@@ -655,8 +655,8 @@ static void hold_until_alive(struct upstream_ctx *ctx, struct endpoint *ep)
     uint64_t until = clock_now_ms() + ctx->eject_ms;
     if (!ep->held_for_check) {
         ctx->metrics->upstream_break_holds++;
-        LOGI("replica held back after a broken connection", "model=%s endpoint=%s",
-             owner_name(ep), ep->addr_text);
+        LOGI("replica held back after a broken connection", "model=%s endpoint=%s", owner_name(ep),
+             ep->addr_text);
     }
     ep->held_for_check = true;
     if (ep->ejected_until_ms < until) {

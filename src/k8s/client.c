@@ -14,11 +14,9 @@
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
-
 #define TOKEN_REREAD_MS 60000
 #define MAX_RESPONSE_BYTES (256u << 20)
 #define MAX_WATCH_LINE (16u << 20)
-
 
 struct k8s_client {
     struct event_base *base;

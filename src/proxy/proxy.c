@@ -978,8 +978,7 @@ void proxy_model_removed(struct runtime *rt, struct model *m, const char *reason
     proxy_flush_queue(rt, m, REJECT_MODEL_REMOVED, reason);
 }
 
-void proxy_give_up_forwarded(struct runtime *rt, enum reject_reason reason,
-                             enum abort_reason abort)
+void proxy_give_up_forwarded(struct runtime *rt, enum reject_reason reason, enum abort_reason abort)
 {
     struct list_node *pos, *tmp;
     list_for_each_safe(pos, tmp, &rt->net.conns)
