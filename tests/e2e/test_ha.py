@@ -17,14 +17,42 @@ from test_kubernetes import KubeSim, deployment, pki  # noqa: F401  (pki is a fi
 LEASE = {"lease_duration_ms": 3000, "renew_interval_ms": 300, "renew_deadline_ms": 2000}
 
 
+def fleet_ips(n):
+    """Loopback addresses of its own for each test worker: two workers' fleets
+    on the same addresses could take each other's ports (a proxy port picked
+    by the kernel on one is the admin port the other checked free)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    w = int(worker[2:]) if worker[2:].isdigit() else 0
+    return [f"127.0.{1 + w}.{11 + i}" for i in range(n)]
+
+
+def port_free_on(ips):
+    """A port nothing listens on at any of ips."""
+    import socket
+    for _ in range(50):
+        port = free_port()
+        try:
+            for ip in ips:
+                s = socket.socket()
+                try:
+                    s.bind((ip, port))
+                finally:
+                    s.close()
+            return port
+        except OSError:
+            continue
+    raise AssertionError(f"no port free on all of {ips}")
+
+
 class Fleet:
-    """N activators on 127.0.0.11.., one admin port, listed in thaw's own Service."""
+    """N activators on 127.0.W.11.. (W: the test worker), one admin port,
+    listed in thaw's own Service."""
 
     def __init__(self, sim, tmp_path, n, autoscaler=None, kube=None, per=None):
         """kube: more kubernetes settings for all; per: {index: settings} for one."""
         self.sim = sim
-        self.admin_port = free_port()
-        self.ips = [f"127.0.0.{11 + i}" for i in range(n)]
+        self.ips = fleet_ips(n)
+        self.admin_port = port_free_on(self.ips)
         sim.call("POST", "/apis/discovery.k8s.io/v1/namespaces/models/endpointslices", {
             "metadata": {"name": "thaw-abc", "namespace": "models",
                          "labels": {"kubernetes.io/service-name": "thaw"}},
