@@ -262,15 +262,10 @@ static void remove_missing(struct server *srv, const struct config *next, struct
     }
 }
 
+/* A model with a command finds the process backend running: reload_from_file
+ * starts it before it applies a file that needs it. */
 static int add_model(struct server *srv, const struct config *next, const struct config_model *cm)
 {
-    if (cm->n_command && !srv->process_backend) {
-        srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, next);
-        if (!srv->process_backend) {
-            LOGE("out of memory creating the process backend", "model=%s", cm->name);
-            return -1;
-        }
-    }
     size_t conflicts = 0;
     struct model *m = fleet_add_model(&srv->rt.fleet, cm, &conflicts);
     if (!m) {
@@ -448,16 +443,6 @@ static void record_failure(struct server *srv, const char *msg)
     LOGE("configuration reload failed: keeping the running configuration", "error=%s", q);
 }
 
-static bool has_process_models(const struct config *cfg)
-{
-    for (size_t i = 0; i < cfg->n_models; i++) {
-        if (cfg->models[i].n_command) {
-            return true;
-        }
-    }
-    return false;
-}
-
 void reload_from_file(struct server *srv)
 {
     if (srv->rt.net.draining) {
@@ -476,17 +461,14 @@ void reload_from_file(struct server *srv)
     /* The first process model of a thaw that had none: its backend starts
      * now, on the GPUs thaw runs with (a change to "gpus" needs a restart),
      * so the file's GPU needs are checked against them below. */
-    if (!srv->process_backend && has_process_models(next)) {
-        srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, srv->rt.cfg);
-        if (!srv->process_backend) {
-            snprintf(err.msg, sizeof err.msg,
-                     "%s:0: models: the process backend its models need could not start (GPU "
-                     "discovery or the declared GPUs; see the log)",
-                     next->path);
-            config_free(next);
-            record_failure(srv, err.msg);
-            return;
-        }
+    if (server_start_process_backend(srv, next, srv->rt.cfg)) {
+        snprintf(err.msg, sizeof err.msg,
+                 "%s:0: models: the process backend its models need could not start (GPU "
+                 "discovery or the declared GPUs; see the log)",
+                 next->path);
+        config_free(next);
+        record_failure(srv, err.msg);
+        return;
     }
     struct backend *backends[ADMIN_MAX_BACKENDS];
     size_t n_backends = server_backends(srv, backends);

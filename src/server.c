@@ -382,14 +382,8 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     if (!srv->static_backend) {
         return -1;
     }
-    for (size_t i = 0; i < cfg->n_models; i++) {
-        if (cfg->models[i].n_command && !srv->process_backend) {
-            srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, cfg);
-            if (!srv->process_backend) {
-                LOGE("cannot start the process backend (see the lines above)", NULL);
-                return -1;
-            }
-        }
+    if (server_start_process_backend(srv, cfg, cfg)) {
+        return -1;
     }
     for (size_t i = 0; i < cfg->n_models; i++) {
         size_t conflicts = 0;
@@ -515,6 +509,21 @@ void server_dispose(struct server *srv)
         event_base_free(srv->rt.base);
     }
     config_free(srv->rt.cfg);
+}
+
+int server_start_process_backend(struct server *srv, const struct config *wanted,
+                                 const struct config *cfg)
+{
+    for (size_t i = 0; i < wanted->n_models && !srv->process_backend; i++) {
+        if (wanted->models[i].n_command) {
+            srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, cfg);
+            if (!srv->process_backend) {
+                LOGE("cannot start the process backend (see the lines above)", NULL);
+                return -1;
+            }
+        }
+    }
+    return 0;
 }
 
 size_t server_backends(const struct server *srv, struct backend **out)

@@ -71,5 +71,10 @@ void server_begin_drain(struct server *srv);
 /* The backends in use (static, process, kubernetes: those that exist), for
  * code that reaches them only through backend_ops. Returns how many. */
 size_t server_backends(const struct server *srv, struct backend **out);
+/* Starts the process backend, on the GPUs of cfg (the configuration in
+ * force), if `wanted` has a model with a command and none runs yet. 0, or
+ * -1 when it could not start (logged). */
+int server_start_process_backend(struct server *srv, const struct config *wanted,
+                                 const struct config *cfg);
 
 #endif
