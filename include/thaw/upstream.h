@@ -150,11 +150,9 @@ struct upstream {
  * The request's slot on ep is taken here and given back when the upstream
  * lets go of r. */
 void upstream_start(struct upstream_ctx *ctx, struct upstream_req *r, struct endpoint *ep);
-/* The client is gone: drop r's upstream connection and free the slot. */
+/* Drops r's upstream connection and frees the slot, reporting nothing: the
+ * client is gone, or thaw gives the request up (its caller answers it). */
 void upstream_cancel(struct upstream *u);
-/* Gives u's request up (thaw is stopping): answered `reason` if nothing of
- * the replica's reached the client yet, else aborted with `abort`. */
-void upstream_give_up(struct upstream *u, enum reject_reason reason, enum abort_reason abort);
 /* Pools fd, an open connection to ep that is idle and cleanly between
  * answers (a readiness probe's), for the next request. Takes fd. */
 void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd);

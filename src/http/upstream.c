@@ -292,7 +292,7 @@ static void fail(struct upstream *u, enum reject_reason reason, enum abort_reaso
         u->head_pending = false;
         r->ex->response_started = false;
     }
-    if (r && reason != REJECT_SHUTTING_DOWN) { /* thaw's own doing: not the replica's */
+    if (r) {
         LOGW("upstream failed", "model=%s endpoint=%s reason=%s started=%d", owner_name(u->ep),
              u->ep->addr_text, reject_info(reason)->name, r->ex->response_started);
     }
@@ -516,11 +516,6 @@ void upstream_cancel(struct upstream *u)
     if (m) {
         ctx->handler->capacity(ctx->ud, m);
     }
-}
-
-void upstream_give_up(struct upstream *u, enum reject_reason reason, enum abort_reason abort)
-{
-    fail(u, reason, abort);
 }
 
 void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)

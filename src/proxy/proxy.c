@@ -978,15 +978,23 @@ void proxy_model_removed(struct runtime *rt, struct model *m, const char *reason
     proxy_flush_queue(rt, m, REJECT_MODEL_REMOVED, reason);
 }
 
+static void answer_cut_short(struct request *r, enum reject_reason reason,
+                             enum abort_reason abort);
+
 void proxy_give_up_forwarded(struct runtime *rt, enum reject_reason reason, enum abort_reason abort)
 {
     struct list_node *pos, *tmp;
     list_for_each_safe(pos, tmp, &rt->net.conns)
     {
         struct conn *c = container_of(pos, struct conn, node);
-        if (c->handler == &proxy_conn_handler && c->ex && request_of(c->ex)->fwd.up) {
-            upstream_give_up(request_of(c->ex)->fwd.up, reason, abort);
+        if (c->handler != &proxy_conn_handler || !c->ex || !request_of(c->ex)->fwd.up) {
+            continue;
         }
+        /* thaw's own doing, not the replica's: no upstream error. */
+        struct request *r = request_of(c->ex);
+        request_release_tenant_slot(r);
+        upstream_cancel(r->fwd.up);
+        answer_cut_short(r, reason, abort);
     }
 }
 
@@ -1188,17 +1196,14 @@ static void upstream_client_gone(struct upstream_req *f)
     conn_close(r->conn, ABORT_CLIENT_CLOSED);
 }
 
-static void upstream_failed(struct upstream_req *f, enum reject_reason reason,
-                            enum abort_reason abort)
+/* r's exchange with its replica ended early (the replica's doing, or
+ * thaw's). Nothing of the replica's reached the client yet (a heartbeat
+ * stream still waiting for its head, or for an error body to end): thaw's
+ * own answer, inside that stream when there is one; else the client is cut. */
+static void answer_cut_short(struct request *r, enum reject_reason reason,
+                             enum abort_reason abort)
 {
-    struct request *r = request_of_fwd(f);
     struct conn *c = r->conn;
-    if (r->model && reason != REJECT_SHUTTING_DOWN) {
-        r->model->stats.upstream_errors++;
-    }
-    /* Nothing of the replica's reached the client yet (a heartbeat stream
-     * still waiting for its head, or for an error body to end): thaw's own
-     * answer, inside that stream when there is one. */
     if (!r->ex.response_started || (r->fwd.heartbeat && r->ex.state == REQ_UPSTREAM)) {
         r->ex.state = REQ_ROUTED;
         conn_reject(c, reason, NULL);
@@ -1206,6 +1211,16 @@ static void upstream_failed(struct upstream_req *f, enum reject_reason reason,
     }
     request_count_aborted(&rt_of(c)->requests, r, abort);
     conn_close(c, abort);
+}
+
+static void upstream_failed(struct upstream_req *f, enum reject_reason reason,
+                            enum abort_reason abort)
+{
+    struct request *r = request_of_fwd(f);
+    if (r->model) {
+        r->model->stats.upstream_errors++;
+    }
+    answer_cut_short(r, reason, abort);
 }
 
 static void upstream_first_byte(struct upstream_req *f, uint64_t now_ms)
