@@ -306,6 +306,9 @@ void config_free(struct config *cfg);
 /* Where cfg->models[i] is in the file, as errors name it: "models[0]." or,
  * for a revision, "models[0].revisions[1].". */
 void config_model_prefix(const struct config *cfg, size_t i, char *prefix, size_t n);
+/* A health path goes into a request line as it is: it starts with '/' and
+ * holds no space or control byte. */
+bool config_health_path_ok(const char *path);
 /* Replaces a string field. 0 or -ENOMEM. */
 int config_set_string(char **field, const char *value);
 /* Validates and sets a listen address given on the command line (flag

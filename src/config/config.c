@@ -457,13 +457,13 @@ static int read_key(struct parser *p, const struct conf_key *k, const cJSON *ite
     int rc = 0;
     switch (k->type) {
     case KEY_NUM:
-        rc = read_uint(p, item, path, k->min, k->max, field);
-        if (rc && k->zero_ok && cJSON_IsNumber(item) && item->valuedouble == 0) {
+        if (k->zero_ok && cJSON_IsNumber(item) && item->valuedouble == 0) {
             *(uint64_t *)field = 0;
-            p->err->msg[0] = '\0';
-            rc = 0;
-        } else if (rc && k->zero_ok && cJSON_IsNumber(item) && item->valuedouble > 0 &&
-                   item->valuedouble == floor(item->valuedouble)) {
+            break;
+        }
+        rc = read_uint(p, item, path, k->min, k->max, field);
+        if (rc && k->zero_ok && cJSON_IsNumber(item) && item->valuedouble > 0 &&
+            item->valuedouble == floor(item->valuedouble)) {
             rc = fail(p, item, path, "must be 0 or between %llu and %llu (got %.0f)",
                       (unsigned long long)k->min, (unsigned long long)k->max, item->valuedouble);
         }
@@ -681,19 +681,28 @@ static const struct section kubernetes_section = SECTION(kubernetes_keys, kubern
 
 /* ---- models ---- */
 
+bool config_health_path_ok(const char *path)
+{
+    if (path[0] != '/') {
+        return false;
+    }
+    for (; *path; path++) {
+        if ((unsigned char)*path <= ' ' || *path == 0x7f) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static int check_health_path(struct parser *p, const cJSON *item, const char *path, void *field)
 {
     const char *s = *(char **)field;
     if (s[0] != '/') {
         return fail(p, item, path, "must start with '/'");
     }
-    /* It goes into a request line as it is: no space or control byte. */
-    for (const char *c = s; *c; c++) {
-        if ((unsigned char)*c <= ' ' || *c == 0x7f) {
-            return fail(p, item, path, "must not hold spaces or control characters");
-        }
-    }
-    return 0;
+    return config_health_path_ok(s)
+               ? 0
+               : fail(p, item, path, "must not hold spaces or control characters");
 }
 
 #define QUEUE_TIMEOUT_DEFAULT_MS 300000

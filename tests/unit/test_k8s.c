@@ -256,6 +256,10 @@ static void test_bad_values_keep_defaults_and_say_why(void **state)
     assert_non_null(strstr(s.errors, "thaw.dev/port: \"70000\" is out of range"));
     assert_non_null(strstr(s.errors, "thaw.dev/health-path"));
     assert_non_null(strstr(s.errors, "above max-scale"));
+    /* A path that would break the request line it goes into. */
+    assert_int_equal(parse("{\"thaw.dev/health-path\":\"/health\\r\\nX: 1\"}", "", &s), 0);
+    assert_string_equal(s.health_path, "/v1/models");
+    assert_non_null(strstr(s.errors, "holds a space or control character"));
 }
 
 /* A Deployment with the model label value, Deployment annotations and pod

@@ -459,20 +459,6 @@ static void read_scaling(const struct ann_src *anns, struct k8s_model_spec *o)
     read_knative_mode(anns, o);
 }
 
-/* A health path goes into a request line as it is: one token from '/'. */
-static bool health_path_ok(const char *s)
-{
-    if (s[0] != '/') {
-        return false;
-    }
-    for (; *s; s++) {
-        if ((unsigned char)*s <= ' ' || *s == 0x7f) {
-            return false;
-        }
-    }
-    return true;
-}
-
 static void read_routing(const struct ann_src *anns, struct k8s_model_spec *o)
 {
     const char *used;
@@ -481,7 +467,7 @@ static void read_routing(const struct ann_src *anns, struct k8s_model_spec *o)
     o->port = (int)port;
     const char *v = annotation(anns, "thaw.dev/health-path", NULL, &used);
     if (v) {
-        if (!health_path_ok(v)) {
+        if (!config_health_path_ok(v)) {
             add_error(o, used, v,
                       "does not start with '/' or holds a space or control character; using the "
                       "default");
@@ -638,7 +624,7 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
         o->port = cport->valueint;
     }
     const char *rpath = k8s_get_string(c0, "readinessProbe.httpGet.path");
-    if (rpath && health_path_ok(rpath)) {
+    if (rpath && config_health_path_ok(rpath)) {
         copy_str(o->health_path, sizeof o->health_path, rpath);
     }
     /* Tier from the pod's PriorityClass name, e.g. "thaw-critical". */
