@@ -309,6 +309,11 @@ void config_model_prefix(const struct config *cfg, size_t i, char *prefix, size_
 /* A health path goes into a request line as it is: it starts with '/' and
  * holds no space or control byte. */
 bool config_health_path_ok(const char *path);
+/* Would model m's GPU needs fit on a GPU unit while it holds nothing else?
+ * unit_profile: a MIG instance's profile, NULL for a whole GPU;
+ * unit_memory: its framebuffer, 0 when not declared (not limited). */
+bool config_gpu_unit_takes(const struct config_model *m, const char *unit_profile,
+                           uint64_t unit_slices, uint64_t unit_memory);
 /* Replaces a string field. 0 or -ENOMEM. */
 int config_set_string(char **field, const char *value);
 /* Validates and sets a listen address given on the command line (flag

@@ -2023,8 +2023,6 @@ done:
     return rc;
 }
 
-/* Every model's GPU needs fit some unit (the config checked declared GPUs;
- * discovered ones are checked here). */
 /* Every model's GPU needs against the GPUs this backend runs with
  * (discovered, or declared at start: a change to "gpus" needs a restart).
  * A model that fits on none would wait for capacity forever. */
@@ -2040,9 +2038,7 @@ static int process_check_config(struct backend *b, const struct config *cfg, cha
         bool fits = false;
         for (size_t g = 0; g < pb->n_gpus && !fits; g++) {
             const struct gpu_slot *s = &pb->gpus[g];
-            fits = m->mig_profile ? s->profile && strcmp(s->profile, m->mig_profile) == 0
-                                  : !s->profile && s->slices >= m->gpu_slices &&
-                                        (!s->memory_bytes || s->memory_bytes >= m->gpu_memory_bytes);
+            fits = config_gpu_unit_takes(m, s->profile, s->slices, s->memory_bytes);
         }
         if (!fits) {
             char prefix[96];

@@ -694,6 +694,16 @@ bool config_health_path_ok(const char *path)
     return true;
 }
 
+bool config_gpu_unit_takes(const struct config_model *m, const char *unit_profile,
+                           uint64_t unit_slices, uint64_t unit_memory)
+{
+    if (m->mig_profile) {
+        return unit_profile && strcmp(unit_profile, m->mig_profile) == 0;
+    }
+    return !unit_profile && unit_slices >= m->gpu_slices &&
+           (!unit_memory || unit_memory >= m->gpu_memory_bytes);
+}
+
 static int check_health_path(struct parser *p, const cJSON *item, const char *path, void *field)
 {
     const char *s = *(char **)field;
@@ -1583,14 +1593,9 @@ static int check_model_gpu(struct parser *p, const cJSON *models, const struct c
         return 0;
     }
     bool fits = false;
-    for (size_t g = 0; g < cfg->n_gpus; g++) {
+    for (size_t g = 0; g < cfg->n_gpus && !fits; g++) {
         const struct config_gpu *cg = &cfg->gpus[g];
-        if (m->mig_profile) {
-            fits |= cg->mig && strcmp(cg->profile, m->mig_profile) == 0;
-        } else {
-            fits |= !cg->mig && cg->slices >= m->gpu_slices &&
-                    (!cg->memory_bytes || cg->memory_bytes >= m->gpu_memory_bytes);
-        }
+        fits = config_gpu_unit_takes(m, cg->profile, cg->slices, cg->memory_bytes);
     }
     if (!fits && m->mig_profile) {
         return fail(p, at, path, "no declared MIG instance has profile \"%s\" (see \"gpus\")",
