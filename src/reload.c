@@ -266,15 +266,10 @@ static void remove_missing(struct server *srv, const struct config *next, struct
  * starts it before it applies a file that needs it. */
 static int add_model(struct server *srv, const struct config *next, const struct config_model *cm)
 {
-    size_t conflicts = 0;
-    struct model *m = fleet_add_model(&srv->rt.fleet, cm, &conflicts);
+    struct model *m = fleet_add_model(&srv->rt.fleet, cm);
     if (!m) {
         LOGE("out of memory adding model", "model=%s", cm->name);
         return -1;
-    }
-    if (conflicts) {
-        LOGW("model names already taken by another model are ignored", "model=%s conflicts=%zu",
-             m->name, conflicts);
     }
     struct backend *b = backend_for(srv, cm);
     if (b->ops->attach(b, m, cm)) {
@@ -329,12 +324,7 @@ static void reroute_changed(struct server *srv, const struct config *cur, const 
                 router_remove(&srv->rt.fleet.router, m);
                 continue;
             }
-            size_t conflicts = 0;
-            fleet_reroute_model(&srv->rt.fleet, m, cm, &conflicts);
-            if (conflicts) {
-                LOGW("model names already taken by another model are ignored",
-                     "model=%s conflicts=%zu", m->name, conflicts);
-            }
+            fleet_reroute_model(&srv->rt.fleet, m, cm);
         }
     }
 }

@@ -386,15 +386,10 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
         return -1;
     }
     for (size_t i = 0; i < cfg->n_models; i++) {
-        size_t conflicts = 0;
-        struct model *m = fleet_add_model(&srv->rt.fleet, &cfg->models[i], &conflicts);
+        struct model *m = fleet_add_model(&srv->rt.fleet, &cfg->models[i]);
         if (!m) {
             LOGE("out of memory adding model", "model=%s", cfg->models[i].name);
             return -1;
-        }
-        if (conflicts) {
-            LOGW("model names already taken by another model are ignored",
-                 "model=%s conflicts=%zu", m->name, conflicts);
         }
         struct backend *b =
             cfg->models[i].n_command ? srv->process_backend : srv->static_backend;

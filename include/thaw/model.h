@@ -154,16 +154,16 @@ struct fleet {
 void fleet_init(struct fleet *f, struct queue_global *qg, uint64_t queue_aging_ms);
 /* Frees every model (endpoints still referenced are left to their holders). */
 void fleet_dispose(struct fleet *f);
-/* Creates a model from config; routes it. NULL on allocation failure. */
-struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, size_t *conflicts);
+/* Creates a model from config; routes it (a name another model already has
+ * stays with that one, and is logged). NULL on allocation failure. */
+struct model *fleet_add_model(struct fleet *f, const struct config_model *cm);
 /* Unroutes m, answers its queue (on_removing), detaches its endpoints and
  * drops the fleet's reference: requests already at a replica finish. */
 void fleet_remove_model(struct fleet *f, struct model *m, const char *reason);
 void model_ref(struct model *m);
 void model_unref(struct model *m);
 /* Re-reads a model's names (hosts, aliases) after its definition changed. */
-int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_model *cm,
-                        size_t *conflicts);
+int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_model *cm);
 /* Applies limits and timeouts from cm (run-time updates keep queued work). */
 void model_apply_settings(struct model *m, const struct config_model *cm);
 struct model *fleet_find(const struct fleet *f, const char *namespace_, const char *name);

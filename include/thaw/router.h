@@ -76,11 +76,18 @@ struct route {
 
 void router_init(struct router *r);
 void router_dispose(struct router *r);
+/* Names router_add left to another target: how many, and which (the first
+ * of them, ", "-separated, cut short with "..." when they do not fit). */
+struct route_conflicts {
+    size_t n;
+    char names[160];
+};
+
 /* Adds every name under which target is reachable. Names already taken by
- * another target are left to it; *conflicts (if not NULL) counts them.
+ * another target are left to it and noted in *conflicts (if not NULL).
  * 0 or -ENOMEM. */
 int router_add(struct router *r, void *target, const struct route_names *names,
-               size_t *conflicts);
+               struct route_conflicts *conflicts);
 void router_remove(struct router *r, void *target);
 enum route_status router_resolve_head(const struct router *r, const struct http_head *h,
                                       struct route *out);

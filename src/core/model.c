@@ -36,9 +36,9 @@ void model_apply_settings(struct model *m, const struct config_model *cm)
              strlen(hp) < sizeof m->set.health_path ? hp : "/");
 }
 
-/* Routes every name of cm to m. */
-static int route_model(struct fleet *f, struct model *m, const struct config_model *cm,
-                       size_t *conflicts)
+/* Routes every name of cm to m; a name another model holds stays with it,
+ * and a warning names them. */
+static int route_model(struct fleet *f, struct model *m, const struct config_model *cm)
 {
     struct route_names rn = {
         .name = cm->name,
@@ -48,17 +48,25 @@ static int route_model(struct fleet *f, struct model *m, const struct config_mod
         .aliases = (const char *const *)cm->aliases,
         .n_aliases = cm->n_aliases,
     };
-    return router_add(&f->router, m, &rn, conflicts);
+    struct route_conflicts conflicts = {0};
+    int rc = router_add(&f->router, m, &rn, &conflicts);
+    if (!rc && conflicts.n) {
+        char names[sizeof conflicts.names * 4 + 8];
+        LOGW("model names already taken by another model are ignored",
+             "model=%s namespace=%s conflicts=%zu names=%s", cm->name, cm->namespace_,
+             conflicts.n, log_quote(names, sizeof names, conflicts.names,
+                                    strlen(conflicts.names), sizeof conflicts.names));
+    }
+    return rc;
 }
 
-int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_model *cm,
-                        size_t *conflicts)
+int fleet_reroute_model(struct fleet *f, struct model *m, const struct config_model *cm)
 {
     router_remove(&f->router, m);
-    return route_model(f, m, cm, conflicts);
+    return route_model(f, m, cm);
 }
 
-struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, size_t *conflicts)
+struct model *fleet_add_model(struct fleet *f, const struct config_model *cm)
 {
     struct model *m = calloc(1, sizeof *m);
     if (!m) {
@@ -76,7 +84,7 @@ struct model *fleet_add_model(struct fleet *f, const struct config_model *cm, si
     }
     queue_init(&m->queue, (size_t)cm->max_queue, f->queue_aging_ms, f->qglobal);
     model_apply_settings(m, cm);
-    if (route_model(f, m, cm, conflicts)) {
+    if (route_model(f, m, cm)) {
         router_remove(&f->router, m);
         free(m->name);
         free(m->namespace_);

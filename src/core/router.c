@@ -62,6 +62,24 @@ static size_t lower(const char *key, char *out)
     return n;
 }
 
+static void note_conflict(struct route_conflicts *c, const char *key, size_t klen)
+{
+    if (!c) {
+        return;
+    }
+    size_t used = strlen(c->names);
+    size_t room = sizeof c->names - used;
+    const char *sep = c->n++ ? ", " : "";
+    if (used >= 3 && strcmp(c->names + used - 3, "...") == 0) {
+        return; /* already cut short */
+    }
+    if (strlen(sep) + klen + 4 > room) {
+        snprintf(c->names + used, room, "%s...", sep);
+        return;
+    }
+    snprintf(c->names + used, room, "%s%.*s", sep, (int)klen, key);
+}
+
 static bool claims_have(const struct route_claims *c, const void *target)
 {
     for (size_t i = 0; c && i < c->n; i++) {
@@ -76,7 +94,7 @@ static bool claims_have(const struct route_claims *c, const void *target)
  * one does. The same name twice in one namespace, or a name some other
  * model has as an alias or host, stays with the first (a conflict). */
 static int claim(struct strmap *map, struct strmap *claims, const char *key, size_t klen,
-                 void *target, const char *qualified, size_t *conflicts)
+                 void *target, const char *qualified, struct route_conflicts *conflicts)
 {
     void *cur = strmap_get(map, key, klen);
     struct route_claims *c = strmap_get(claims, key, klen);
@@ -88,9 +106,7 @@ static int claim(struct strmap *map, struct strmap *claims, const char *key, siz
         mine = strcmp(c->v[i].qualified, qualified) != 0;
     }
     if (!mine) {
-        if (conflicts) {
-            (*conflicts)++;
-        }
+        note_conflict(conflicts, key, klen);
         return 0;
     }
     if (!c) {
@@ -162,7 +178,8 @@ static void unclaim_all(struct strmap *map, struct strmap *claims, void *target)
     free(u.keys);
 }
 
-static int put_lower(struct strmap *m, const char *key, void *target, size_t *conflicts)
+static int put_lower(struct strmap *m, const char *key, void *target,
+                     struct route_conflicts *conflicts)
 {
     char tmp[512];
     size_t n = lower(key, tmp);
@@ -171,15 +188,14 @@ static int put_lower(struct strmap *m, const char *key, void *target, size_t *co
     }
     void *cur = strmap_get(m, tmp, n);
     if (cur && cur != target) {
-        if (conflicts) {
-            (*conflicts)++;
-        }
+        note_conflict(conflicts, tmp, n);
         return 0;
     }
     return strmap_put(m, tmp, n, target);
 }
 
-int router_add(struct router *r, void *target, const struct route_names *nm, size_t *conflicts)
+int router_add(struct router *r, void *target, const struct route_names *nm,
+               struct route_conflicts *conflicts)
 {
     char qualified[512];
     snprintf(qualified, sizeof qualified, "%s/%s", nm->namespace_ ? nm->namespace_ : "",
@@ -206,9 +222,7 @@ int router_add(struct router *r, void *target, const struct route_names *nm, siz
     if (!rc && nm->namespace_) {
         void *cur = strmap_get(&r->by_name, qualified, strlen(qualified));
         if (cur && cur != target) {
-            if (conflicts) {
-                (*conflicts)++;
-            }
+            note_conflict(conflicts, qualified, strlen(qualified));
         } else {
             rc = strmap_put(&r->by_name, qualified, strlen(qualified), target);
         }
@@ -217,9 +231,7 @@ int router_add(struct router *r, void *target, const struct route_names *nm, siz
         const char *a = nm->aliases[i];
         void *cur = strmap_get(&r->by_name, a, strlen(a));
         if (cur && cur != target) {
-            if (conflicts) {
-                (*conflicts)++;
-            }
+            note_conflict(conflicts, a, strlen(a));
             continue;
         }
         rc = strmap_put(&r->by_name, a, strlen(a), target);

@@ -67,6 +67,25 @@ def test_routes_by_openai_model_field(thaw):
         assert r.status == 200 and r.json()["path"] == path
 
 
+def test_a_name_another_model_holds_stays_with_it_and_the_warning_names_it(
+        thaw_factory, upstream, upstream2):
+    # An earlier model's alias is a later model's own name: the first keeps
+    # it (as documented), and the warning says which names were not taken.
+    t = thaw_factory({"models": [
+        {"name": "first", "aliases": ["second", "shared"], "endpoints": [upstream.address]},
+        {"name": "second", "aliases": ["shared", "own"], "endpoints": [upstream2.address]}]})
+    for name, reached in (("second", upstream), ("shared", upstream), ("own", upstream2)):
+        before = (upstream.requests, upstream2.requests)
+        r = httpc.request(t.host, t.port, "POST", "/v1/completions", {},
+                          json.dumps({"model": name}).encode())
+        assert r.status == 200, r.body
+        after = (upstream.requests, upstream2.requests)
+        assert after[0 if reached is upstream else 1] == before[0 if reached is upstream else 1] + 1
+    warning = [line for line in t.logs().splitlines() if "already taken" in line]
+    assert len(warning) == 1, t.logs()
+    assert "model=second" in warning[0] and 'names="second, shared"' in warning[0], warning[0]
+
+
 def test_unknown_model_is_404_json_and_lists_nothing(thaw):
     r = httpc.request(thaw.host, thaw.port, "POST", "/v1/completions", {},
                       b'{"model":"gpt-nope"}')

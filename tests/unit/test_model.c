@@ -24,7 +24,7 @@ static struct model *make(struct fleet *f, struct queue_global *g, uint32_t conc
     char *eps[] = {"127.0.0.1:1"};
     struct config_model cm = {.name = "m", .namespace_ = "ns", .endpoints = eps, .n_endpoints = 1,
                               .max_concurrency = conc, .max_queue = 10};
-    return fleet_add_model(f, &cm, NULL);
+    return fleet_add_model(f, &cm);
 }
 
 static void test_least_loaded_with_free_slot(void **state)

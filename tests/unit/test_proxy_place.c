@@ -87,8 +87,7 @@ static void add_model_from_text(struct env *e, const char *text)
     runtime_wire(e, cfg);
     e->static_backend = backend_static_new(&e->rt.fleet);
     assert_non_null(e->static_backend);
-    size_t conflicts = 0;
-    e->m = fleet_add_model(&e->rt.fleet, &cfg->models[0], &conflicts);
+    e->m = fleet_add_model(&e->rt.fleet, &cfg->models[0]);
     assert_non_null(e->m);
     assert_int_equal(e->static_backend->ops->attach(e->static_backend, e->m, &cfg->models[0]), 0);
 }

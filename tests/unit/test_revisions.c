@@ -39,7 +39,7 @@ static struct model *add(struct world *w, const char *name)
 {
     struct config_model cm = {
         .name = (char *)name, .namespace_ = "ns", .max_concurrency = 4, .max_queue = 10};
-    return fleet_add_model(&w->f, &cm, NULL);
+    return fleet_add_model(&w->f, &cm);
 }
 
 /* "m" with v1 and v2 at pct[0], pct[1]. */

@@ -20,12 +20,13 @@ static int setup(void **state)
     const char *hosts[] = {"llm.example.com"};
     const char *aliases[] = {"meta-llama/Llama-3-8B", "llama3"};
     struct route_names a = {"llama", "models", hosts, 1, aliases, 2};
-    size_t conflicts = 0;
+    struct route_conflicts conflicts = {0};
     assert_int_equal(router_add(&R, &model_a, &a, &conflicts), 0);
     const char *aliases_b[] = {"llama3", "mistral-7b"}; /* llama3 is taken */
     struct route_names b = {"mistral", "default", NULL, 0, aliases_b, 2};
     assert_int_equal(router_add(&R, &model_b, &b, &conflicts), 0);
-    assert_int_equal(conflicts, 1);
+    assert_int_equal(conflicts.n, 1);
+    assert_string_equal(conflicts.names, "llama3");
     return 0;
 }
 
@@ -232,6 +233,43 @@ static void test_remove(void **state)
 /* One name in two namespaces: the bare name routes nowhere and says which
  * models it could mean; the qualified forms always work; when one of the
  * two goes, the bare name is the other's again. */
+/* A warning names what a model did not get: an alias taking a later
+ * model's own name, and every name past the first few counted but cut. */
+static void test_conflicts_are_named(void **state)
+{
+    (void)state;
+    struct router rt;
+    router_init(&rt);
+    static int first, second, third;
+    const char *aliases[] = {"b"};
+    struct route_names a = {"a", "default", NULL, 0, aliases, 1};
+    struct route_names b = {"b", "default", NULL, 0, NULL, 0};
+    struct route_conflicts c = {0};
+    assert_int_equal(router_add(&rt, &first, &a, &c), 0);
+    assert_int_equal(c.n, 0);
+    assert_int_equal(router_add(&rt, &second, &b, &c), 0);
+    assert_int_equal(c.n, 1);
+    assert_string_equal(c.names, "b");
+
+    char many[40][40];
+    const char *names[40];
+    for (int i = 0; i < 40; i++) {
+        snprintf(many[i], sizeof many[i], "alias-number-%02d", i);
+        names[i] = many[i];
+    }
+    struct route_names lots = {"c", "default", NULL, 0, names, 40};
+    struct route_names again = {"d", "default", NULL, 0, names, 40};
+    assert_int_equal(router_add(&rt, &first, &lots, NULL), 0);
+    struct route_conflicts d = {0};
+    assert_int_equal(router_add(&rt, &third, &again, &d), 0);
+    assert_int_equal(d.n, 40);
+    assert_true(strncmp(d.names, "alias-number-00, alias-number-01, ", 34) == 0);
+    size_t len = strlen(d.names);
+    assert_true(len < sizeof d.names);
+    assert_string_equal(d.names + len - 5, ", ...");
+    router_dispose(&rt);
+}
+
 static void test_same_name_in_two_namespaces(void **state)
 {
     struct router rt;
@@ -239,13 +277,13 @@ static void test_same_name_in_two_namespaces(void **state)
     static int in_a, in_b, dup;
     struct route_names a = {"llama", "team-a", NULL, 0, NULL, 0};
     struct route_names b = {"llama", "team-b", NULL, 0, NULL, 0};
-    size_t conflicts = 0;
+    struct route_conflicts conflicts = {0};
     assert_int_equal(router_add(&rt, &in_a, &a, &conflicts), 0);
     assert_int_equal(router_add(&rt, &in_b, &b, &conflicts), 0);
-    assert_int_equal(conflicts, 0);
+    assert_int_equal(conflicts.n, 0);
     /* The same name twice in one namespace is a conflict: the first keeps it. */
     assert_int_equal(router_add(&rt, &dup, &a, &conflicts), 0);
-    assert_true(conflicts > 0);
+    assert_true(conflicts.n > 0);
 
     struct route r;
     assert_int_equal(router_resolve_body(&rt, "{\"model\":\"llama\"}", 17, &r), ROUTE_AMBIGUOUS);
@@ -301,6 +339,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_models_paths, setup, teardown),
         cmocka_unit_test_setup_teardown(test_remove, setup, teardown),
         cmocka_unit_test(test_same_name_in_two_namespaces),
+        cmocka_unit_test(test_conflicts_are_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -222,15 +222,10 @@ static struct kmodel *kmodel_new(struct kube_backend *kb, const struct k8s_model
     snprintf(km->key, sizeof km->key, "%s", key);
     strmap_init(&km->pods);
     event_assign(&km->scale_retry, kb->evbase, -1, 0, kube_scale_retry, km);
-    size_t conflicts = 0;
-    km->m = fleet_add_model(kb->base.fleet, cm, &conflicts);
+    km->m = fleet_add_model(kb->base.fleet, cm);
     if (!km->m) {
         kube_kmodel_free(km);
         return NULL;
-    }
-    if (conflicts) {
-        LOGW("model names already taken by another model are ignored",
-             "model=%s deployment=%s conflicts=%zu", sp->name, key, conflicts);
     }
     km->m->backend = &kb->base;
     km->m->backend_data = km;
@@ -319,7 +314,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     apply_scaling(km, kb->cfg);
     kube_model_template(km, obj); /* after: it sets the slices a replica takes */
     if (names_changed) {
-        fleet_reroute_model(kb->base.fleet, km->m, &cm, NULL);
+        fleet_reroute_model(kb->base.fleet, km->m, &cm);
     }
     kube_idle_observe(km, obj, false);
     if (sp.revision[0]) {

@@ -172,15 +172,10 @@ static struct kgroup *group_new(struct kube_backend *kb, const char *key, const 
     struct group_names gn;
     group_names_of(ms, &cm, &gn);
     snprintf(g->names, sizeof g->names, "%s", gn.joined);
-    size_t conflicts = 0;
-    g->m = fleet_add_model(kb->base.fleet, &cm, &conflicts);
+    g->m = fleet_add_model(kb->base.fleet, &cm);
     if (!g->m) {
         free(g);
         return NULL;
-    }
-    if (conflicts) {
-        LOGW("model names already taken by another model are ignored",
-             "model=%s namespace=%s conflicts=%zu", g->name, g->namespace_, conflicts);
     }
     if (model_revisions_start(g->m)) {
         fleet_remove_model(kb->base.fleet, g->m, "out of memory");
@@ -208,12 +203,7 @@ static void group_reroute(struct kgroup *g, const struct members *ms)
         return;
     }
     snprintf(g->names, sizeof g->names, "%s", gn.joined);
-    size_t conflicts = 0;
-    fleet_reroute_model(g->kb->base.fleet, g->m, &cm, &conflicts);
-    if (conflicts) {
-        LOGW("model names already taken by another model are ignored",
-             "model=%s namespace=%s conflicts=%zu", g->name, g->namespace_, conflicts);
-    }
+    fleet_reroute_model(g->kb->base.fleet, g->m, &cm);
 }
 
 static void group_remove(struct kube_backend *kb, struct kgroup *g, const char *why)
