@@ -117,7 +117,12 @@ static const struct config_model *find_config_model(const struct config *cfg, co
 
 static void needs_restart(struct server *srv, const char *key)
 {
-    srv->rt.reload.restart_needed++;
+    struct reload_status *st = &srv->rt.reload;
+    st->restart_needed++;
+    size_t used = strlen(st->restart_keys);
+    if (used + strlen(key) + 2 <= sizeof st->restart_keys) {
+        snprintf(st->restart_keys + used, sizeof st->restart_keys - used, "%s\n", key);
+    }
     LOGW("configuration change needs a restart; keeping the running value", "key=%s file=%s",
          key, srv->rt.cfg->path);
 }
@@ -351,7 +356,11 @@ static void apply_models(struct server *srv, const struct config *next, struct m
         } else if (!was) {
             n->unchanged++; /* cannot happen: file models come from cur */
         } else if (!cm->n_command != !was->n_command) {
-            needs_restart(srv, "models[].endpoints/command (backend kind)");
+            char key[128];
+            config_model_prefix(next, i, key, sizeof key);
+            snprintf(key + strlen(key), sizeof key - strlen(key), "%s",
+                     cm->n_command ? "command" : "endpoints");
+            needs_restart(srv, key);
             n->unchanged++;
         } else if (same_settings(was, cm) && same_replicas(was, cm) && same_names(was, cm)) {
             n->unchanged++;
@@ -380,6 +389,7 @@ static void keep_running_kinds(const struct config *cur, struct config *next)
 void reload_apply(struct server *srv, struct config *next)
 {
     srv->rt.reload.restart_needed = 0;
+    srv->rt.reload.restart_keys[0] = '\0';
     keep_restart_only(srv, next);
     apply_thaw_settings(srv, next);
     struct model_counts n = {0};

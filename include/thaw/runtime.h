@@ -29,6 +29,7 @@ struct reload_status {
     double last_success_unix; /* start-up counts as the first success */
     double last_attempt_unix; /* 0: never reloaded */
     unsigned restart_needed;  /* settings the last reload could not apply */
+    char restart_keys[512];   /* their keys, one per line (cut short when many) */
     char last_error[768];     /* "FILE:LINE: KEY: problem" of the last failure */
     /* Set from the command line: these file settings are overridden. */
     bool listen_overridden, admin_listen_overridden, log_level_overridden;

@@ -111,6 +111,12 @@ static void status_reload(const struct admin_ctx *adm, cJSON *root)
         cJSON_AddStringToObject(c, "last_error", st->last_error);
     }
     cJSON_AddNumberToObject(c, "restart_needed", st->restart_needed);
+    cJSON *keys = cJSON_AddArrayToObject(c, "restart_needed_keys");
+    for (const char *k = st->restart_keys, *nl; keys && (nl = strchr(k, '\n')); k = nl + 1) {
+        char one[sizeof st->restart_keys];
+        snprintf(one, sizeof one, "%.*s", (int)(nl - k), k);
+        cJSON_AddItemToArray(keys, cJSON_CreateString(one));
+    }
 }
 
 static void requests_totals(const struct metrics_stream *ms, struct buf *o)

@@ -225,7 +225,18 @@ def test_settings_that_need_a_restart_are_reported_and_kept(thaw_factory, upstre
     hup(t)
     assert "needs a restart" in t.logs() and "key=listen" in t.logs()
     assert t.status()["config"]["restart_needed"] == 1
+    assert t.status()["config"]["restart_needed_keys"] == ["listen"]
     assert get(t, "/models/llama/echo").status == 200
+    # A model that would switch from endpoints to a command keeps running as
+    # it is, and the key names the model.
+    write_config(t, {"listen": "127.0.0.1:1", "models": [sim_model(name="llama")]})
+    hup(t)
+    assert t.status()["config"]["restart_needed_keys"] == ["listen", "models[0].command"]
+    assert get(t, "/models/llama/echo").status == 200
+    write_config(t, {"models": [static_model(upstream)]})
+    hup(t)
+    assert t.status()["config"]["restart_needed"] == 0
+    assert t.status()["config"]["restart_needed_keys"] == []
 
 
 def test_unchanged_models_keep_their_held_requests_and_processes(thaw_factory, upstream,
