@@ -187,6 +187,8 @@ void fleet_model_unavailable(struct fleet *f, struct model *m, const char *reaso
  * woken ones whose first request is still alone (head_start_until_ms). NULL
  * when none can take it. */
 struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms);
+/* Endpoints not ejected at now_ms: the replicas that serve now. */
+size_t model_serving_endpoints(const struct model *m, uint64_t now_ms);
 /* When the first endpoint skipped for a time takes requests again (an
  * ejection or a head start ends); 0 when none is. */
 uint64_t model_next_opening(const struct model *m, uint64_t now_ms);

@@ -297,6 +297,15 @@ struct endpoint *model_pick_endpoint(struct model *m, uint64_t now_ms)
     return best;
 }
 
+size_t model_serving_endpoints(const struct model *m, uint64_t now_ms)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < m->n_endpoints; i++) {
+        n += m->endpoints[i]->ejected_until_ms <= now_ms;
+    }
+    return n;
+}
+
 uint64_t model_next_opening(const struct model *m, uint64_t now_ms)
 {
     uint64_t best = 0;

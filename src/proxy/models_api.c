@@ -61,16 +61,16 @@ static int by_id(const void *a, const void *b)
     return strcmp(((const struct named *)a)->id, ((const struct named *)b)->id);
 }
 
-static const char *model_state(const struct model *m);
+static const char *model_state(const struct model *m, uint64_t now);
 
 /* A model with revisions: the most awake of its revisions. */
-static const char *revisions_state(const struct model *m)
+static const char *revisions_state(const struct model *m, uint64_t now)
 {
     static const char *const order[] = {"ready", "starting", "scaled_to_zero", "unavailable"};
     size_t best = 3;
     for (size_t i = 0; i < m->revs->n; i++) {
         const struct model *r = m->revs->rev[i];
-        const char *s = r ? model_state(r) : "unavailable";
+        const char *s = r ? model_state(r, now) : "unavailable";
         for (size_t k = 0; k < best; k++) {
             if (strcmp(order[k], s) == 0) {
                 best = k;
@@ -80,30 +80,31 @@ static const char *revisions_state(const struct model *m)
     return order[best];
 }
 
-/* Replicas and held requests of a model, or of all its revisions. */
-static void model_counts(const struct model *m, size_t *replicas, size_t *queued)
+/* Replicas serving now (not ejected after a failure) and held requests of
+ * a model, or of all its revisions. */
+static void model_counts(const struct model *m, uint64_t now, size_t *replicas, size_t *queued)
 {
-    *replicas = m->n_endpoints;
+    *replicas = model_serving_endpoints(m, now);
     *queued = m->queue.count;
     for (size_t i = 0; m->revs && i < m->revs->n; i++) {
         if (m->revs->rev[i]) {
-            *replicas += m->revs->rev[i]->n_endpoints;
+            *replicas += model_serving_endpoints(m->revs->rev[i], now);
             *queued += m->revs->rev[i]->queue.count;
         }
     }
 }
 
 /* What a UI shows of a model without asking it anything. */
-static const char *model_state(const struct model *m)
+static const char *model_state(const struct model *m, uint64_t now)
 {
     if (m->revs) {
-        return revisions_state(m);
+        return revisions_state(m, now);
     }
-    if (m->n_endpoints > 0) {
+    if (model_serving_endpoints(m, now) > 0) {
         return "ready";
     }
     if (m->fixed_replicas) {
-        return "unavailable"; /* static endpoints, none left */
+        return "unavailable"; /* static endpoints: none left, or all failing */
     }
     if (m->replicas_asleep > 0 && m->queue.count == 0) {
         return "sleeping"; /* the next request wakes one in seconds */
@@ -133,10 +134,11 @@ static void append_entry(struct buf *out, const char *id, const struct model *m,
     buf_append_json_escaped(out, owner, strlen(owner));
     buf_append_str(out, "\",\"root\":\"");
     buf_append_json_escaped(out, m->name, strlen(m->name));
+    uint64_t now = clock_now_ms();
     size_t replicas, queued;
-    model_counts(m, &replicas, &queued);
+    model_counts(m, now, &replicas, &queued);
     buf_printf(out, "\",\"state\":\"%s\",\"tier\":\"%s\",\"replicas\":%zu,\"queued\":%zu}",
-               model_state(m), tier_name(m->set.priority), replicas, queued);
+               model_state(m, now), tier_name(m->set.priority), replicas, queued);
 }
 
 void models_api_list(const struct runtime *rt, struct buf *out)

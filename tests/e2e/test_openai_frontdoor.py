@@ -5,6 +5,7 @@ event stream, and the official openai npm client against all of it."""
 
 import io
 import json
+import socket
 import os
 import shutil
 import subprocess
@@ -87,6 +88,27 @@ def assert_openai_error(err, code, status_type):
 
 
 # --- /v1/models ---------------------------------------------------------------
+
+
+def test_a_static_endpoint_that_refuses_is_not_listed_ready(thaw_factory, replica):
+    with socket.socket() as s:  # a port that refuses: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+        t = thaw_factory({"upstream": {"eject_ms": 60000}, "models": [
+            {"name": "down", "endpoints": [dead]},
+            {"name": "half", "endpoints": [dead, replica.address]}]})
+
+        def listed():
+            r = httpc.request(t.host, t.port, "GET", "/v1/models")
+            return {m["id"]: (m["state"], m["replicas"]) for m in r.json()["data"]}
+
+        assert listed() == {"down": ("ready", 1), "half": ("ready", 2)}  # nothing known yet
+        r = httpc.request(t.host, t.port, "POST", "/v1/completions", {}, b'{"model":"down"}')
+        assert r.status == 502, r.body
+        for _ in range(4):  # until the dead one of "half" has been tried
+            r = httpc.request(t.host, t.port, "POST", "/v1/completions", {}, b'{"model":"half"}')
+            assert r.status == 200, r.body
+        assert listed() == {"down": ("unavailable", 0), "half": ("ready", 1)}
 
 
 def test_models_listed_by_thaw_without_waking_anything(thaw_factory, replica):
