@@ -126,6 +126,10 @@ struct kmodel {
     struct strmap pods; /* pod name -> kpod */
     /* scaling */
     bool scale_inflight;
+    /* spec.replicas as the watch last reported it: while a PATCH is out,
+     * spec.replicas keeps thaw's own view, and a PATCH that fails goes
+     * back to this one (with the resourceVersion it came with). */
+    int64_t seen_replicas;
     int64_t scale_want; /* -1: nothing wanted */
     unsigned scale_failures;
     struct event scale_retry;

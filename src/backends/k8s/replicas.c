@@ -218,6 +218,7 @@ static struct kmodel *kmodel_new(struct kube_backend *kb, const struct k8s_model
     }
     km->kb = kb;
     km->spec = *sp;
+    km->seen_replicas = sp->replicas;
     km->scale_want = -1;
     snprintf(km->key, sizeof km->key, "%s", key);
     strmap_init(&km->pods);
@@ -299,6 +300,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     index_model(kb, km, false);
     bool names_changed = strcmp(km->spec.hosts, sp.hosts) || strcmp(km->spec.aliases, sp.aliases);
     /* Keep thaw's own view of replicas while a PATCH is on its way. */
+    km->seen_replicas = sp.replicas;
     if (km->scale_inflight) {
         sp.replicas = km->spec.replicas;
     }

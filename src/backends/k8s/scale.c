@@ -94,6 +94,7 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
         }
         return;
     }
+    km->spec.replicas = km->seen_replicas; /* what the watch said meanwhile */
     km->kb->scale_errors++;
     km->scale_failures++;
     snprintf(km->last_scale_error, sizeof km->last_scale_error, "HTTP %ld%s%s", status,
@@ -145,7 +146,14 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
         LOGI("scaled deployment from zero", "model=%s deployment=%s/%s to=%lld", km->m->name,
              km->spec.namespace_, km->spec.deployment, (long long)to);
         kube_post_event(km, "Normal", "ScaledFromZero", msg);
-    } else if (status == 409) {
+        return;
+    }
+    /* The Deployment as the watch reported it while this PATCH was out:
+     * its resourceVersion is in spec already, so its replicas must be too,
+     * or a 409 would leave a view of zero replicas at a version where they
+     * are not, and the next try would succeed on it. */
+    km->spec.replicas = km->seen_replicas;
+    if (status == 409) {
         /* Another activator got there first: the informer will say so. */
         km->kb->conditional_conflicts++;
         LOGD("scale from zero: someone else was first", "model=%s", km->m->name);
