@@ -75,7 +75,23 @@ def test_split_90_10_each_revision_scales_from_zero_on_its_own(cluster, thaw_fac
     assert served(t, "v1") == 18 and served(t, "v2") == 2
     st = status_of(t)
     assert [(r["name"], r["percent"]) for r in st["revisions"]] == [("v1", 90), ("v2", 10)]
+    # Listed one after the other at start, the two are one valid split: v1
+    # alone (90) is no error to report.
+    assert "InvalidTrafficSplit" not in events_by_reason(sim)
+    assert "invalid traffic split" not in t.logs() and st.get("split_error") is None
     t.assert_reconciled()
+
+
+def test_a_bad_split_listed_at_start_is_reported_once(cluster, thaw_factory, tmp_path):
+    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1", 90), revision("v2", 20))
+    wait_for(lambda: "InvalidTrafficSplit" in events_by_reason(sim), timeout=5 * SLOW,
+             what="the Warning Event")
+    time.sleep(0.5)
+    evs = events_by_reason(sim)["InvalidTrafficSplit"]
+    assert sorted(e["involvedObject"]["name"] for e in evs) == ["llama-v1", "llama-v2"]
+    assert all("add up to 110" in e["message"] and e.get("count", 1) == 1 for e in evs), evs
+    assert t.logs().count("invalid traffic split") == 1
+    assert "add up to 110" in status_of(t)["split_error"]
 
 
 def test_tag_reaches_the_canary_and_a_bad_split_is_an_error(cluster, thaw_factory, tmp_path):

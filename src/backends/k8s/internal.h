@@ -165,6 +165,9 @@ struct kgroup {
     char key[600]; /* "ns/model" */
     char namespace_[254], name[254];
     char error[400]; /* why the split is not what the Deployments say; "" */
+    /* error was logged and posted; not until every Deployment list is in:
+     * a revision listed before its siblings is no invalid split */
+    bool error_reported;
     char names[2048];  /* its hosts and aliases (the revisions'), as routed */
     /* The rollout state this activator last wrote to the canary, until the
      * canary's own annotations show it: events of the Deployment that
@@ -463,6 +466,8 @@ void kube_sleep_for_memory(struct kube_backend *kb);
 /* The revisions of model ns/name changed (a Deployment came, changed or
  * went): its routing entry, split and rollout follow. */
 void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *name);
+/* Every Deployment list is in: reports the split errors held back until now. */
+void kube_revisions_listed(struct kube_backend *kb);
 /* Each tick: a rollout state held against the cluster is let go once its
  * echo is overdue or this activator no longer leads. */
 void kube_rollout_writes_tick(struct kube_backend *kb);

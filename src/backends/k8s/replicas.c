@@ -628,6 +628,7 @@ static void on_deployments_synced(void *ud)
     if (++kb->deployments_synced < kb->n_ns) {
         return;
     }
+    kube_revisions_listed(kb);
     for (size_t i = 0; i < kb->n_ns; i++) {
         k8s_informer_start(&kb->ns[i].pods);
         k8s_informer_start(&kb->ns[i].slices);

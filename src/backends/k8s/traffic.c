@@ -257,10 +257,14 @@ static int split_of(const struct members *ms, bool rollout, uint32_t *pct, char 
 
 static void report_split_error(struct kgroup *g, const struct members *ms, const char *why)
 {
-    if (strcmp(g->error, why) == 0) {
+    if (strcmp(g->error, why) == 0 && g->error_reported) {
         return;
     }
     snprintf(g->error, sizeof g->error, "%s", why);
+    g->error_reported = g->kb->deployments_synced >= g->kb->n_ns;
+    if (!g->error_reported) {
+        return; /* its other revisions may not be listed yet */
+    }
     LOGW("invalid traffic split: keeping the split in force", "model=%s namespace=%s why=\"%s\"",
          g->name, g->namespace_, why);
     for (size_t i = 0; i < ms->n; i++) {
@@ -423,6 +427,7 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
         report_split_error(g, &ms, why);
     } else {
         g->error[0] = '\0';
+        g->error_reported = false;
         char *names[REVSPLIT_MAX];
         for (size_t i = 0; i < ms.n; i++) {
             names[i] = ms.km[i]->spec.revision;
@@ -440,6 +445,24 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
         restore_rollout(g, &ms.km[1]->spec);
     }
     fleet_revisions_changed(kb->base.fleet, g->m);
+}
+
+static void report_held_back(void *ud, const char *key, void *value)
+{
+    struct kgroup *g = value;
+    if (g->error[0] && !g->error_reported) {
+        struct members ms = {.ns = g->namespace_, .name = g->name};
+        strmap_each(&g->kb->models, collect_cb, &ms);
+        qsort(ms.km, ms.n, sizeof ms.km[0], member_order);
+        char why[sizeof g->error];
+        snprintf(why, sizeof why, "%s", g->error);
+        report_split_error(g, &ms, why);
+    }
+}
+
+void kube_revisions_listed(struct kube_backend *kb)
+{
+    strmap_each(&kb->groups, report_held_back, NULL);
 }
 
 /* ---- the rollout's writes ------------------------------------------------- */
