@@ -55,7 +55,7 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
     [REJECT_VERSION_NOT_SUPPORTED] = {"http_version_not_supported", 505, false,
                                       "thaw speaks HTTP/1.0 and HTTP/1.1 only"},
     [REJECT_MODEL_REMOVED] = {"model_removed", 503, false,
-                              "the model was removed (from the configuration, or its Deployment deleted)"},
+                              "the model was removed (from the configuration, or from the cluster)"},
     [REJECT_AMBIGUOUS_MODEL] = {"ambiguous_model", 409, false,
                                 "models in several namespaces have this name; name one as "
                                 "namespace/name (path or body) or name.namespace (Host)"},

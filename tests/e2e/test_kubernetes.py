@@ -647,9 +647,31 @@ def test_deleted_deployment_answers_held_requests(cluster, thaw_factory, tmp_pat
         th.join(30)
     for r in res.values():
         assert r.status == 503
+        assert r.json()["error"]["code"] == "model_removed"
         assert "models/llama was deleted" in r.json()["error"]["message"]
     t.assert_reconciled()
     assert complete(t).status == 404  # gone from routing too
+
+
+def test_a_deployment_that_loses_its_label_answers_held_requests_saying_so(
+        cluster, thaw_factory, tmp_path):
+    # The watch by label reports it as deleted too: the message must not
+    # say the Deployment was deleted when it is still there.
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=60000))
+    out = {}
+    th = threading.Thread(target=lambda: out.__setitem__("r", complete(t)))
+    th.start()
+    wait_for(lambda: t.status()["queued"] == 1, what="held")
+    sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/llama",
+             {"metadata": {"labels": {"thaw.dev/model": None}}},
+             ctype="application/merge-patch+json")
+    th.join(30)
+    r = out["r"]
+    assert r.status == 503 and r.json()["error"]["code"] == "model_removed"
+    msg = r.json()["error"]["message"]
+    assert "models/llama no longer carries the thaw.dev/model label" in msg, msg
+    assert sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")[0] == 200
+    t.assert_reconciled()
 
 
 def test_deleted_deployment_answers_requests_still_sending_their_body(cluster, thaw_factory,

@@ -335,8 +335,22 @@ static void deployment_remove(void *ud, const cJSON *obj)
     }
     strmap_del(&kb->models, key, strlen(key));
     index_model(kb, km, false);
+    /* A watch by label reports a Deployment that lost its label as deleted
+     * too; with the default selector the object says which it was (one
+     * known by key only, gone while the watch was down, cannot). */
     char why[700];
-    snprintf(why, sizeof why, "the model's Deployment %s was deleted", key);
+    const cJSON *labels = k8s_get(obj, "metadata.labels");
+    const char *sel = kb->cfg->kubernetes.label_selector;
+    if ((sel && strcmp(sel, K8S_MODEL_LABEL) != 0) || !k8s_get(obj, "metadata.uid")) {
+        snprintf(why, sizeof why,
+                 "the model's Deployment %s was deleted or no longer matches the label selector",
+                 key);
+    } else if (!cJSON_GetObjectItemCaseSensitive(labels, K8S_MODEL_LABEL)) {
+        snprintf(why, sizeof why,
+                 "the model's Deployment %s no longer carries the " K8S_MODEL_LABEL " label", key);
+    } else {
+        snprintf(why, sizeof why, "the model's Deployment %s was deleted", key);
+    }
     struct model *m = km->m;
     /* Pods go first (their endpoints leave the model), then the model,
      * whose held requests are answered 503 naming the reason. */
