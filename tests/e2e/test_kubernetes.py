@@ -451,6 +451,13 @@ def test_api_faults_during_a_cold_start_lose_nothing(cluster, thaw_factory, tmp_
     wait_for(lambda: t.metric("thaw_kubernetes_lists_total") >= lists + 4, timeout=30,
              what="every informer relisted after 410")
     t.assert_reconciled()
+    # /metrics counts every informer /status lists (the Pulling and Pulled
+    # Event informers too).
+    infs = t.status()["kubernetes"]["informers"]
+    assert {i["resource"] for i in infs} >= {"deployments", "pods", "nodes"}
+    assert t.metric("thaw_kubernetes_lists_total") == sum(i["lists"] for i in infs)
+    assert t.metric("thaw_kubernetes_watch_restarts_total") == sum(
+        i["watch_restarts"] for i in infs)
 
 
 def test_api_server_restart_keeps_warm_models_serving(cluster, thaw_factory, tmp_path):

@@ -241,8 +241,32 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
     cJSON_AddStringToObject(out, "state", state);
 }
 
-static void add_informer(cJSON *arr, const struct k8s_informer *inf, const char *ns)
+/* Every informer this backend runs (its namespace, or NULL when cluster-wide
+ * or the default), for /status and /metrics alike. */
+static void each_informer(const struct kube_backend *kb,
+                          void (*fn)(void *ud, const struct k8s_informer *inf, const char *ns),
+                          void *ud)
 {
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        const char *ns = kb->cfg->kubernetes.n_namespaces ? kb->cfg->kubernetes.namespaces[i]
+                                                          : NULL;
+        fn(ud, &kb->ns[i].deployments, ns);
+        fn(ud, &kb->ns[i].slices, ns);
+        fn(ud, &kb->ns[i].pods, ns);
+        if (kb->cfg->kubernetes.pull_events) {
+            fn(ud, &kb->ns[i].pulling, ns);
+            fn(ud, &kb->ns[i].pulled, ns);
+        }
+    }
+    fn(ud, &kb->nodes, NULL);
+    if (kb->tenants.on) {
+        fn(ud, &kb->tenants.inf, kb->tenants.ns);
+    }
+}
+
+static void add_informer(void *ud, const struct k8s_informer *inf, const char *ns)
+{
+    cJSON *arr = ud;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "resource", inf->name);
     cJSON_AddStringToObject(j, "namespace", ns ? ns : "");
@@ -435,22 +459,7 @@ void kube_describe_capacity(struct backend *b, cJSON *out)
     cJSON_AddNumberToObject(evs, "aggregated", (double)kb->events.stats.aggregated);
     cJSON_AddNumberToObject(evs, "unaggregated", (double)kb->events.stats.unaggregated);
     cJSON_AddNumberToObject(evs, "errors", (double)kb->events.stats.errors);
-    cJSON *infs = cJSON_AddArrayToObject(k, "informers");
-    for (size_t i = 0; i < kb->n_ns; i++) {
-        const char *ns = kb->cfg->kubernetes.n_namespaces ? kb->cfg->kubernetes.namespaces[i]
-                                                          : NULL;
-        add_informer(infs, &kb->ns[i].deployments, ns);
-        add_informer(infs, &kb->ns[i].slices, ns);
-        add_informer(infs, &kb->ns[i].pods, ns);
-        if (kb->cfg->kubernetes.pull_events) {
-            add_informer(infs, &kb->ns[i].pulling, ns);
-            add_informer(infs, &kb->ns[i].pulled, ns);
-        }
-    }
-    add_informer(infs, &kb->nodes, NULL);
-    if (kb->tenants.on) {
-        add_informer(infs, &kb->tenants.inf, kb->tenants.ns);
-    }
+    each_informer(kb, add_informer, cJSON_AddArrayToObject(k, "informers"));
     kube_tenants_source_describe(&kb->tenants, k);
     describe_nodes(kb, k);
     kube_ha_describe(kb, k);
@@ -544,21 +553,25 @@ static void render_node_metrics(struct kube_backend *kb, struct buf *o)
     kube_node_usage_free(&usage);
 }
 
+struct informer_totals {
+    uint64_t restarts, relists;
+};
+
+static void add_to_totals(void *ud, const struct k8s_informer *inf, const char *ns)
+{
+    struct informer_totals *t = ud;
+    t->restarts += inf->watch_restarts;
+    t->relists += inf->relists;
+}
+
 /* API client and informer counters, leadership and peers, sync. */
 void kube_render_metrics(struct backend *b, struct buf *o)
 {
     struct kube_backend *kb = KB(b);
-    uint64_t api_errors = k8s_client_stats(kb->client)->errors, restarts = 0, relists = 0;
-    for (size_t i = 0; i < kb->n_ns; i++) {
-        const struct k8s_informer *all[] = {&kb->ns[i].deployments, &kb->ns[i].slices,
-                                            &kb->ns[i].pods};
-        for (size_t j = 0; j < 3; j++) {
-            restarts += all[j]->watch_restarts;
-            relists += all[j]->relists;
-        }
-    }
-    restarts += kb->nodes.watch_restarts;
-    relists += kb->nodes.relists;
+    uint64_t api_errors = k8s_client_stats(kb->client)->errors;
+    struct informer_totals tot = {0, 0};
+    each_informer(kb, add_to_totals, &tot);
+    uint64_t restarts = tot.restarts, relists = tot.relists;
     metrics_single(o, "thaw_kubernetes_api_errors_total", "counter",
                    "Kubernetes API requests that failed (transport or HTTP >= 400).", api_errors);
     metrics_single(o, "thaw_kubernetes_watch_restarts_total", "counter",
