@@ -247,6 +247,14 @@ static int on_header_value_complete(llhttp_t *ll)
         return 0;
     }
     struct http_header *x = &h->headers[h->n_headers - 1];
+    /* A field value excludes the whitespace around it (RFC 9110, 5.5);
+     * llhttp leaves out what leads, not what trails. The value is the last
+     * thing appended, so the trailing part is dropped from the bytes too. */
+    while (x->value_len > 0 && (h->bytes.data[h->bytes.len - 1] == ' ' ||
+                                h->bytes.data[h->bytes.len - 1] == '\t')) {
+        x->value_len--;
+        h->bytes.len--;
+    }
     if (x->value_len == 0) {
         /* Empty value: llhttp gives no value span, point at the terminator. */
         x->value_off = (uint32_t)h->bytes.len;

@@ -80,6 +80,30 @@ static void test_simple_get_and_headers(void **state)
     ctx_dispose(&c);
 }
 
+/* A field value excludes the whitespace around it (RFC 9110, 5.5), at its
+ * end too, whether it arrives whole or a byte at a time. */
+static void test_whitespace_around_values_is_not_part_of_them(void **state)
+{
+    const char *req = "GET / HTTP/1.1\r\nHost: x \r\nthaw-priority:\t batch \t \r\n"
+                      "Authorization: Bearer k1  \r\nX-Blank:   \r\nX-In: a b\r\n\r\n";
+    for (size_t step = 1; step <= 1000; step += 999) {
+        struct ctx c;
+        ctx_init(&c, HTTP_REQUEST);
+        assert_int_equal(feed(&c, req, strlen(req), step, NULL, NULL), HTTP_EV_DONE);
+        const struct http_header *x = http_head_find(&c.h, "thaw-priority");
+        assert_int_equal(x->value_len, 5);
+        assert_string_equal(http_hvalue(&c.h, x), "batch");
+        assert_string_equal(http_hvalue(&c.h, http_head_find(&c.h, "host")), "x");
+        assert_string_equal(http_hvalue(&c.h, http_head_find(&c.h, "authorization")),
+                            "Bearer k1");
+        x = http_head_find(&c.h, "x-blank");
+        assert_int_equal(x->value_len, 0);
+        assert_string_equal(http_hvalue(&c.h, x), "");
+        assert_string_equal(http_hvalue(&c.h, http_head_find(&c.h, "x-in")), "a b");
+        ctx_dispose(&c);
+    }
+}
+
 static void test_byte_by_byte_equals_whole(void **state)
 {
     const char *req = "POST /p HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -339,6 +363,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_simple_get_and_headers),
+        cmocka_unit_test(test_whitespace_around_values_is_not_part_of_them),
         cmocka_unit_test(test_byte_by_byte_equals_whole),
         cmocka_unit_test(test_pipelined_requests_one_at_a_time),
         cmocka_unit_test(test_strict_rejections),
