@@ -148,6 +148,9 @@ struct fleet {
     void (*on_endpoint_conn)(void *ud, struct endpoint *ep, int fd);
     /* A model's revisions or rollout changed (a backend set them). */
     void (*on_revisions)(void *ud, struct model *m);
+    /* Deadlines of requests waiting for a model came nearer (a shorter
+     * queue timeout): the next one to pass may be sooner than planned. */
+    void (*on_deadlines)(void *ud, struct model *m);
     void *cb_ud;
 };
 

@@ -112,6 +112,10 @@ int queue_push_flow(struct queue *q, struct queue_item *it, uint32_t flow, enum 
  * failed connect), keeping its enqueue time and deadline; bounds are not
  * re-checked. */
 void queue_push_front(struct queue *q, struct queue_item *it);
+/* A shorter queue timeout applies to what waits too: each deadline becomes
+ * at most enqueued + timeout_ms (never before now_ms), which keeps every
+ * lane's deadlines in order. True when one moved. */
+bool queue_cap_deadlines(struct queue *q, uint64_t timeout_ms, uint64_t now_ms);
 /* The next item to serve, removed; NULL when nothing may run. */
 struct queue_item *queue_pop(struct queue *q);
 /* The item queue_pop would return, left in place. */

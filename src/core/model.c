@@ -26,6 +26,11 @@ void model_apply_settings(struct model *m, const struct config_model *cm)
     m->set.priority = cm->priority;
     m->set.max_queue = cm->max_queue;
     m->queue.max = (size_t)cm->max_queue;
+    if (cm->queue_timeout_ms < m->set.queue_timeout_ms && m->queue.count > 0 &&
+        queue_cap_deadlines(&m->queue, cm->queue_timeout_ms, clock_now_ms()) && m->fleet &&
+        m->fleet->on_deadlines) {
+        m->fleet->on_deadlines(m->fleet->cb_ud, m);
+    }
     m->set.queue_timeout_ms = cm->queue_timeout_ms;
     m->set.connect_timeout_ms = cm->connect_timeout_ms;
     m->set.first_byte_timeout_ms = cm->first_byte_timeout_ms;

@@ -380,6 +380,29 @@ struct queue_item *queue_pop_expired(struct queue *q, uint64_t now_ms)
     return it;
 }
 
+bool queue_cap_deadlines(struct queue *q, uint64_t timeout_ms, uint64_t now_ms)
+{
+    bool moved = false;
+    for (int t = 0; t < TIER_COUNT; t++) {
+        struct queue_lane *l;
+        for_each_lane(l, q, t)
+        {
+            struct list_node *pos, *tmp;
+            list_for_each_safe(pos, tmp, &l->items)
+            {
+                struct queue_item *it = container_of(pos, struct queue_item, node);
+                uint64_t d = it->enqueued_ms + timeout_ms;
+                d = d > now_ms ? d : now_ms;
+                if (d < it->deadline_ms) {
+                    it->deadline_ms = d;
+                    moved = true;
+                }
+            }
+        }
+    }
+    return moved;
+}
+
 uint64_t queue_next_deadline(const struct queue *q)
 {
     struct queue_item *it = earliest_deadline(q);

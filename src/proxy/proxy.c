@@ -1403,6 +1403,11 @@ static void fleet_capacity(void *ud, struct model *m)
     proxy_dispatch(ud, m);
 }
 
+static void fleet_deadlines(void *ud, struct model *m)
+{
+    arm_queue_timer(ud, m);
+}
+
 static void fleet_unavailable(void *ud, struct model *m, const char *reason, uint64_t retry_after_ms)
 {
     proxy_flush_queue(ud, m, REJECT_START_FAILED, reason);
@@ -1439,6 +1444,7 @@ void proxy_wire(struct runtime *rt)
     rt->up.ud = rt;
     rt->fleet.cb_ud = rt;
     rt->fleet.on_capacity = fleet_capacity;
+    rt->fleet.on_deadlines = fleet_deadlines;
     rt->fleet.on_unavailable = fleet_unavailable;
     rt->fleet.on_endpoint_gone = fleet_endpoint_gone;
     rt->fleet.on_endpoint_conn = fleet_endpoint_conn;

@@ -176,6 +176,29 @@ def test_changing_max_concurrency_takes_effect(thaw_factory, upstream):
     assert "model changed by reload" in t.logs()
 
 
+def test_a_shorter_queue_timeout_applies_to_requests_queued_before_and_after(thaw_factory,
+                                                                           upstream):
+    t = thaw_factory({"models": [static_model(upstream, max_concurrency=1,
+                                              queue_timeout_ms=8000)]})
+    busy = Background(lambda: get(t, "/models/llama/sleep?ms=6000"))
+    wait_for(lambda: upstream.active == 1, what="the slot taken")
+    before = Background(lambda: get(t, "/models/llama/echo"))
+    wait_for(lambda: t.status()["queued"] == 1, what="one queued")
+    time.sleep(1.2)  # longer than the new timeout
+    write_config(t, {"models": [static_model(upstream, max_concurrency=1,
+                                             queue_timeout_ms=1000)]})
+    hup(t)
+    start = time.monotonic()
+    after = Background(lambda: get(t, "/models/llama/echo"))
+    r = before.join(10)
+    assert r.status == 504 and r.json()["error"]["code"] == "queue_timeout"
+    r = after.join(10)
+    waited = time.monotonic() - start
+    assert r.status == 504 and r.json()["error"]["code"] == "queue_timeout"
+    assert 0.9 < waited < 3, waited  # its own 1 s, not the 8 s of the one queued before
+    assert busy.join().status == 200
+
+
 def test_process_model_with_a_new_command_gets_a_new_replica_after_the_old_drains(thaw_factory):
     old = sim_model(tokens=20, token_ms=50, min_replicas=1)
     t = thaw_factory({"models": [old]})
