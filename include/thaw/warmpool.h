@@ -10,9 +10,9 @@
  *    replica while the warm budget (slices idle replicas may hold) has
  *    room, given by tier first, then by value;
  *  - admit / deny: scale-ups in tier order (critical first), then value;
- *  - evict: to fit a scale-up, idle warm replicas of lower priority go first
- *    (lowest value first; of equal priority only with lower value, so a warm
- *    idle replica never blocks live demand of its own tier);
+ *  - evict: to fit a scale-up, idle warm replicas of lower priority go first,
+ *    then those of its own priority (lowest value first: a warm idle
+ *    replica never blocks live demand of its own tier);
  *  - preempt: then running models of strictly lower priority shrink toward
  *    their min_replicas; never a model of equal or higher priority;
  *  - prewarm: a model whose demand is forecast (prewarm) keeps an idle

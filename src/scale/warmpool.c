@@ -290,10 +290,12 @@ struct room {
     unsigned preempted, evicted, worst_rank;
 };
 
-/* x may take v's warm replica: lower priority, or equal and worth less. */
+/* x's demand (live, or its min_replicas) may take v's idle warm replica
+ * when v's priority is not higher: a warm replica never blocks live demand
+ * of its own tier. Which goes first is the victims' order (lowest value). */
 static bool may_evict(const struct wp_model *v, const struct wp_model *x)
 {
-    return v->tier > x->tier || (v->tier == x->tier && v->value < x->value);
+    return v->tier >= x->tier;
 }
 
 /* v's release gives x something it lacks on node k. */

@@ -113,6 +113,28 @@ def test_memory_bound_gpu_evicts_an_idle_warm_replica_for_a_critical_model(thaw_
     assert g["memory_used"] <= 80 * GB
 
 
+def test_an_idle_warm_replica_gives_way_to_live_demand_of_its_own_tier(thaw_factory):
+    """One GPU of 2 slices, both models standard and 2 slices each: "a",
+    idle and kept warm (it served more, so it is worth more), must give way
+    to a request for "b" rather than hold the GPU while "b" times out."""
+    t = thaw_factory({
+        "gpus": [{"id": 0, "slices": 2}],
+        "warm_pool": {"budget_slices": 2},
+        "autoscaler": {"tick_ms": 200},
+        "models": [sim_model(name, load_ms=50, gpu_slices=2, priority="standard",
+                             idle_timeout_ms=300, queue_timeout_ms=8000)
+                   for name in ("a", "b")]})
+    for _ in range(3):
+        assert complete(t, "a").status == 200
+    wait_for(lambda: model_status(t, "a")["pool"].get("last_decision") == "keep_warm",
+             timeout=10, what="a kept warm")
+    start = time.monotonic()
+    r = complete(t, "b")
+    assert r.status == 200, r.body
+    assert time.monotonic() - start < 5
+    assert model_status(t, "a")["pool"].get("last_decision") == "evict"
+
+
 @pytest.mark.parametrize("gpus,model,error", [
     ('[{"id": 0, "mig": "GPU-1234", "profile": "1g.5gb"}]', '"gpu_slices": 1',
      'gpus[0]: "mig" must be a MIG device UUID'),
