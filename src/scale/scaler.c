@@ -226,9 +226,13 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
                      by->m->name, tier_of(by), on_node, node_name(c, d->node));
             break;
         }
-        sm->m->stats.pool_decisions[d->action]++;
+        /* Each planning step decides again; a decision counts (and is
+         * logged) when it differs from the model's last one. */
         bool changed = strcmp(sm->last_action, wp_action_name(d->action)) != 0 ||
                        strcmp(sm->last_reason, why) != 0;
+        if (changed) {
+            sm->m->stats.pool_decisions[d->action]++;
+        }
         snprintf(sm->last_action, sizeof sm->last_action, "%s", wp_action_name(d->action));
         snprintf(sm->last_reason, sizeof sm->last_reason, "%s", why);
         if (d->action != WP_ADMIT && changed) {

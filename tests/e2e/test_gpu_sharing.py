@@ -128,6 +128,10 @@ def test_an_idle_warm_replica_gives_way_to_live_demand_of_its_own_tier(thaw_fact
         assert complete(t, "a").status == 200
     wait_for(lambda: model_status(t, "a")["pool"].get("last_decision") == "keep_warm",
              timeout=10, what="a kept warm")
+    time.sleep(1)  # five planning steps that decide the same again
+    logged = sum(1 for line in t.logs().splitlines()
+                 if "capacity decision" in line and "model=a " in line and "keep_warm" in line)
+    assert logged == t.metric("thaw_pool_decisions_total", model="a", action="keep_warm") == 1
     start = time.monotonic()
     r = complete(t, "b")
     assert r.status == 200, r.body
