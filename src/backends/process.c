@@ -327,6 +327,24 @@ static void on_kill_timer(evutil_socket_t fd, short what, void *arg);
 static bool sleep_for_memory(struct process_backend *pb, const struct gpu_need *need,
                              const struct model *by, int only_gpu);
 
+static unsigned gpu_slices(void *ud);
+
+/* warm_pool.capacity_slices holds for what runs, not only for the plan:
+ * replicas still draining (after a preemption) keep their slices until they
+ * exit, so a start that would go over waits for them as it would for a GPU. */
+static bool over_slice_cap(const struct process_backend *pb, unsigned slices)
+{
+    unsigned cap = scale_driver_capacity(gpu_slices((void *)pb), &pb->cfg->warm_pool);
+    if (!pb->cfg->warm_pool.capacity_slices || !cap) {
+        return false;
+    }
+    unsigned used = 0;
+    for (size_t g = 0; g < pb->n_gpus; g++) {
+        used += pb->gpus[g].used;
+    }
+    return used + slices > cap;
+}
+
 /* Starts one replica. 0, -ENOSPC (no GPU slices free) or another error. */
 static int replica_start(struct proc_model *pm)
 {
@@ -335,9 +353,10 @@ static int replica_start(struct proc_model *pm)
     if (pm->gpu_slices > 0 || pm->mig_profile) {
         struct gpu_need need = {pm->mig_profile ? 1 : pm->gpu_slices, pm->gpu_memory_bytes,
                                 pm->mig_profile};
-        gpu = procplan_gpu_place(pb->gpus, pb->n_gpus, &need);
+        bool capped = over_slice_cap(pb, need.slices);
+        gpu = capped ? -1 : procplan_gpu_place(pb->gpus, pb->n_gpus, &need);
         if (gpu < 0) {
-            if (sleep_for_memory(pb, &need, pm->m, -1)) {
+            if (!capped && sleep_for_memory(pb, &need, pm->m, -1)) {
                 if (!pm->waiting_for_capacity) {
                     LOGI("waiting for replicas to sleep and free GPU memory", "model=%s "
                          "memory_needed=%llu", pm->m->name,

@@ -433,6 +433,38 @@ def test_preempted_batch_replica_finishes_its_stream_first(thaw_factory):
     assert t.metric("thaw_aborts_total", reason="upstream_closed") == 0
 
 
+def test_capacity_slices_hold_while_preempted_replicas_drain(thaw_factory):
+    """A GPU of 4 slices capped at 2 by warm_pool.capacity_slices, both taken
+    by busy replicas of a standard model when a critical one wakes: the
+    preempted replicas keep their slices while they drain, so the critical
+    one starts as they exit, never beside them over the cap."""
+    t = thaw_factory({
+        "gpus": [{"id": 0, "slices": 4}],
+        "warm_pool": {"capacity_slices": 2},
+        "autoscaler": {"tick_ms": 100},
+        "models": [sim_model("std", load_ms=50, token_ms=200, tokens=6, gpu_slices=1,
+                             max_replicas=2, max_concurrency=1, target=1),
+                   sim_model("crit", load_ms=50, gpu_slices=1, priority="critical",
+                             max_concurrency=1)]})
+    busy = threading.Thread(target=lambda: parallel(2, lambda i: complete(t, "std")))
+    busy.start()
+    wait_for(lambda: model_status(t, "std")["replicas_ready"] == 2 and
+             model_status(t, "std")["inflight"] == 2, timeout=10 * SLOW, what="std on 2 slices")
+    res = {}
+    th = threading.Thread(target=lambda: res.__setitem__("crit", complete(t, "crit")))
+    th.start()
+    worst = 0
+    while th.is_alive():
+        st = t.status()
+        live = sum(len(m["processes"]) for m in st["models"])
+        worst = max(worst, st["gpus"][0]["used"], live)
+        time.sleep(0.02)
+    assert res["crit"].status == 200
+    busy.join(30)
+    assert worst <= 2, worst
+    t.assert_reconciled()
+
+
 def test_forecast_modes_reach_each_model(thaw_factory):
     """autoscaler.prewarm is the default; a model's own prewarm wins; off keeps no profile."""
     t = thaw_factory({
