@@ -107,7 +107,9 @@ struct proc_model {
     char *health_path;
     unsigned min_replicas, max_replicas, gpu_slices;
     char *mig_profile;         /* one MIG instance of this profile per replica; NULL: none */
-    unsigned plan_on_node;     /* its replicas on the machine, for the warm pool */
+    /* Its replicas per GPU unit for the warm pool: in, where they run; out,
+     * where the plan keeps them (a stop takes one where it keeps fewer). */
+    unsigned *plan_on_gpu;
     uint64_t gpu_memory_bytes; /* per replica, for placement (and MPS's memory limit) */
     uint64_t idle_timeout_ms, startup_timeout_ms, stop_grace_ms, stop_drain_ms;
     struct list_node replicas;
@@ -137,7 +139,8 @@ struct process_backend {
     enum gpu_sharing *sharing;
     char **gpu_device;  /* per slot: what CUDA_VISIBLE_DEVICES names (index or MIG UUID) */
     char **gpu_profile; /* per slot: its MIG profile (gpus[i].profile points here), or NULL */
-    struct wp_node plan_node; /* the machine, for the warm pool (plan_nodes) */
+    struct wp_node *plan_nodes; /* one per GPU unit, for the warm pool (plan_nodes) */
+    char (*plan_names)[40];     /* their names in decisions ("gpu1", "gpu0:1g.5gb") */
     size_t n_gpus;
     struct list_node models;
     struct list_node retired; /* proc_models of removed models, draining */
@@ -699,9 +702,57 @@ static void stop_drained(struct proc_model *pm)
 
 /* Starts or stops replicas until the model has `target`. Stopping takes
  * starting replicas first, then ready ones with the fewest in flight. */
+static bool held_state(enum replica_state s)
+{
+    return s != R_DRAINING && s != R_STOPPING;
+}
+
+/* Per GPU unit, how many more of pm's replicas run there than the last
+ * plan keeps (NULL when the plan was not by GPU, or none is over). */
+static unsigned *over_plan(const struct proc_model *pm)
+{
+    size_t n = pm->pb->n_gpus;
+    unsigned *over = pm->plan_on_gpu && n ? calloc(n, sizeof *over) : NULL;
+    if (!over) {
+        return NULL;
+    }
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pm->replicas)
+    {
+        const struct replica *r = container_of(pos, struct replica, node);
+        if (r->gpu >= 0 && held_state(r->state)) {
+            over[r->gpu]++;
+        }
+    }
+    bool any = false;
+    for (size_t g = 0; g < n; g++) {
+        over[g] = over[g] > pm->plan_on_gpu[g] ? over[g] - pm->plan_on_gpu[g] : 0;
+        any = any || over[g];
+    }
+    if (!any) {
+        free(over);
+        return NULL;
+    }
+    return over;
+}
+
 static unsigned replicas_held(const struct proc_model *pm)
 {
     return pm->n_ready + pm->n_starting + pm->n_dozing + pm->n_asleep + pm->n_waking;
+}
+
+/* How much a replica is worth keeping when one must stop: asleep or dozing
+ * ones serve nothing and go first, then those still starting, then the
+ * ready one with the fewest requests in flight. */
+static uint32_t keep_rank(struct replica *r)
+{
+    if (r->state == R_ASLEEP || r->state == R_DOZING) {
+        return 0;
+    }
+    if (r->state == R_STARTING || r->state == R_WAKING) {
+        return 1;
+    }
+    return 2 + replica_inflight(r);
 }
 
 static void apply_target(struct proc_model *pm, unsigned target, const char *why)
@@ -713,36 +764,38 @@ static void apply_target(struct proc_model *pm, unsigned target, const char *why
         }
         have++;
     }
+    /* Stops take replicas where the plan keeps fewer than run (its
+     * evictions and preemptions are by GPU) before any other. */
+    unsigned *over = have > target ? over_plan(pm) : NULL;
     while (have > target) {
         struct replica *victim = NULL;
+        bool victim_over = false;
         uint32_t best = UINT32_MAX;
         struct list_node *pos, *tmp;
         list_for_each_safe(pos, tmp, &pm->replicas)
         {
             struct replica *r = container_of(pos, struct replica, node);
-            if (r->state == R_ASLEEP || r->state == R_DOZING) {
-                victim = r; /* serves nothing: gives up its slices first */
-                break;
-            }
-            if (r->state == R_STARTING || r->state == R_WAKING) {
-                victim = r;
-                best = 0;
+            if (!held_state(r->state)) {
                 continue;
             }
-            if (r->state == R_READY && best > 0) {
-                uint32_t in = replica_inflight(r);
-                if (in < best) {
-                    best = in;
-                    victim = r;
-                }
+            bool r_over = over && r->gpu >= 0 && over[r->gpu] > 0;
+            uint32_t rank = keep_rank(r);
+            if ((r_over && !victim_over) || (r_over == victim_over && rank < best)) {
+                victim = r;
+                victim_over = r_over;
+                best = rank;
             }
         }
         if (!victim) {
             break;
         }
+        if (victim_over) {
+            over[victim->gpu]--;
+        }
         replica_drain(victim, why);
         have--;
     }
+    free(over);
 }
 
 /* ---- sleep mode --------------------------------------------------------- */
@@ -1135,10 +1188,6 @@ static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_
     }
 }
 
-/* With MIG instances the machine is one node of several resources: whole-GPU
- * slices, and the instances of each MIG profile, so the warm pool never
- * admits a replica for a profile that has no instance free. Without MIG,
- * one capacity in slices (gpu_slices) says the same. */
 /* GPU memory a replica of pm takes that the plan counts: its declaration on
  * a whole GPU; none for MIG (the profile is the memory) or with sleep mode
  * (sleep frees it when another start needs it: sleep_for_memory). */
@@ -1147,70 +1196,59 @@ static uint64_t planned_memory(const struct proc_model *pm)
     return pm->mig_profile || pm->sleep.enabled ? 0 : pm->gpu_memory_bytes;
 }
 
-/* The whole GPUs' memory for the plan: the smallest declared (every whole
- * GPU must declare it), and how many share it; false when memory is not in
- * play (no GPU or no model declares it). */
-static bool plan_memory(const struct process_backend *pb, struct scaler_model **sms, size_t n,
-                        struct wp_node *node)
-{
-    uint64_t least = 0;
-    unsigned gpus = 0;
-    for (size_t g = 0; g < pb->n_gpus; g++) {
-        const struct gpu_slot *s = &pb->gpus[g];
-        if (s->profile) {
-            continue;
-        }
-        if (!s->memory_bytes) {
-            return false;
-        }
-        least = gpus == 0 || s->memory_bytes < least ? s->memory_bytes : least;
-        gpus++;
-    }
-    bool declared = false;
-    for (size_t i = 0; i < n; i++) {
-        declared = declared || planned_memory(container_of(sms[i], struct proc_model, sc));
-    }
-    if (!gpus || !declared) {
-        return false;
-    }
-    node->gpu_memory = least;
-    node->gpus = gpus > WP_MAX_GPUS ? WP_MAX_GPUS : gpus;
-    return true;
-}
-
+/* The warm pool plans on GPU units as its nodes: each whole GPU (its slices
+ * and, when declared, its memory) and each MIG instance (one of its profile).
+ * A replica fits only where one unit has room for all it needs, so an
+ * eviction or preemption frees room on the unit where the newcomer then
+ * fits, never some on each of several. Which unit a start takes is still
+ * procplan_gpu_place's choice; a stop takes a replica where the plan keeps
+ * fewer than run (apply_target). */
 static bool plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cluster *c)
 {
     struct process_backend *pb = ud;
-    struct wp_node *node = &pb->plan_node;
-    memset(node, 0, sizeof *node);
-    node->name = "local";
+    if (pb->n_gpus == 0) {
+        return false;
+    }
+    if (!pb->plan_nodes) {
+        pb->plan_nodes = calloc(pb->n_gpus, sizeof *pb->plan_nodes);
+        pb->plan_names = calloc(pb->n_gpus, sizeof *pb->plan_names);
+        if (!pb->plan_nodes || !pb->plan_names) {
+            free(pb->plan_nodes);
+            free(pb->plan_names);
+            pb->plan_nodes = NULL;
+            pb->plan_names = NULL;
+            return false;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct proc_model *pm = container_of(sms[i], struct proc_model, sc);
+        if (!pm->plan_on_gpu && !(pm->plan_on_gpu = calloc(pb->n_gpus, sizeof(unsigned)))) {
+            return false;
+        }
+    }
     size_t n_res = 1;
     c->res[0] = "gpu-slices";
-    bool any_mig = false;
     for (size_t g = 0; g < pb->n_gpus; g++) {
         const struct gpu_slot *s = &pb->gpus[g];
+        struct wp_node *node = &pb->plan_nodes[g];
+        memset(node, 0, sizeof *node);
+        node->name = pb->plan_names[g];
         size_t r = 0;
         if (s->profile) {
-            any_mig = true;
+            snprintf(pb->plan_names[g], sizeof pb->plan_names[g], "gpu%d:%s", s->id, s->profile);
             for (r = 1; r < n_res && strcmp(c->res[r], s->profile) != 0; r++) {
             }
             if (r == n_res && n_res < WP_MAX_RES) {
                 c->res[n_res++] = s->profile;
             }
+        } else {
+            snprintf(pb->plan_names[g], sizeof pb->plan_names[g], "gpu%d", s->id);
+            node->gpu_memory = s->memory_bytes;
+            node->gpus = s->memory_bytes ? 1 : 0;
         }
         if (r < n_res) {
-            node->alloc[r] += s->slices;
+            node->alloc[r] = s->slices;
         }
-    }
-    bool memory = plan_memory(pb, sms, n, node);
-    if (!any_mig && !memory) {
-        for (size_t i = 0; i < n; i++) {
-            memset(sms[i]->req, 0, sizeof sms[i]->req);
-            sms[i]->gpu_memory = 0;
-            sms[i]->eligible = NULL;
-            sms[i]->on_node = NULL;
-        }
-        return false;
     }
     for (size_t i = 0; i < n; i++) {
         struct proc_model *pm = container_of(sms[i], struct proc_model, sc);
@@ -1224,14 +1262,24 @@ static bool plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_
         } else {
             sms[i]->req[0] = pm->gpu_slices;
         }
-        sms[i]->gpu_memory = memory ? planned_memory(pm) : 0;
+        sms[i]->gpu_memory = planned_memory(pm);
         sms[i]->eligible = NULL;
-        pm->plan_on_node = sms[i]->current; /* one node holds them all */
-        sms[i]->on_node = &pm->plan_on_node;
+        /* Where its replicas run; one without a GPU (a model that needs
+         * none) counts on the first unit, where it takes nothing. */
+        memset(pm->plan_on_gpu, 0, pb->n_gpus * sizeof(unsigned));
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &pm->replicas)
+        {
+            const struct replica *r = container_of(pos, struct replica, node);
+            if (held_state(r->state)) {
+                pm->plan_on_gpu[r->gpu >= 0 ? (size_t)r->gpu : 0]++;
+            }
+        }
+        sms[i]->on_node = pm->plan_on_gpu;
     }
     c->n_res = n_res;
-    c->nodes = node;
-    c->n_nodes = 1;
+    c->nodes = pb->plan_nodes;
+    c->n_nodes = pb->n_gpus;
     return true;
 }
 
@@ -1297,6 +1345,7 @@ static void proc_model_free(struct proc_model *pm)
     free(pm->env);
     free(pm->health_path);
     free(pm->mig_profile);
+    free(pm->plan_on_gpu);
     scaler_model_dispose(&pm->sc);
     model_unref(pm->m);
     free(pm);
@@ -1864,6 +1913,8 @@ static void process_free(struct backend *b)
     }
     free(pb->gpu_device);
     free(pb->gpu_profile);
+    free(pb->plan_nodes);
+    free(pb->plan_names);
     free(pb->gpus);
     free(pb->sharing);
     free(pb);

@@ -465,6 +465,39 @@ def test_capacity_slices_hold_while_preempted_replicas_drain(thaw_factory):
     t.assert_reconciled()
 
 
+def test_preemption_frees_room_on_one_gpu(thaw_factory):
+    """Two GPUs of 2 slices: a standard replica and a batch one on gpu0, two
+    batch replicas on gpu1. A critical replica of 2 slices fits only where
+    both batch replicas of one GPU go: preempting one batch replica on each
+    GPU would free 2 slices that no replica can use."""
+    t = thaw_factory({
+        "gpus": [{"id": 0, "slices": 2}, {"id": 1, "slices": 2}],
+        "autoscaler": {"tick_ms": 100},
+        "models": [sim_model("std", load_ms=50, gpu_slices=1, min_replicas=1),
+                   sim_model("bat", load_ms=50, token_ms=100, tokens=5, gpu_slices=1,
+                             priority="batch", max_replicas=3, max_concurrency=1, target=1,
+                             stop_drain_ms=5000),
+                   sim_model("crit", load_ms=50, gpu_slices=2, priority="critical",
+                             queue_timeout_ms=10000)]})
+    stop = time.monotonic() + 6
+
+    def load(i):
+        while time.monotonic() < stop:
+            complete(t, "bat")
+    busy = threading.Thread(target=lambda: parallel(3, load))
+    busy.start()
+    wait_for(lambda: model_status(t, "bat")["replicas_ready"] == 3, timeout=10 * SLOW,
+             what="3 batch replicas")
+    start = time.monotonic()
+    r = complete(t, "crit")
+    assert r.status == 200, r.body
+    assert time.monotonic() - start < 3  # the batch replicas' streams are short
+    gpus = {p["gpu"] for p in model_status(t, "crit")["processes"]}
+    assert len(gpus) == 1
+    busy.join(30)
+    t.assert_reconciled()
+
+
 def test_forecast_modes_reach_each_model(thaw_factory):
     """autoscaler.prewarm is the default; a model's own prewarm wins; off keeps no profile."""
     t = thaw_factory({
