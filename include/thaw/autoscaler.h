@@ -79,8 +79,9 @@ uint64_t as_idle_ms(const struct as_state *s, uint64_t now_ms);
  * activation scale): the scale-down delay keeps it as it keeps a decision. */
 void as_note_scaled(struct as_state *s, const struct as_config *c, uint64_t now_ms,
                     unsigned replicas);
-/* The replica count wanted now, given `ready` replicas serving. */
+/* The replica count wanted now, given `ready` replicas serving of the
+ * `current` the model has (the others still starting). */
 void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, unsigned ready,
-               struct as_decision *out);
+               unsigned current, struct as_decision *out);
 
 #endif

@@ -88,7 +88,8 @@ static void knative_plan(struct cs_sim *s)
     for (size_t i = 0; i < s->n; i++) {
         struct cs_msim *m = &s->m[i];
         struct as_decision d;
-        as_decide(&m->ass, &m->asc, (uint64_t)s->t * 1000, cs_count(m, 1u << R_READY), &d);
+        unsigned ready = cs_count(m, 1u << R_READY);
+        as_decide(&m->ass, &m->asc, (uint64_t)s->t * 1000, ready, ready, &d);
         cs_scale_to(s, i, d.desired);
     }
     cs_schedule(s);

@@ -163,7 +163,8 @@ static void thaw_plan(struct cs_sim *s)
     for (size_t i = 0; i < s->n; i++) {
         struct cs_msim *m = &s->m[i];
         struct as_decision d;
-        as_decide(&m->ass, &m->asc, (uint64_t)s->t * 1000, cs_count(m, 1u << R_READY), &d);
+        as_decide(&m->ass, &m->asc, (uint64_t)s->t * 1000, cs_count(m, 1u << R_READY),
+                  cs_count(m, CS_ACTIVE), &d);
         st->wm[i] = (struct wp_model){
             .name = m->spec->name,
             .tier = m->spec->tier,

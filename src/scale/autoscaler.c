@@ -137,7 +137,7 @@ void as_note_scaled(struct as_state *s, const struct as_config *c, uint64_t now_
 }
 
 void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, unsigned ready,
-               struct as_decision *out)
+               unsigned current, struct as_decision *out)
 {
     uint64_t panic_ms = (uint64_t)((double)c->stable_window_ms * c->panic_window_pct / 100.0);
     if (panic_ms < s->bucket_ms) {
@@ -193,18 +193,22 @@ void as_decide(struct as_state *s, const struct as_config *c, uint64_t now_ms, u
     /* Zero after the grace period with nothing in flight or queued, whatever
      * the averages still say; never sooner. */
     bool idle_long = as_idle_ms(s, now_ms) >= c->scale_to_zero_grace_ms;
+    bool graced = false;
     if (idle_long) {
         want = 0; /* idle ends a panic too: there is nothing to scale up for */
         s->panicking = false;
         s->panic_floor = 0;
         out->why = "idle past the scale-to-zero grace";
-    } else if (want < 1 && ready > 0) {
+    } else if (want < 1 && (ready > 0 || current > 0)) {
+        /* A replica still loading (installed with one, or woken) is kept
+         * through the grace as a serving one is. */
         want = 1;
+        graced = true;
         out->why = "scale-to-zero grace";
     }
 
     /* From zero: the activation scale (before the delay, which keeps it). */
-    if (ready == 0 && want > 0 && want < c->activation_scale) {
+    if (ready == 0 && !graced && want > 0 && want < c->activation_scale) {
         want = c->activation_scale;
         out->why = "activation scale";
     }

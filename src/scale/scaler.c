@@ -147,7 +147,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
     for (size_t i = 0; i < n; i++) {
         struct scaler_model *sm = sms[i];
         update_rate(sm, now_ms);
-        as_decide(&sm->ass, &sm->asc, now_ms, sm->ready, &sm->last);
+        as_decide(&sm->ass, &sm->asc, now_ms, sm->ready, sm->current, &sm->last);
         unsigned desired = sm->last.desired;
         if (sm->hold_starts && desired > sm->current) {
             desired = sm->current;

@@ -229,6 +229,11 @@ def synced_llama(cluster, thaw_factory, tmp_path, annotations=None, sim_kw=None,
     return sim, t
 
 
+def spec_replicas_of(sim, name="llama"):
+    return sim.call("GET", f"/apis/apps/v1/namespaces/models/deployments/{name}")[1]["spec"].get(
+        "replicas", 0)
+
+
 def kmodel(t, name="llama"):
     return next(m for m in t.status()["models"] if m["name"] == name)
 
@@ -640,6 +645,21 @@ def test_pending_for_gpu_capacity_then_scheduled(cluster, thaw_factory, tmp_path
              {"spec": {"replicas": 0}}, ctype="application/merge-patch+json")
     th.join(60)
     assert out["r"].status == 200
+
+
+def test_a_model_installed_with_a_replica_loads_and_waits_its_idle_timeout(
+        cluster, thaw_factory, tmp_path):
+    # The install deploy.md describes: the Deployment comes with one replica
+    # (Kubernetes' default) whose server takes a while to load. thaw must not
+    # take it to zero before it ever served: idle-timeout counts from when
+    # thaw first saw it, whether or not the pod is ready yet.
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=4000),
+                          annotations={"thaw.dev/idle-timeout": "60s"},
+                          deploy_kw=dict(replicas=1))
+    time.sleep(2.5)  # many planning steps while the server loads
+    assert spec_replicas_of(sim) == 1, t.logs()
+    assert complete(t).status == 200  # the loaded replica serves, no cold start
+    assert sim.state()["counters"].get("scale_writes", 0) == 0
 
 
 def test_deleted_deployment_answers_held_requests(cluster, thaw_factory, tmp_path):

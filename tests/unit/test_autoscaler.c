@@ -23,7 +23,7 @@ static uint64_t feed(struct as_state *s, uint64_t from, unsigned secs, double va
 static unsigned decide(struct as_state *s, const struct as_config *c, uint64_t now, unsigned ready,
                        struct as_decision *d)
 {
-    as_decide(s, c, now, ready, d);
+    as_decide(s, c, now, ready, ready, d);
     return d->desired;
 }
 
@@ -246,6 +246,33 @@ static void test_noted_demand_starts_the_idle_clock(void **state)
     assert_int_equal(decide(&s, &c, 37000, 1, &d), 0);
 }
 
+/* Replicas still loading (installed with one, or started) are kept through
+ * the grace like serving ones, not taken to zero before they ever serve;
+ * and not raised to the activation scale when nothing asks for them. */
+static void test_loading_replicas_are_kept_through_the_grace(void **state)
+{
+    struct as_config c;
+    as_config_defaults(&c, 10);
+    c.scale_to_zero_grace_ms = 20000;
+    c.activation_scale = 3;
+    struct as_state s;
+    as_init(&s, &c);
+    struct as_decision d;
+    as_note_demand(&s, 1000, 0); /* the clock starts when the model is seen */
+    as_decide(&s, &c, 1500, 0, 1, &d);
+    assert_int_equal(d.desired, 1);
+    assert_string_equal(d.why, "scale-to-zero grace");
+    as_decide(&s, &c, 20999, 0, 1, &d);
+    assert_int_equal(d.desired, 1);
+    as_decide(&s, &c, 21000, 0, 1, &d);
+    assert_int_equal(d.desired, 0);
+    /* At zero with nothing loading it stays there. */
+    as_init(&s, &c);
+    as_note_demand(&s, 1000, 0);
+    as_decide(&s, &c, 1500, 0, 0, &d);
+    assert_int_equal(d.desired, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -260,6 +287,7 @@ int main(void)
         cmocka_unit_test(test_activation_scale_is_held_by_the_scale_down_delay),
         cmocka_unit_test(test_no_demand_ever_stays_at_zero),
         cmocka_unit_test(test_noted_demand_starts_the_idle_clock),
+        cmocka_unit_test(test_loading_replicas_are_kept_through_the_grace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

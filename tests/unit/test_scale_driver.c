@@ -190,7 +190,7 @@ static void test_requests_held_by_a_tenant_cap_are_not_demand(void **state)
         scaler_record(&sm, now + (uint64_t)i);
     }
     struct as_decision d;
-    as_decide(&sm.ass, &sm.asc, now + 3, 2, &d);
+    as_decide(&sm.ass, &sm.asc, now + 3, 2, 2, &d);
     assert_int_equal(d.desired, 2);
     while (queue_pop_any(&m.queue)) {
     }
