@@ -195,6 +195,27 @@ def test_marker_label_names_models_after_their_deployments(cluster, thaw_factory
         assert pods and all(p["name"].startswith(name + "-") for p in pods), pods
 
 
+def test_overlapping_selectors_each_model_keeps_its_own_pods(cluster, thaw_factory, tmp_path):
+    # Two Deployments select the same labels (the API warns against it) and
+    # each has a Service selecting them all: a pod belongs to the Deployment
+    # whose ReplicaSet controls it, whatever the Services' EndpointSlices say.
+    sim = cluster(load_ms=50)
+    for name in ("one", "two"):
+        d = deployment(name, replicas=1, model_label="true")
+        d["spec"]["selector"]["matchLabels"] = {"app": "shared"}
+        d["spec"]["template"]["metadata"]["labels"] = {"app": "shared", "component": name}
+        sim.create_deployment(d)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    wait_for(lambda: all(len(kmodel(t, n)["replicas"]) == 1 for n in ("one", "two")),
+             timeout=10 * SLOW, what="each model's pod ready")
+    time.sleep(0.5)  # the EndpointSlices of both Services are in
+    for name in ("one", "two"):
+        m = kmodel(t, name)
+        names = [p["name"] for p in m["pods"]] + [r["id"] for r in m["replicas"]]
+        assert names and all(n.startswith(name + "-") for n in names), (name, names)
+
+
 def test_one_name_in_two_namespaces(cluster, thaw_factory, tmp_path):
     sim = cluster(load_ms=50)
     create(sim, deployment("llama"))

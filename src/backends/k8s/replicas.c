@@ -431,8 +431,10 @@ static void drop_if_unselected(void *ud, const char *key, void *value)
     if (km == u->keep || strcmp(km->spec.namespace_, u->pi->namespace_) != 0) {
         return;
     }
+    /* Also one an EndpointSlice brought before the pod was seen: a Service
+     * may select another Deployment's pods (overlapping selectors). */
     struct kpod *p = pod_get(km, u->pi->name, false);
-    if (p && p->selected) {
+    if (p) {
         pod_free(km, p, "pod no longer matches the Deployment's selector");
     }
 }
@@ -528,10 +530,32 @@ static void pod_remove(void *ud, const cJSON *obj)
 
 /* ---- endpointslices ---------------------------------------------------------- */
 
+struct pod_claim {
+    const struct kmodel *km;
+    const char *pod;
+    bool other;
+};
+
+static void claimed_elsewhere(void *ud, const char *key, void *value)
+{
+    struct pod_claim *c = ud;
+    const struct kmodel *km = value;
+    if (km != c->km && !c->other && strcmp(km->spec.namespace_, c->km->spec.namespace_) == 0) {
+        const struct kpod *p = strmap_get(&km->pods, c->pod, strlen(c->pod));
+        c->other = p && p->selected;
+    }
+}
+
 static void slice_endpoint(void *ud, const struct k8s_slice_endpoint *e)
 {
     struct kmodel *km = ud;
-    struct kpod *p = pod_get(km, e->pod, true);
+    /* The Service's selector may overlap another model's: a pod the pods
+     * informer gave to another Deployment (its ReplicaSet's) is not ours. */
+    struct pod_claim claim = {km, e->pod, false};
+    if (!pod_get(km, e->pod, false)) {
+        strmap_each(&km->kb->models, claimed_elsewhere, &claim);
+    }
+    struct kpod *p = claim.other ? NULL : pod_get(km, e->pod, true);
     if (!p) {
         return;
     }
