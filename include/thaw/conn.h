@@ -151,6 +151,10 @@ struct conn {
      * timeout passes (0: none), timer_at_ms when tev fires (0: not armed),
      * never later than the deadline; a later deadline is only stored. */
     uint64_t deadline_ms, timer_at_ms;
+    /* Bytes in the socket's send queue when output began to wait, or at the
+     * last send timeout: a client that reads, however slowly, shrinks it
+     * even when the kernel reports no room for more (see on_timer). */
+    int send_queue;
     uint64_t body_deadline_ms; /* limits.body_total_timeout_ms from the head; 0: none */
     /* Called whenever `out` has drained below the high-water mark. */
     void (*on_drain)(struct conn *c);

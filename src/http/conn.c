@@ -5,6 +5,8 @@
 #include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -241,6 +243,14 @@ static void want_write(struct conn *c, bool on)
     }
 }
 
+/* Notes the socket's send queue as output starts waiting in c->out. */
+static void note_send_queue(struct conn *c)
+{
+    if (ioctl(c->fd, SIOCOUTQ, &c->send_queue) != 0) {
+        c->send_queue = -1;
+    }
+}
+
 int conn_write(struct conn *c, const void *data, size_t len)
 {
     if (is_dead(c) || c->fd < 0 || c->broken) {
@@ -272,8 +282,12 @@ int conn_write(struct conn *c, const void *data, size_t len)
             return 0;
         }
     }
+    bool waiting = buf_unread(&c->out) > 0;
     if (buf_append(&c->out, p, len)) {
         return -ENOMEM;
+    }
+    if (!waiting) {
+        note_send_queue(c);
     }
     want_write(c, true);
     if (c->state == CONN_HANDLING || c->state == CONN_CLOSING) {
@@ -316,6 +330,7 @@ int conn_writev(struct conn *c, const struct iovec *iov, int n)
         }
     }
     /* Keep what the socket did not take. */
+    bool waiting = buf_unread(&c->out) > 0;
     for (int i = 0; i < n; i++) {
         size_t len = iov[i].iov_len;
         if (written >= len) {
@@ -328,6 +343,9 @@ int conn_writev(struct conn *c, const struct iovec *iov, int n)
         written = 0;
     }
     if (total > 0) {
+        if (!waiting) {
+            note_send_queue(c);
+        }
         want_write(c, true);
         if (c->state == CONN_HANDLING || c->state == CONN_CLOSING) {
             set_timer(c, TIMER_SEND);
@@ -926,6 +944,7 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
         }
     } else if (c->state == CONN_HANDLING || c->state == CONN_CLOSING) {
         set_timer(c, TIMER_SEND); /* progress: restart the send timeout */
+        note_send_queue(c);
     }
     if (!is_dead(c) && c->on_drain && buf_unread(&c->out) <= CONN_OUT_HIGH_WATER / 2) {
         c->on_drain(c);
@@ -985,6 +1004,17 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         break;
     case CONN_HANDLING:
         if (buf_unread(&c->out) > 0) {
+            /* The kernel reports room only once a good part of a large send
+             * buffer is free: a client reading slowly but steadily raises no
+             * write event for long. It is reading if the queue shrank. */
+            int queued = -1;
+            if (c->send_queue >= 0 && ioctl(c->fd, SIOCOUTQ, &queued) == 0 &&
+                queued < c->send_queue) {
+                c->send_queue = queued;
+                set_timer(c, TIMER_SEND);
+                event_active(&c->wev, EV_WRITE, 0); /* and the room there is, filled */
+                break;
+            }
             LOGI("client stopped reading", "client=%s", c->peer_ip);
             conn_close(c, ABORT_SEND_TIMEOUT);
         }

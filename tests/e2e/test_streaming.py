@@ -100,6 +100,32 @@ def test_slow_reader_of_a_fast_stream_gets_every_event_with_bounded_memory(thaw_
     t.assert_reconciled()
 
 
+def test_a_client_reading_slowly_but_steadily_is_not_cut_by_the_send_timeout(thaw_factory,
+                                                                             upstream):
+    """A large answer to a client reading 32 KiB every 100 ms: thaw's socket
+    buffer to it stays nearly full, and the kernel reports room only once a
+    good part of it is free, so for seconds thaw sees no write event. The
+    client reads all the while: send_timeout_ms (2 s here) must not cut it.
+    One that stops reading is still cut."""
+    t = thaw_factory({"limits": {"send_timeout_ms": 2000}, "models": [model(upstream)]})
+    s = t.connect()
+    httpc.send(s, "GET", "/big?bytes=200000000", host="llama")
+    s.settimeout(10)
+    got, start = 0, time.monotonic()
+    while time.monotonic() - start < 7:
+        piece = s.recv(32768)
+        assert piece, f"cut after {got} bytes and {time.monotonic() - start:.1f} s"
+        got += len(piece)
+        time.sleep(0.1)
+    assert t.metric("thaw_aborts_total", reason="send_timeout") == 0
+    # Now it stops reading: cut within the timeout (and the kernel's buffers).
+    stopped = time.monotonic()
+    wait_for(lambda: t.metric("thaw_aborts_total", reason="send_timeout") == 1, timeout=15,
+             what="the stopped reader cut")
+    assert time.monotonic() - stopped < 8
+    s.close()
+
+
 def test_client_leaving_mid_stream_closes_the_replica_connection(thaw_factory, upstream):
     """The client hangs up while the replica streams: thaw closes the replica's
     connection at once (the replica stops generating) and counts one client
