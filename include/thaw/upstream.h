@@ -75,7 +75,10 @@ struct upstream_handler {
      * writes the error into the stream and ends it, before done. Called
      * while the upstream still holds r: it only writes to the client. NULL:
      * the replica's body is forwarded into the stream as it is. */
-    void (*stream_error)(struct upstream_req *r, int status, const char *body, size_t len);
+    /* why: set when a 2xx cannot continue thaw's event stream (not an event
+     * stream, or content-coded); the status is then the one to report. */
+    void (*stream_error)(struct upstream_req *r, int status, const char *body, size_t len,
+                         const char *why);
 };
 
 /* How much of a replica's error body is kept for stream_error. */
@@ -143,6 +146,7 @@ struct upstream {
     struct accept_slot acc;       /* new: its place in the replica's accept window */
     uint64_t connect_deadline_ms; /* connecting: when it fails (connect_timeout_ms) */
     bool stream_error;  /* an error status into a heartbeat stream: body kept in err_body */
+    const char *stream_why; /* a 2xx that cannot continue the heartbeat stream: why */
     struct buf err_body;
 };
 

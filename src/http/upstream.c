@@ -333,14 +333,33 @@ static void client_gone(struct upstream *u)
     }
 }
 
+/* Why a 2xx answer cannot continue thaw's event stream (its head went
+ * out as an uncoded text/event-stream): NULL when it can. */
+static const char *unusable_in_stream(const struct http_head *h)
+{
+    const struct http_header *ce = http_head_find(h, "content-encoding");
+    if (ce && ce->value_len && !http_name_eq(http_hvalue(h, ce), ce->value_len, "identity")) {
+        return "the model's server answered the streaming request with a content-coded body";
+    }
+    const struct http_header *ct = http_head_find(h, "content-type");
+    static const char sse[] = "text/event-stream";
+    if (!ct || ct->value_len < sizeof sse - 1 ||
+        strncasecmp(http_hvalue(h, ct), sse, sizeof sse - 1) != 0) {
+        return "the model's server answered the streaming request with something other than "
+               "an event stream (it read \"stream\" as false?)";
+    }
+    return NULL;
+}
+
 static void complete(struct upstream *u, bool reusable)
 {
     struct upstream_ctx *ctx = u->ctx;
     struct upstream_req *r = u->req;
     int status = u->head.status;
     if (u->stream_error) {
-        ctx->handler->stream_error(r, status, u->err_body.data ? u->err_body.data : "",
-                                   u->err_body.len);
+        ctx->handler->stream_error(r, u->stream_why ? 502 : status,
+                                   u->err_body.data ? u->err_body.data : "", u->err_body.len,
+                                   u->stream_why);
     } else if (u->rechunk) {
         conn_write(r->conn, "0\r\n\r\n", 5);
     }
@@ -490,6 +509,7 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
     u->decode_body = u->rechunk = u->client_close = u->client_failed = false;
     u->head_pending = false;
     u->stream_error = false;
+    u->stream_why = NULL;
     buf_reset(&u->err_body);
     u->reading_paused = false;
     http_parser_next(&u->parser, &u->head, NULL);
@@ -843,7 +863,10 @@ static int forward_head(struct upstream *u)
             }
         }
     }
-    if (r->heartbeat && (h->status < 200 || h->status > 299) && u->ctx->handler->stream_error) {
+    const char *why = r->heartbeat ? unusable_in_stream(h) : NULL;
+    if (r->heartbeat && (h->status < 200 || h->status > 299 || why) &&
+        u->ctx->handler->stream_error) {
+        u->stream_why = h->status >= 200 && h->status <= 299 ? why : NULL;
         /* An error into thaw's 200 event stream: its body is kept (up to a
          * bound) and becomes an SSE error event at its end. The exchange
          * stays REQ_UPSTREAM, so a failure meanwhile is answered the same

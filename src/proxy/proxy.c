@@ -638,6 +638,9 @@ static void build_upstream_head(const struct runtime *rt, struct request *r,
             http_name_eq(name, x->name_len, "thaw-priority")) {
             continue;
         }
+        if (r->fwd.heartbeat && http_name_eq(name, x->name_len, "accept-encoding")) {
+            continue; /* thaw's event-stream head went out uncoded: asked below */
+        }
         if (http_name_eq(name, x->name_len, "x-forwarded-for") ||
             http_name_eq(name, x->name_len, "x-forwarded-proto") ||
             (!trusted && is_forwarding_header(name, x->name_len))) {
@@ -662,6 +665,9 @@ static void build_upstream_head(const struct runtime *rt, struct request *r,
         buf_printf(b, "Host: %s\r\n", ep->addr_text);
     }
     append_forwarding_headers(b, r, trusted);
+    if (r->fwd.heartbeat) {
+        buf_append_str(b, "Accept-Encoding: identity\r\n");
+    }
     if (r->ex.body.len > 0 || h->has_length || h->chunked) {
         buf_printf(b, "Content-Length: %zu\r\n", r->ex.body.len);
     }
@@ -1328,7 +1334,8 @@ static const char *json_string(const cJSON *obj, const char *key)
  * (OpenAI's {"error":{...}}, vLLM's {"object":"error","message":...} or
  * FastAPI's {"detail":...}) is carried over into the event where it has
  * one; otherwise the message says what status the model's server gave. */
-static void upstream_stream_error(struct upstream_req *f, int status, const char *body, size_t len)
+static void upstream_stream_error(struct upstream_req *f, int status, const char *body, size_t len,
+                                  const char *why)
 {
     struct request *r = request_of_fwd(f);
     cJSON *root = len ? cJSON_ParseWithLength(body, len) : NULL;
@@ -1354,7 +1361,12 @@ static void upstream_stream_error(struct upstream_req *f, int status, const char
     struct buf m, json;
     buf_init(&m);
     buf_init(&json);
-    if (message) {
+    if (why) {
+        buf_append_str(&m, why);
+        type = NULL;
+        param = NULL;
+        code = "upstream_error";
+    } else if (message) {
         buf_append_str(&m, message);
     } else {
         buf_printf(&m, "the model's server answered %d %s", status, http_reason_phrase(status));

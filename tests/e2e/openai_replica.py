@@ -12,11 +12,14 @@ what was uploaded), standard library only.
 As a process (a process-backend command): --port P [--load-ms MS] binds only
 after MS (a model loading), [--error-status N] answers every POST with N and
 an OpenAI error body (with --vllm-error, vLLM's: "object": "error" and the status as
-"code"), [--delay-ms MS] answers POSTs after MS. In a test: Replica().start() serves on a thread.
+"code"), [--delay-ms MS] answers POSTs after MS, [--gzip] gzips a chat stream for a client
+that accepts gzip (as compression middleware does), [--no-stream] answers a chat request
+with JSON whatever its "stream". In a test: Replica().start() serves on a thread.
 """
 
 import argparse
 import base64
+import gzip
 import json
 import re
 import struct
@@ -92,7 +95,8 @@ class Handler(BaseHTTPRequestHandler):
         req = json.loads(body or b"{}")
         model = req.get("model", "")
         now = int(time.time())
-        if path == "/v1/chat/completions" and req.get("stream"):
+        if path == "/v1/chat/completions" and req.get("stream") and not getattr(
+                self, "no_stream", False):
             self.stream_chat(model, now)
         elif path == "/v1/chat/completions":
             self.send_json(200, {"id": "chatcmpl-1", "object": "chat.completion", "created": now,
@@ -118,16 +122,24 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"path": path, "model": model})
 
     def stream_chat(self, model, now):
+        coded = getattr(self, "gzip", False) and "gzip" in self.headers.get("Accept-Encoding", "")
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
+        if coded:
+            self.send_header("Content-Encoding", "gzip")
         self.end_headers()
+        events = []
         for i, word in enumerate(["one ", "two ", "three"]):
             chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": now,
                      "model": model, "choices": [{"index": 0, "delta": {"content": word},
                                                   "finish_reason": "stop" if i == 2 else None}]}
-            self.write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
-        self.write_chunk(b"data: [DONE]\n\n")
+            events.append(f"data: {json.dumps(chunk)}\n\n".encode())
+        events.append(b"data: [DONE]\n\n")
+        if coded:
+            events = [gzip.compress(b"".join(events))]
+        for e in events:
+            self.write_chunk(e)
         self.wfile.write(b"0\r\n\r\n")
 
     def write_chunk(self, data):
@@ -161,10 +173,13 @@ def main():
     ap.add_argument("--error-status", type=int, default=0)
     ap.add_argument("--delay-ms", type=int, default=0)
     ap.add_argument("--vllm-error", action="store_true")
+    ap.add_argument("--gzip", action="store_true")
+    ap.add_argument("--no-stream", action="store_true")
     a = ap.parse_args()
     time.sleep(a.load_ms / 1000)
     handler = type("H", (Handler,), {"error_status": a.error_status, "delay_ms": a.delay_ms,
-                                     "vllm_error": a.vllm_error, "counts": {}})
+                                     "vllm_error": a.vllm_error, "gzip": a.gzip,
+                                     "no_stream": a.no_stream, "counts": {}})
     server = ThreadingHTTPServer(("127.0.0.1", a.port), handler)
     server.daemon_threads = True
     server.serve_forever()

@@ -428,6 +428,42 @@ def test_a_vllm_error_after_heartbeats_keeps_its_message_and_code(thaw_factory):
     t.assert_reconciled()
 
 
+def test_a_held_stream_asks_for_no_content_coding(thaw_factory):
+    """thaw's event-stream head goes out uncoded before the replica answers:
+    the replica, which gzips for a client that accepts it, is asked for
+    identity, and its tokens arrive readable."""
+    t = thaw_factory({"models": [{
+        "name": "gz", "loading_heartbeat_ms": 100, "idle_timeout_ms": 60000,
+        "startup_timeout_ms": 20000 * SLOW,
+        "command": [sys.executable, REPLICA, "--port", "{port}", "--load-ms", "400",
+                    "--gzip"]}]})
+    r = httpc.request(t.host, t.port, "POST", "/v1/chat/completions",
+                      {"Content-Type": "application/json", "Accept-Encoding": "gzip, deflate"},
+                      json.dumps({"model": "gz", "stream": True, "messages": []}).encode(),
+                      timeout=60)
+    assert r.status == 200 and r.header("content-encoding") is None
+    assert b": loading" in r.body and r.body.rstrip().endswith(b"data: [DONE]"), r.body[-200:]
+    assert b'"content": "one "' in r.body
+
+
+def test_a_held_stream_answered_without_an_event_stream_ends_with_an_error_event(thaw_factory):
+    """A server that answers "stream": true with one JSON object (it does not
+    stream) cannot continue thaw's event stream: the client gets an error
+    event saying so, not a JSON object inside an event stream."""
+    t = thaw_factory({"models": [{
+        "name": "flat", "loading_heartbeat_ms": 100, "idle_timeout_ms": 60000,
+        "startup_timeout_ms": 20000 * SLOW,
+        "command": [sys.executable, REPLICA, "--port", "{port}", "--load-ms", "400",
+                    "--no-stream"]}]})
+    r, events = stream_events(t, "flat")
+    assert r.status == 200 and events[-1].startswith("event: error\ndata: {"), events
+    err = json.loads(events[-1][len("event: error\ndata: "):])["error"]
+    assert err["status"] == 502 and err["code"] == "upstream_error", err
+    assert "other than an event stream" in err["message"] and "`flat`" in err["message"]
+    assert not any('"chat.completion"' in e for e in events)
+    t.assert_reconciled()
+
+
 def test_first_byte_timeout_after_heartbeats_is_an_sse_error_event(thaw_factory):
     t = thaw_factory({"models": [{
         "name": "slow", "loading_heartbeat_ms": 100, "idle_timeout_ms": 60000,

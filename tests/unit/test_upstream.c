@@ -207,9 +207,13 @@ static void u_capacity(void *ud, struct model *m)
 static int stream_errors, stream_error_status;
 static char stream_error_body[64];
 
-static void u_stream_error(struct upstream_req *r, int status, const char *body, size_t len)
+static const char *stream_error_why;
+
+static void u_stream_error(struct upstream_req *r, int status, const char *body, size_t len,
+                           const char *why)
 {
     stream_errors++;
+    stream_error_why = why;
     stream_error_status = status;
     snprintf(stream_error_body, sizeof stream_error_body, "%.*s", (int)len, body);
     assert_non_null(r->up); /* called before the upstream lets go */
