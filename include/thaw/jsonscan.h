@@ -51,8 +51,12 @@ struct jsonscan {
     bool key_is_model;    /* the value being read belongs to the first top-level "model" */
     bool model_seen;      /* a top-level "model" key was seen (its value decides) */
     bool model_not_string;
-    bool literal_for_key; /* the literal being matched is the key's value (true) */
-    bool key_is_true;     /* the key's value was the literal true */
+    uint8_t stream_pos;   /* whole scans: how much of "stream" the current top-level key matched */
+    bool stream_mismatch;
+    bool key_is_stream;   /* the value being read belongs to a top-level "stream" */
+    bool literal_for_stream; /* the literal being matched is that value (true) */
+    bool stream;          /* whole scans: the last top-level "stream" is the literal true
+                           * (the last, as Python's json and the model servers read it) */
     bool whole;           /* read to the end of the body (jsonscan_init_whole) */
     bool model_known;     /* whole scans: the model string is complete, the rest still read */
     bool bom;             /* the body opened with a UTF-8 byte order mark */
@@ -82,10 +86,6 @@ void jsonscan_init_whole(struct jsonscan *s);
  * escaped or encoded) is valid; a leading byte order mark is skipped, as
  * RFC 8259 allows (editors write one). */
 void jsonscan_init_strict(struct jsonscan *s);
-/* The same for another top-level key (static, at most 255 bytes, ASCII).
- * A string value is reported as JSONSCAN_MODEL; after JSONSCAN_NO_MODEL,
- * key_is_true says whether the key's value was the literal true. */
-void jsonscan_init_key(struct jsonscan *s, const char *key);
 /* Feeds the next piece of the body. Returns JSONSCAN_MORE until an answer
  * is known, then that answer (further calls change nothing, but for a
  * whole scan's JSONSCAN_MODEL: see above). */

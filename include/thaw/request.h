@@ -55,6 +55,9 @@ struct request {
     struct jsonscan *scan;
     /* The same for a multipart/form-data body (about 1.5 KiB). */
     struct formscan *form;
+    /* The whole JSON body was scanned (routing by it): stream_asked is its
+     * last top-level "stream" being true, as the model server reads it. */
+    bool body_scanned, stream_asked;
     /* GET /v1/models[/{id}]: thaw answers it itself (models_api). */
     bool models_api;
     /* The model name the request asked for when no model has it, for the

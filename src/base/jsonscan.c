@@ -34,7 +34,7 @@ enum str_kind {
     STR_MODEL,   /* the value of the first top-level "model": kept */
 };
 
-void jsonscan_init_key(struct jsonscan *s, const char *key)
+static void init_key(struct jsonscan *s, const char *key)
 {
     memset(s, 0, offsetof(struct jsonscan, model));
     s->key = key;
@@ -46,7 +46,7 @@ void jsonscan_init_key(struct jsonscan *s, const char *key)
 
 void jsonscan_init(struct jsonscan *s)
 {
-    jsonscan_init_key(s, "model");
+    init_key(s, "model");
 }
 
 void jsonscan_init_whole(struct jsonscan *s)
@@ -108,6 +108,8 @@ static void begin_string(struct jsonscan *s, enum str_kind kind)
     s->str_kind = (uint8_t)kind;
     s->key_pos = 0;
     s->key_mismatch = false;
+    s->stream_pos = 0;
+    s->stream_mismatch = false;
     s->high_surrogate = 0;
 }
 
@@ -121,6 +123,13 @@ static enum jsonscan_status emit(struct jsonscan *s, uint32_t cp, bool raw_byte)
             s->key_pos++;
         } else {
             s->key_mismatch = true;
+        }
+        static const char stream[] = "stream";
+        if (!s->stream_mismatch && s->stream_pos < sizeof stream - 1 &&
+            cp == (unsigned char)stream[s->stream_pos]) {
+            s->stream_pos++;
+        } else {
+            s->stream_mismatch = true;
         }
         return JSONSCAN_MORE;
     }
@@ -185,6 +194,7 @@ static enum jsonscan_status end_string(struct jsonscan *s)
             return s->status;
         }
         s->key_is_model = is_key && !s->model_seen;
+        s->key_is_stream = s->whole && !s->stream_mismatch && s->stream_pos == 6;
         if (s->key_is_model) {
             s->model_seen = true;
         }
@@ -215,7 +225,11 @@ static enum jsonscan_status begin_value(struct jsonscan *s, unsigned char ch)
     s->key_is_model = false;
     if (for_model && ch != '"') {
         s->model_not_string = true;
-        s->literal_for_key = ch == 't';
+    }
+    if (s->key_is_stream) {
+        s->key_is_stream = false;
+        s->stream = false; /* a later "stream" decides again */
+        s->literal_for_stream = ch == 't';
     }
     switch (ch) {
     case '{':
@@ -453,8 +467,8 @@ static enum jsonscan_status step(struct jsonscan *s, unsigned char ch)
         }
         if (s->literal[++s->lit_pos] == '\0') {
             s->state = S_AFTER;
-            s->key_is_true = s->key_is_true || s->literal_for_key;
-            s->literal_for_key = false;
+            s->stream = s->stream || s->literal_for_stream;
+            s->literal_for_stream = false;
         }
         return JSONSCAN_MORE;
     case S_NUM_MINUS:

@@ -390,6 +390,10 @@ static enum formscan_status feed_form(struct request *r, bool at_end)
 
 static void end_body_scan(struct request *r)
 {
+    if (r->scan && r->scan->status != JSONSCAN_INVALID) {
+        r->body_scanned = true;
+        r->stream_asked = r->scan->stream;
+    }
     free(r->scan);
     r->scan = NULL;
     free(r->form);
@@ -715,19 +719,24 @@ static void heartbeat_build(const struct model *m, struct heartbeat *hb)
     hb->len = w > 0 && (size_t)w < sizeof hb->chunk ? (size_t)w : 0;
 }
 
+/* "stream": true, as the model server reads the body (the last such key).
+ * A body routed by its model was scanned whole on its way in; another is
+ * scanned here, up to 1 MiB (a scan, not a parse, but on the loop). */
 static bool wants_stream(const struct request *r)
 {
+    if (r->body_scanned) {
+        return r->stream_asked;
+    }
     if (r->ex.body.len == 0 || r->ex.body.len > 1024 * 1024) {
         return false;
     }
-    /* A scan, not a parse: no tree for a large body on the loop. */
     struct jsonscan scan;
-    jsonscan_init_key(&scan, "stream");
+    jsonscan_init_whole(&scan);
     enum jsonscan_status st = jsonscan_feed(&scan, r->ex.body.data, r->ex.body.len);
-    if (st == JSONSCAN_MORE) {
+    if (st == JSONSCAN_MORE || st == JSONSCAN_MODEL) {
         st = jsonscan_finish(&scan);
     }
-    return st == JSONSCAN_NO_MODEL && scan.key_is_true;
+    return (st == JSONSCAN_MODEL || st == JSONSCAN_NO_MODEL) && scan.stream;
 }
 
 struct heartbeat_round {

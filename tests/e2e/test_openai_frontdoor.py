@@ -464,6 +464,33 @@ def test_a_held_stream_answered_without_an_event_stream_ends_with_an_error_event
     t.assert_reconciled()
 
 
+@pytest.mark.parametrize("extra,stream,heartbeats", [
+    ({"image": "x" * (2 << 20)}, True, True),   # a chat with an image: over 1 MiB
+    ({}, [True, False], False),                  # the server reads the last "stream"
+    ({}, [False, True], True),
+])
+def test_heartbeats_follow_the_stream_the_server_will_read(thaw_factory, extra, stream,
+                                                           heartbeats):
+    t = thaw_factory({"models": [{
+        "name": "m", "loading_heartbeat_ms": 100, "idle_timeout_ms": 60000,
+        "startup_timeout_ms": 20000 * SLOW,
+        "command": [sys.executable, REPLICA, "--port", "{port}", "--load-ms", "500"]}]})
+    keys = stream if isinstance(stream, list) else [stream]
+    body = "{" + ", ".join(f'"stream": {json.dumps(v)}' for v in keys)
+    body += ', "model": "m", "messages": []'
+    body += "".join(f', "{k}": {json.dumps(v)}' for k, v in extra.items()) + "}"
+    r = httpc.request(t.host, t.port, "POST", "/v1/chat/completions",
+                      {"Content-Type": "application/json"}, body.encode(), timeout=60)
+    assert r.status == 200
+    assert (b": loading" in r.body) == heartbeats, r.body[:300]
+    if heartbeats:
+        assert r.header("content-type") == "text/event-stream"
+        assert r.body.rstrip().endswith(b"data: [DONE]")
+    else:
+        assert r.header("content-type") == "application/json"
+        assert json.loads(r.body)["object"] == "chat.completion"
+
+
 def test_first_byte_timeout_after_heartbeats_is_an_sse_error_event(thaw_factory):
     t = thaw_factory({"models": [{
         "name": "slow", "loading_heartbeat_ms": 100, "idle_timeout_ms": 60000,

@@ -322,28 +322,33 @@ static void test_large_skipped_string(void **state)
     free(body);
 }
 
+/* "stream" as a model server reads it: the last top-level one, true only as
+ * the literal true (whole scans, the proxy's). */
 static bool stream_of(const char *body)
 {
     struct jsonscan s;
-    jsonscan_init_key(&s, "stream");
+    jsonscan_init_whole(&s);
     enum jsonscan_status st = jsonscan_feed(&s, body, strlen(body));
-    if (st == JSONSCAN_MORE) {
+    if (st == JSONSCAN_MORE || st == JSONSCAN_MODEL) {
         st = jsonscan_finish(&s);
     }
-    return st == JSONSCAN_NO_MODEL && s.key_is_true;
+    return (st == JSONSCAN_NO_MODEL || st == JSONSCAN_MODEL) && s.stream;
 }
 
-static void test_other_key(void **state)
+static void test_stream_key(void **state)
 {
     assert_true(stream_of("{\"model\":\"m\",\"stream\":true}"));
     assert_true(stream_of("{\"str\\u0065am\" : true }"));
     assert_false(stream_of("{\"stream\":false}"));
     assert_false(stream_of("{\"stream\":\"true\"}"));
-    assert_false(stream_of("{\"stream\":null,\"stream\":true}")); /* the first decides */
+    assert_true(stream_of("{\"stream\":null,\"stream\":true}")); /* the last decides */
+    assert_false(stream_of("{\"stream\":true,\"stream\":false}"));
+    assert_false(stream_of("{\"stream\":true,\"stream\":{\"a\":true}}"));
     assert_false(stream_of("{\"a\":{\"stream\":true}}"));
     assert_false(stream_of("{\"a\":[true],\"b\":true}"));
     assert_false(stream_of("{\"stream\":true,]"));
     assert_false(stream_of("{\"streams\":true}"));
+    assert_false(stream_of("{\"strea\":true}"));
 }
 
 /* The proxy's scan reads the whole body: a second top-level "model" (the one
@@ -382,7 +387,7 @@ int main(void)
         cmocka_unit_test(test_plain_and_whitespace), cmocka_unit_test(test_escapes),
         cmocka_unit_test(test_nested_decoys),        cmocka_unit_test(test_stops_early),
         cmocka_unit_test(test_bad_input),            cmocka_unit_test(test_bounds),
-        cmocka_unit_test(test_large_skipped_string), cmocka_unit_test(test_other_key),
+        cmocka_unit_test(test_large_skipped_string), cmocka_unit_test(test_stream_key),
         cmocka_unit_test(test_whole_body), cmocka_unit_test(test_lone_surrogates_and_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
