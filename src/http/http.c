@@ -485,6 +485,9 @@ static enum http_error map_llhttp_error(struct http_parser *p, llhttp_errno_t e)
     case HPE_INVALID_VERSION:
         /* "HTTP/3.0" is a version thaw does not speak; "HTTP/1.x" is bad syntax. */
         return p->ll.http_major != 1 ? HTTP_ERR_BAD_VERSION : HTTP_ERR_BAD_REQUEST;
+    case HPE_PAUSED_H2_UPGRADE:
+        /* The HTTP/2 connection preface ("PRI * HTTP/2.0", prior knowledge). */
+        return HTTP_ERR_BAD_VERSION;
     default:
         if (p->head_done && p->head && p->head->chunked) {
             return HTTP_ERR_BAD_CHUNK;

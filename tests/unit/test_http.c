@@ -185,6 +185,8 @@ static void test_strict_rejections(void **state)
     assert_int_equal(error_of("GET / HTTP/9.9\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_VERSION);
     assert_int_equal(error_of("GET / HTTP/2.0\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_VERSION);
     assert_int_equal(error_of("GET / HTTP/0.9\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_VERSION);
+    /* The HTTP/2 connection preface, as curl --http2-prior-knowledge sends it. */
+    assert_int_equal(error_of("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), HTTP_ERR_BAD_VERSION);
     assert_int_equal(error_of("GET / HTTP/1.x\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_REQUEST);
     /* Chunk extensions: 4096 bytes per message at most. */
     char ext[8192];
