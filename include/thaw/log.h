@@ -21,6 +21,11 @@ void log_write(enum log_level level, const char *msg, const char *kvfmt, ...)
  * (with "..." appended when cut). Returns dst. */
 char *log_quote(char *dst, size_t dstlen, const char *src, size_t n, size_t max_chars);
 
+/* A value quoted for a log line (escaped, cut at 1000 bytes), in a buffer that
+ * lives as long as the enclosing block: LOGW("...", "error=%s", LOG_Q(text)). */
+#define LOG_Q_BYTES 4096
+#define LOG_Q(s) log_quote((char[LOG_Q_BYTES]){0}, LOG_Q_BYTES, (s), strlen(s), 1000)
+
 #define LOGD(msg, ...) (log_enabled(LOG_DEBUG) ? log_write(LOG_DEBUG, msg, __VA_ARGS__) : (void)0)
 #define LOGI(msg, ...) log_write(LOG_INFO, msg, __VA_ARGS__)
 #define LOGW(msg, ...) log_write(LOG_WARN, msg, __VA_ARGS__)

@@ -87,7 +87,8 @@ static char *event_body(const struct k8s_events *e, const struct k8s_event_ref *
 static void write_failed(struct k8s_events *e, long status, const char *err)
 {
     e->stats.errors++;
-    LOGW("could not write a Kubernetes Event", "status=%ld error=\"%s\"", status, err ? err : "");
+    LOGW("could not write a Kubernetes Event", "status=%ld error=%s", status,
+         LOG_Q(err ? err : ""));
 }
 
 static void flush(struct k8s_event_entry *en);

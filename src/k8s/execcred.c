@@ -314,8 +314,8 @@ static void finish_background(struct k8s_execcred *x, bool timed_out)
     }
     if (rc) {
         x->failures++;
-        LOGW("exec credential plugin failed: keeping the current token", "command=%s error=\"%s\" "
-             "retry_in_ms=%d", x->auth->exec_argv[0], err, RETRY_MS);
+        LOGW("exec credential plugin failed: keeping the current token", "command=%s error=%s "
+             "retry_in_ms=%d", x->auth->exec_argv[0], LOG_Q(err), RETRY_MS);
         arm(&x->refresh_due, RETRY_MS);
     } else {
         LOGI("exec credential plugin gave a new token", "command=%s expires_in_s=%lld",
@@ -368,8 +368,8 @@ void k8s_execcred_refresh(struct k8s_execcred *x)
     char err[300];
     if (spawn_plugin(x, err, sizeof err)) {
         x->failures++;
-        LOGW("exec credential plugin failed: keeping the current token", "error=\"%s\" "
-             "retry_in_ms=%d", err, RETRY_MS);
+        LOGW("exec credential plugin failed: keeping the current token", "error=%s "
+             "retry_in_ms=%d", LOG_Q(err), RETRY_MS);
         arm(&x->refresh_due, RETRY_MS);
         return;
     }

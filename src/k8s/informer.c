@@ -36,8 +36,8 @@ static void retry_later(struct k8s_informer *inf, const char *why)
     inf->errors++;
     snprintf(inf->last_error, sizeof inf->last_error, "%s", why);
     uint64_t ms = k8s_backoff_ms(inf->failures, (double)rand() / ((double)RAND_MAX + 1));
-    LOGW("kubernetes informer retrying", "resource=%s error=\"%s\" retry_in_ms=%llu", inf->name,
-         why, (unsigned long long)ms);
+    LOGW("kubernetes informer retrying", "resource=%s error=%s retry_in_ms=%llu", inf->name,
+         LOG_Q(why), (unsigned long long)ms);
     struct timeval tv = clock_timeval(ms);
     event_add(&inf->retry, &tv);
 }
@@ -221,8 +221,8 @@ int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t 
             inf->relist_needed = true;
         } else {
             const char *msg = k8s_get_string(obj, "message");
-            LOGW("kubernetes watch error event", "resource=%s message=\"%s\"", inf->name,
-                 msg ? msg : "");
+            LOGW("kubernetes watch error event", "resource=%s message=%s", inf->name,
+                 LOG_Q(msg ? msg : ""));
         }
         stop = 1;
     }

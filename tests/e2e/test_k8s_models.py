@@ -76,6 +76,31 @@ def test_every_setting_from_annotations_applies_and_shows_in_status(cluster, tha
     assert "annotation_errors" not in model(t)
 
 
+def logfmt(line):
+    """A strict logfmt reading: key=value, key="quoted \\"value\\"", space-separated."""
+    out, i = {}, 0
+    while i < len(line):
+        eq = line.index("=", i)
+        key = line[i:eq]
+        assert key and " " not in key and '"' not in key, (key, line)
+        i = eq + 1
+        if line.startswith('"', i):
+            j, val = i + 1, []
+            while line[j] != '"':
+                if line[j] == "\\":
+                    j += 1
+                val.append(line[j])
+                j += 1
+            out[key], i = "".join(val), j + 1
+        else:
+            j = line.find(" ", i)
+            j = len(line) if j < 0 else j
+            out[key], i = line[i:j], j
+        assert i == len(line) or line[i] == " ", ("garbage after a value", line[i:], line)
+        i += 1
+    return out
+
+
 def test_bad_and_unknown_annotations_are_logged_and_posted_as_an_event(cluster, thaw_factory,
                                                                        tmp_path):
     sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=50),
@@ -90,9 +115,12 @@ def test_bad_and_unknown_annotations_are_logged_and_posted_as_an_event(cluster, 
     assert m["settings"]["queue_timeout_ms"] == 960000  # the default kept
     # One warning names the Deployment, each annotation and its value.
     line = next(ln for ln in t.logs().splitlines() if "bad annotations" in ln)
-    assert "deployment=models/llama" in line
-    assert "thaw.dev/queue-timeout:" in line and "soon" in line and "is not a duration" in line
-    assert "thaw.dev/idle-timout:" in line and "5m" in line
+    fields = logfmt(line)  # the values quote '"soon"': escaped, one logfmt line
+    assert fields["deployment"] == "models/llama"
+    assert 'thaw.dev/queue-timeout: "soon" is not a duration' in fields["errors"]
+    assert 'thaw.dev/idle-timout: "5m"' in fields["errors"]
+    for ln in t.logs().splitlines():
+        logfmt(ln)  # every line, the informers' names too
     wait_for(lambda: "InvalidAnnotations" in events_by_reason(sim), what="event")
     ev = events_by_reason(sim)["InvalidAnnotations"][0]
     assert ev["type"] == "Warning" and ev["involvedObject"]["name"] == "llama"

@@ -188,10 +188,10 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
         k8s_informer_init(&kb->ns[i].pods, kb->client, base, "pods", pp, NULL, &kube_pod_ops, kb);
         /* Only the two reasons, server-side: a namespace's other Events
          * (probe failures, scheduling, other workloads') never reach thaw. */
-        k8s_informer_init(&kb->ns[i].pulling, kb->client, base, "events (Pulling)", ep, NULL,
+        k8s_informer_init(&kb->ns[i].pulling, kb->client, base, "events:Pulling", ep, NULL,
                           &kube_pull_event_ops, kb);
         k8s_informer_set_field_selector(&kb->ns[i].pulling, "involvedObject.kind=Pod,reason=Pulling");
-        k8s_informer_init(&kb->ns[i].pulled, kb->client, base, "events (Pulled)", ep, NULL,
+        k8s_informer_init(&kb->ns[i].pulled, kb->client, base, "events:Pulled", ep, NULL,
                           &kube_pull_event_ops, kb);
         k8s_informer_set_field_selector(&kb->ns[i].pulled, "involvedObject.kind=Pod,reason=Pulled");
     }

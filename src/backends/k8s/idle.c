@@ -95,7 +95,7 @@ static void on_written(void *ud, long status, const char *body, size_t len, cons
     }
     km->kb->idle_write_errors++;
     LOGW("recording a model's last request failed", "model=%s deployment=%s status=%ld "
-         "error=\"%s\"", km->m->name, km->key, status, err ? err : "");
+         "error=%s", km->m->name, km->key, status, LOG_Q(err ? err : ""));
 }
 
 static void write_last_request(struct kmodel *km, uint64_t now)

@@ -153,7 +153,7 @@ static void report_annotation_errors(struct kmodel *km, const char *before)
         return;
     }
     LOGW("bad annotations on a model Deployment (defaults used)",
-         "deployment=%s/%s errors=\"%s\"", sp->namespace_, sp->deployment, sp->errors);
+         "deployment=%s/%s errors=%s", sp->namespace_, sp->deployment, LOG_Q(sp->errors));
     kube_post_event(km, "Warning", "InvalidAnnotations", sp->errors);
 }
 

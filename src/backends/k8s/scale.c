@@ -100,9 +100,9 @@ static void on_scaled(void *ud, long status, const char *body, size_t len, const
     snprintf(km->last_scale_error, sizeof km->last_scale_error, "HTTP %ld%s%s", status,
              err ? ": " : "", err ? err : "");
     uint64_t ms = k8s_backoff_ms(km->scale_failures, (double)rand() / ((double)RAND_MAX + 1));
-    LOGW("scaling deployment failed", "model=%s deployment=%s/%s status=%ld error=\"%s\" "
+    LOGW("scaling deployment failed", "model=%s deployment=%s/%s status=%ld error=%s "
          "retry_in_ms=%llu", km->m->name, km->spec.namespace_, km->spec.deployment, status,
-         err ? err : "", (unsigned long long)ms);
+         LOG_Q(err ? err : ""), (unsigned long long)ms);
     if (km->scale_failures == 1 || km->scale_failures % 10 == 0) {
         kube_post_event(km, "Warning", "ScaleFailed", km->last_scale_error);
     }
@@ -161,8 +161,8 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
         km->kb->scale_errors++;
         snprintf(km->last_scale_error, sizeof km->last_scale_error, "HTTP %ld%s%s", status,
                  err ? ": " : "", err ? err : "");
-        LOGW("scale from zero failed", "model=%s status=%ld error=\"%s\"", km->m->name, status,
-             err ? err : "");
+        LOGW("scale from zero failed", "model=%s status=%ld error=%s", km->m->name, status,
+             LOG_Q(err ? err : ""));
     }
 }
 

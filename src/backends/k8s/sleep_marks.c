@@ -101,8 +101,8 @@ static void on_marked(void *ud, long status, const char *body, size_t len, const
         p->mark_retry_ms = now + (wait < MARK_RETRY_MAX_MS ? wait : MARK_RETRY_MAX_MS);
         if ((n & (n - 1)) == 0) {
             LOGW("writing a pod's sleep mark failed (RBAC: patch on pods?)",
-                 "model=%s pod=%s status=%ld failures=%u error=\"%s\"", p->km->m->name, p->name,
-                 status, n, err ? err : "");
+                 "model=%s pod=%s status=%ld failures=%u error=%s", p->km->m->name, p->name,
+                 status, n, LOG_Q(err ? err : ""));
         }
         return;
     }

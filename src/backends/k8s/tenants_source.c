@@ -31,7 +31,8 @@ static void source_failed(struct kube_tenants_source *ts, const char *what)
     ts->rejected++;
     snprintf(ts->last_error, sizeof ts->last_error, "%s", what);
     LOGE("tenants source rejected: keeping the tenants in force",
-         "source=%s/%s/%s key=%s error=\"%s\"", kind_name(ts), ts->ns, ts->name, ts->key, what);
+         "source=%s/%s/%s key=%s error=%s", kind_name(ts), ts->ns, ts->name, ts->key,
+         LOG_Q(what));
     if (ts->kb->cfg->kubernetes.events) {
         struct k8s_event_ref obj = {ts->ns, "v1", kind_name(ts), ts->name};
         k8s_events_record(&ts->kb->events, &obj, "Warning", "InvalidTenants", what, clock_now_ms());

@@ -492,7 +492,7 @@ static void on_rollout_written(void *ud, long status, const char *body, size_t l
         g->rollout_written = false; /* the step is not in the cluster: its state holds again */
     }
     LOGW("writing a rollout's state to its Deployment failed",
-         "deployment=%s status=%ld error=\"%s\"", km->key, status, err ? err : "");
+         "deployment=%s status=%ld error=%s", km->key, status, LOG_Q(err ? err : ""));
 }
 
 static void patch_annotations(struct kmodel *km, const char *annotations)
