@@ -280,6 +280,7 @@ def test_memory_bound_gpu_refuses_a_third_model(cluster, thaw_factory, tmp_path)
         wait_for(lambda name=name: kmodel(t, name)["pool"].get("last_decision") == "deny",
                  timeout=10, what=f"{name} denied")
         assert "no node it may use has room" in kmodel(t, name)["pool"]["reason"]
+        assert kmodel(t, name)["state"] == "waiting_for_capacity"  # held, not "scaled_to_zero"
     assert complete(t, host="free.models", timeout=40).status == 200
     assert node_of(sim, "free") == "pair"
     for th in ths:

@@ -236,6 +236,9 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
                         : dozing             ? "falling_asleep"
                         : d.unschedulable    ? "waiting_for_capacity"
                         : km->spec.replicas  ? "starting"
+                        /* held requests, and the plan denied the wake (GPU memory) */
+                        : m->queue.count > 0 && strcmp(km->sc.last_action, "deny") == 0
+                            ? "waiting_for_capacity"
                         : km->scale_inflight ? "scaling_up"
                                              : "scaled_to_zero";
     cJSON_AddStringToObject(out, "state", state);
