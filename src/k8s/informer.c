@@ -355,6 +355,18 @@ void k8s_informer_start(struct k8s_informer *inf)
     start_list(inf);
 }
 
+void k8s_informer_relist(struct k8s_informer *inf)
+{
+    if (!inf->call && !event_pending(&inf->retry, EV_TIMEOUT, NULL)) {
+        return; /* not started */
+    }
+    k8s_call_cancel(inf->call);
+    inf->call = NULL;
+    event_del(&inf->retry);
+    inf->relist_needed = true;
+    start_list(inf);
+}
+
 void k8s_informer_dispose(struct k8s_informer *inf)
 {
     k8s_call_cancel(inf->call);

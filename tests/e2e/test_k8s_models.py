@@ -244,6 +244,26 @@ def test_overlapping_selectors_each_model_keeps_its_own_pods(cluster, thaw_facto
         assert names and all(n.startswith(name + "-") for n in names), (name, names)
 
 
+def test_a_model_label_given_a_new_value_renames_the_model_and_keeps_its_pods(
+        cluster, thaw_factory, tmp_path):
+    sim = cluster(load_ms=50)
+    create(sim, deployment("llama", model_label="llama-a"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    assert complete(t, host="llama-a.models").status == 200  # woken: one pod
+    writes = len(sim.state()["scale_log"])
+    sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/llama",
+             {"metadata": {"labels": {"thaw.dev/model": "llama-b"}}},
+             ctype="application/merge-patch+json")
+    wait_for(lambda: {m["name"] for m in t.status()["models"]} == {"llama-b"},
+             timeout=10, what="renamed")
+    wait_for(lambda: len(kmodel(t, "llama-b")["replicas"]) == 1, timeout=10,
+             what="its pod, ready, under the new name")
+    assert complete(t, host="llama-b.models").status == 200
+    assert complete(t, host="llama-a.models").status == 404
+    assert len(sim.state()["scale_log"]) == writes  # the pod served on, no cold start
+
+
 def test_one_name_in_two_namespaces(cluster, thaw_factory, tmp_path):
     sim = cluster(load_ms=50)
     create(sim, deployment("llama"))

@@ -66,6 +66,9 @@ void k8s_informer_init(struct k8s_informer *inf, struct k8s_client *client,
  * fieldSelector, e.g. "involvedObject.kind=Pod,reason=Pulled"); before start. */
 void k8s_informer_set_field_selector(struct k8s_informer *inf, const char *field_selector);
 void k8s_informer_start(struct k8s_informer *inf);
+/* Lists again now (a started informer): every object comes to upsert once
+ * more, for an owner whose view of them changed (a model renamed). */
+void k8s_informer_relist(struct k8s_informer *inf);
 void k8s_informer_dispose(struct k8s_informer *inf);
 /* What the list and watch responses do, without the network (also used by
  * tests and fuzzing). apply_list: a list response body (a page of one); 0

@@ -247,6 +247,8 @@ static void set_selector(struct kmodel *km, const cJSON *deployment)
 }
 
 static void deployment_remove(void *ud, const cJSON *obj);
+static void remove_kmodel(struct kube_backend *kb, struct kmodel *km, const char *why);
+static void relist_pods(struct kube_backend *kb, const char *ns);
 
 static void deployment_upsert(void *ud, const cJSON *obj)
 {
@@ -271,17 +273,26 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         kube_revision_names(&sp, &cm, rev_name, sizeof rev_name, rev_hosts_buf,
                             sizeof rev_hosts_buf, rev_hosts, 36);
     }
-    if (km && (strcmp(km->spec.revision, sp.revision) != 0 ||
-               (sp.revision[0] && strcmp(km->spec.name, sp.name) != 0))) {
+    bool other_model = km && (strcmp(km->spec.revision, sp.revision) != 0 ||
+                              strcmp(km->spec.name, sp.name) != 0);
+    if (other_model) {
         /* A Deployment that became (or stopped being) a revision, or changed
-         * its revision or model: its model is a different one now. */
-        deployment_remove(kb, obj);
+         * its revision or model name: its model is a different one now. Its
+         * held requests are told so; its pods come back to the new model
+         * through a list of them (the informers keep no objects). */
+        char why[900];
+        snprintf(why, sizeof why, "the model's Deployment %s now serves model %s%s%s", key,
+                 sp.name, sp.revision[0] ? " revision " : "", sp.revision);
+        remove_kmodel(kb, km, why);
         km = NULL;
     }
     if (!km) {
         km = kmodel_new(kb, &sp, key, &cm);
         if (!km) {
             return;
+        }
+        if (other_model) {
+            relist_pods(kb, sp.namespace_);
         }
         set_selector(km, obj);
         kube_model_template(km, obj);
@@ -333,8 +344,6 @@ static void deployment_remove(void *ud, const cJSON *obj)
     if (!km) {
         return;
     }
-    strmap_del(&kb->models, key, strlen(key));
-    index_model(kb, km, false);
     /* A watch by label reports a Deployment that lost its label as deleted
      * too; with the default selector the object says which it was (one
      * known by key only, gone while the watch was down, cannot). */
@@ -351,6 +360,15 @@ static void deployment_remove(void *ud, const cJSON *obj)
     } else {
         snprintf(why, sizeof why, "the model's Deployment %s was deleted", key);
     }
+    remove_kmodel(kb, km, why);
+}
+
+/* km leaves: its pods, then its model, whose held requests are answered 503
+ * with why. */
+static void remove_kmodel(struct kube_backend *kb, struct kmodel *km, const char *why)
+{
+    strmap_del(&kb->models, km->key, strlen(km->key));
+    index_model(kb, km, false);
     struct model *m = km->m;
     /* Pods go first (their endpoints leave the model), then the model,
      * whose held requests are answered 503 naming the reason. */
@@ -369,6 +387,18 @@ static void deployment_remove(void *ud, const cJSON *obj)
 }
 
 /* ---- pods ------------------------------------------------------------------ */
+
+/* The pods and EndpointSlices of namespace ns listed again. */
+static void relist_pods(struct kube_backend *kb, const char *ns)
+{
+    for (size_t i = 0; i < kb->n_ns; i++) {
+        if (!kb->cfg->kubernetes.n_namespaces ||
+            strcmp(kb->cfg->kubernetes.namespaces[i], ns) == 0) {
+            k8s_informer_relist(&kb->ns[i].pods);
+            k8s_informer_relist(&kb->ns[i].slices);
+        }
+    }
+}
 
 struct pod_match {
     const struct k8s_pod_info *pi;
