@@ -91,7 +91,14 @@ int queue_flow_set(struct queue *q, uint32_t id, uint32_t weight, uint64_t max_r
     if (!f) {
         return -ENOMEM;
     }
-    f->weight = weight ? weight : 1;
+    uint32_t w = weight ? weight : 1;
+    if (w != f->weight) {
+        /* A new weight counts from this turn on: what waits gets it too. */
+        for (int t = 0; t < TIER_COUNT; t++) {
+            f->lanes[t].credit = w;
+        }
+    }
+    f->weight = w;
     f->max_running = max_running;
     f->max_queued = max_queued;
     return 0;

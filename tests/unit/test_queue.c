@@ -299,6 +299,29 @@ static void test_weighted_turns(void **state)
     queue_dispose(&q);
 }
 
+/* A weight raised while items wait (a reload) counts from the flow's
+ * current turn: the same order as with that weight from the start. */
+static void test_a_new_weight_applies_to_what_waits(void **state)
+{
+    struct item a[6], b[6];
+    struct queue q;
+    queue_init(&q, 100, 10000, NULL);
+    queue_flow_set(&q, 1, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    for (int i = 0; i < 6; i++) {
+        a[i].id = 100 + i;
+        b[i].id = 200 + i;
+        push_flow(&q, &a[i], 1, TIER_STANDARD, 0, 0);
+        push_flow(&q, &b[i], 2, TIER_STANDARD, 0, 0);
+    }
+    queue_flow_set(&q, 1, 3, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    int want[] = {100, 101, 102, 200, 103, 104, 105, 201, 202, 203, 204, 205};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        assert_int_equal(id_of(queue_pop(&q)), want[i]);
+    }
+    queue_dispose(&q);
+}
+
 /* Aging across tiers still goes by each tier's oldest item. */
 static void test_flows_keep_aging_across_tiers(void **state)
 {
@@ -431,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_push_front_keeps_place),
         cmocka_unit_test(test_round_robin_across_flows),
         cmocka_unit_test(test_weighted_turns),
+        cmocka_unit_test(test_a_new_weight_applies_to_what_waits),
         cmocka_unit_test(test_flows_keep_aging_across_tiers),
         cmocka_unit_test(test_deadlines_across_flows),
         cmocka_unit_test(test_displacement_takes_from_the_longest_batch_flow),
