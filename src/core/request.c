@@ -51,6 +51,8 @@ struct request *request_new(struct request_pool *pool, struct conn *c)
     r->body_reserved = 0;
     r->scan = NULL;
     r->form = NULL;
+    r->body_scanned = false;
+    r->stream_asked = false;
     r->models_api = false;
     r->asked_model[0] = '\0';
     r->metrics_stream = NULL;

@@ -491,6 +491,26 @@ def test_heartbeats_follow_the_stream_the_server_will_read(thaw_factory, extra, 
         assert json.loads(r.body)["object"] == "chat.completion"
 
 
+def test_a_request_routed_by_path_does_not_inherit_an_earlier_requests_stream(thaw_factory,
+                                                                              replica):
+    """A streaming request routed by its body, then (reusing thaw's request
+    object) one routed by path with no "stream" to a cold model: the second
+    is no stream, so it gets the server's JSON, not heartbeats."""
+    t = thaw_factory({"models": [
+        {"name": "warm", "endpoints": [replica.address]},
+        {"name": "cold", "loading_heartbeat_ms": 100, "idle_timeout_ms": 60000,
+         "startup_timeout_ms": 20000 * SLOW,
+         "command": [sys.executable, REPLICA, "--port", "{port}", "--load-ms", "400"]}]})
+    r = httpc.request(t.host, t.port, "POST", "/v1/chat/completions",
+                      {"Content-Type": "application/json"},
+                      b'{"model": "warm", "stream": true, "messages": []}', timeout=30)
+    assert r.status == 200 and r.header("content-type") == "text/event-stream"
+    r = httpc.request(t.host, t.port, "POST", "/models/cold/v1/chat/completions",
+                      {"Content-Type": "application/json"}, b'{"messages": []}', timeout=60)
+    assert r.status == 200 and r.header("content-type") == "application/json", r.body[:200]
+    assert b": loading" not in r.body
+
+
 def test_first_byte_timeout_after_heartbeats_is_an_sse_error_event(thaw_factory):
     t = thaw_factory({"models": [{
         "name": "slow", "loading_heartbeat_ms": 100, "idle_timeout_ms": 60000,
