@@ -764,9 +764,12 @@ static void apply_target(struct proc_model *pm, unsigned target, const char *why
         }
         have++;
     }
-    /* Stops take replicas where the plan keeps fewer than run (its
-     * evictions and preemptions are by GPU) before any other. */
-    unsigned *over = have > target ? over_plan(pm) : NULL;
+    /* An eviction or a preemption frees room on one GPU: its stops take
+     * replicas where the plan keeps fewer than run, before any other. An
+     * ordinary scale-down takes the least useful replica wherever it is. */
+    bool by_gpu = strcmp(pm->sc.last_action, "evict") == 0 ||
+                  strcmp(pm->sc.last_action, "preempt") == 0;
+    unsigned *over = have > target && by_gpu ? over_plan(pm) : NULL;
     while (have > target) {
         struct replica *victim = NULL;
         bool victim_over = false;
@@ -780,7 +783,9 @@ static void apply_target(struct proc_model *pm, unsigned target, const char *why
             }
             bool r_over = over && r->gpu >= 0 && over[r->gpu] > 0;
             uint32_t rank = keep_rank(r);
-            if ((r_over && !victim_over) || (r_over == victim_over && rank < best)) {
+            /* Of replicas starting, the newest goes (the others are nearer ready). */
+            bool better = rank < best || (rank == best && rank == 1);
+            if ((r_over && !victim_over) || (r_over == victim_over && better)) {
                 victim = r;
                 victim_over = r_over;
                 best = rank;
