@@ -30,6 +30,9 @@ struct scaler_model {
     bool warm;
     char last_action[16];
     char last_reason[160];
+    /* The last plan evicted or preempted some of its replicas: on one node
+     * (GPU unit), so those stops go there (the plan's on_node says where). */
+    bool released_on_node;
     /* warming ahead of demand: the model's mode (PREWARM_INHERIT: the
      * autoscaler's), its demand profile while the mode in force is not off,
      * and the last forecast */

@@ -767,9 +767,7 @@ static void apply_target(struct proc_model *pm, unsigned target, const char *why
     /* An eviction or a preemption frees room on one GPU: its stops take
      * replicas where the plan keeps fewer than run, before any other. An
      * ordinary scale-down takes the least useful replica wherever it is. */
-    bool by_gpu = strcmp(pm->sc.last_action, "evict") == 0 ||
-                  strcmp(pm->sc.last_action, "preempt") == 0;
-    unsigned *over = have > target && by_gpu ? over_plan(pm) : NULL;
+    unsigned *over = have > target && pm->sc.released_on_node ? over_plan(pm) : NULL;
     while (have > target) {
         struct replica *victim = NULL;
         bool victim_over = false;

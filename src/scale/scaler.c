@@ -173,6 +173,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
     }
     warmpool_plan_cluster(wm, n, c, warm_budget, plan);
     for (size_t i = 0; i < n; i++) {
+        sms[i]->released_on_node = false;
         sms[i]->target = wm[i].target;
         sms[i]->warm = wm[i].warm > 0;
         sms[i]->m->pool_slices = wm[i].target * wm[i].slices;
@@ -228,6 +229,9 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
         }
         /* Each planning step decides again; a decision counts (and is
          * logged) when it differs from the model's last one. */
+        if (d->action == WP_EVICT || d->action == WP_PREEMPT) {
+            sm->released_on_node = true;
+        }
         bool changed = strcmp(sm->last_action, wp_action_name(d->action)) != 0 ||
                        strcmp(sm->last_reason, why) != 0;
         if (changed) {
