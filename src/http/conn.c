@@ -942,8 +942,10 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
         if (!is_dead(c) && c->state == CONN_IDLE && buf_unread(&c->in) > 0) {
             process_input(c, NULL, 0);
         }
-    } else if (c->state == CONN_HANDLING || c->state == CONN_CLOSING) {
-        set_timer(c, TIMER_SEND); /* progress: restart the send timeout */
+    } else if (c->state != CONN_READING) {
+        /* Progress (the last answer's rest, in IDLE, too): the send timeout
+         * starts again. A request being read keeps its own timer. */
+        set_timer(c, TIMER_SEND);
         note_send_queue(c);
     }
     if (!is_dead(c) && c->on_drain && buf_unread(&c->out) <= CONN_OUT_HIGH_WATER / 2) {
@@ -965,6 +967,22 @@ static void body_deadline_passed(struct conn *c)
         return;
     }
     conn_reject(c, REJECT_BODY_TIMEOUT, "the whole body took longer than allowed");
+}
+
+/* Output waits and its send timeout passed. The kernel reports room only
+ * once a good part of a large send buffer is free, so a client reading
+ * slowly but steadily raises no write event for long: it is reading if the
+ * socket's send queue shrank. Then the timeout starts again. */
+static bool still_reading(struct conn *c)
+{
+    int queued = -1;
+    if (c->send_queue < 0 || ioctl(c->fd, SIOCOUTQ, &queued) != 0 || queued >= c->send_queue) {
+        return false;
+    }
+    c->send_queue = queued;
+    set_timer(c, TIMER_SEND);
+    event_active(&c->wev, EV_WRITE, 0); /* and the room there is, filled */
+    return true;
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
@@ -990,8 +1008,9 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
                 c->state = CONN_READING;
                 conn_reject(c, REJECT_HEADER_TIMEOUT, NULL);
             }
-        } else {
-            conn_close(c, ABORT_CLIENT_CLOSED); /* keep-alive idle timeout */
+        } else if (buf_unread(&c->out) == 0 || !still_reading(c)) {
+            /* keep-alive idle timeout, or the last answer's rest unread */
+            conn_close(c, ABORT_CLIENT_CLOSED);
         }
         break;
     case CONN_READING:
@@ -1003,24 +1022,15 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         }
         break;
     case CONN_HANDLING:
-        if (buf_unread(&c->out) > 0) {
-            /* The kernel reports room only once a good part of a large send
-             * buffer is free: a client reading slowly but steadily raises no
-             * write event for long. It is reading if the queue shrank. */
-            int queued = -1;
-            if (c->send_queue >= 0 && ioctl(c->fd, SIOCOUTQ, &queued) == 0 &&
-                queued < c->send_queue) {
-                c->send_queue = queued;
-                set_timer(c, TIMER_SEND);
-                event_active(&c->wev, EV_WRITE, 0); /* and the room there is, filled */
-                break;
-            }
+        if (buf_unread(&c->out) > 0 && !still_reading(c)) {
             LOGI("client stopped reading", "client=%s", c->peer_ip);
             conn_close(c, ABORT_SEND_TIMEOUT);
         }
         break;
     case CONN_CLOSING:
-        conn_close(c, ABORT_CLIENT_CLOSED);
+        if (buf_unread(&c->out) == 0 || !still_reading(c)) {
+            conn_close(c, ABORT_CLIENT_CLOSED);
+        }
         break;
     }
     leave(c);

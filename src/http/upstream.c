@@ -355,9 +355,10 @@ static void complete(struct upstream *u, bool reusable)
 {
     struct upstream_ctx *ctx = u->ctx;
     struct upstream_req *r = u->req;
-    int status = u->head.status;
+    /* A 2xx that could not continue a heartbeat stream ended it as a 502. */
+    int status = u->stream_why ? 502 : u->head.status;
     if (u->stream_error) {
-        ctx->handler->stream_error(r, u->stream_why ? 502 : status,
+        ctx->handler->stream_error(r, status,
                                    u->err_body.data ? u->err_body.data : "", u->err_body.len,
                                    u->stream_why);
     } else if (u->rechunk) {

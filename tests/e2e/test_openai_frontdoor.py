@@ -461,6 +461,7 @@ def test_a_held_stream_answered_without_an_event_stream_ends_with_an_error_event
     assert err["status"] == 502 and err["code"] == "upstream_error", err
     assert "other than an event stream" in err["message"] and "`flat`" in err["message"]
     assert not any('"chat.completion"' in e for e in events)
+    assert t.metric("thaw_requests_total", model="flat", code="502") == 1  # counted as sent
     t.assert_reconciled()
 
 
