@@ -10,9 +10,10 @@
  *    replica while the warm budget (slices idle replicas may hold) has
  *    room, given by tier first, then by value;
  *  - admit / deny: scale-ups in tier order (critical first), then value;
- *  - evict: to fit a scale-up, idle warm replicas of lower priority go first,
- *    then those of its own priority (lowest value first: a warm idle
- *    replica never blocks live demand of its own tier);
+ *  - evict: to fit a scale-up, idle warm replicas of lower priority go first
+ *    (lowest value first); of its own priority those worth less, or any
+ *    once its demand has waited past the tier's patience (a warm idle
+ *    replica delays live demand of its own tier, never blocks it);
  *  - preempt: then running models of strictly lower priority shrink toward
  *    their min_replicas; never a model of equal or higher priority;
  *  - prewarm: a model whose demand is forecast (prewarm) keeps an idle
@@ -65,6 +66,7 @@ struct wp_model {
     double value;
     bool prewarm; /* demand is forecast within its cold start */
     bool quiet;   /* no demand is forecast: the warm budget does not keep it */
+    uint64_t waited_ms; /* how long its oldest waiting request has waited (0: none) */
     /* out */
     unsigned target;
     unsigned warm; /* replicas kept only by the warm pool */

@@ -157,6 +157,19 @@ static void count_takes(struct cs_sim *s, const struct wp_plan *plan)
     }
 }
 
+/* How long the model's oldest waiting request has waited. */
+static uint64_t oldest_wait_ms(const struct cs_sim *s, const struct cs_msim *m)
+{
+    int oldest = s->t;
+    for (int t = 0; t < TIER_COUNT; t++) {
+        const struct cs_jobq *q = &m->q[t];
+        if (q->len && q->v[q->head].arrived < oldest) {
+            oldest = q->v[q->head].arrived;
+        }
+    }
+    return (uint64_t)(s->t - oldest) * 1000;
+}
+
 static void thaw_plan(struct cs_sim *s)
 {
     struct thaw_state *st = s->pstate;
@@ -174,6 +187,7 @@ static void thaw_plan(struct cs_sim *s)
             .min_replicas = m->asc.min_scale,
             .idle = cs_busy(m) == 0 && cs_queued(m) == 0,
             .value = m->rate_ewma * m->spec->cold_cached_s,
+            .waited_ms = oldest_wait_ms(s, m),
         };
         if (st->fc) {
             forecast_model(st, s, i, &st->wm[i]);

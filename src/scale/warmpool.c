@@ -290,12 +290,23 @@ struct room {
     unsigned preempted, evicted, worst_rank;
 };
 
-/* x's demand (live, or its min_replicas) may take v's idle warm replica
- * when v's priority is not higher: a warm replica never blocks live demand
- * of its own tier. Which goes first is the victims' order (lowest value). */
+/* How long live demand waits behind an idle warm replica of its own tier
+ * worth more than it (a model with little history is worth little): past
+ * this it takes the room anyway. Not at once: two models taking a GPU from
+ * each other at every request would cold-start at every turn. */
+static uint64_t same_tier_patience_ms(enum tier t)
+{
+    return t == TIER_CRITICAL ? 1000 : t == TIER_STANDARD ? 10000 : 900000;
+}
+
+/* x's demand may take v's idle warm replica: v of lower priority; or of the
+ * same, and worth less, or x waited past its patience. Which goes first is
+ * the victims' order (lowest priority, then lowest value). */
 static bool may_evict(const struct wp_model *v, const struct wp_model *x)
 {
-    return v->tier >= x->tier;
+    return v->tier > x->tier ||
+           (v->tier == x->tier &&
+            (v->value < x->value || x->waited_ms >= same_tier_patience_ms(x->tier)));
 }
 
 /* v's release gives x something it lacks on node k. */

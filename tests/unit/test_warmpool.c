@@ -112,10 +112,11 @@ static void test_preempts_only_strictly_lower_priority(void **state)
     assert_int_equal(count(&p, WP_DENY, 1), 1);
 }
 
-/* Live demand of a tier evicts idle warm replicas of the same tier too,
- * whatever their value: a warm replica is kept only while nobody needs its
- * room; value says which warm one goes first. */
-static void test_equal_tier_live_demand_evicts_idle_warm(void **state)
+/* Live demand evicts an idle warm replica of its own tier worth less than
+ * it at once; one worth more only once it has waited past its tier's
+ * patience (10 s for standard, 15 min for batch): a warm replica blocks
+ * live demand of its tier for a while, never for good. */
+static void test_equal_tier_eviction_by_value_then_by_patience(void **state)
 {
     struct wp_model m[] = {
         M("warm-low", TIER_BATCH, 2, 1, 0, true, 1),
@@ -126,19 +127,26 @@ static void test_equal_tier_live_demand_evicts_idle_warm(void **state)
     assert_int_equal(m[1].target, 1);
     assert_int_equal(m[0].target, 0);
     struct wp_model q[] = {
-        M("warm-high", TIER_BATCH, 2, 1, 0, true, 80),
-        M("new", TIER_BATCH, 2, 0, 1, false, 5),
+        M("warm-high", TIER_STANDARD, 2, 1, 0, true, 80),
+        M("new", TIER_STANDARD, 2, 0, 1, false, 5),
     };
+    q[1].waited_ms = 9999;
     warmpool_plan(q, 2, 2, 2, &p);
-    assert_int_equal(q[1].target, 1); /* admitted, though the warm one is worth more */
+    assert_int_equal(q[1].target, 0); /* denied: the warm one is worth more */
+    assert_int_equal(q[0].target, 1);
+    q[1].waited_ms = 10000;
+    q[0].target = q[1].target = 0;
+    warmpool_plan(q, 2, 2, 2, &p);
+    assert_int_equal(q[1].target, 1); /* waited long enough */
     assert_int_equal(q[0].target, 0);
     assert_int_equal(count(&p, WP_EVICT, 0), 1);
     /* Of two warm ones of its tier, the one worth less goes. */
     struct wp_model r[] = {
         M("warm-high", TIER_BATCH, 2, 1, 0, true, 80),
-        M("warm-low", TIER_BATCH, 2, 1, 0, true, 3),
+        M("warm-low", TIER_BATCH, 2, 1, 0, true, 30),
         M("new", TIER_BATCH, 2, 0, 1, false, 5),
     };
+    r[2].waited_ms = 900000;
     warmpool_plan(r, 3, 4, 4, &p);
     assert_int_equal(r[2].target, 1);
     assert_int_equal(r[0].target, 1);
@@ -577,7 +585,7 @@ int main(void)
         cmocka_unit_test(test_min_replicas_always_kept),
         cmocka_unit_test(test_critical_evicts_idle_batch_and_is_admitted),
         cmocka_unit_test(test_preempts_only_strictly_lower_priority),
-        cmocka_unit_test(test_equal_tier_live_demand_evicts_idle_warm),
+        cmocka_unit_test(test_equal_tier_eviction_by_value_then_by_patience),
         cmocka_unit_test(test_partial_admission_and_no_gpu_models),
         cmocka_unit_test(test_unlimited_capacity),
         cmocka_unit_test(test_two_nodes_one_free_each_do_not_fit_two_slices),
