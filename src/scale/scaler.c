@@ -162,7 +162,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
             .desired = desired,
             .min_replicas = sm->min_replicas,
             .idle = m->inflight == 0 && m->queue.count == 0,
-            .waited_ms = queue_oldest_age(&m->queue, now_ms),
+            .waited_ms = m->queue.count ? queue_oldest_age(&m->queue, now_ms) : 0,
             .value = sm->rate * (cold_s > 0 ? cold_s : 1),
             .prewarm = sm->prewarm_on && sm->forecast_due,
             .quiet = sm->prewarm_on && sm->forecast_quiet,
