@@ -359,6 +359,9 @@ static void test_every_rejection_status_has_a_reason_phrase(void **state)
                      reject_info((enum reject_reason)r)->name);
         }
     }
+    /* A replica's status named in a message (FastAPI's validation 422). */
+    assert_string_equal(http_reason_phrase(422), "Unprocessable Content");
+    assert_string_equal(http_reason_phrase(403), "Forbidden");
 }
 
 int main(void)
