@@ -278,19 +278,24 @@ static void test_round_robin_across_flows(void **state)
     queue_dispose(&q);
 }
 
-/* A flow of weight 3 gets three items per turn to the other's one. */
-static void test_weighted_turns(void **state)
+/* Flows 1 (weight w1) and 2 (weight 1) with six items each; then flow 1's
+ * weight set to w1_later while they wait (0: left), and the pop order
+ * checked: three of flow 1 per turn to flow 2's one. */
+static void check_weighted_turns(uint32_t w1, uint32_t w1_later)
 {
     struct item a[6], b[6];
     struct queue q;
     queue_init(&q, 100, 10000, NULL);
-    queue_flow_set(&q, 1, 3, QUEUE_NO_CAP, QUEUE_NO_CAP);
+    queue_flow_set(&q, 1, w1, QUEUE_NO_CAP, QUEUE_NO_CAP);
     queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
     for (int i = 0; i < 6; i++) {
         a[i].id = 100 + i;
         b[i].id = 200 + i;
         push_flow(&q, &a[i], 1, TIER_STANDARD, 0, 0);
         push_flow(&q, &b[i], 2, TIER_STANDARD, 0, 0);
+    }
+    if (w1_later) {
+        queue_flow_set(&q, 1, w1_later, QUEUE_NO_CAP, QUEUE_NO_CAP);
     }
     int want[] = {100, 101, 102, 200, 103, 104, 105, 201, 202, 203, 204, 205};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -299,27 +304,17 @@ static void test_weighted_turns(void **state)
     queue_dispose(&q);
 }
 
+/* A flow of weight 3 gets three items per turn to the other's one. */
+static void test_weighted_turns(void **state)
+{
+    check_weighted_turns(3, 0);
+}
+
 /* A weight raised while items wait (a reload) counts from the flow's
  * current turn: the same order as with that weight from the start. */
 static void test_a_new_weight_applies_to_what_waits(void **state)
 {
-    struct item a[6], b[6];
-    struct queue q;
-    queue_init(&q, 100, 10000, NULL);
-    queue_flow_set(&q, 1, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
-    queue_flow_set(&q, 2, 1, QUEUE_NO_CAP, QUEUE_NO_CAP);
-    for (int i = 0; i < 6; i++) {
-        a[i].id = 100 + i;
-        b[i].id = 200 + i;
-        push_flow(&q, &a[i], 1, TIER_STANDARD, 0, 0);
-        push_flow(&q, &b[i], 2, TIER_STANDARD, 0, 0);
-    }
-    queue_flow_set(&q, 1, 3, QUEUE_NO_CAP, QUEUE_NO_CAP);
-    int want[] = {100, 101, 102, 200, 103, 104, 105, 201, 202, 203, 204, 205};
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        assert_int_equal(id_of(queue_pop(&q)), want[i]);
-    }
-    queue_dispose(&q);
+    check_weighted_turns(1, 3);
 }
 
 /* Aging across tiers still goes by each tier's oldest item. */
