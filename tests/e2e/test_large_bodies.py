@@ -350,7 +350,8 @@ def test_held_bodies_over_the_buffer_budget_get_503(thaw_factory):
     # The held ones are served when the model is up; the budget empties.
     for s in held:
         s.settimeout(30 * SLOW)
-        assert httpc.Reader(s).response().status == 200
+        r = httpc.Reader(s).response()
+        assert r.status == 200, (r.body, t.logs()[-3000:])
         s.close()
     wait_for(lambda: t.metric("thaw_buffered_body_bytes") == 0, what="budget released")
     ok = send_held(t, body)
