@@ -35,6 +35,8 @@ static inline int buf_append_str(struct buf *b, const char *s)
 {
     return buf_append(b, s, strlen(s));
 }
+/* Appends v in decimal (a head's Content-Length, a chunk's size: no printf). */
+int buf_append_u64(struct buf *b, uint64_t v);
 int buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends s as the inside of a JSON string (no quotes), escaping as needed. */
 int buf_append_json_escaped(struct buf *b, const char *s, size_t n);

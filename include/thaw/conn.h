@@ -25,6 +25,7 @@
 #include "thaw/http.h"
 #include "thaw/list.h"
 #include "thaw/metrics.h"
+#include "thaw/netaddr.h"
 
 struct conn;
 
@@ -129,7 +130,7 @@ struct conn {
     struct buf out; /* output not yet accepted by the socket */
     struct exchange *ex; /* the current request, NULL between requests */
     uint64_t requests_served;
-    char peer_ip[48];
+    char peer_ip[NETADDR_TEXT_MAX];
     bool close_after;  /* close once the current response is done */
     bool read_paused;
     bool wev_added;

@@ -66,6 +66,17 @@ int buf_append_slow(struct buf *b, const void *p, size_t n)
     return 0;
 }
 
+int buf_append_u64(struct buf *b, uint64_t v)
+{
+    char tmp[20];
+    size_t i = sizeof tmp;
+    do {
+        tmp[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return buf_append(b, tmp + i, sizeof tmp - i);
+}
+
 int buf_printf(struct buf *b, const char *fmt, ...)
 {
     va_list ap;

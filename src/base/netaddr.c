@@ -53,6 +53,30 @@ int netaddr_parse(const char *text, struct sockaddr_storage *ss, socklen_t *len)
     return -EINVAL;
 }
 
+void netaddr_text(const struct sockaddr *sa, char *out)
+{
+    if (sa->sa_family == AF_INET) {
+        const unsigned char *a =
+            (const unsigned char *)&((const struct sockaddr_in *)sa)->sin_addr.s_addr;
+        char *p = out;
+        for (int i = 0; i < 4; i++) {
+            unsigned v = a[i];
+            if (v >= 100) {
+                *p++ = (char)('0' + v / 100);
+            }
+            if (v >= 10) {
+                *p++ = (char)('0' + v / 10 % 10);
+            }
+            *p++ = (char)('0' + v % 10);
+            *p++ = i < 3 ? '.' : '\0';
+        }
+    } else if (sa->sa_family != AF_INET6 ||
+               !inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out,
+                          NETADDR_TEXT_MAX)) {
+        strcpy(out, "unknown");
+    }
+}
+
 bool netaddr_self_connected(int fd)
 {
     struct sockaddr_storage local, peer;

@@ -2,7 +2,6 @@
 #include "thaw/clock.h"
 #include "thaw/log.h"
 
-#include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
 #include <linux/sockios.h>
@@ -169,15 +168,7 @@ struct conn *conn_new(struct conn_ctx *ctx, int fd, const struct http_limits *li
     buf_init(&c->in);
     buf_init(&c->out);
     http_parser_init(&c->parser, HTTP_REQUEST, lim);
-    if (peer->sa_family == AF_INET) {
-        inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, c->peer_ip,
-                  sizeof c->peer_ip);
-    } else if (peer->sa_family == AF_INET6) {
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)peer)->sin6_addr, c->peer_ip,
-                  sizeof c->peer_ip);
-    } else {
-        strcpy(c->peer_ip, "unknown");
-    }
+    netaddr_text(peer, c->peer_ip);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     event_assign(&c->rev, ctx->base, fd, conn_read_events(ctx->base), on_read, c);

@@ -673,7 +673,9 @@ static void build_upstream_head(const struct runtime *rt, struct request *r,
         buf_append_str(b, "Accept-Encoding: identity\r\n");
     }
     if (r->ex.body.len > 0 || h->has_length || h->chunked) {
-        buf_printf(b, "Content-Length: %zu\r\n", r->ex.body.len);
+        buf_append_str(b, "Content-Length: ");
+        buf_append_u64(b, r->ex.body.len);
+        buf_append(b, "\r\n", 2);
     }
     buf_append(b, "\r\n", 2);
 }

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "thaw/buf.h"
@@ -86,6 +87,24 @@ static void test_printf_long(void **state)
     buf_dispose(&b);
 }
 
+static void test_append_u64_is_decimal(void **state)
+{
+    (void)state;
+    const uint64_t vals[] = {0, 7, 9, 10, 99, 100, 1048576, 4294967295u, 4294967296u,
+                             18446744073709551615u};
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+        struct buf b;
+        buf_init(&b);
+        buf_append(&b, "n=", 2);
+        assert_int_equal(buf_append_u64(&b, vals[i]), 0);
+        char want[32];
+        int n = snprintf(want, sizeof want, "n=%llu", (unsigned long long)vals[i]);
+        assert_int_equal(b.len, (size_t)n);
+        assert_memory_equal(b.data, want, (size_t)n);
+        buf_dispose(&b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -93,6 +112,7 @@ int main(void)
         cmocka_unit_test(test_json_escape),
         cmocka_unit_test(test_json_escape_keeps_utf8_and_replaces_what_is_not),
         cmocka_unit_test(test_printf_long),
+        cmocka_unit_test(test_append_u64_is_decimal),
         cmocka_unit_test(test_utf8_repaired),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -66,11 +66,47 @@ static void test_self_connected_socket_is_told_apart(void **state)
     close(idle);
 }
 
+/* The hand-written IPv4 text is inet_ntop's, byte for byte; IPv6 and other
+ * families are covered too. */
+static void test_address_text_matches_inet_ntop(void **state)
+{
+    (void)state;
+    const uint32_t fixed[] = {0, 0xffffffffu, 0x7f000001u, 0x0a006409u, 0x01160b2cu, 0xc0000207u,
+                              0x64000000u, 0x000a0064u};
+    uint32_t x = 12345;
+    for (int i = 0; i < 20000; i++) {
+        uint32_t host;
+        if (i < (int)(sizeof fixed / sizeof fixed[0])) {
+            host = fixed[i];
+        } else {
+            x = x * 1103515245u + 12345u;
+            host = x ^ (x >> 13) * 2654435761u;
+        }
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(host)};
+        char want[INET_ADDRSTRLEN], got[NETADDR_TEXT_MAX];
+        inet_ntop(AF_INET, &a.sin_addr, want, sizeof want);
+        netaddr_text((struct sockaddr *)&a, got);
+        assert_string_equal(got, want);
+    }
+    struct sockaddr_in6 six = {.sin6_family = AF_INET6};
+    inet_pton(AF_INET6, "2001:db8::1", &six.sin6_addr);
+    char got[NETADDR_TEXT_MAX];
+    netaddr_text((struct sockaddr *)&six, got);
+    assert_string_equal(got, "2001:db8::1");
+    inet_pton(AF_INET6, "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255", &six.sin6_addr);
+    netaddr_text((struct sockaddr *)&six, got);
+    assert_string_equal(got, "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff");
+    struct sockaddr other = {.sa_family = AF_UNIX};
+    netaddr_text(&other, got);
+    assert_string_equal(got, "unknown");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parses_ipv4_ipv6_and_localhost),
         cmocka_unit_test(test_self_connected_socket_is_told_apart),
+        cmocka_unit_test(test_address_text_matches_inet_ntop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
