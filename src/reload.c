@@ -80,6 +80,25 @@ static bool same_settings(const struct config_model *a, const struct config_mode
            a->loading_heartbeat_ms == b->loading_heartbeat_ms;
 }
 
+/* A model's revisions: their names and shares, and how requests go to them
+ * (fleet_link_revisions applies them after the models). */
+static bool same_split(const struct config_model *a, const struct config_model *b)
+{
+    if (a->n_revisions != b->n_revisions ||
+        a->fallback_to_warm_revision != b->fallback_to_warm_revision ||
+        a->sticky_tenant != b->sticky_tenant || !same_str(a->sticky_header, b->sticky_header) ||
+        memcmp(&a->rollout, &b->rollout, sizeof a->rollout) != 0) {
+        return false;
+    }
+    for (size_t i = 0; i < a->n_revisions; i++) {
+        if (!same_str(a->revisions[i].name, b->revisions[i].name) ||
+            a->revisions[i].percent != b->revisions[i].percent) {
+            return false;
+        }
+    }
+    return true;
+}
+
 /* What the backend takes: endpoints, or the process definition and counts. */
 static bool same_replicas(const struct config_model *a, const struct config_model *b)
 {
@@ -303,8 +322,9 @@ static int change_model(struct server *srv, struct model *m, const struct config
         LOGE("cannot apply the model's new definition", "model=%s", m->name);
         return -1;
     }
-    LOGI("model changed by reload", "model=%s namespace=%s settings=%d replicas=%d names=%d",
-         m->name, m->namespace_, settings, replicas, !same_names(was, cm));
+    LOGI("model changed by reload",
+         "model=%s namespace=%s settings=%d replicas=%d names=%d revisions=%d", m->name,
+         m->namespace_, settings, replicas, !same_names(was, cm), !same_split(was, cm));
     /* More slots (or replicas) may let held requests go now. */
     proxy_dispatch(&srv->rt, m);
     return 0;
@@ -362,7 +382,8 @@ static void apply_models(struct server *srv, const struct config *next, struct m
                      cm->n_command ? "command" : "endpoints");
             needs_restart(srv, key);
             n->unchanged++;
-        } else if (same_settings(was, cm) && same_replicas(was, cm) && same_names(was, cm)) {
+        } else if (same_settings(was, cm) && same_replicas(was, cm) && same_names(was, cm) &&
+                   same_split(was, cm)) {
             n->unchanged++;
         } else if (change_model(srv, m, was, cm)) {
             n->failed++;

@@ -1385,20 +1385,30 @@ static void free_strings(char **arr, size_t n);
 
 static int set_tag_hosts(struct config_model *rev, const struct config_model *m)
 {
-    /* The revision's own addresses, as Knative's tags: "<revision>-<host>"
-     * for the model's name and each of its hosts. */
+    /* The revision's own addresses, as Knative's tags: "<revision>-<model>"
+     * with the namespace forms the model's own name has (".ns", ".ns.svc",
+     * ".ns.svc.cluster.local"), and "<revision>-<host>" for each host. */
+    static const char *const ns_forms[] = {"", ".", ".", "."};
+    static const char *const ns_tails[] = {"", "", ".svc", ".svc.cluster.local"};
     free_strings(rev->hosts, rev->n_hosts);
     free_strings(rev->aliases, rev->n_aliases);
     rev->aliases = NULL;
     rev->n_aliases = 0;
     rev->n_hosts = 0;
-    rev->hosts = calloc(m->n_hosts + 1, sizeof *rev->hosts);
+    rev->hosts = calloc(m->n_hosts + 4, sizeof *rev->hosts);
     if (!rev->hosts) {
         return -ENOMEM;
     }
-    for (size_t i = 0; i <= m->n_hosts; i++) {
-        const char *h = i == 0 ? m->name : m->hosts[i - 1];
-        if (asprintf(&rev->hosts[rev->n_hosts], "%s-%s", rev->revision, h) < 0) {
+    const char *ns = m->namespace_ ? m->namespace_ : "";
+    for (size_t i = 0; i < 4 + m->n_hosts; i++) {
+        if (i > 0 && i < 4 && !ns[0]) {
+            continue;
+        }
+        int rc = i < 4 ? asprintf(&rev->hosts[rev->n_hosts], "%s-%s%s%s%s", rev->revision, m->name,
+                                  ns_forms[i], i ? ns : "", ns_tails[i])
+                       : asprintf(&rev->hosts[rev->n_hosts], "%s-%s", rev->revision,
+                                  m->hosts[i - 4]);
+        if (rc < 0) {
             return -ENOMEM;
         }
         rev->n_hosts++;

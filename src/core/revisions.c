@@ -274,14 +274,15 @@ static int pick_index(struct model_revisions *rv, const struct http_head *h, con
     return revsplit_pick(&rv->split);
 }
 
-/* A warm revision with traffic (the largest share) for a cold pick. */
+/* A warm revision with traffic (the largest share) for a cold pick. One at
+ * 0% (a rolled-back canary kept warm) takes no split traffic, cold or not. */
 static struct model *warm_instead(const struct model_revisions *rv)
 {
     struct model *best = NULL;
     uint32_t best_pct = 0;
     for (size_t i = 0; i < rv->n; i++) {
         struct model *m = rv->rev[i];
-        if (m && m->n_endpoints > 0 && (!best || rv->split.percent[i] > best_pct)) {
+        if (m && m->n_endpoints > 0 && rv->split.percent[i] > best_pct) {
             best = m;
             best_pct = rv->split.percent[i];
         }

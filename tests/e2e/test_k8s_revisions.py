@@ -282,3 +282,83 @@ def test_a_model_that_gains_a_revision_label_becomes_a_model_with_revisions(clus
     assert complete(t).status == 200
     assert served(t, "v1") == 1
     t.assert_reconciled()
+
+
+def named(d, name):
+    d["metadata"]["name"] = name
+    return d
+
+
+def traffic_percents(t):
+    return [(r["name"], r["percent"]) for r in status_of(t)["revisions"]]
+
+
+def test_a_revisions_tag_host_is_made_of_every_revisions_hosts(cluster, thaw_factory, tmp_path):
+    sim, t = start(cluster, thaw_factory, tmp_path,
+                   revision("v1", 100, {"thaw.dev/hosts": "llama.example.com"}),
+                   revision("v2", 0, {"thaw.dev/hosts": "canary.example.com"}))
+    for host in ("v2-llama.example.com", "v2-canary.example.com"):
+        r = httpc.request(t.host, t.port, "POST", "/v1/completions", {"Host": host},
+                          b'{"prompt": "hi"}', timeout=60)
+        assert r.status == 200, (host, r.status, r.body)
+    r = httpc.request(t.host, t.port, "POST", "/v1/completions", {"Host": "v1-canary.example.com"},
+                      b'{"prompt": "hi"}', timeout=60)
+    assert r.status == 200
+    assert served(t, "v2") == 2 and served(t, "v1") == 1
+
+
+def test_a_split_invalid_at_start_does_not_depend_on_the_deployments_names(cluster, thaw_factory,
+                                                                          tmp_path):
+    # The stable revision without a percent, the canary with 10: invalid, so
+    # no split at first, whichever Deployment is listed first.
+    for first, second in (("llama-a", "llama-b"), ("llama-b", "llama-a")):
+        sim, t = start(cluster, thaw_factory, tmp_path, named(revision("v1"), first),
+                       named(revision("v2", 10), second))
+        wait_for(lambda: status_of(t).get("split_error"), timeout=5 * SLOW, what="split error")
+        r = complete(t)
+        assert r.status == 503 and b"no_replicas" in r.body, (first, r.status, r.body)
+        t.stop()
+        sim.stop()
+
+
+def test_a_deleted_revision_leaves_the_split_and_a_duplicate_is_an_error(cluster, thaw_factory,
+                                                                        tmp_path):
+    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1", 50), revision("v2", 30),
+                   revision("v3", 20))
+    assert traffic_percents(t) == [("v1", 50), ("v2", 30), ("v3", 20)]
+    sim.call("DELETE", "/apis/apps/v1/namespaces/models/deployments/llama-v3")
+    # 50 + 30 is no valid split: the one in force stays, less v3, whose share
+    # goes to the others in proportion.
+    wait_for(lambda: traffic_percents(t) == [("v1", 63), ("v2", 37)], timeout=5 * SLOW,
+             what=f"v3 out of the split: {traffic_percents(t)}")
+    assert "add up to 80" in status_of(t)["split_error"]
+    _, body = t.admin("/metrics")
+    assert not [ln for ln in body.splitlines()
+                if ln.startswith("thaw_revision_traffic_percent") and 'revision="v3"' in ln]
+    codes = [complete(t).status for _ in range(10)]
+    assert codes == [200] * 10
+    sim.call("DELETE", "/apis/apps/v1/namespaces/models/deployments/llama-v2")
+    # A model's only revision takes all of it, whatever its percent.
+    wait_for(lambda: traffic_percents(t) == [("v1", 100)], timeout=5 * SLOW,
+             what=f"v1 alone: {traffic_percents(t)}")
+    assert status_of(t).get("split_error") is None
+    # A second Deployment naming revision v1: an error, said on both.
+    sim.create_deployment(named(revision("v1", 50), "llama-v1-copy"))
+    wait_for(lambda: "named by two Deployments" in (status_of(t).get("split_error") or ""),
+             timeout=5 * SLOW, what="the duplicate reported")
+    evs = events_by_reason(sim).get("InvalidTrafficSplit", [])
+    assert {"llama-v1", "llama-v1-copy"} <= {e["involvedObject"]["name"] for e in evs}
+    _, body = t.admin("/metrics")
+    assert body.count('thaw_revision_traffic_percent{model="llama"') == 1, body
+    assert complete(t).status == 200
+    t.assert_reconciled()
+
+
+def test_no_rollout_steps_while_the_split_is_invalid(cluster, thaw_factory, tmp_path):
+    sim, t = start(cluster, thaw_factory, tmp_path, revision("v1", 80),
+                   revision("v2", 10, rollout_annotations()), revision("v3", 10))
+    wait_for(lambda: status_of(t).get("split_error"), timeout=5 * SLOW, what="split error")
+    drive(t, lambda: False, 2.5 * SLOW)  # several step intervals with traffic
+    assert "CanaryStepped" not in events_by_reason(sim)
+    assert [annotations(sim, f"llama-{r}")["thaw.dev/traffic-percent"]
+            for r in ("v1", "v2", "v3")] == ["80", "10", "10"]

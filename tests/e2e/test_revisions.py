@@ -81,13 +81,15 @@ def test_tag_reaches_the_canary_only(thaw_factory):
     assert listed()["state"] == "ready" and listed()["replicas"] == 1
     assert complete(t, path="/models/llama@v2/v1/completions").status == 200
     assert complete(t, headers={"Host": "v2-llama.example"}).status == 200
-    assert served(t, "v2") == 3
+    # With the namespace forms the model's own name has (its namespace: default).
+    assert complete(t, headers={"Host": "v2-llama.default.svc"}).status == 200
+    assert served(t, "v2") == 4
     assert status_of(t, "llama@v1")["starts"] == 0  # the stable one stayed at zero
     r = complete(t, headers={"thaw-revision": "v9"})
     assert r.status == 404
     assert json.loads(r.body)["error"]["code"] == "revision_not_found"
     assert complete(t).status == 200  # untagged: the split (all v1)
-    assert served(t, "v1") == 1 and served(t, "v2") == 3
+    assert served(t, "v1") == 1 and served(t, "v2") == 4
     t.assert_reconciled()
 
 
@@ -196,6 +198,11 @@ def test_reload_moves_the_split_and_a_bad_split_is_refused(thaw_factory):
     t = thaw_factory({"models": [model([revision("v1", 90), revision("v2", 10)])]})
     write([revision("v1", 50), revision("v2", 50)])
     hup("success")
+    # The reload's summary counts the model as changed, and says what changed.
+    reloaded = [ln for ln in t.logs().splitlines() if 'msg="configuration reloaded"' in ln]
+    assert "changed=1" in reloaded[-1], reloaded[-1]
+    assert any("model changed by reload" in ln and "model=llama " in ln and "revisions=1" in ln
+               for ln in t.logs().splitlines())
     for _ in range(10):
         assert complete(t).status == 200
     assert served(t, "v1") == 5 and served(t, "v2") == 5

@@ -148,6 +148,26 @@ static void test_fallback_goes_to_the_warm_revision_and_wakes_the_cold_one(void 
     fleet_dispose(&w.f);
 }
 
+/* A canary rolled back to 0% and kept warm is no fallback: the stable
+ * revision, cold, is woken and waited for. */
+static void test_fallback_never_goes_to_a_revision_at_zero(void **state)
+{
+    struct world w;
+    setup_world(&w, 100, 0);
+    w.opts.fallback_to_warm_revision = true;
+    char *names[] = {"v1", "v2"};
+    uint32_t pct[] = {100, 0};
+    model_revisions_set(w.m, names, pct, 2, &w.opts, 0);
+    assert_int_equal(fleet_replica_ready(&w.f, w.v2, "a", "127.0.0.1:9002"), 0);
+    struct model *wake;
+    enum reject_reason why;
+    for (int i = 0; i < 4; i++) {
+        assert_ptr_equal(pick(&w, PLAIN, &wake, &why), w.v1);
+        assert_null(wake);
+    }
+    fleet_dispose(&w.f);
+}
+
 /* n requests finished on m, errors of them failed, each with a first byte
  * after ttfb seconds. */
 static void serve(struct model *m, uint64_t n, uint64_t errors, double ttfb)
@@ -244,6 +264,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pick_split_tag_and_sticky),
         cmocka_unit_test(test_fallback_goes_to_the_warm_revision_and_wakes_the_cold_one),
+        cmocka_unit_test(test_fallback_never_goes_to_a_revision_at_zero),
         cmocka_unit_test(test_rollout_step_then_rollback),
         cmocka_unit_test(test_rollout_promotion),
     };

@@ -471,10 +471,18 @@ void kube_revisions_listed(struct kube_backend *kb);
 /* Each tick: a rollout state held against the cluster is let go once its
  * echo is overdue or this activator no longer leads. */
 void kube_rollout_writes_tick(struct kube_backend *kb);
-/* A config_model name and tag hosts for a revision's own model. */
-void kube_revision_names(const struct k8s_model_spec *sp, struct config_model *cm, char *name,
+/* A config_model name and tag hosts for a revision's own model: the tags of
+ * the model's name and of group_hosts, the hosts of all its revisions
+ * (kube_group_hosts). */
+void kube_revision_names(const struct k8s_model_spec *sp, char *const *group_hosts,
+                         size_t n_group_hosts, struct config_model *cm, char *name,
                          size_t name_len, char *hosts_buf, size_t hosts_len, char **hosts,
                          size_t max_hosts);
+/* The thaw.dev/hosts of every revision of sp's model, sp's as it is now
+ * (its Deployment's object in kb may be older, or not there yet), each once,
+ * into out (copied into buf). Their number. */
+size_t kube_group_hosts(struct kube_backend *kb, const struct k8s_model_spec *sp, char *buf,
+                        size_t buflen, char **out, size_t max);
 void kube_rollout_decided(struct backend *b, struct model *parent,
                           const struct rollout_decision *d);
 bool kube_rollout_leads(struct backend *b);

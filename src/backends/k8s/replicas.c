@@ -270,7 +270,10 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     char *rev_hosts[36];
     if (sp.revision[0]) {
         /* One revision of a model: a model of its own, reached by tag. */
-        kube_revision_names(&sp, &cm, rev_name, sizeof rev_name, rev_hosts_buf,
+        char group_buf[4096];
+        char *group_hosts[32];
+        size_t n = kube_group_hosts(kb, &sp, group_buf, sizeof group_buf, group_hosts, 32);
+        kube_revision_names(&sp, group_hosts, n, &cm, rev_name, sizeof rev_name, rev_hosts_buf,
                             sizeof rev_hosts_buf, rev_hosts, 36);
     }
     bool other_model = km && (strcmp(km->spec.revision, sp.revision) != 0 ||

@@ -33,7 +33,8 @@ static int64_t wall_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void kube_revision_names(const struct k8s_model_spec *sp, struct config_model *cm, char *name,
+void kube_revision_names(const struct k8s_model_spec *sp, char *const *group_hosts,
+                         size_t n_group_hosts, struct config_model *cm, char *name,
                          size_t name_len, char *hosts_buf, size_t hosts_len, char **hosts,
                          size_t max_hosts)
 {
@@ -41,15 +42,15 @@ void kube_revision_names(const struct k8s_model_spec *sp, struct config_model *c
     cm->name = name;
     /* As Knative's tags: "<revision>-<model>", with the namespace forms a
      * model's own name has (".ns", ".ns.svc", ".ns.svc.cluster.local"), and
-     * "<revision>-<host>" for its hosts. */
+     * "<revision>-<host>" for each of the model's hosts (every revision's). */
     static const char *const ns_forms[] = {"", ".%s", ".%s.svc", ".%s.svc.cluster.local"};
     size_t used = 0, n = 0;
-    for (size_t f = 0; f < 4 + cm->n_hosts && n < max_hosts; f++) {
+    for (size_t f = 0; f < 4 + n_group_hosts && n < max_hosts; f++) {
         char suffix[300] = "";
         if (f > 0 && f < 4) {
             snprintf(suffix, sizeof suffix, ns_forms[f], sp->namespace_);
         }
-        const char *base = f < 4 ? sp->name : cm->hosts[f - 4];
+        const char *base = f < 4 ? sp->name : group_hosts[f - 4];
         int w = snprintf(hosts_buf + used, hosts_len - used, "%s-%s%s", sp->revision, base, suffix);
         if (w < 0 || (size_t)w >= hosts_len - used) {
             break;
@@ -117,6 +118,22 @@ static void add_names(const char *list, char *buf, size_t buflen, size_t *used, 
         out[(*n)++] = buf + *used;
         *used += len;
     }
+}
+
+size_t kube_group_hosts(struct kube_backend *kb, const struct k8s_model_spec *sp, char *buf,
+                        size_t buflen, char **out, size_t max)
+{
+    struct members ms = {.ns = sp->namespace_, .name = sp->name};
+    strmap_each(&kb->models, collect_cb, &ms);
+    qsort(ms.km, ms.n, sizeof ms.km[0], member_order);
+    size_t used = 0, n = 0;
+    add_names(sp->hosts, buf, buflen, &used, out, &n, max);
+    for (size_t i = 0; i < ms.n; i++) {
+        if (strcmp(ms.km[i]->spec.deployment, sp->deployment) != 0) {
+            add_names(ms.km[i]->spec.hosts, buf, buflen, &used, out, &n, max);
+        }
+    }
+    return n;
 }
 
 /* The routing entry's names: the model's, and every revision's
@@ -190,7 +207,8 @@ static struct kgroup *group_new(struct kube_backend *kb, const char *key, const 
     return g;
 }
 
-/* The revisions' hosts or aliases changed: the model's routes follow. */
+/* The revisions' hosts or aliases changed: the model's routes follow, and
+ * so do its revisions' tags, made of every revision's hosts. */
 static void group_reroute(struct kgroup *g, const struct members *ms)
 {
     struct config_model cm;
@@ -204,6 +222,17 @@ static void group_reroute(struct kgroup *g, const struct members *ms)
     }
     snprintf(g->names, sizeof g->names, "%s", gn.joined);
     fleet_reroute_model(g->kb->base.fleet, g->m, &cm);
+    for (size_t i = 0; i < ms->n; i++) {
+        struct kmodel *km = ms->km[i];
+        struct config_model rcm;
+        config_model_defaults(&rcm, &g->kb->cfg->limits);
+        rcm.namespace_ = km->spec.namespace_;
+        char name[600], buf[4096];
+        char *hosts[36];
+        kube_revision_names(&km->spec, cm.hosts, cm.n_hosts, &rcm, name, sizeof name, buf,
+                            sizeof buf, hosts, 36);
+        fleet_reroute_model(g->kb->base.fleet, km->m, &rcm);
+    }
 }
 
 static void group_remove(struct kube_backend *kb, struct kgroup *g, const char *why)
@@ -222,8 +251,8 @@ static int split_of(const struct members *ms, bool rollout, uint32_t *pct, char 
         pct[0] = 100 - pct[1];
         return 0;
     }
-    if (ms->n == 1 && !ms->km[0]->spec.traffic_percent_set) {
-        pct[0] = 100;
+    if (ms->n == 1) {
+        pct[0] = 100; /* a model's only revision: all of it, whatever its percent */
         return 0;
     }
     /* KServe's canaryTrafficPercent is the canary's share; the revision that
@@ -378,6 +407,65 @@ void kube_rollout_writes_tick(struct kube_backend *kb)
     }
 }
 
+/* Two Deployments with one revision name: the first of the pair (the
+ * second in *other), or -1. */
+static int duplicate_revision(const struct members *ms, size_t *other)
+{
+    for (size_t i = 0; i < ms->n; i++) {
+        for (size_t j = i + 1; j < ms->n; j++) {
+            if (strcmp(ms->km[i]->spec.revision, ms->km[j]->spec.revision) == 0) {
+                *other = j;
+                return (int)i;
+            }
+        }
+    }
+    return -1;
+}
+
+/* The split in force is kept while the Deployments' is invalid, less the
+ * revisions whose Deployments are gone: their shares go to the others in
+ * proportion (equal shares when those left had none), so no request is
+ * split to a revision that is not there. */
+static void drop_gone_revisions(struct kgroup *g, const struct members *ms)
+{
+    struct model_revisions *rv = g->m->revs;
+    char keep[REVSPLIT_MAX][254];
+    char *names[REVSPLIT_MAX];
+    uint32_t pct[REVSPLIT_MAX];
+    size_t n = 0;
+    uint64_t sum = 0;
+    for (size_t i = 0; rv && i < rv->n; i++) {
+        bool here = false;
+        for (size_t j = 0; j < ms->n && !here; j++) {
+            here = strcmp(ms->km[j]->spec.revision, rv->names[i]) == 0;
+        }
+        if (here) {
+            snprintf(keep[n], sizeof keep[n], "%s", rv->names[i]);
+            names[n] = keep[n];
+            pct[n] = rv->split.percent[i];
+            sum += pct[n++];
+        }
+    }
+    if (!rv || n == rv->n || n == 0) {
+        return;
+    }
+    uint32_t given = 0;
+    size_t largest = 0;
+    for (size_t i = 0; i < n; i++) {
+        pct[i] = sum ? (uint32_t)(pct[i] * 100 / sum) : (uint32_t)(100 / n);
+        given += pct[i];
+        largest = pct[i] > pct[largest] ? i : largest;
+    }
+    pct[largest] += 100 - given;
+    struct config_model opts;
+    group_options(ms, false, &opts);
+    if (model_revisions_set(g->m, names, pct, n, &opts, clock_now_ms())) {
+        LOGE("out of memory setting a model's revisions", "model=%s", g->key);
+    }
+    LOGI("revisions whose Deployments are gone left the split in force", "model=%s namespace=%s",
+         g->name, g->namespace_);
+}
+
 void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *name)
 {
     char key[600];
@@ -397,6 +485,9 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
         return;
     }
     group_reroute(g, &ms);
+    if (kb->deployments_synced < kb->n_ns) {
+        return; /* judged once every Deployment is listed: kube_revisions_listed */
+    }
     char why[400] = "";
     size_t canaries = 0;
     for (size_t i = 0; i < ms.n; i++) {
@@ -404,8 +495,17 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
     }
     bool rollout = canaries == 1 && ms.n == 2;
     uint32_t pct[REVSPLIT_MAX];
+    size_t dup_other = 0;
+    int dup = duplicate_revision(&ms, &dup_other);
     if (ms.too_many) {
         snprintf(why, sizeof why, "more than %d revisions", REVSPLIT_MAX);
+    } else if (dup >= 0) {
+        snprintf(why, sizeof why,
+                 "revision %.63s is named by two Deployments (%.100s and %.100s); each "
+                 "revision needs its own thaw.dev/revision",
+                 ms.km[dup]->spec.revision, ms.km[dup]->spec.deployment,
+                 ms.km[dup_other]->spec.deployment);
+        rollout = false;
     } else if (canaries > 1 || (canaries == 1 && ms.n != 2)) {
         snprintf(why, sizeof why,
                  "thaw.dev/rollout needs exactly two revisions, one of them "
@@ -425,6 +525,14 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
     }
     if (why[0]) {
         report_split_error(g, &ms, why);
+        if (g->m->revs && g->m->revs->rollout) {
+            /* No rollout steps on a split that is not the Deployments': it
+             * starts again from their annotations once they are valid. */
+            g->m->revs->rollout = false;
+            LOGW("rollout paused: the traffic split is invalid", "model=%s namespace=%s",
+                 g->name, g->namespace_);
+        }
+        drop_gone_revisions(g, &ms);
     } else {
         g->error[0] = '\0';
         g->error_reported = false;
@@ -439,7 +547,10 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
         }
     }
     for (size_t i = 0; i < ms.n && g->m->revs; i++) {
-        model_revisions_link(g->m, ms.km[i]->spec.revision, ms.km[i]->m);
+        if (dup < 0 || strcmp(ms.km[i]->spec.revision, ms.km[dup]->spec.revision) != 0 ||
+            (int)i == dup) {
+            model_revisions_link(g->m, ms.km[i]->spec.revision, ms.km[i]->m);
+        }
     }
     if (rollout && !why[0] && !behind) {
         restore_rollout(g, &ms.km[1]->spec);
@@ -447,22 +558,34 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
     fleet_revisions_changed(kb->base.fleet, g->m);
 }
 
-static void report_held_back(void *ud, const char *key, void *value)
+struct group_keys {
+    char (*key)[2][254]; /* namespace, name */
+    size_t n;
+};
+
+static void note_group(void *ud, const char *key, void *value)
 {
+    struct group_keys *gk = ud;
     struct kgroup *g = value;
-    if (g->error[0] && !g->error_reported) {
-        struct members ms = {.ns = g->namespace_, .name = g->name};
-        strmap_each(&g->kb->models, collect_cb, &ms);
-        qsort(ms.km, ms.n, sizeof ms.km[0], member_order);
-        char why[sizeof g->error];
-        snprintf(why, sizeof why, "%s", g->error);
-        report_split_error(g, &ms, why);
-    }
+    snprintf(gk->key[gk->n][0], sizeof gk->key[gk->n][0], "%s", g->namespace_);
+    snprintf(gk->key[gk->n][1], sizeof gk->key[gk->n][1], "%s", g->name);
+    gk->n++;
 }
 
+/* Every Deployment is listed: each model's revisions are judged now, from
+ * all of them (before, a split would depend on the order they came in). */
 void kube_revisions_listed(struct kube_backend *kb)
 {
-    strmap_each(&kb->groups, report_held_back, NULL);
+    struct group_keys gk = {calloc(kb->groups.count + 1, sizeof *gk.key), 0};
+    if (!gk.key) {
+        LOGE("out of memory judging models' revisions", NULL);
+        return;
+    }
+    strmap_each(&kb->groups, note_group, &gk);
+    for (size_t i = 0; i < gk.n; i++) {
+        kube_revisions_sync(kb, gk.key[i][0], gk.key[i][1]); /* may remove a group */
+    }
+    free(gk.key);
 }
 
 /* ---- the rollout's writes ------------------------------------------------- */
