@@ -101,9 +101,9 @@ class Fleet:
 def fleet(pki, tmp_path):
     made = []
 
-    def make(n, kube=None, per=None, **sim_kw):
+    def make(n, kube=None, per=None, autoscaler=None, **sim_kw):
         sim = KubeSim(pki, str(tmp_path), **sim_kw)
-        f = Fleet(sim, tmp_path, n, kube=kube, per=per)
+        f = Fleet(sim, tmp_path, n, autoscaler=autoscaler, kube=kube, per=per)
         made.append(f)
         return f
     yield make
@@ -146,6 +146,9 @@ def test_exactly_one_leader(fleet):
     assert again["spec"]["leaseTransitions"] == lease["spec"]["leaseTransitions"]
     assert leader.metric("thaw_leader") == 1
     assert leader.metric("thaw_peers", state="fresh") == 2
+    # Followers poll no one: none of their peers is stale (an alert on the
+    # sum of stale peers must stay quiet in a healthy fleet).
+    assert sum(t.metric("thaw_peers", state="stale") for t in f.thaws) == 0
 
 
 def test_two_activators_poking_at_zero_scale_up_once(fleet):
@@ -338,6 +341,19 @@ def test_leader_change_keeps_a_warm_model_until_its_idle_timeout(fleet):
              what="to zero 16 s after the last request")
     _, d = f.sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")
     assert d["metadata"]["annotations"].get(LAST_REQUEST)
+
+
+def test_a_new_leader_holds_scale_downs_for_the_models_own_window(fleet):
+    """A leader holds scale-downs for one stable window after taking the lease: the
+    model's (thaw.dev/window: 6s), not the global one (60 s here)."""
+    f = fleet(1, load_ms=50, autoscaler={"tick_ms": 300})
+    leader = f.one_leader()
+    f.sim.create_deployment(deployment(
+        "llama", annotations={"thaw.dev/idle-timeout": "2s", "thaw.dev/window": "6s"}))
+    wait_for(lambda: any(m["name"] == "llama" for m in leader.status()["models"]),
+             what="model seen")
+    assert complete(leader).status == 200
+    wait_for(lambda: spec_replicas(f.sim) == 0, timeout=25, what="to zero")
 
 
 @pytest.mark.timer_heavy

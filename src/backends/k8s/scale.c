@@ -318,10 +318,11 @@ static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_
 {
     struct kube_backend *kb = ud;
     /* A new leader starts from the cluster's replicas and the peers' counts,
-     * not from zero: for one stable window it does not scale anything down. */
-    bool hold_down = now_ms - kb->leader_since_ms < kb->cfg->autoscaler.stable_window_ms;
+     * not from zero: for one stable window (the model's, thaw.dev/window) it
+     * does not scale a model down. */
     for (size_t i = 0; i < n; i++) {
         struct kmodel *km = container_of(sms[i], struct kmodel, sc);
+        bool hold_down = now_ms - kb->leader_since_ms < km->sc.asc.stable_window_ms;
         if (hold_down && km->sc.target < km->sc.current) {
             km->sc.target = km->sc.current;
         }

@@ -581,8 +581,11 @@ void kube_render_metrics(struct backend *b, struct buf *o)
                    "Kubernetes watches that ended and were resumed.", restarts);
     metrics_single(o, "thaw_kubernetes_lists_total", "counter",
                    "Kubernetes lists (the first, and relists after 410 Gone or errors).", relists);
-    unsigned fresh = kb->have_peers ? k8s_peers_count(&kb->peers, true) : 0;
-    unsigned all = kb->have_peers ? k8s_peers_count(&kb->peers, false) : 0;
+    /* Only the leader polls its peers: a follower has none to call stale (an
+     * alert on stale peers would fire on every follower). */
+    bool polls = kb->have_peers && kb->leading;
+    unsigned fresh = polls ? k8s_peers_count(&kb->peers, true) : 0;
+    unsigned all = polls ? k8s_peers_count(&kb->peers, false) : 0;
     metrics_single(o, "thaw_leader", "gauge", "1 while this activator is the leader.",
                    kb->leading ? 1 : 0);
     metrics_help_type(o, "thaw_peers", "gauge",
