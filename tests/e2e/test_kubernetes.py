@@ -480,6 +480,26 @@ def test_api_server_restart_keeps_warm_models_serving(cluster, thaw_factory, tmp
     sim.stop()
 
 
+def test_a_wake_while_the_api_server_is_down_backs_off_and_serves_when_it_is_back(
+        cluster, thaw_factory, tmp_path):
+    state = str(tmp_path / "sim-state.json")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=100, state=state))
+    port = sim.port
+    sim.stop(restart=True)
+    out = {}
+    held = threading.Thread(target=lambda: out.update(r=complete(t, timeout=60)))
+    held.start()
+    time.sleep(8)
+    # The wake is retried with backoff (250 ms doubling, at most 4 s apart,
+    # jittered), not every tick and request: about 5 tries in 8 s, not 16.
+    tries = t.logs().count("scale from zero failed")
+    assert 2 <= tries <= 8, tries
+    sim.start(port=port)
+    held.join(60)
+    assert out["r"].status == 200
+    sim.stop()
+
+
 EXEC_PLUGIN = """#!/bin/sh
 # An exec credential plugin: the token from a file, valid for $VALID_S seconds.
 echo run >> "$RUNS"

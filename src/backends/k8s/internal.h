@@ -132,6 +132,11 @@ struct kmodel {
     int64_t seen_replicas;
     int64_t scale_want; /* -1: nothing wanted */
     unsigned scale_failures;
+    /* Failed wakes (scale from zero) in a row, and when the next may go:
+     * they back off (at most ZERO_RETRY_MAX_MS apart) while the API server
+     * cannot be reached, not one every tick and request. */
+    unsigned zero_failures;
+    uint64_t zero_retry_at_ms;
     struct event scale_retry;
     struct k8s_call *scale_call;
     uint64_t idle_since_ms;

@@ -12,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Held requests wait on a wake: its retries back off, but never so far
+ * that a recovered API server leaves them waiting long. */
+#define ZERO_RETRY_MAX_MS 4000
+
 /* ---- scaling ------------------------------------------------------------- */
 
 static void send_scale(struct kmodel *km);
@@ -131,6 +135,10 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
     struct kmodel *km = ud;
     km->scale_call = NULL;
     km->scale_inflight = false;
+    if (status == 200 || status == 409) {
+        km->zero_failures = 0;
+        km->zero_retry_at_ms = 0;
+    }
     if (status == 200) {
         int64_t to = (int64_t)km->sc.asc.activation_scale;
         km->spec.replicas = to;
@@ -161,8 +169,13 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
         km->kb->scale_errors++;
         snprintf(km->last_scale_error, sizeof km->last_scale_error, "HTTP %ld%s%s", status,
                  err ? ": " : "", err ? err : "");
-        LOGW("scale from zero failed", "model=%s status=%ld error=%s", km->m->name, status,
-             LOG_Q(err ? err : ""));
+        uint64_t ms = k8s_backoff_ms(++km->zero_failures, (double)rand() / ((double)RAND_MAX + 1));
+        if (ms > ZERO_RETRY_MAX_MS) {
+            ms = ZERO_RETRY_MAX_MS;
+        }
+        km->zero_retry_at_ms = clock_now_ms() + ms;
+        LOGW("scale from zero failed", "model=%s status=%ld error=%s retry_in_ms=%llu",
+             km->m->name, status, LOG_Q(err ? err : ""), (unsigned long long)ms);
     }
 }
 
@@ -171,7 +184,8 @@ static void on_scaled_from_zero(void *ud, long status, const char *body, size_t 
  * the others get 409. Any activator may do this; the rest is the leader's. */
 void kube_scale_from_zero(struct kmodel *km)
 {
-    if (km->spec.replicas != 0 || km->scale_inflight || !km->spec.resource_version[0]) {
+    if (km->spec.replicas != 0 || km->scale_inflight || !km->spec.resource_version[0] ||
+        clock_now_ms() < km->zero_retry_at_ms) {
         return;
     }
     char body[200];
