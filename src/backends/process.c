@@ -94,6 +94,7 @@ struct replica {
     /* stop */
     struct event kill_timer;
     bool exited;
+    bool killed_at_exit; /* SIGKILLed as thaw exits, its grace over */
 };
 
 struct proc_model {
@@ -1827,15 +1828,11 @@ static void process_stop(struct backend *b)
         list_remove(n);
         list_push_back(&pb->models, n);
     }
-    uint64_t grace = 0;
     unsigned alive = 0;
     struct list_node *pos, *tmp;
     list_for_each_safe(pos, tmp, &pb->models)
     {
         struct proc_model *pm = container_of(pos, struct proc_model, node);
-        if (pm->stop_grace_ms > grace) {
-            grace = pm->stop_grace_ms;
-        }
         struct list_node *rp, *rt;
         list_for_each_safe(rp, rt, &pm->replicas)
         {
@@ -1846,7 +1843,9 @@ static void process_stop(struct backend *b)
             }
         }
     }
-    uint64_t deadline = clock_now_ms() + grace;
+    /* Each replica has its own model's stop_grace_ms to go. */
+    uint64_t since = clock_now_ms();
+    bool all_killed = false;
     while (alive > 0) {
         int status;
         pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -1861,7 +1860,9 @@ static void process_stop(struct backend *b)
         if (pid < 0 && errno == ECHILD) {
             break;
         }
-        if (clock_now_ms() >= deadline) {
+        if (!all_killed) {
+            uint64_t waited = clock_now_ms() - since;
+            all_killed = true;
             list_for_each_safe(pos, tmp, &pb->models)
             {
                 struct proc_model *pm = container_of(pos, struct proc_model, node);
@@ -1869,14 +1870,19 @@ static void process_stop(struct backend *b)
                 list_for_each_safe(rp, rt, &pm->replicas)
                 {
                     struct replica *r = container_of(rp, struct replica, node);
-                    if (!r->exited) {
-                        LOGW("replica ignored SIGTERM at exit: SIGKILL", "model=%s replica=%s",
-                             pm->m->name, r->id);
-                        kill(-r->pid, SIGKILL);
+                    if (r->exited || r->killed_at_exit) {
+                        continue;
                     }
+                    if (waited < pm->stop_grace_ms) {
+                        all_killed = false;
+                        continue;
+                    }
+                    LOGW("replica ignored SIGTERM at exit: SIGKILL", "model=%s replica=%s",
+                         pm->m->name, r->id);
+                    kill(-r->pid, SIGKILL);
+                    r->killed_at_exit = true;
                 }
             }
-            deadline = UINT64_MAX;
         }
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);

@@ -262,6 +262,23 @@ def test_sigterm_stops_and_reaps_every_child(thaw_factory):
     assert not any(pid_alive(p) for p in pids)
 
 
+def test_at_exit_a_replica_that_ignores_sigterm_gets_its_own_models_grace(thaw_factory):
+    """One model's server ignores SIGTERM (stop_grace_ms 1 s); another's has a
+    long grace but exits at once: thaw exits after about 1 s, not 20."""
+    stubborn = {"name": "stubborn", "min_replicas": 1, "stop_grace_ms": 1000,
+                "startup_timeout_ms": 600000,
+                "command": ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 1; done"]}
+    t = thaw_factory({"models": [stubborn, sim_model("quick", load_ms=50, min_replicas=1,
+                                                     stop_grace_ms=20000)]})
+    wait_for(lambda: len(model_status(t, "stubborn")["processes"]) == 1
+             and model_status(t, "quick")["state"] == "ready", what="both running")
+    began = time.monotonic()
+    assert t.stop() == 0
+    took = time.monotonic() - began
+    assert took < 8, took
+    assert "replica ignored SIGTERM at exit: SIGKILL" in t.logs()
+
+
 def test_children_die_with_thaw_even_on_sigkill():
     t = Thaw({"models": [sim_model(load_ms=50)]})
     try:
