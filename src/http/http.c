@@ -85,8 +85,13 @@ static int on_url(llhttp_t *ll, const char *at, size_t len)
             p->head->method_known = true;
         }
     }
-    p->head->target_len += (uint32_t)len;
-    return append(p, at, len);
+    /* Counted only once kept: a target over the head's limit is refused
+     * with none of it in the head (a log line still reads the target). */
+    int rc = append(p, at, len);
+    if (rc == 0) {
+        p->head->target_len += (uint32_t)len;
+    }
+    return rc;
 }
 
 /* Responses keep their reason phrase where requests keep the target. */
