@@ -137,6 +137,7 @@ struct upstream {
      * the deadline. Moving the deadline later (each read of a stream) is a
      * store; the timer re-arms itself for what is left when it fires early. */
     uint64_t deadline_ms, timer_at_ms;
+    uint64_t heard_ms; /* when the timeout was last pushed back (activity) */
     bool reading_paused;
     bool decode_body;  /* forward decoded body bytes (not raw framing) */
     bool rechunk;      /* ... wrapped in chunked framing */

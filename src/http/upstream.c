@@ -33,6 +33,10 @@ static void check_accepts(struct upstream_ctx *ctx, struct endpoint *ep);
 static void on_check_retry(evutil_socket_t fd, short what, void *arg);
 static void arm_connect_timer(struct upstream *u, uint64_t now);
 
+/* How long an answer under way may be silent before its socket is looked at
+ * (check_silence). */
+#define SILENCE_CHECK_MS 2000
+
 static const char *owner_name(const struct endpoint *ep)
 {
     return ep->model_name ? ep->model_name : "-";
@@ -51,8 +55,32 @@ static void arm_ms(struct upstream *u, uint64_t ms)
 {
     uint64_t now = clock_now_ms();
     u->deadline_ms = now + ms;
-    if (u->timer_at_ms == 0 || u->timer_at_ms > u->deadline_ms) {
-        arm_timer_at(u, now, u->deadline_ms);
+    u->heard_ms = now;
+    uint64_t at = u->deadline_ms;
+    if (u->state == UP_STREAMING && now + SILENCE_CHECK_MS < at) {
+        at = now + SILENCE_CHECK_MS;
+    }
+    if (u->timer_at_ms == 0 || u->timer_at_ms > at) {
+        arm_timer_at(u, now, at);
+    }
+}
+
+/* A replica's reset can come in the same readiness report as its last bytes,
+ * and libevent tells a read callback nothing of it: the short read that took
+ * those bytes looks like any other, and no new edge follows. So an answer
+ * under way that has been silent for SILENCE_CHECK_MS is looked at (one
+ * peek): bytes, an end or an error there are read now. Answers with tokens
+ * coming never pay the system call. */
+static void check_silence(struct upstream *u, uint64_t now)
+{
+    if ((u->state != UP_STREAMING && u->state != UP_WAITING) || u->reading_paused ||
+        now - u->heard_ms < SILENCE_CHECK_MS) {
+        return;
+    }
+    char c;
+    ssize_t n = recv(u->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        event_active(&u->rev, EV_READ, 0);
     }
 }
 
@@ -1178,7 +1206,13 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     u->timer_at_ms = 0;
     uint64_t now = clock_now_ms();
     if (u->deadline_ms > now) {
-        arm_timer_at(u, now, u->deadline_ms); /* activity since it was armed */
+        check_silence(u, now);
+        uint64_t at = u->deadline_ms; /* activity since it was armed */
+        if ((u->state == UP_STREAMING || u->state == UP_WAITING) &&
+            now + SILENCE_CHECK_MS < at) {
+            at = now + SILENCE_CHECK_MS;
+        }
+        arm_timer_at(u, now, at);
         return;
     }
     enter(u);

@@ -446,6 +446,15 @@ def route_reset_mid(conn, req, close):
     return False
 
 
+def route_reset_at_once(conn, req, close):
+    # The head, part of the body and the RST back to back: a proxy may learn of
+    # all three in one readiness report.
+    conn.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+              b"Content-Length: 100\r\n\r\nabc")
+    conn.reset()
+    return False
+
+
 def route_bad_chunk(conn, req, close):
     # Head and the invalid size line in one segment, so a proxy meets both in its first read.
     conn.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -504,6 +513,7 @@ BUILTIN = {
     "/stream": route_stream,
     "/reset": route_reset,
     "/reset-mid": route_reset_mid,
+    "/reset-at-once": route_reset_at_once,
     "/bad-chunk": route_bad_chunk,
     "/upgrade": route_upgrade,
     "/trickle": route_trickle,

@@ -299,6 +299,44 @@ def test_reset_on_a_fresh_connection_is_not_retried(thaw_factory, raw_upstream_f
     t.assert_reconciled()
 
 
+def test_a_reset_right_behind_the_answers_first_bytes_ends_the_client_connection(
+        thaw_factory, raw_upstream_factory):
+    """The replica sends a head and 3 of 100 bytes and resets at once: thaw may
+    learn of the bytes and the reset in one readiness report. Every client's
+    connection still ends (a truncated body), within seconds, and nothing
+    stays in flight."""
+    up = raw_upstream_factory()
+    t = thaw_factory({"models": [static_model(up, max_concurrency=64)]})
+    socks = []
+    for _ in range(40):
+        s = t.connect(timeout=10)
+        s.sendall(b"GET /reset-at-once HTTP/1.1\r\nHost: llama\r\n\r\n"
+                  b"GET /ok HTTP/1.1\r\nHost: llama\r\n\r\n")
+        socks.append(s)
+        time.sleep(0.05)
+    deadline = time.monotonic() + 6
+    open_ones = list(socks)
+    while open_ones and time.monotonic() < deadline:
+        still = []
+        for s in open_ones:
+            s.setblocking(False)
+            try:
+                while s.recv(65536):
+                    pass
+            except BlockingIOError:
+                still.append(s)
+            except ConnectionResetError:
+                pass
+        open_ones = still
+        time.sleep(0.1)
+    for s in socks:
+        s.close()
+    assert not open_ones, f"{len(open_ones)} of {len(socks)} clients still wait for the body"
+    wait_for(lambda: t.metric("thaw_requests_inflight") == 0, timeout=5, what="nothing in flight")
+    assert t.metric("thaw_requests_aborted_total") == len(socks)
+    t.assert_reconciled()
+
+
 def test_bad_chunk_in_the_first_read_is_a_502(thaw_factory, raw_upstream_factory):
     """Broken framing in the replica's first bytes: nothing reached the
     client yet, so it gets a clean 502, not an empty close."""
