@@ -77,6 +77,14 @@ static int on_message_begin(llhttp_t *ll)
 static int on_url(llhttp_t *ll, const char *at, size_t len)
 {
     struct http_parser *p = P(ll);
+    /* llhttp lets a TAB or a form feed through in a target: a replica that
+     * splits its request line on any white space would read another one. */
+    for (size_t i = 0; ll->type == HTTP_REQUEST && i < len; i++) {
+        unsigned char c = (unsigned char)at[i];
+        if (c <= 0x20 || c == 0x7f) {
+            return fail_why(p, HTTP_ERR_BAD_REQUEST, "a control byte in the request target");
+        }
+    }
     if (p->head->target_len == 0) {
         p->head->target_off = (uint32_t)p->head->bytes.len;
         /* The target starts after the method: it is known from here on. */
@@ -583,12 +591,21 @@ const char *http_parser_error_text(const struct http_parser *p)
     if (p->why) {
         return p->why;
     }
-    if (p->error == HTTP_ERR_HEAD_TOO_LARGE) {
+    switch (p->error) {
+    case HTTP_ERR_HEAD_TOO_LARGE:
         return "the header block is over the limit";
+    case HTTP_ERR_TOO_MANY_HEADERS:
+        return "more headers than the limit";
+    case HTTP_ERR_BODY_TOO_LARGE:
+        return "the body is over the limit";
+    case HTTP_ERR_NO_MEMORY:
+        return "out of memory";
+    default:
+        break;
     }
     /* llhttp's reasons are fixed strings ("Invalid header value char"). */
     const char *r = llhttp_get_error_reason(&p->ll);
-    return r ? r : "";
+    return r && *r ? r : "malformed";
 }
 
 enum http_event http_parser_finish(struct http_parser *p)

@@ -156,6 +156,16 @@ static enum http_error error_of(const char *req)
     return e;
 }
 
+/* What a log line says of the refusal of req: never empty. */
+static void assert_error_text(const char *req, const char *want)
+{
+    struct ctx c;
+    ctx_init(&c, HTTP_REQUEST);
+    assert_int_equal(feed(&c, req, strlen(req), 4096, NULL, NULL), HTTP_EV_ERROR);
+    assert_string_equal(http_parser_error_text(&c.p), want);
+    ctx_dispose(&c);
+}
+
 static void test_strict_rejections(void **state)
 {
     assert_int_equal(error_of("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n"
@@ -198,6 +208,10 @@ static void test_strict_rejections(void **state)
     snprintf(ext + n, sizeof ext - (size_t)n, "0\r\n\r\n");
     assert_int_equal(error_of(ext), HTTP_ERR_BAD_CHUNK);
     assert_int_equal(error_of(" GET / HTTP/1.1\r\n\r\n"), HTTP_ERR_BAD_REQUEST);
+    /* Control bytes in the target (llhttp lets TAB and FF through). */
+    assert_int_equal(error_of("GET /a\tb HTTP/1.1\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_REQUEST);
+    assert_int_equal(error_of("GET /a\fb HTTP/1.1\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_REQUEST);
+    assert_int_equal(error_of("GET /a\x7f HTTP/1.1\r\nHost: h\r\n\r\n"), HTTP_ERR_BAD_REQUEST);
 }
 
 static void test_limits(void **state)
@@ -209,6 +223,11 @@ static void test_limits(void **state)
     assert_int_equal(error_of("GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\nF: 1\r\n"
                               "G: 1\r\nH: 1\r\nI: 1\r\n\r\n"),
                      HTTP_ERR_TOO_MANY_HEADERS);
+    assert_error_text("GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\nF: 1\r\n"
+                      "G: 1\r\nH: 1\r\nI: 1\r\n\r\n",
+                      "more headers than the limit");
+    assert_error_text("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 101\r\n\r\n",
+                      "the body is over the limit");
     assert_int_equal(error_of("GET / HTTP/1.1\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\nF: 1\r\n"
                               "G: 1\r\nH: 1\r\n\r\n"),
                      HTTP_ERR_NONE);
