@@ -455,6 +455,14 @@ static enum route_status scan_json(struct runtime *rt, struct request *r, bool a
         size_t len;
         const char *name = jsonscan_model(scan, &len);
         note_asked_model(r, name, len);
+    } else if (st == ROUTE_NOT_FOUND && js == JSONSCAN_MODEL_TOO_LONG) {
+        /* Longer than any name: named by its start, so the answer still
+         * says which field was at fault. */
+        size_t len;
+        const char *name = jsonscan_model(scan, &len);
+        char start[80];
+        int n = snprintf(start, sizeof start, "%.64s...", name);
+        note_asked_model(r, start, n > 0 ? (size_t)n : 0);
     }
     return st;
 }

@@ -93,6 +93,12 @@ def test_unknown_model_is_404_json_and_lists_nothing(thaw):
     err = r.json()["error"]
     assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error"
     assert "llama" not in r.body.decode()
+    # A name longer than any model's (256 bytes) is still named, by its start.
+    r = httpc.request(thaw.host, thaw.port, "POST", "/v1/completions", {},
+                      json.dumps({"model": "x" * 300}).encode())
+    err = r.json()["error"]
+    assert r.status == 404 and err["param"] == "model", err
+    assert err["message"].startswith("The model `" + "x" * 64 + "...`"), err
     r = get(thaw, "/somewhere")
     assert r.status == 404 and r.header("content-type") == "application/json"
 
