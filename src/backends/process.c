@@ -661,6 +661,9 @@ static struct endpoint *replica_endpoint(struct replica *r)
 static void replica_drain(struct replica *r, const char *why)
 {
     struct proc_model *pm = r->pm;
+    if (r->state == R_DRAINING || r->state == R_STOPPING) {
+        return; /* on its way out already (a second reload): its drain stands */
+    }
     if (r->state != R_READY) {
         replica_stop(r, why);
         return;

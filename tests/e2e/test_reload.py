@@ -224,6 +224,32 @@ def test_process_model_with_a_new_command_gets_a_new_replica_after_the_old_drain
     t.assert_reconciled()
 
 
+def test_a_second_reload_leaves_a_draining_replicas_stream_alone(thaw_factory, upstream):
+    """The first reload replaces the model's process (it drains a stream); a
+    second one changes the command again, then a third removes the model: the
+    stream on the draining process runs to its end. The server is the asyncio
+    counterpart, which stops at once on SIGTERM."""
+    from test_upstream_faults import counterpart_model
+
+    def model(tokens, delay_ms):
+        return counterpart_model("asyncio_server.py", "llama", "--tokens", str(tokens),
+                                 "--token-delay-ms", str(delay_ms), min_replicas=1)
+    t = thaw_factory({"models": [model(30, 50), static_model(upstream, name="static")]})
+    wait_for(lambda: model_status(t)["replicas_ready"] == 1, timeout=20 * SLOW, what="ready")
+    stream = Background(lambda: complete(t, stream=True))
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="llama") == 1, what="stream started")
+    for tokens in (3, 4):
+        write_config(t, {"models": [model(tokens, 1), static_model(upstream, name="static")]})
+        hup(t)
+        time.sleep(0.2)
+    write_config(t, {"models": [static_model(upstream, name="static")]})
+    hup(t)
+    s = stream.join()
+    assert not isinstance(s, Exception), s
+    assert s.status == 200 and s.body.rstrip().endswith(b"data: [DONE]"), s.body[-200:]
+    t.assert_reconciled()
+
+
 def test_removed_process_model_stops_its_process_after_draining(thaw_factory, upstream):
     t = thaw_factory({"models": [sim_model(tokens=20, token_ms=50, min_replicas=1),
                                  static_model(upstream, name="static")]})
