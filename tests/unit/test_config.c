@@ -549,9 +549,13 @@ static void test_revisions(void **state)
     assert_int_equal(v1->n_command, 1);
     assert_int_equal(v2->max_concurrency, 2);
     assert_int_equal(v2->n_endpoints, 1);
-    assert_int_equal(v2->n_hosts, 2);
+    /* The tags: the model's name with its namespace's forms, then its hosts. */
+    assert_int_equal(v2->n_hosts, 5);
     assert_string_equal(v2->hosts[0], "v2-m");
-    assert_string_equal(v2->hosts[1], "v2-m.example");
+    assert_string_equal(v2->hosts[1], "v2-m.default");
+    assert_string_equal(v2->hosts[2], "v2-m.default.svc");
+    assert_string_equal(v2->hosts[3], "v2-m.default.svc.cluster.local");
+    assert_string_equal(v2->hosts[4], "v2-m.example");
     assert_null(v2->sticky_header);
     assert_false(v2->rollout.enabled);
     config_free(cfg);
