@@ -494,6 +494,8 @@ def test_a_wake_while_the_api_server_is_down_backs_off_and_serves_when_it_is_bac
     # jittered), not every tick and request: about 5 tries in 8 s, not 16.
     tries = t.logs().count("scale from zero failed")
     assert 2 <= tries <= 8, tries
+    # The wake is on its way as far as thaw can tell (documented so).
+    assert kmodel(t)["state"] == "scaling_up"
     sim.start(port=port)
     held.join(60)
     assert out["r"].status == 200

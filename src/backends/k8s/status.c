@@ -239,8 +239,10 @@ void kube_describe(struct backend *b, struct model *m, cJSON *out)
                         /* held requests, and the plan denied the wake (GPU memory) */
                         : m->queue.count > 0 && strcmp(km->sc.last_action, "deny") == 0
                             ? "waiting_for_capacity"
-                        : km->scale_inflight ? "scaling_up"
-                                             : "scaled_to_zero";
+                        /* a wake on its way, or failed and retried while requests wait */
+                        : km->scale_inflight || (km->zero_failures && m->queue.count > 0)
+                            ? "scaling_up"
+                            : "scaled_to_zero";
     cJSON_AddStringToObject(out, "state", state);
 }
 
