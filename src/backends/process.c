@@ -82,6 +82,7 @@ struct replica {
     uint64_t drain_until_ms;   /* R_DRAINING: stopped then even if busy */
     char id[48];
     uint64_t started_ms;
+    uint64_t ready_ms; /* when it answered its health check first */
     struct cs_timeline phases; /* spawn -> listening (load) -> healthy (health) */
     /* output capture */
     int out_fd;
@@ -123,6 +124,7 @@ struct proc_model {
     bool retired; /* its model was removed: freed once its replicas are gone */
     uint64_t idle_since_ms;
     unsigned failures;
+    unsigned quick_crashes; /* replicas in a row that crashed soon after ready */
     uint64_t backoff_until_ms;
     bool waiting_for_capacity;
     bool poked;
@@ -225,6 +227,10 @@ static void log_last_lines(struct replica *r)
         LOGW("model log", "model=%s replica=%s line=%s", r->pm->m->name, r->id, q);
     }
 }
+
+/* A replica gone sooner than this after it became ready crashed in a loop
+ * (a bad weight file, an out-of-memory at the first batch). */
+#define CRASH_LOOP_MS 10000
 
 /* ---- spawning ---------------------------------------------------------- */
 
@@ -572,6 +578,7 @@ static void became_ready(struct replica *r, int conn_fd)
     struct proc_model *pm = r->pm;
     uint64_t now = clock_now_ms();
     r->state = R_READY;
+    r->ready_ms = now;
     pm->n_starting--;
     pm->n_ready++;
     pm->failures = 0;
@@ -1444,15 +1451,26 @@ static void reaped(struct process_backend *pb, pid_t pid, int status)
         replica_free(r);
         break;
     }
-    case R_READY:
+    case R_READY: {
         pm->n_ready--;
         pm->crashes++;
-        LOGW("replica crashed while serving", "model=%s replica=%s how=\"%s\"", pm->m->name,
-             r->id, how);
+        /* A crash loop (ready, then gone within CRASH_LOOP_MS, again and
+         * again) backs off as failed starts do, not restarted at once. */
+        uint64_t now = clock_now_ms(), backoff = 0;
+        if (now - r->ready_ms < CRASH_LOOP_MS) {
+            backoff = procplan_restart_backoff_ms(++pm->quick_crashes);
+            pm->backoff_until_ms = now + backoff;
+        } else {
+            pm->quick_crashes = 0;
+        }
+        LOGW("replica crashed while serving",
+             "model=%s replica=%s how=\"%s\" ready_for_ms=%llu restart_in_ms=%llu", pm->m->name,
+             r->id, how, (unsigned long long)(now - r->ready_ms), (unsigned long long)backoff);
         log_last_lines(r);
         fleet_replica_gone(pm->m->fleet, pm->m, r->id, how);
         replica_free(r);
         break;
+    }
     case R_DRAINING:
         pm->n_draining--;
         LOGW("replica exited while draining", "model=%s replica=%s how=\"%s\"", pm->m->name,

@@ -844,7 +844,9 @@ static void place(struct runtime *rt, struct request *r)
             return;
         }
         if (rc == -EAGAIN) {
-            conn_reject(r->conn, REJECT_START_FAILED, "restarting after a failed start");
+            conn_reject(r->conn, REJECT_START_FAILED,
+                        "backing off before its next start (it failed to start, or "
+                        "crashed soon after)");
             return;
         }
     }

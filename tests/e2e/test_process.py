@@ -161,6 +161,24 @@ def test_startup_timeout_answers_503_and_kills_the_process(thaw_factory):
     t.assert_reconciled()
 
 
+def test_a_server_that_crashes_soon_after_ready_is_restarted_with_backoff(thaw_factory):
+    """Each replica crashes in its first request (within 10 s of ready): a crash
+    loop. Starts back off (1 s, 2 s, ...) instead of one per request, and
+    requests meanwhile get 503 saying why."""
+    t = thaw_factory({"models": [sim_model(load_ms=50, extra=("--crash-after", "1"))]})
+    codes = []
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        codes.append(complete(t).status)
+        time.sleep(0.05)
+    starts = model_status(t)["starts"]
+    assert starts <= 3, (starts, codes)
+    # Each replica took one request and crashed in it (the last may be starting still).
+    assert 503 in codes and starts - 1 <= codes.count(502) <= starts, (starts, codes)
+    assert "restart_in_ms=1000" in t.logs()
+    t.assert_reconciled()
+
+
 def test_crash_mid_stream_aborts_it_and_held_requests_get_the_next_replica(thaw_factory):
     t = thaw_factory({"models": [sim_model(load_ms=200, token_ms=50, tokens=10,
                                            extra=("--crash-after", "1"), max_concurrency=1)]})
