@@ -313,6 +313,9 @@ void server_begin_drain(struct server *srv)
     }
     srv->rt.net.draining = true;
     listener_close(&srv->proxy_l);
+    if (srv->process_backend && srv->process_backend->ops->draining) {
+        srv->process_backend->ops->draining(srv->process_backend);
+    }
     /* The admin port stays up so /readyz can say "draining". */
     struct list_node *pos, *tmp;
     list_for_each_safe(pos, tmp, &srv->rt.net.conns)

@@ -57,7 +57,8 @@ struct backend_ops {
     /* This activator's per-model demand for its peers (GET /demand on the
      * admin port). NULL: the backend has no peers; the path is a 404. */
     void (*demand)(struct backend *b, cJSON *out);
-    /* Stops everything the backend started; called once, at exit. */
+    /* Optional: thaw drains to exit; nothing new is started from now on. */
+    void (*draining)(struct backend *b);
     /* Optional: a rollout step, promotion or rollback of parent's canary
      * was applied; keep it where a restarted activator finds it. */
     void (*rollout_decided)(struct backend *b, struct model *parent,
@@ -65,6 +66,7 @@ struct backend_ops {
     /* Optional: whether this activator decides rollouts (the leader);
      * NULL: it does. */
     bool (*rollout_leads)(struct backend *b);
+    /* Stops everything the backend started; called once, at exit. */
     void (*stop)(struct backend *b);
     void (*free)(struct backend *b);
 };

@@ -152,6 +152,7 @@ struct process_backend {
     const struct config *cfg;
     struct scale_driver driver;
     bool stopping;
+    bool draining; /* thaw drains to exit: no replica is started any more */
 };
 
 static struct process_backend *PB(struct backend *b)
@@ -359,6 +360,9 @@ static bool over_slice_cap(const struct process_backend *pb, unsigned slices)
 static int replica_start(struct proc_model *pm)
 {
     struct process_backend *pb = pm->pb;
+    if (pb->draining) {
+        return -ESHUTDOWN; /* a model server's load outlasts the drain */
+    }
     int gpu = -1;
     if (pm->gpu_slices > 0 || pm->mig_profile) {
         struct gpu_need need = {pm->mig_profile ? 1 : pm->gpu_slices, pm->gpu_memory_bytes,
@@ -1953,6 +1957,11 @@ static void process_free(struct backend *b)
 static int process_check_config(struct backend *b, const struct config *cfg, char *err,
                                 size_t errlen);
 
+static void process_draining(struct backend *b)
+{
+    PB(b)->draining = true;
+}
+
 static const struct backend_ops process_ops = {
     .name = "process",
     .attach = process_attach,
@@ -1964,6 +1973,7 @@ static const struct backend_ops process_ops = {
     .retire = process_retire,
     .set_config = process_set_config,
     .check_config = process_check_config,
+    .draining = process_draining,
     .stop = process_stop,
     .free = process_free,
 };

@@ -297,6 +297,28 @@ def test_at_exit_a_replica_that_ignores_sigterm_gets_its_own_models_grace(thaw_f
     assert "replica ignored SIGTERM at exit: SIGKILL" in t.logs()
 
 
+def test_no_model_server_is_started_while_thaw_drains_to_exit(thaw_factory):
+    """SIGTERM while a stream keeps the drain going; another model's replica
+    (min_replicas 1) dies meanwhile: it is not started again by a process
+    that is exiting."""
+    t = thaw_factory({"limits": {"drain_timeout_ms": 10000},
+                      "models": [sim_model("a", load_ms=50, tokens=40, token_ms=50),
+                                 sim_model("b", load_ms=50, min_replicas=1)]})
+    wait_for(lambda: model_status(t, "b")["state"] == "ready", what="b ready")
+    b_pid = model_status(t, "b")["processes"][0]["pid"]
+    out = {}
+    stream = threading.Thread(target=lambda: out.update(r=complete(t, "a", stream=True)))
+    stream.start()
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="a") == 1, what="stream going")
+    t.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    os.kill(b_pid, signal.SIGKILL)
+    stream.join(30)
+    assert t.proc.wait(30) == 0
+    assert out["r"].status == 200
+    assert t.logs().count('msg="starting replica" model=b ') == 1, t.logs()
+
+
 def test_children_die_with_thaw_even_on_sigkill():
     t = Thaw({"models": [sim_model(load_ms=50)]})
     try:
