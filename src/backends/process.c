@@ -83,6 +83,7 @@ struct replica {
     char id[48];
     uint64_t started_ms;
     uint64_t ready_ms; /* when it answered its health check first */
+    bool wake_waits;   /* asleep, wanted, its GPU's memory held by a busy replica */
     struct cs_timeline phases; /* spawn -> listening (load) -> healthy (health) */
     /* output capture */
     int out_fd;
@@ -955,8 +956,10 @@ static bool memory_fits_back(const struct replica *r)
 
 /* Wakes an asleep replica: takes its memory back and sends /wake_up. When
  * its GPU's memory is taken meanwhile, idle replicas there are put to sleep
- * for it (it waits), or, with none, it is stopped and a cold start places a
- * new one where there is room. */
+ * for it (it waits); with none idle now, it is stopped for a cold start only
+ * where another GPU has room for one, else it waits for the replica that
+ * holds the memory to sleep or stop (a wake is seconds, a cold start
+ * minutes). */
 static void replica_wake(struct replica *r)
 {
     struct proc_model *pm = r->pm;
@@ -969,8 +972,19 @@ static void replica_wake(struct replica *r)
         if (sleep_for_memory(pb, &need, pm->m, r->gpu)) {
             return; /* woken when that memory is free (the tick asks again) */
         }
+        struct gpu_need cold = {pm->mig_profile ? 1 : pm->gpu_slices, pm->gpu_memory_bytes,
+                                pm->mig_profile};
+        int elsewhere = procplan_gpu_place(pb->gpus, pb->n_gpus, &cold);
+        if (elsewhere < 0 || elsewhere == r->gpu) {
+            if (!r->wake_waits) {
+                r->wake_waits = true;
+                LOGI("waiting for GPU memory to wake into", "model=%s replica=%s gpu=%d",
+                     pm->m->name, r->id, r->gpu);
+            }
+            return; /* the tick asks again */
+        }
         LOGW("no GPU memory to wake into: stopping the replica for a cold start",
-             "model=%s replica=%s", pm->m->name, r->id);
+             "model=%s replica=%s on_gpu=%d", pm->m->name, r->id, elsewhere);
         pm->m->stats.wake_failures++;
         replica_stop(r, "no GPU memory to wake into");
         plan_all(pb);
@@ -989,6 +1003,7 @@ static void replica_wake(struct replica *r)
         return;
     }
     take_memory(r, true);
+    r->wake_waits = false;
     pm->n_asleep--;
     r->state = R_WAKING;
     pm->n_waking++;

@@ -8,6 +8,7 @@ either call fall back to stopping the replica, or to a cold start.
 """
 
 import json
+import threading
 import time
 import urllib.request
 
@@ -104,6 +105,32 @@ def test_memory_needed_by_another_model_puts_an_idle_replica_to_sleep(thaw_facto
     assert gpu(t)["memory_used"] == 14 * GB
     assert sleep_events(t, "a", "wake") == 1 and sleep_events(t, "b", "sleep") == 1
     assert model_status(t, "a")["starts"] == 1
+    t.assert_reconciled()
+
+
+def test_a_wake_waits_for_the_busy_replica_holding_its_memory(thaw_factory):
+    # As above, but b is streaming when a request for asleep a comes: a is not
+    # stopped for a cold start (no other GPU has room); it waits until b is
+    # idle and asleep, then wakes (a wake, not a second cold start).
+    models = [sleepy("a", load_ms=300, idle_before_sleep_ms=0, gpu_memory_bytes=14 * GB),
+              sleepy("b", load_ms=300, idle_before_sleep_ms=0, gpu_memory_bytes=14 * GB,
+                     tokens=30, token_ms=50)]
+    t = thaw_factory({"gpus": [{"id": 0, "slices": 4, "memory_bytes": 24 * GB}],
+                      "models": models})
+    assert complete(t, "a").status == 200
+    a_pid = model_status(t, "a")["processes"][0]["pid"]
+    out = {}
+    stream = threading.Thread(target=lambda: out.update(r=complete(t, "b", stream=True)))
+    stream.start()
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="b") == 1, what="b streaming")
+    assert model_status(t, "a")["state"] == "sleeping"
+    r = complete(t, "a")
+    stream.join(30)
+    assert r.status == 200 and out["r"].status == 200
+    assert model_status(t, "a")["processes"][0]["pid"] == a_pid
+    assert model_status(t, "a")["starts"] == 1
+    assert sleep_events(t, "a", "wake") == 1
+    assert "stopping the replica for a cold start" not in t.logs()
     t.assert_reconciled()
 
 
