@@ -501,6 +501,18 @@ void reload_from_file(struct server *srv)
             return;
         }
     }
+    long over = tenants_first_over(&srv->rt.tenants, &next->tenants);
+    if (over >= 0) {
+        /* Checked before anything is applied, so the reload stays whole. */
+        snprintf(err.msg, sizeof err.msg,
+                 "%s:%d: tenants.list[%ld].name: one tenant name too many for this process "
+                 "(at most %d names over its life, as metric labels; restart thaw to count "
+                 "again)",
+                 next->path, next->tenants.list[over].line, over, TENANTS_MAX_IDS);
+        config_free(next);
+        record_failure(srv, err.msg);
+        return;
+    }
     reload_apply(srv, next);
     struct reload_status *st = &srv->rt.reload;
     st->succeeded++;

@@ -74,6 +74,10 @@ void tenants_dispose(struct tenants *ts);
 /* Makes the registry match cfg (see above). On failure (-ENOMEM, or -ENOSPC
  * past TENANTS_MAX_IDS) nothing changed. */
 int tenants_apply(struct tenants *ts, const struct config_tenants *cfg);
+/* Whether cfg's names fit in what is left of TENANTS_MAX_IDS (names ever
+ * configured in this process): -1, or the index of the first tenant of cfg
+ * that would pass it. */
+long tenants_first_over(const struct tenants *ts, const struct config_tenants *cfg);
 
 /* SHA-256 of key[0..len). */
 void tenant_hash_key(const char *key, size_t len, unsigned char out[TENANT_DIGEST_BYTES]);

@@ -1,6 +1,7 @@
 #include "thaw/config.h"
 #include "thaw/jsonpos.h"
 #include "thaw/jsonscan.h"
+#include "thaw/strmap.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -1155,27 +1156,41 @@ static const struct section tenant_section = SECTION(tenant_keys, tenant_finish)
 static const struct conf_key default_tenant_keys[] = {TENANT_CAP_KEYS};
 static const struct section default_tenant_section = SECTION(default_tenant_keys, NULL);
 
+/* The tenants seen so far, by name and by key (lower case: a key is hex). */
+struct tenants_seen {
+    struct strmap names, keys;
+};
+
 /* Names and keys are unique across tenants: a key that named two tenants
- * would be a configuration mistake that charges one tenant for the other. */
+ * would be a configuration mistake that charges one tenant for the other.
+ * Looked up, not compared pairwise: 1000 tenants of 64 keys each are 64,000. */
 static int check_tenant_unique(struct parser *p, const cJSON *elem, const char *prefix,
-                               const struct config_tenants *ts, size_t i)
+                               struct config_tenant *t, struct tenants_seen *seen)
 {
-    const struct config_tenant *t = &ts->list[i];
-    for (size_t j = 0; j < i; j++) {
-        const struct config_tenant *o = &ts->list[j];
-        if (strcmp(o->name, t->name) == 0) {
-            return fail(p, cJSON_GetObjectItemCaseSensitive(elem, "name"), prefix,
-                        "tenant \"%s\" is already defined at line %d", t->name, o->line);
+    const struct config_tenant *o = strmap_get(&seen->names, t->name, strlen(t->name));
+    if (o) {
+        return fail(p, cJSON_GetObjectItemCaseSensitive(elem, "name"), prefix,
+                    "tenant \"%s\" is already defined at line %d", t->name, o->line);
+    }
+    if (strmap_put(&seen->names, t->name, strlen(t->name), t)) {
+        return fail(p, elem, prefix, "out of memory");
+    }
+    for (size_t a = 0; a < t->n_api_keys; a++) {
+        char low[128];
+        size_t len = strlen(t->api_keys[a]);
+        for (size_t c = 0; c < len && c < sizeof low; c++) {
+            low[c] = (char)tolower((unsigned char)t->api_keys[a][c]);
         }
-        for (size_t a = 0; a < t->n_api_keys; a++) {
-            for (size_t b = 0; b < o->n_api_keys; b++) {
-                if (strcasecmp(t->api_keys[a], o->api_keys[b]) == 0) {
-                    char path[300];
-                    snprintf(path, sizeof path, "%sapi_keys[%zu]", prefix, a);
-                    return fail(p, elem, path, "the same key is given to tenant \"%s\" (line %d)",
-                                o->name, o->line);
-                }
-            }
+        len = len < sizeof low ? len : sizeof low; /* a checked key is 71 bytes */
+        o = strmap_get(&seen->keys, low, len);
+        if (o) {
+            char path[300];
+            snprintf(path, sizeof path, "%sapi_keys[%zu]", prefix, a);
+            return fail(p, elem, path, "the same key is given to tenant \"%s\" (line %d)",
+                        o->name, o->line);
+        }
+        if (strmap_put(&seen->keys, low, len, t)) {
+            return fail(p, elem, prefix, "out of memory");
         }
     }
     return 0;
@@ -1195,8 +1210,12 @@ static int parse_tenant_list(struct parser *p, const cJSON *arr, const char *pat
     if (!ts->list) {
         return fail(p, arr, path, "out of memory");
     }
+    struct tenants_seen seen;
+    strmap_init(&seen.names);
+    strmap_init(&seen.keys);
     size_t i = 0;
-    for (const cJSON *e = arr->child; e; e = e->next, i++) {
+    int rc = 0;
+    for (const cJSON *e = arr->child; e && !rc; e = e->next, i++) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "tenants.list[%zu].", i);
         struct config_tenant *t = &ts->list[i];
@@ -1204,17 +1223,17 @@ static int parse_tenant_list(struct parser *p, const cJSON *arr, const char *pat
         set_defaults(&tenant_section, t, false);
         t->line = jsonpos_line(&p->pos, e);
         if (!cJSON_IsObject(e)) {
-            return fail(p, e, prefix, "must be an object");
+            rc = fail(p, e, prefix, "must be an object");
+            break;
         }
-        int rc = parse_section(p, &tenant_section, e, prefix, t);
+        rc = parse_section(p, &tenant_section, e, prefix, t);
         if (!rc) {
-            rc = check_tenant_unique(p, e, prefix, ts, i);
-        }
-        if (rc) {
-            return rc;
+            rc = check_tenant_unique(p, e, prefix, t, &seen);
         }
     }
-    return 0;
+    strmap_dispose(&seen.names);
+    strmap_dispose(&seen.keys);
+    return rc;
 }
 
 static const char *const tenants_source_kinds[] = {"", "secret", "configmap"};

@@ -71,7 +71,9 @@ void runtime_apply_config(struct runtime *rt)
     bool from_source = cfg->tenants.source.kind != TENANTS_SOURCE_NONE && rt->source_loaded;
     int rc = tenants_apply(&rt->tenants, from_source ? &rt->source_tenants : &cfg->tenants);
     if (rc) {
-        LOGE("tenants not applied; keeping the running ones", "error=\"%s\"", strerror(-rc));
+        LOGE("tenants not applied; keeping the running ones", "error=\"%s\"",
+             rc == -ENOSPC ? "more than 4096 tenant names over this process's life"
+                           : strerror(-rc));
     }
 }
 

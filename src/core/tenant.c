@@ -249,6 +249,17 @@ static int stage(const struct tenants *ts, const struct config_tenants *cfg, str
     return 0;
 }
 
+long tenants_first_over(const struct tenants *ts, const struct config_tenants *cfg)
+{
+    size_t n = ts->n;
+    for (size_t i = 0; i < cfg->n_list; i++) {
+        if (!find_any(ts, cfg->list[i].name) && ++n > TENANTS_MAX_IDS) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
 int tenants_apply(struct tenants *ts, const struct config_tenants *cfg)
 {
     struct staged s = {0};

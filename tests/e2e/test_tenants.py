@@ -115,6 +115,66 @@ def test_fair_share_small_tenant_is_not_starved_by_a_burst(thaw_factory, upstrea
     t.assert_reconciled()
 
 
+def test_a_reload_at_the_tenant_limits_does_not_stall_the_loop(thaw_factory, upstream):
+    """1000 tenants of 64 keys each (the documented limits): a reload checks
+    their keys are unique without comparing every pair (that took 10 s here,
+    with nothing proxied and /healthz silent meanwhile)."""
+    def tenants(gen):
+        return {"required": True, "list": [
+            {"name": f"t{i}", "api_keys": [digest(f"key-{gen}-{i}-{k}") for k in range(64)]}
+            for i in range(1000)]}
+    t = thaw_factory({"tenants": tenants(0), "models": [model(upstream)]})
+    cfg = json.load(open(t.config_path))
+    cfg["tenants"] = tenants(1)
+    with open(t.config_path, "w") as f:
+        json.dump(cfg, f)
+    t.proc.send_signal(signal.SIGHUP)
+    start = time.monotonic()
+    r = get(t, "/echo", key="key-1-999-63")
+    waited = time.monotonic() - start
+    if r.status == 401:  # asked before the reload was read: ask again once it is
+        wait_for(lambda: t.metric("thaw_config_reloads_total", result="success") == 1,
+                 timeout=30, what="reloaded")
+        r = get(t, "/echo", key="key-1-999-63")
+    assert r.status == 200, r.body
+    assert waited < 3, waited
+
+
+def test_a_reload_past_the_tenant_name_limit_fails_whole(thaw_factory, upstream):
+    """Tenant names are capped at 4096 over a process's life (they are metric
+    labels). A reload that would pass the cap is a failed reload, counted and
+    said so, with nothing of it applied (it was logged a success, with the
+    file's models applied and its tenants not)."""
+    def write(gen, extra_model=False):
+        cfg = json.load(open(t.config_path))
+        cfg["tenants"] = {"required": True, "list": [
+            {"name": f"g{gen}-{i}", "api_keys": [digest(f"key-{gen}-{i}")]} for i in range(1000)]}
+        cfg["models"] = [model(upstream)] + ([model(upstream, name="extra")] if extra_model else [])
+        with open(t.config_path, "w") as f:
+            json.dump(cfg, f)
+
+    def hup(result):
+        before = t.metric("thaw_config_reloads_total", result=result)
+        t.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: t.metric("thaw_config_reloads_total", result=result) == before + 1,
+                 timeout=20, what=f"reload {result}")
+
+    t = thaw_factory({"tenants": {"required": True, "list": [
+        {"name": f"g0-{i}", "api_keys": [digest(f"key-0-{i}")]} for i in range(1000)]},
+        "models": [model(upstream)]})
+    for gen in (1, 2, 3):
+        write(gen)
+        hup("success")
+    write(4, extra_model=True)
+    hup("failure")
+    cfg = t.status()["config"]
+    assert cfg["last_reload"] == "failure"
+    assert "tenants.list[95].name: one tenant name too many" in cfg["last_error"], cfg
+    assert get(t, "/echo", key="key-3-999").status == 200  # the running tenants stay
+    assert get(t, "/echo", key="key-4-0").status == 401
+    assert not any(m["name"] == "extra" for m in t.status()["models"])  # nothing applied
+
+
 def test_unknown_key_is_401_in_openai_shape_when_required(thaw_factory, upstream):
     t = thaw_factory({"tenants": {"required": True, "list": [tenant("small")]},
                       "models": [model(upstream)]})

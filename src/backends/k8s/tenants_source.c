@@ -89,7 +89,9 @@ static void apply_document(struct kube_tenants_source *ts, const struct buf *doc
     if (rc) {
         char why[1000];
         snprintf(why, sizeof why, "%.800s: the tenants could not be applied (%s)", label,
-                 strerror(-rc));
+                 rc == -ENOSPC ? "more tenant names than this process may have over its life, "
+                                 "4096; restart thaw to count again"
+                               : strerror(-rc));
         source_failed(ts, why);
         return;
     }
