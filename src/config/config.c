@@ -1,6 +1,7 @@
 #include "thaw/config.h"
 #include "thaw/jsonpos.h"
 #include "thaw/jsonscan.h"
+#include "thaw/netaddr.h"
 #include "thaw/strmap.h"
 
 #include <arpa/inet.h>
@@ -242,15 +243,22 @@ static int check_hostport(const char *s)
 }
 
 /* Listen addresses also accept port 0 (the kernel picks one). */
+/* A listen address: the shape, and then the numeric address the listener
+ * will parse (so a file --check-config passes is one thaw starts with). */
 static int check_listen(const char *s)
 {
     size_t n = strlen(s);
+    int rc;
     if (n >= 2 && strcmp(s + n - 2, ":0") == 0) {
         char tmp[300];
         snprintf(tmp, sizeof tmp, "%.*s:1", (int)(n - 2), s);
-        return check_hostport(tmp);
+        rc = check_hostport(tmp);
+    } else {
+        rc = check_hostport(s);
     }
-    return check_hostport(s);
+    struct sockaddr_storage ss;
+    socklen_t len;
+    return rc ? rc : netaddr_parse(s, &ss, &len);
 }
 
 /* A model name or namespace, just read: says which rule it breaks. */

@@ -191,6 +191,10 @@ static void test_full_model(void **state)
 static void test_errors_name_file_line_and_key(void **state)
 {
     expect_error("{\n  \"listen\": \"x\",\n  \"bogus\": 1\n}", "test.json:2: listen:");
+    /* The shape is right, the address is not one a listener can take. */
+    expect_error("{\n  \"listen\": \"999.0.0.1:0\"\n}", "test.json:2: listen:");
+    expect_error("{\n  \"admin_listen\": \"[::g]:0\"\n}", "test.json:2: admin_listen:");
+    expect_error("{\n  \"listen\": \"1.2.3:8080\"\n}", "test.json:2: listen:");
     expect_error("{\n  \"listen\": \"127.0.0.1:80\",\n  \"bogus\": 1\n}",
                  "test.json:3: bogus: unknown key");
     expect_error("{\"limits\": {\n\"max_headers\": 0}}",
