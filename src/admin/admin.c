@@ -161,7 +161,8 @@ static void reasons(const struct metrics_stream *ms, struct buf *o)
 {
     const struct server_metrics *sm = &ms->adm->rt->metrics;
     metrics_help_type(o, "thaw_unrouted_responses_total", "counter",
-              "Error responses to requests that matched no model, by status code.");
+              "Responses to requests that matched no model (thaw's own /v1/models, "
+              "errors), by status code.");
     for (int i = 0; i < CODE_SLOTS && sm->unrouted_codes.code[i]; i++) {
         buf_printf(o, "thaw_unrouted_responses_total{code=\"%u\"} %llu\n",
                    sm->unrouted_codes.code[i], (unsigned long long)sm->unrouted_codes.n[i]);

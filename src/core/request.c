@@ -161,6 +161,8 @@ void request_count_proxied(struct request_pool *pool, struct request *r, int sta
         r->model->stats.proxied++;
         r->model->stats.failed += status >= 500;
         code_counts_add(&r->model->stats.codes, status);
+    } else {
+        code_counts_add(&pool->metrics->unrouted_codes, status); /* GET /v1/models */
     }
     access_log(pool, r, "proxied", status, "-");
     finish(pool, r);

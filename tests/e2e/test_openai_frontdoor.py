@@ -152,6 +152,9 @@ def test_models_listed_by_thaw_without_waking_anything(thaw_factory, replica):
     st = model_status(t, "sleepy")
     assert st["processes"] == [] and st["state"] == "scaled_to_zero"
     assert t.metric("thaw_requests_proxied_total") == 10
+    # Answered by thaw, for no model: counted where such answers are, by code.
+    assert t.metric("thaw_unrouted_responses_total", code="200") == 10
+    assert t.metric("thaw_unrouted_responses_total", code="404") == 1
     t.assert_reconciled()
 
 
