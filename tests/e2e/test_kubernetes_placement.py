@@ -261,7 +261,10 @@ def test_memory_bound_gpu_refuses_a_third_model(cluster, thaw_factory, tmp_path)
         wait_for(lambda name=name: node_of(sim, name) == "full", timeout=20,
                  what=f"{name} on full")
     short = {"thaw.dev/queue-timeout": "2s"}
-    sim.create_deployment(with_memory(deployment("pinned", annotations=short), "30Gi", "full"))
+    # A startup timeout shorter than its queue timeout: a request waiting for
+    # GPU memory is no failed start; it ends at its queue timeout.
+    sim.create_deployment(with_memory(deployment("pinned", annotations={
+        "thaw.dev/queue-timeout": "3s", "thaw.dev/startup-timeout": "1s"}), "30Gi", "full"))
     sim.create_deployment(with_memory(deployment("free", load_ms=100), "30720Mi"))
     sim.create_deployment(with_memory(deployment("huge", annotations=short), "50Gi"))
     sim.create_deployment(with_memory(deployment("typo"), "30 GB"))
@@ -286,6 +289,8 @@ def test_memory_bound_gpu_refuses_a_third_model(cluster, thaw_factory, tmp_path)
     for th in ths:
         th.join(20)
     assert all(r is not None and r.status in (503, 504) for r in held), held
+    assert held[0].status == 504 and held[0].json()["error"]["code"] == "queue_timeout", \
+        held[0].body
     assert replicas(sim, "pinned") == 0 and replicas(sim, "huge") == 0
     assert [n for n, _ in sim.state()["scale_log"] if n in ("pinned", "huge")] == []
     assert kmodel(t, "pinned")["gpu_memory_bytes"] == 30 * GiB

@@ -264,9 +264,12 @@ static void model_tick(void *ud, const char *key, void *value)
     if (!km->waiting_since_ms) {
         km->waiting_since_ms = now;
     } else if (now - km->waiting_since_ms >= km->spec.startup_timeout_ms &&
-               !model_has_unschedulable(km)) {
+               !model_has_unschedulable(km) &&
+               !(memory_bound && strcmp(km->sc.last_action, "deny") == 0)) {
         /* Pods that run but never answer (crash loops, bad images): do not
-         * hold clients forever. Pods waiting for a GPU are not failures. */
+         * hold clients forever. Pods waiting for a GPU (its slices, or a
+         * wake the plan denies for GPU memory) are not failures: those
+         * requests end at their queue timeout. */
         char why[160];
         snprintf(why, sizeof why, "no pod became ready within startup-timeout (%llu ms)",
                  (unsigned long long)km->spec.startup_timeout_ms);
