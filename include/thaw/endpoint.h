@@ -68,7 +68,8 @@ struct accept_slot {
  * they use the endpoint. Freed when the last reference is dropped. */
 struct endpoint {
     struct model *model;    /* the owner; NULL once it let go */
-    const char *model_name; /* the owner's name, for logs; NULL once gone */
+    char model_name[300];   /* the owner's name, for logs; kept once it let go
+                               (requests still running there log it) */
     char *id;               /* the backend's name for the replica */
     char addr_text[64];     /* "ip:port", for logs and status */
     struct sockaddr_storage addr;

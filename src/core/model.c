@@ -122,7 +122,6 @@ static void detach_endpoint(struct model *m, size_t i)
      * count as the model's: release() cannot reach the model once unlinked. */
     m->inflight -= ep->inflight;
     ep->model = NULL;
-    ep->model_name = NULL;
     if (m->fleet->on_endpoint_gone) {
         m->fleet->on_endpoint_gone(m->fleet->cb_ud, ep);
     }
@@ -154,7 +153,7 @@ int fleet_replica_ready_with(struct fleet *f, struct model *m, const char *id, c
         return -err;
     }
     ep->model = m;
-    ep->model_name = m->name;
+    snprintf(ep->model_name, sizeof ep->model_name, "%s", m->name);
     ep->share = share;
     snprintf(ep->check_path, sizeof ep->check_path, "%s", m->set.health_path);
     ep->one_queue = !m->fixed_replicas; /* a configured address may be a load balancer's */

@@ -186,7 +186,7 @@ bool accept_stalled(struct endpoint *ep, struct accept_slot *s, uint64_t now)
         uint32_t w = in_queue > ACCEPT_WINDOW_MIN ? in_queue : ACCEPT_WINDOW_MIN;
         if (w < ep->accept_window) {
             LOGD("replica's accept queue full: fewer new connections at once",
-                 "model=%s endpoint=%s window=%u", ep->model_name ? ep->model_name : "-",
+                 "model=%s endpoint=%s window=%u", ep->model_name[0] ? ep->model_name : "-",
                  ep->addr_text, w);
             ep->accept_window = w;
             ep->window_shrunk_ms = now;

@@ -39,7 +39,7 @@ static void arm_connect_timer(struct upstream *u, uint64_t now);
 
 static const char *owner_name(const struct endpoint *ep)
 {
-    return ep->model_name ? ep->model_name : "-";
+    return ep->model_name[0] ? ep->model_name : "-";
 }
 
 static void arm_timer_at(struct upstream *u, uint64_t now, uint64_t at)

@@ -117,6 +117,9 @@ def test_replica_killed_mid_stream_does_not_fail_held_requests(thaw_factory, run
     assert statuses == [200, 200, 200], statuses
     t.assert_reconciled()
     assert stale(t) >= 1
+    # Failures on the gone replica's connections still name its model.
+    lines = [ln for ln in t.logs().splitlines() if 'msg="upstream' in ln]
+    assert lines and not [ln for ln in lines if " model=- " in ln], lines
 
 
 def test_requests_queued_behind_a_replica_that_dies_wait_for_the_next_one(thaw_factory):

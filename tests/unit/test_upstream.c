@@ -300,7 +300,7 @@ static int setup(void **state)
     e->ep = endpoint_new("r0", addr);
     assert_non_null(e->ep);
     e->ep->model = FAKE_MODEL;
-    e->ep->model_name = "m";
+    snprintf(e->ep->model_name, sizeof e->ep->model_name, "m");
     *state = e;
     return 0;
 }
