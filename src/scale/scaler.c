@@ -208,7 +208,12 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
                      (unsigned long long)(sm->horizon_ms / 1000), plan->warm_slices, warm_budget);
             break;
         case WP_DENY:
-            if (plan->per_node) {
+            if (c->cap_slices && plan->used_slices + sm->slices > c->cap_slices) {
+                snprintf(why, sizeof why,
+                         "warm_pool.capacity_slices reached (%u/%u slices used) and nothing "
+                         "of lower priority to take them from",
+                         plan->used_slices, c->cap_slices);
+            } else if (plan->per_node) {
                 snprintf(why, sizeof why,
                          "no node it may use has room for its request and "
                          "nothing of lower priority on one node to take it from");

@@ -342,3 +342,23 @@ def test_memory_eviction_makes_room_for_a_critical_model(cluster, thaw_factory, 
     assert evicted["last_decision"] == "evict" and "for urgent" in evicted["reason"]
     wait_for(lambda: status_node(t, "full")["gpu_memory"]["used_bytes"] == 60 * GiB,
              what="the evicted pod gone")
+
+
+def test_the_slice_cap_holds_a_wake_from_zero(cluster, thaw_factory, tmp_path):
+    """warm_pool.capacity_slices 1 on a node of 4 slices: with "a" holding the
+    one slice, a request for "b" does not scale it from zero (the cap holds
+    wakes as it holds scale-ups); it waits and ends at its queue timeout,
+    and the decision names the cap."""
+    sim = cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 4}], load_ms=100)
+    sim.create_deployment(deployment("a", replicas=1, annotations={"thaw.dev/min-scale": "1"}))
+    sim.create_deployment(deployment("b", annotations={"thaw.dev/queue-timeout": "3s"}))
+    wait_for(lambda: node_of(sim, "a") == "gpu-a", timeout=20, what="a running")
+    t = start_thaw(thaw_factory, sim, tmp_path,
+                   extra={"autoscaler": {"tick_ms": 200}, "warm_pool": {"capacity_slices": 1}})
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    wait_for(lambda: kmodel(t, "a")["state"] == "ready", timeout=20, what="a ready")
+    r = complete(t, host="b.models", timeout=20)
+    assert r.status == 504 and r.json()["error"]["code"] == "queue_timeout", r.body
+    assert replicas(sim, "b") == 0
+    assert "warm_pool.capacity_slices reached" in kmodel(t, "b")["pool"]["reason"]
+    t.assert_reconciled()

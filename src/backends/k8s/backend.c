@@ -45,10 +45,10 @@ static int kube_scale(struct backend *b, struct model *m, unsigned replicas)
         return 0; /* a pod is asleep or waking: it serves in seconds */
     }
     kube_cold_begin(km, now);
-    if (km->spec.replicas == 0 && !kube_memory_bound(km)) {
+    if (km->spec.replicas == 0 && !kube_plan_wakes(km)) {
         kube_scale_from_zero(km);
     } else if (km->spec.replicas == 0 && km->kb->leading) {
-        km->kb->driver.next_plan_ms = now; /* GPU memory: the next tick's plan decides */
+        km->kb->driver.next_plan_ms = now; /* memory or the cap: the next tick's plan decides */
     }
     return 0;
 }

@@ -368,6 +368,9 @@ uint64_t kube_admitted_memory(const struct kmodel *km);
  * from zero must go through the plan (memory admission), not straight to a
  * scale PATCH. */
 bool kube_memory_bound(const struct kmodel *km);
+/* A wake from zero the plan decides: memory-bound, or a GPU model under
+ * warm_pool.capacity_slices (the cap on all models' slices together). */
+bool kube_plan_wakes(const struct kmodel *km);
 /* What thaw's replicas on a node hold of its GPU memory. */
 struct kube_node_memory {
     uint64_t per_gpu; /* 0: unknown */

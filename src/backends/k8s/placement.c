@@ -103,6 +103,11 @@ bool kube_memory_bound(const struct kmodel *km)
     return any;
 }
 
+bool kube_plan_wakes(const struct kmodel *km)
+{
+    return kube_memory_bound(km) || (km->kb->cfg->warm_pool.capacity_slices && km->sc.slices);
+}
+
 bool kube_gpu_node(const struct k8s_node_info *ni)
 {
     for (size_t i = 0; i < ni->allocatable.n; i++) {

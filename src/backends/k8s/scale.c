@@ -249,12 +249,13 @@ static void model_tick(void *ud, const char *key, void *value)
     uint64_t peer = km->kb->have_peers && km->kb->leading ? k8s_peers_demand(&km->kb->peers, km->key)
                                                            : 0;
     as_record(&km->sc.ass, now, model_demand(m) + (double)peer);
-    bool memory_bound = m->n_endpoints == 0 && km->spec.replicas == 0 && kube_memory_bound(km);
-    if (busy && m->n_endpoints == 0 && km->spec.replicas == 0 && !memory_bound) {
+    bool plan_bound = m->n_endpoints == 0 && km->spec.replicas == 0 && kube_plan_wakes(km);
+    if (busy && m->n_endpoints == 0 && km->spec.replicas == 0 && !plan_bound) {
         kube_scale_from_zero(km); /* retried until the Deployment says otherwise */
-    } else if (memory_bound && (busy || peer) && km->kb->leading) {
-        /* The scheduler does not see GPU memory: only the plan may wake
-         * this one (or refuse, or make room); it runs this tick. */
+    } else if (plan_bound && (busy || peer) && km->kb->leading) {
+        /* The scheduler sees neither GPU memory nor thaw's slice cap: only
+         * the plan may wake this one (or refuse, or make room); it runs
+         * this tick. */
         km->kb->driver.next_plan_ms = now;
     }
     if (!busy || m->n_endpoints > 0 || m->queue.count == 0) {
@@ -265,7 +266,7 @@ static void model_tick(void *ud, const char *key, void *value)
         km->waiting_since_ms = now;
     } else if (now - km->waiting_since_ms >= km->spec.startup_timeout_ms &&
                !model_has_unschedulable(km) &&
-               !(memory_bound && strcmp(km->sc.last_action, "deny") == 0)) {
+               !(plan_bound && strcmp(km->sc.last_action, "deny") == 0)) {
         /* Pods that run but never answer (crash loops, bad images): do not
          * hold clients forever. Pods waiting for a GPU (its slices, or a
          * wake the plan denies for GPU memory) are not failures: those
