@@ -111,10 +111,11 @@ static void on_slept(struct control *c, int status, void *ud)
         kube_pod_follow_mark(p);
         return;
     }
-    if (!slept && status <= 0 && kube_sleep_shared(km)) {
-        /* No answer, with other activators: taken as asleep (it may have
-         * gone to sleep late), so none of them routes to a sleeping server;
-         * demand wakes it, which is harmless if it is awake. */
+    if (!slept && status <= 0) {
+        /* No answer: taken as asleep (it may have gone to sleep late), so
+         * nothing is routed to a sleeping server that answers requests with
+         * errors; demand wakes it, which is harmless if it is awake, and a
+         * pod that does not answer /wake_up either is replaced. */
         LOGW("pod did not answer /sleep: taken as asleep", "model=%s pod=%s error=%d",
              km->m->name, p->name, status);
         slept = true;
@@ -131,20 +132,11 @@ static void on_slept(struct control *c, int status, void *ud)
     p->sleep = KS_AWAKE;
     p->no_idle_sleep = true;
     kube_pod_mark(p, MARK_CLEAR);
-    if (status > 0) {
-        /* It answered: it is serving and stays in routing. */
-        LOGW("pod refused to sleep: it stays awake", "model=%s pod=%s status=%d", km->m->name,
-             p->name, status);
-        (void)kube_pod_still_serving(p, false);
-        kube_pod_ready(p, "sleep refused");
-    } else {
-        /* No answer: routed again only once thaw's probe (or its endpoint) says so. */
-        LOGW("pod did not answer /sleep: probing it again", "model=%s pod=%s error=%d",
-             km->m->name, p->name, status);
-        p->probe_ok = false;
-        (void)kube_pod_still_serving(p, false);
-        kube_pod_probe(p);
-    }
+    /* It answered with an error: it is serving and stays in routing. */
+    LOGW("pod refused to sleep: it stays awake", "model=%s pod=%s status=%d", km->m->name,
+         p->name, status);
+    (void)kube_pod_still_serving(p, false);
+    kube_pod_ready(p, "sleep refused");
 }
 
 /* Sends POST /sleep to a pod out of routing. */
