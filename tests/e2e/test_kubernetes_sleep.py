@@ -112,6 +112,32 @@ def test_gpu_memory_needed_on_a_node_puts_an_idle_pod_to_sleep(cluster, thaw_fac
     assert t.metric("thaw_cold_start_seconds_count", model="a", namespace="models") == 1
 
 
+def test_a_wake_waits_until_the_pod_put_to_sleep_for_it_is_asleep(cluster, thaw_factory,
+                                                                    tmp_path):
+    """As above, but b takes 1.5 s to answer its /sleep: a's /wake_up goes out
+    only once b is asleep and its memory free (before, both were awake on
+    the 24 GiB GPU meanwhile: 28 GiB)."""
+    sim = cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 4,
+                          "labels": {"nvidia.com/gpu.memory": "24576"}}])
+    for name, sleep_ms in (("a", "10"), ("b", "1500")):
+        d = deployment(name, load_ms=1200, annotations={
+            "thaw.dev/sleep-mode": "true", "thaw.dev/idle-before-sleep": "1h",
+            "thaw.dev/gpu-memory": "14Gi"})
+        d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/sleep-ms"] = sleep_ms
+        sim.create_deployment(d)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    assert complete(t, host="a.models").status == 200
+    assert complete(t, host="b.models").status == 200
+    wait_for(lambda: kmodel(t, "a")["state"] == "sleeping", timeout=5, what="a asleep")
+    t0 = time.monotonic()
+    r = complete(t, host="a.models")
+    assert r.status == 200, r.body
+    assert kmodel(t, "b")["state"] == "sleeping"  # asleep before a woke, not falling asleep
+    assert time.monotonic() - t0 >= 1.4
+    assert kmodel(t, "a")["sleep"]["wakes"] == 1
+
+
 def sleep_status(t):
     """The activator's view of each pod of llama: name -> sleep state."""
     return {p["name"]: p.get("sleep", "awake") for p in kmodel(t)["pods"]

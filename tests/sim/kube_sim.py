@@ -82,7 +82,8 @@ kubelets of every node):
   pod (it stays Pending without a PodScheduled condition until then),
   sim.thaw.dev/token-ms the time per token, sim.thaw.dev/ready-file (c and asyncio-model)
   a file the server writes when loaded, sim.thaw.dev/sleep-fault (c: fail-sleep or
-  fail-wake, the sleep-mode call the server answers 500), sim.thaw.dev/sleep-mode
+  fail-wake, the sleep-mode call the server answers 500), sim.thaw.dev/sleep-ms and
+  sim.thaw.dev/wake-ms (c: how long /sleep and /wake_up take), sim.thaw.dev/sleep-mode
   (asyncio: "true" serves vLLM's sleep mode, as --enable-sleep-mode; c always
   does), sim.thaw.dev/error-pct (c)
   the share of completions answered 500. The model name is the pod's
@@ -2243,6 +2244,9 @@ class Cluster:
                 cmd += ["--" + fault]
             if anns.get("sim.thaw.dev/error-pct", "").isdigit():
                 cmd += ["--error-pct", anns["sim.thaw.dev/error-pct"]]
+            for k in ("sleep-ms", "wake-ms"):
+                if anns.get(f"sim.thaw.dev/{k}", "").isdigit():
+                    cmd += [f"--{k}", anns[f"sim.thaw.dev/{k}"]]
             return cmd
         if kind == "asyncio":
             cmd = [sys.executable, os.path.join(HERE, "pod_netns.py"), ip,

@@ -209,15 +209,25 @@ static void wake_failed(struct kpod *p, int status)
     struct kmodel *km = p->km;
     km->m->stats.wake_failures++;
     p->sleep = KS_FAILED;
-    LOGW("pod did not wake: deleting it for a cold start", "model=%s pod=%s status=%d",
-         km->m->name, p->name, status);
+    /* status: the server's HTTP answer, or a negative errno (no answer, no
+     * memory on its node) said in words */
+    char how[96];
+    if (status > 0) {
+        snprintf(how, sizeof how, "HTTP %d", status);
+    } else {
+        snprintf(how, sizeof how, "%s", status == -ENOSPC ? "no GPU memory on its node"
+                                        : status == -ETIMEDOUT ? "no answer in sleep-timeout"
+                                                               : strerror(-status));
+    }
+    LOGW("pod did not wake: deleting it for a cold start", "model=%s pod=%s why=%s",
+         km->m->name, p->name, LOG_Q(how));
     char path[700];
     snprintf(path, sizeof path, "/api/v1/namespaces/%s/pods/%s", km->spec.namespace_, p->name);
     p->delete_call = k8s_request(km->kb->client, "DELETE", path, NULL, NULL, 0, 15000,
                                  on_deleted, p);
     char msg[400];
-    snprintf(msg, sizeof msg, "pod %s did not wake from sleep (status %d); deleted for a cold "
-             "start", p->name, status);
+    snprintf(msg, sizeof msg, "pod %s did not wake from sleep (%s); deleted for a cold start",
+             p->name, how);
     kube_post_event(km, "Warning", "WakeFailed", msg);
     km->woken_ms = clock_now_ms(); /* the cold start as clients see it starts now */
 }
@@ -267,6 +277,7 @@ struct node_memory {
     bool need;             /* a pod there wants memory it is not yet using */
     enum tier need_tier;   /* the highest priority among them */
     unsigned put_to_sleep;
+    uint64_t cap;          /* the node's shared GPU memory; 0: unknown */
 };
 
 static void tally_pod(void *ud, const char *key, void *value)
@@ -342,6 +353,7 @@ static uint64_t make_room(struct kube_backend *kb, const char *node, struct node
     node_tally(kb, nm);
     const struct k8s_node_info *ni = strmap_get(&kb->nodes_gpu, node, strlen(node));
     uint64_t cap = ni ? node_shared_memory(kb, ni) : 0;
+    nm->cap = cap;
     if (!cap || nm->held - nm->coming <= cap) {
         return 0;
     }
@@ -377,14 +389,15 @@ static void pod_wake(struct kpod *p)
         p->wake_asked_ms = clock_now_ms();
     }
     struct node_memory nm;
-    if (p->node[0] && make_room(km->kb, p->node, &nm) > 0) {
-        if (nm.coming) {
-            return; /* memory on its way */
-        }
+    uint64_t over = p->node[0] ? make_room(km->kb, p->node, &nm) : 0;
+    if (over > 0 && !nm.coming) {
         LOGW("no GPU memory on its node to wake into", "model=%s pod=%s node=%s", km->m->name,
              p->name, p->node);
         wake_failed(p, -ENOSPC);
         return;
+    }
+    if (over > 0 || (p->node[0] && nm.coming && nm.cap && nm.held > nm.cap)) {
+        return; /* memory on its way: woken once the pods falling asleep free it */
     }
     int rc = send_control(p, "/wake_up", on_woken);
     if (rc) {
