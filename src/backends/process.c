@@ -83,6 +83,8 @@ struct replica {
     char id[48];
     uint64_t started_ms;
     uint64_t ready_ms; /* when it answered its health check first */
+    uint64_t proxied_at_ready; /* its model's answered requests then (a crash loop
+                                  is one that sees none answered) */
     bool wake_waits;   /* asleep, wanted, its GPU's memory held by a busy replica */
     struct cs_timeline phases; /* spawn -> listening (load) -> healthy (health) */
     /* output capture */
@@ -230,8 +232,9 @@ static void log_last_lines(struct replica *r)
     }
 }
 
-/* A replica gone sooner than this after it became ready crashed in a loop
- * (a bad weight file, an out-of-memory at the first batch). */
+/* A replica gone sooner than this after it became ready, having finished no
+ * request, crashed in a loop (a bad weight file, an out-of-memory at the
+ * first batch). */
 #define CRASH_LOOP_MS 10000
 
 /* ---- spawning ---------------------------------------------------------- */
@@ -584,6 +587,7 @@ static void became_ready(struct replica *r, int conn_fd)
     uint64_t now = clock_now_ms();
     r->state = R_READY;
     r->ready_ms = now;
+    r->proxied_at_ready = pm->m->stats.proxied;
     pm->n_starting--;
     pm->n_ready++;
     pm->failures = 0;
@@ -1473,10 +1477,13 @@ static void reaped(struct process_backend *pb, pid_t pid, int status)
     case R_READY: {
         pm->n_ready--;
         pm->crashes++;
-        /* A crash loop (ready, then gone within CRASH_LOOP_MS, again and
-         * again) backs off as failed starts do, not restarted at once. */
+        /* A crash loop (ready, then gone within CRASH_LOOP_MS having
+         * finished no request, again and again) backs off as failed starts
+         * do, not restarted at once. One that served (killed by the OOM
+         * killer under load, say) is replaced at once. */
         uint64_t now = clock_now_ms(), backoff = 0;
-        if (now - r->ready_ms < CRASH_LOOP_MS) {
+        bool served = pm->m->stats.proxied > r->proxied_at_ready;
+        if (now - r->ready_ms < CRASH_LOOP_MS && !served) {
             backoff = procplan_restart_backoff_ms(++pm->quick_crashes);
             pm->backoff_until_ms = now + backoff;
         } else {

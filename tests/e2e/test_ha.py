@@ -343,6 +343,7 @@ def test_leader_change_keeps_a_warm_model_until_its_idle_timeout(fleet):
     assert d["metadata"]["annotations"].get(LAST_REQUEST)
 
 
+@pytest.mark.timer_heavy
 def test_a_new_leader_holds_scale_downs_for_the_models_own_window(fleet):
     """A leader holds scale-downs for one stable window after taking the lease: the
     model's (thaw.dev/window: 6s), not the global one (60 s here)."""

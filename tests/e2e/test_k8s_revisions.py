@@ -307,6 +307,7 @@ def test_a_revisions_tag_host_is_made_of_every_revisions_hosts(cluster, thaw_fac
     assert served(t, "v2") == 2 and served(t, "v1") == 1
 
 
+@pytest.mark.timer_heavy
 def test_a_split_invalid_at_start_does_not_depend_on_the_deployments_names(cluster, thaw_factory,
                                                                           tmp_path):
     # The stable revision without a percent, the canary with 10: invalid, so
@@ -354,6 +355,7 @@ def test_a_deleted_revision_leaves_the_split_and_a_duplicate_is_an_error(cluster
     t.assert_reconciled()
 
 
+@pytest.mark.timer_heavy
 def test_no_rollout_steps_while_the_split_is_invalid(cluster, thaw_factory, tmp_path):
     sim, t = start(cluster, thaw_factory, tmp_path, revision("v1", 80),
                    revision("v2", 10, rollout_annotations()), revision("v3", 10))

@@ -4,6 +4,8 @@ API simulator, whose scheduler fits pods per node as kube-scheduler does
 
 import threading
 
+import pytest
+
 from conftest import wait_for
 from test_kubernetes import (  # noqa: F401  (pki and cluster are fixtures)
     cluster, complete, deployment, kmodel, pki, start_thaw, urllib_status)
@@ -344,6 +346,7 @@ def test_memory_eviction_makes_room_for_a_critical_model(cluster, thaw_factory, 
              what="the evicted pod gone")
 
 
+@pytest.mark.timer_heavy
 def test_the_slice_cap_holds_a_wake_from_zero(cluster, thaw_factory, tmp_path):
     """warm_pool.capacity_slices 1 on a node of 4 slices: with "a" holding the
     one slice, a request for "b" does not scale it from zero (the cap holds

@@ -13,6 +13,8 @@ import threading
 import time
 import urllib.request
 
+import pytest
+
 from conftest import wait_for
 from test_ha import fleet  # noqa: F401  (a fixture)
 from test_kubernetes import (SLOW, cluster, complete, deployment, kmodel, pki,  # noqa: F401
@@ -112,6 +114,7 @@ def test_gpu_memory_needed_on_a_node_puts_an_idle_pod_to_sleep(cluster, thaw_fac
     assert t.metric("thaw_cold_start_seconds_count", model="a", namespace="models") == 1
 
 
+@pytest.mark.timer_heavy
 def test_a_wake_waits_until_the_pod_put_to_sleep_for_it_is_asleep(cluster, thaw_factory,
                                                                     tmp_path):
     """As above, but b takes 1.5 s to answer its /sleep: a's /wake_up goes out

@@ -161,6 +161,7 @@ def test_startup_timeout_answers_503_and_kills_the_process(thaw_factory):
     t.assert_reconciled()
 
 
+@pytest.mark.timer_heavy
 def test_a_server_that_crashes_soon_after_ready_is_restarted_with_backoff(thaw_factory):
     """Each replica crashes in its first request (within 10 s of ready): a crash
     loop. Starts back off (1 s, 2 s, ...) instead of one per request, and

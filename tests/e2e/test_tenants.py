@@ -10,6 +10,8 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 import httpc
 from conftest import THAW_BIN, wait_for
 
@@ -115,6 +117,7 @@ def test_fair_share_small_tenant_is_not_starved_by_a_burst(thaw_factory, upstrea
     t.assert_reconciled()
 
 
+@pytest.mark.timer_heavy
 def test_a_reload_at_the_tenant_limits_does_not_stall_the_loop(thaw_factory, upstream):
     """1000 tenants of 64 keys each (the documented limits): a reload checks
     their keys are unique without comparing every pair (that took 10 s here,
@@ -140,6 +143,7 @@ def test_a_reload_at_the_tenant_limits_does_not_stall_the_loop(thaw_factory, ups
     assert waited < 3, waited
 
 
+@pytest.mark.timer_heavy
 def test_a_reload_past_the_tenant_name_limit_fails_whole(thaw_factory, upstream):
     """Tenant names are capped at 4096 over a process's life (they are metric
     labels). A reload that would pass the cap is a failed reload, counted and

@@ -302,6 +302,7 @@ def test_reset_on_a_fresh_connection_is_not_retried(thaw_factory, raw_upstream_f
     t.assert_reconciled()
 
 
+@pytest.mark.timer_heavy
 def test_a_reset_right_behind_the_answers_first_bytes_ends_the_client_connection(
         thaw_factory, raw_upstream_factory):
     """The replica sends a head and 3 of 100 bytes and resets at once: thaw may
