@@ -121,15 +121,24 @@ static void test_pick_split_tag_and_sticky(void **state)
     fleet_dispose(&w.f);
 }
 
+/* "m" at p1/p2 with fallback_to_warm_revision on, and revision v<warm> ready. */
+static void setup_fallback(struct world *w, uint32_t p1, uint32_t p2, int warm)
+{
+    setup_world(w, p1, p2);
+    w->opts.fallback_to_warm_revision = true;
+    char *names[] = {"v1", "v2"};
+    uint32_t pct[] = {p1, p2};
+    model_revisions_set(w->m, names, pct, 2, &w->opts, 0);
+    assert_int_equal(fleet_replica_ready(&w->f, warm == 1 ? w->v1 : w->v2, "a", "127.0.0.1:9001"),
+                     0);
+}
+
 static void test_fallback_goes_to_the_warm_revision_and_wakes_the_cold_one(void **state)
 {
     struct world w;
-    setup_world(&w, 50, 50);
-    w.opts.fallback_to_warm_revision = true;
+    setup_fallback(&w, 50, 50, 1);
     char *names[] = {"v1", "v2"};
     uint32_t pct[] = {50, 50};
-    model_revisions_set(w.m, names, pct, 2, &w.opts, 0);
-    assert_int_equal(fleet_replica_ready(&w.f, w.v1, "a", "127.0.0.1:9001"), 0);
     struct model *wake;
     enum reject_reason why;
     for (int i = 0; i < 4; i++) {
@@ -153,12 +162,7 @@ static void test_fallback_goes_to_the_warm_revision_and_wakes_the_cold_one(void 
 static void test_fallback_never_goes_to_a_revision_at_zero(void **state)
 {
     struct world w;
-    setup_world(&w, 100, 0);
-    w.opts.fallback_to_warm_revision = true;
-    char *names[] = {"v1", "v2"};
-    uint32_t pct[] = {100, 0};
-    model_revisions_set(w.m, names, pct, 2, &w.opts, 0);
-    assert_int_equal(fleet_replica_ready(&w.f, w.v2, "a", "127.0.0.1:9002"), 0);
+    setup_fallback(&w, 100, 0, 2);
     struct model *wake;
     enum reject_reason why;
     for (int i = 0; i < 4; i++) {
