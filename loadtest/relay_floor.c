@@ -9,6 +9,8 @@
  * direction, one io_uring_enter per loop turn.
  *
  * usage: relay_floor epoll|uring LISTEN_PORT UPSTREAM_PORT
+ * FLOOR_COALESCE_US=N (epoll): sleep N microseconds after each loop turn that
+ * had work, so one epoll_wait returns several events (batching by waiting).
  * Prints "port N" once listening; each accepted connection is piped 1:1 to a
  * new connection to 127.0.0.1:UPSTREAM_PORT.  EOF or error on either socket
  * closes both.  SIGTERM/SIGINT exit with status 0.
@@ -245,6 +247,8 @@ static void epoll_accept(int lfd)
     }
 }
 
+static long coalesce_us; /* FLOOR_COALESCE_US */
+
 static void run_epoll(int lfd)
 {
     struct epoll_event evs[EPOLL_BATCH], lev = {.events = EPOLLIN | EPOLLET, .data.ptr = NULL};
@@ -273,6 +277,10 @@ static void run_epoll(int lfd)
         }
         for (struct epair *p; (p = dead_pairs); free(p))
             dead_pairs = p->next_dead;
+        if (n > 0 && coalesce_us > 0) {
+            struct timespec ts = {0, coalesce_us * 1000};
+            nanosleep(&ts, NULL);
+        }
     }
 }
 
@@ -590,6 +598,8 @@ int main(int argc, char **argv)
         return 2;
     }
     bool epoll_mode = strcmp(argv[1], "epoll") == 0;
+    if (getenv("FLOOR_COALESCE_US"))
+        coalesce_us = atol(getenv("FLOOR_COALESCE_US"));
     upstream_port = atoi(argv[3]);
     raise_fd_limit();
     struct sigaction sa = {.sa_handler = on_signal};

@@ -30,6 +30,9 @@ THAW_BASELINE_BIN (another thaw build, run as "thaw-base" in the same rotation:
 a before/after comparison under the same conditions), FLOOR_BIN (the bare relay
 thaw-relay-floor; when built, its epoll and io_uring modes run in the rotation as
 "floor-ep" and "floor-ur": the least CPU any proxy can spend per event here),
+FLOOR_COALESCE (e.g. "100,300": the epoll relay once more per value, as "floor-c100"
+..., sleeping that many microseconds after each loop turn that had work, so that
+a turn carries several events: what batching by waiting saves),
 TARGETS (those to measure besides thaw and direct, e.g. "haproxy,floor-ep"). Compare "ev/s" with the offered rate: a machine
 that cannot keep up batches events, which lowers everyone's CPU per event.
 Figures only: it never fails on time.
@@ -69,7 +72,9 @@ PROXIES = ("thaw", "nginx", "haproxy")
 CLK_TCK = common.CLK_TCK
 BASELINE_BIN = os.environ.get("THAW_BASELINE_BIN")
 FLOOR_BIN = os.environ.get("FLOOR_BIN", os.path.join(BUILD, "thaw-relay-floor"))
-FLOORS = (("floor-ep", "epoll"), ("floor-ur", "uring"))
+FLOORS = (("floor-ep", "epoll", {}), ("floor-ur", "uring", {}),
+          *((f"floor-c{us}", "epoll", {"FLOOR_COALESCE_US": us})
+            for us in os.environ.get("FLOOR_COALESCE", "").split(",") if us))
 ONLY = [x for x in os.environ.get("TARGETS", "").replace(" ", "").split(",") if x]
 WANTED = [x for x in os.environ.get("SCENARIOS", "").replace(" ", "").split(",") if x]
 OFFERED = {}  # scenario -> events/s offered over all its streams
@@ -166,9 +171,9 @@ def start_targets(d, up, procs):
         procs.append(base)
         extra["thaw-base"] = (base_port, base.pid)
     if os.path.exists(FLOOR_BIN):
-        for name, mode in FLOORS:
+        for name, mode, env in FLOORS:
             floor = subprocess.Popen([FLOOR_BIN, mode, "0", str(up)], stdout=subprocess.PIPE,
-                                     text=True)
+                                     text=True, env={**os.environ, **env})
             procs.append(floor)
             line = floor.stdout.readline().split()
             if len(line) == 2 and line[0] == "port":
@@ -302,10 +307,10 @@ def print_report(summary, descs, names):
     pairs = [("thaw", n) for n in ("nginx", "haproxy", "thaw-base", "floor-ep", "floor-ur")
              if n in names]
     # the bare relays against the peers: how far below them any proxy can go here
-    pairs += [(f, n) for f, _ in FLOORS if f in names for n in ("nginx", "haproxy")
+    pairs += [(f, n) for f, _, _ in FLOORS if f in names for n in ("nginx", "haproxy")
               if n in names]
-    if all(f in names for f, _ in FLOORS):
-        pairs.append(("floor-ur", "floor-ep"))
+    pairs += [(f, "floor-ep") for f, _, _ in FLOORS if f in names and f != "floor-ep"
+              and "floor-ep" in names]
     for ours, peer in pairs:
         parts = []
         for sc in descs:
