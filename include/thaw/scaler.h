@@ -53,6 +53,7 @@ struct scaler_model {
      * replica may go to, and its replicas per node (backend-owned arrays) */
     uint64_t req[WP_MAX_RES];
     uint64_t gpu_memory; /* per replica on one shared GPU; 0: not limited */
+    bool memory_sleeps;  /* sleep mode frees it (struct wp_model) */
     const bool *eligible;
     unsigned *on_node;
 };

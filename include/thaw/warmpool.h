@@ -41,7 +41,13 @@
  * decreasing: wp_memory_packs). Which GPU a pod gets is not thaw's choice
  * (the device plugin's), so this is a bound on the node, not an assignment.
  * An eviction or preemption for memory takes replicas that hold memory on
- * that node, and only when their release makes the newcomer pack. */
+ * that node, and only when their release makes the newcomer pack.
+ *
+ * A model whose replicas sleep (sleep mode) frees their memory by putting
+ * an idle one to sleep, not by scaling down: its replicas are not counted
+ * per model (memory_sleeps) nor evicted for memory. What its awake replicas
+ * hold is the node's `held`, each counted against a newcomer only when it
+ * cannot be put to sleep for it (busy, or of a higher priority). */
 #ifndef THAW_WARMPOOL_H
 #define THAW_WARMPOOL_H
 
@@ -73,8 +79,16 @@ struct wp_model {
     /* per node (warmpool_plan_cluster only) */
     uint64_t req[WP_MAX_RES]; /* per replica, by the cluster's resource index */
     uint64_t gpu_memory;      /* per replica, on one GPU; 0: not declared (not limited) */
+    bool memory_sleeps;       /* sleep mode frees it: see `held` of struct wp_node */
     const bool *eligible;     /* per node: may a replica go there; NULL: everywhere */
     unsigned *on_node;        /* per node: in, replicas placed; out, as planned */
+};
+
+/* GPU memory an awake replica of a sleep-mode model holds on a node. */
+struct wp_held {
+    uint64_t memory;
+    enum tier tier;
+    bool sleepable; /* idle and awake: it can be put to sleep now */
 };
 
 struct wp_node {
@@ -82,6 +96,8 @@ struct wp_node {
     uint64_t alloc[WP_MAX_RES]; /* what thaw's models may use, by resource index */
     uint64_t gpu_memory;        /* per physical GPU; 0: unknown (memory not limited) */
     unsigned gpus;              /* physical GPUs sharing their memory (at most WP_MAX_GPUS) */
+    const struct wp_held *held; /* awake replicas of sleep-mode models there */
+    size_t n_held;
     /* out */
     uint64_t used[WP_MAX_RES]; /* by the planned replicas */
 };

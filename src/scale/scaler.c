@@ -167,6 +167,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
             .prewarm = sm->prewarm_on && sm->forecast_due,
             .quiet = sm->prewarm_on && sm->forecast_quiet,
             .gpu_memory = sm->gpu_memory,
+            .memory_sleeps = sm->memory_sleeps,
             .eligible = sm->eligible,
             .on_node = sm->on_node,
         };

@@ -181,9 +181,23 @@ bool wp_memory_packs(uint64_t *items, size_t n, unsigned gpus, uint64_t per_gpu)
     return true;
 }
 
+/* Whether a sleep-mode replica's memory stays held for x: it cannot be put
+ * to sleep now, or not for x (only a tier's own or a higher tier's demand
+ * puts a replica to sleep). */
+static bool held_for(const struct wp_held *h, const struct wp_model *x)
+{
+    return !h->sleepable || h->tier < x->tier;
+}
+
+static bool counts_memory(const struct wp_model *m)
+{
+    return m->gpu_memory && !m->memory_sleeps;
+}
+
 /* Whether one more replica of x packs into node k's GPU memory with the
- * replicas there (less those `freed` releases). Only models that declare
- * memory take part; a node that does not know its memory does not limit. */
+ * replicas there (less those `freed` releases) and what sleep-mode replicas
+ * hold there for x. Only models that declare memory take part; a node that
+ * does not know its memory does not limit. */
 static bool memory_room(const struct step *s, const struct wp_model *x, size_t k,
                         const struct freed *freed)
 {
@@ -194,10 +208,10 @@ static bool memory_room(const struct step *s, const struct wp_model *x, size_t k
     if (x->gpu_memory > nd->gpu_memory) {
         return false;
     }
-    size_t total = 1;
+    size_t total = 1 + nd->n_held;
     for (size_t i = 0; i < s->n; i++) {
         unsigned gone = freed && freed->any_gone ? s->gone[i] : 0;
-        if (s->m[i].gpu_memory && s->m[i].on_node[k] > gone) {
+        if (counts_memory(&s->m[i]) && s->m[i].on_node[k] > gone) {
             total += s->m[i].on_node[k] - gone;
         }
     }
@@ -210,8 +224,13 @@ static bool memory_room(const struct step *s, const struct wp_model *x, size_t k
     items[n++] = x->gpu_memory;
     for (size_t i = 0; i < s->n; i++) {
         unsigned gone = freed && freed->any_gone ? s->gone[i] : 0;
-        for (unsigned j = gone; s->m[i].gpu_memory && j < s->m[i].on_node[k]; j++) {
+        for (unsigned j = gone; counts_memory(&s->m[i]) && j < s->m[i].on_node[k]; j++) {
             items[n++] = s->m[i].gpu_memory;
+        }
+    }
+    for (size_t h = 0; h < nd->n_held; h++) {
+        if (held_for(&nd->held[h], x)) {
+            items[n++] = nd->held[h].memory;
         }
     }
     bool fits = wp_memory_packs(items, n, nd->gpus, nd->gpu_memory);
@@ -321,7 +340,7 @@ static bool helps(const struct step *s, const struct wp_model *v, const struct w
             return true;
         }
     }
-    return v->gpu_memory && !memory_room(s, x, k, freed);
+    return counts_memory(v) && !memory_room(s, x, k, freed);
 }
 
 /* v's replicas (on_node of them on the node, drop off its target) are

@@ -141,6 +141,105 @@ def test_a_wake_waits_until_the_pod_put_to_sleep_for_it_is_asleep(cluster, thaw_
     assert kmodel(t, "a")["sleep"]["wakes"] == 1
 
 
+def one_gpu_node(cluster):
+    return cluster(nodes=[{"name": "gpu-a", "gpus": 1, "replicas": 4,
+                           "labels": {"nvidia.com/gpu.memory": "24576"}}])
+
+
+def memory_model(name, tier=None, sleep=False, token_ms="5", replicas=0,
+                 idle_before_sleep="500ms"):
+    anns = {"thaw.dev/gpu-memory": "14Gi"}
+    if sleep:
+        anns.update({"thaw.dev/sleep-mode": "true",
+                     "thaw.dev/idle-before-sleep": idle_before_sleep})
+    if tier:
+        anns["thaw.dev/priority"] = tier
+    # a load that spans the activator's half-second tick, as a model's does
+    d = deployment(name, replicas=replicas, load_ms=1200, annotations=anns)
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = token_ms
+    return d
+
+
+def used_while(t, busy):
+    """The GPU memory the node's awake pods hold, sampled while busy() is true."""
+    seen = []
+    while busy():
+        node = next(n for n in t.status()["kubernetes"]["nodes"] if n["name"] == "gpu-a")
+        seen.append(node["gpu_memory"]["used_bytes"])
+        time.sleep(0.05)
+    return seen
+
+
+@pytest.mark.timer_heavy
+@pytest.mark.parametrize("b_sleeps", [False, True], ids=["b-plain", "b-sleep-mode"])
+def test_a_busy_sleep_mode_pod_keeps_its_gpu_memory(cluster, thaw_factory, tmp_path, b_sleeps):
+    """One GPU of 24 GiB. a (sleep mode, 14 GiB) serves a 3 s request when b
+    (14 GiB) is asked for: a cannot be put to sleep under its request, so b
+    waits for the memory until a is idle and asleep (before, b's pod started
+    at once: 28 GiB awake on the 24 GiB GPU)."""
+    sim = one_gpu_node(cluster)
+    sim.create_deployment(memory_model("a", sleep=True, token_ms="750"))  # 4 tokens: 3 s
+    sim.create_deployment(memory_model("b", sleep=b_sleeps))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    assert complete(t, host="a.models", body={"model": "x", "prompt": "hi",
+                                              "max_tokens": 1}).status == 200
+    out = {}
+    long_a = threading.Thread(target=lambda: out.__setitem__("a", complete(t, host="a.models")))
+    later_b = threading.Thread(target=lambda: out.__setitem__("b", complete(t, host="b.models")))
+    long_a.start()
+    time.sleep(0.5)
+    later_b.start()
+    seen = used_while(t, long_a.is_alive)
+    later_b.join(30)
+    assert out["a"].status == 200 and out["b"].status == 200, (out["a"].body, out["b"].body)
+    assert max(seen) <= 24 << 30, f"{max(seen) >> 30} GiB awake on the 24 GiB GPU"
+    # b started once a was idle, and a was put to sleep for it
+    assert kmodel(t, "a")["state"] == "sleeping" and kmodel(t, "b")["state"] == "ready"
+    assert t.metric("thaw_cold_start_seconds_count", model="b", namespace="models") == 1
+
+
+@pytest.mark.timer_heavy
+def test_an_idle_critical_sleep_mode_pod_is_not_slept_for_a_standard_one(cluster, thaw_factory,
+                                                                          tmp_path):
+    """An idle critical pod is not put to sleep for a standard model's memory
+    (the tier rule): the standard model waits until the critical one sleeps
+    on its own, instead of starting beside it on the full GPU."""
+    sim = one_gpu_node(cluster)
+    sim.create_deployment(memory_model("a", tier="critical", sleep=True,
+                                       idle_before_sleep="2s"))
+    sim.create_deployment(memory_model("b", tier="standard"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    assert complete(t, host="a.models").status == 200
+    out = {}
+    b = threading.Thread(target=lambda: out.__setitem__("b", complete(t, host="b.models")))
+    b.start()
+    seen = used_while(t, lambda: b.is_alive() and kmodel(t, "a")["state"] != "sleeping")
+    b.join(30)
+    assert out["b"].status == 200, out["b"].body
+    assert max(seen) <= 24 << 30, f"{max(seen) >> 30} GiB awake on the 24 GiB GPU"
+
+
+def test_pods_awake_together_over_the_gpu_memory_are_put_to_sleep(cluster, thaw_factory,
+                                                                  tmp_path):
+    """Two sleep-mode Deployments installed with a replica each on one 24 GiB
+    GPU (28 GiB awake), idle, idle-before-sleep an hour: one is put to sleep
+    at once, the lower tier's, though no pod asks for memory (before, both
+    stayed awake over the GPU's memory for the hour)."""
+    sim = one_gpu_node(cluster)
+    for name, tier in (("a", "standard"), ("b", "critical")):
+        sim.create_deployment(memory_model(name, tier=tier, sleep=True, replicas=1,
+                                           idle_before_sleep="1h"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    wait_for(lambda: kmodel(t, "a")["state"] == "sleeping", timeout=10 * SLOW,
+             what="the standard pod asleep")
+    assert kmodel(t, "b")["state"] == "ready"
+    node = next(n for n in t.status()["kubernetes"]["nodes"] if n["name"] == "gpu-a")
+    assert node["gpu_memory"]["used_bytes"] == 14 << 30
+
+
 def sleep_status(t):
     """The activator's view of each pod of llama: name -> sleep state."""
     return {p["name"]: p.get("sleep", "awake") for p in kmodel(t)["pods"]

@@ -578,6 +578,51 @@ static void test_memory_eviction_takes_only_what_is_needed(void **state)
     assert_int_equal(m[0].target, 1);
 }
 
+static void test_sleep_mode_memory_counts_only_what_cannot_sleep(void **state)
+{
+    /* One 24 GiB GPU holding an awake 14 GiB replica of a sleep-mode model
+     * (its memory is the node's `held`, not counted per replica). A standard
+     * 14 GiB model wakes: admitted while the held replica could be put to
+     * sleep for it (idle, standard or lower); denied while it is busy, or
+     * idle but critical. The sleep-mode model itself is never evicted for
+     * memory: sleep frees it. */
+    struct wp_held held = {14 * GiB, TIER_STANDARD, true};
+    struct wp_node nodes[] = {NM("a", 1, 24 * GiB)};
+    nodes[0].held = &held;
+    nodes[0].n_held = 1;
+    struct wp_model m[] = {
+        M("sleepy", TIER_STANDARD, 1, 1, 0, true, 1),
+        M("new", TIER_STANDARD, 1, 0, 1, false, 1),
+    };
+    unsigned on[2][1];
+    struct wp_cluster c = C(nodes, 1);
+    struct wp_plan p;
+    struct {
+        enum tier tier;
+        bool sleepable;
+        unsigned admitted;
+    } cases[] = {
+        {TIER_STANDARD, true, 1},
+        {TIER_BATCH, true, 1},
+        {TIER_STANDARD, false, 0},
+        {TIER_CRITICAL, true, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        held.tier = cases[k].tier;
+        held.sleepable = cases[k].sleepable;
+        for (size_t i = 0; i < 2; i++) {
+            m[i].gpu_memory = 14 * GiB;
+            m[i].current = i == 0 ? 1 : 0;
+            place(&m[i], on[i], 1, (unsigned[]){i == 0 ? 1 : 0});
+        }
+        m[0].memory_sleeps = true;
+        warmpool_plan_cluster(m, 2, &c, 4, &p);
+        assert_int_equal(m[1].target, cases[k].admitted);
+        assert_int_equal(m[0].target, 1);
+        assert_int_equal(count(&p, WP_EVICT, 0), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -598,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_prewarm_from_zero_takes_only_free_room),
         cmocka_unit_test(test_forecast_orders_the_warm_budget),
         cmocka_unit_test(test_memory_packs_by_first_fit_decreasing),
+        cmocka_unit_test(test_sleep_mode_memory_counts_only_what_cannot_sleep),
         cmocka_unit_test(test_memory_bound_gpu_refuses_a_third_replica),
         cmocka_unit_test(test_memory_eviction_only_when_it_makes_room),
         cmocka_unit_test(test_memory_eviction_takes_only_what_is_needed),

@@ -197,6 +197,8 @@ struct kube_placement {
     size_t cap_cells;
     char res[WP_MAX_RES][96];
     size_t n_res;
+    struct wp_held *held; /* the nodes' `held`, node by node */
+    size_t cap_held;
 };
 
 /* tenants.source: the watched Secret or ConfigMap (tenants_source.c). */
@@ -359,11 +361,6 @@ uint64_t kube_replica_memory(const struct kmodel *km);
  * terminating, and not asleep (sleep mode) unless asked to wake. What the
  * admission packs and what sleep mode frees count the same pods. */
 bool kube_pod_holds_memory(const struct kpod *p);
-/* What the warm pool's admission counts of it: none for a sleep-mode model,
- * whose memory sleep mode frees on its node when another pod needs it
- * (sleep.c), so the admission neither holds its wake nor counts its idle
- * replicas against others. */
-uint64_t kube_admitted_memory(const struct kmodel *km);
 /* Its replicas declare GPU memory and some GPU node knows its own: a wake
  * from zero must go through the plan (memory admission), not straight to a
  * scale PATCH. */
@@ -401,6 +398,9 @@ void kube_idle_tick(struct kmodel *km, uint64_t now);
 uint64_t kube_idle_demand_age(const struct kmodel *km, uint64_t now);
 
 /* sleep.c */
+/* Whether p could be put to sleep now for another pod's GPU memory: a
+ * sleep-mode pod, awake and reported ready, its model idle (everywhere). */
+bool kube_pod_sleepable(const struct kpod *p);
 /* Every tick: idle pods of a sleep-mode model doze after idle-before-sleep;
  * demand wakes asleep ones. */
 void kube_sleep_tick(struct kmodel *km, uint64_t now);

@@ -78,11 +78,6 @@ uint64_t kube_replica_memory(const struct kmodel *km)
     return 0;
 }
 
-uint64_t kube_admitted_memory(const struct kmodel *km)
-{
-    return km->spec.sleep_level ? 0 : kube_replica_memory(km);
-}
-
 static void any_memory(void *ud, const char *key, void *value)
 {
     const struct k8s_node_info *ni = value;
@@ -93,7 +88,7 @@ static void any_memory(void *ud, const char *key, void *value)
 
 bool kube_memory_bound(const struct kmodel *km)
 {
-    if (!kube_admitted_memory(km)) {
+    if (!kube_replica_memory(km)) {
         return false;
     }
     bool any = km->kb->cfg->kubernetes.gpu_memory_bytes > 0;
@@ -318,7 +313,8 @@ static void model_row(struct kube_placement *pl, struct kmodel *km, bool *eligib
 {
     struct scaler_model *sm = &km->sc;
     memset(sm->req, 0, sizeof sm->req);
-    sm->gpu_memory = kube_admitted_memory(km);
+    sm->gpu_memory = kube_replica_memory(km);
+    sm->memory_sleeps = km->spec.sleep_level != 0;
     bool all_known = !km->tpl.requests.truncated;
     for (size_t i = 0; i < km->tpl.requests.n; i++) {
         int r = res_index(pl, km->tpl.requests.r[i].name);
@@ -336,6 +332,71 @@ static void model_row(struct kube_placement *pl, struct kmodel *km, bool *eligib
     strmap_each(&km->pods, count_pod, &c);
     sm->eligible = eligible;
     sm->on_node = on_node;
+}
+
+/* What the awake pods of sleep-mode models hold per node (struct wp_node's
+ * held): counted in a first pass (pl->held NULL), written in a second. A
+ * pod falling asleep is not counted: its memory is on its way. */
+static void held_pod(void *ud, const char *key, void *value)
+{
+    struct kube_placement *pl = ud;
+    const struct kpod *p = value;
+    if (!kube_pod_holds_memory(p) || p->sleep == KS_DOZING) {
+        return;
+    }
+    size_t k = node_index(pl, p->node);
+    if (k == WP_NO_NODE) {
+        return;
+    }
+    struct wp_node *nd = &pl->nodes[k];
+    if (pl->held) {
+        pl->held[(size_t)(nd->held - pl->held) + nd->n_held] = (struct wp_held){
+            kube_replica_memory(p->km), p->km->m->set.priority, kube_pod_sleepable(p)};
+    }
+    nd->n_held++;
+}
+
+static void held_model(void *ud, const char *key, void *value)
+{
+    const struct kmodel *km = value;
+    if (km->spec.sleep_level && kube_replica_memory(km)) {
+        strmap_each(&km->pods, held_pod, ud);
+    }
+}
+
+/* 0, or -1 when memory ran out (then no node lists what sleep-mode pods
+ * hold: the plan admits as it did without them). */
+static int collect_held(struct kube_placement *pl)
+{
+    struct wp_held *keep = pl->held;
+    pl->held = NULL;
+    strmap_each(&pl->kb->models, held_model, pl);
+    size_t total = 0;
+    for (size_t k = 0; k < pl->n_nodes; k++) {
+        total += pl->nodes[k].n_held;
+    }
+    pl->held = keep;
+    if (total > pl->cap_held) {
+        struct wp_held *more = realloc(pl->held, total * sizeof *more);
+        if (!more) {
+            for (size_t k = 0; k < pl->n_nodes; k++) {
+                pl->nodes[k].n_held = 0;
+            }
+            return -1;
+        }
+        pl->held = more;
+        pl->cap_held = total;
+    }
+    size_t at = 0;
+    for (size_t k = 0; k < pl->n_nodes; k++) {
+        pl->nodes[k].held = pl->held ? pl->held + at : NULL;
+        at += pl->nodes[k].n_held;
+        pl->nodes[k].n_held = 0;
+    }
+    if (total) {
+        strmap_each(&pl->kb->models, held_model, pl);
+    }
+    return 0;
 }
 
 /* Room for want nodes and want_cells model x node cells. */
@@ -398,6 +459,7 @@ bool kube_plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cl
     if (pl->n_nodes == 0) {
         return no_nodes(sms, n);
     }
+    collect_held(pl);
     for (size_t i = 0; i < n; i++) {
         struct kmodel *km = container_of(sms[i], struct kmodel, sc);
         model_row(pl, km, pl->eligible + i * pl->n_nodes, pl->on_node + i * pl->n_nodes);
@@ -417,5 +479,6 @@ void kube_placement_dispose(struct kube_placement *pl)
     free(pl->info);
     free(pl->eligible);
     free(pl->on_node);
+    free(pl->held);
     memset(pl, 0, sizeof *pl);
 }

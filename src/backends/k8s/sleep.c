@@ -96,6 +96,12 @@ static bool model_idle(const struct kmodel *km)
     return !(kb->have_peers && kb->leading) || k8s_peers_demand(&kb->peers, km->key) == 0;
 }
 
+bool kube_pod_sleepable(const struct kpod *p)
+{
+    return p->km->spec.sleep_level && p->reported && p->sleep == KS_AWAKE && !p->terminating &&
+           model_idle(p->km) && clock_now_ms() >= p->no_sleep_until_ms;
+}
+
 static void on_slept(struct control *c, int status, void *ud)
 {
     struct kpod *p = ud;
@@ -325,9 +331,7 @@ static void sleep_victim(void *ud, const char *key, void *value)
     struct kpod *p = value;
     struct kmodel *km = p->km;
     if (v->nm->held - v->nm->coming <= v->cap || strcmp(p->node, v->nm->node) != 0 ||
-        (int)km->m->set.priority != v->tier || !km->spec.sleep_level || !p->reported ||
-        p->sleep != KS_AWAKE || p->terminating || !model_idle(km) ||
-        clock_now_ms() < p->no_sleep_until_ms) {
+        (int)km->m->set.priority != v->tier || !kube_pod_sleepable(p)) {
         return;
     }
     char why[300];
@@ -345,8 +349,11 @@ static void victims_in_model(void *ud, const char *key, void *value)
 }
 
 /* Puts idle pods on node to sleep, lowest priority first, until what the
- * pods there hold fits its GPU memory. The memory still held after that
- * (0 when it fits), with nm filled. */
+ * pods there hold fits its GPU memory: of the tier of the pods there that
+ * want memory and below; of any tier when none wants it (the newcomer
+ * loaded between two ticks, or the pods were awake together before thaw
+ * started): an overcommitted GPU sheds all the same. The memory still held
+ * after that (0 when it fits), with nm filled. */
 static uint64_t make_room(struct kube_backend *kb, const char *node, struct node_memory *nm)
 {
     nm->node = node;
@@ -357,9 +364,9 @@ static uint64_t make_room(struct kube_backend *kb, const char *node, struct node
     if (!cap || nm->held - nm->coming <= cap) {
         return 0;
     }
-    if (nm->need && (kb->leading || !kb->have_peers)) {
+    if (kb->leading || !kb->have_peers) {
         struct victims v = {nm, cap, TIER_COUNT - 1};
-        for (; v.tier >= (int)nm->need_tier; v.tier--) {
+        for (int upto = nm->need ? (int)nm->need_tier : 0; v.tier >= upto; v.tier--) {
             strmap_each(&kb->models, victims_in_model, &v);
         }
     }
