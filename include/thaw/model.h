@@ -97,6 +97,7 @@ struct model {
     struct endpoint **endpoints;
     size_t n_endpoints, cap_endpoints;
     uint32_t inflight; /* requests at an endpoint */
+    uint32_t inflight_leaving; /* at replicas that left it (draining): still its load */
     struct backend *backend;
     void *backend_data;      /* the backend's per-model state */
     struct event *queue_timer; /* set by the proxy: fires at the next deadline */

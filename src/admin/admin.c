@@ -536,7 +536,7 @@ static int snapshot_models(struct metrics_stream *ms)
             s->queue_len[t] = m->queue.len[t];
         }
         s->n_endpoints = m->n_endpoints;
-        s->inflight = m->inflight;
+        s->inflight = m->inflight + m->inflight_leaving; /* draining replicas too */
         s->replicas_desired = m->replicas_desired;
         s->pool_slices = m->pool_slices;
         s->priority = m->set.priority;
@@ -869,7 +869,7 @@ static void render_status(struct admin_ctx *adm, struct buf *out)
         cJSON_AddStringToObject(jm, "namespace", m->namespace_);
         cJSON_AddStringToObject(jm, "priority", tier_name(m->set.priority));
         cJSON_AddNumberToObject(jm, "max_concurrency", m->set.max_concurrency);
-        cJSON_AddNumberToObject(jm, "inflight", m->inflight);
+        cJSON_AddNumberToObject(jm, "inflight", m->inflight + m->inflight_leaving);
         cJSON_AddNumberToObject(jm, "capacity", model_capacity(m));
         status_revisions(m, jm, now);
         if (m->backend) {

@@ -119,8 +119,15 @@ static void detach_endpoint(struct model *m, size_t i)
     struct endpoint *ep = m->endpoints[i];
     m->endpoints[i] = m->endpoints[--m->n_endpoints];
     /* Requests still running on it (a draining or dead replica) no longer
-     * count as the model's: release() cannot reach the model once unlinked. */
+     * hold the model's slots; they stay its load until they end, or the
+     * autoscaler, seeing them gone, would drain the next replica under its
+     * own streams. */
     m->inflight -= ep->inflight;
+    if (ep->inflight && !ep->left) {
+        m->inflight_leaving += ep->inflight;
+        ep->left = m;
+        model_ref(m);
+    }
     ep->model = NULL;
     if (m->fleet->on_endpoint_gone) {
         m->fleet->on_endpoint_gone(m->fleet->cb_ud, ep);
@@ -336,7 +343,7 @@ uint32_t model_capacity(const struct model *m)
 
 double model_demand(const struct model *m)
 {
-    return (double)m->inflight + (double)queue_runnable(&m->queue);
+    return (double)m->inflight + (double)m->inflight_leaving + (double)queue_runnable(&m->queue);
 }
 
 void endpoint_take_slot(struct endpoint *ep)
@@ -351,6 +358,12 @@ struct model *endpoint_give_slot(struct endpoint *ep)
     ep->inflight--;
     if (ep->model) {
         ep->model->inflight--;
+    } else if (ep->left) {
+        ep->left->inflight_leaving--;
+        if (!ep->inflight) {
+            model_unref(ep->left);
+            ep->left = NULL;
+        }
     }
     return ep->model;
 }

@@ -147,6 +147,12 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
     for (size_t i = 0; i < n; i++) {
         struct scaler_model *sm = sms[i];
         update_rate(sm, now_ms);
+        /* Requests in flight or waiting now are demand, sampled or not: a
+         * plan between two samples (a reload's, a wake's) must not take a
+         * model serving its first requests for idle and stop its replicas. */
+        if (model_demand(sm->m) > 0) {
+            as_note_demand(&sm->ass, now_ms, 0);
+        }
         as_decide(&sm->ass, &sm->asc, now_ms, sm->ready, sm->current, &sm->last);
         unsigned desired = sm->last.desired;
         if (sm->hold_starts && desired > sm->current) {

@@ -571,3 +571,76 @@ def test_forecast_modes_reach_each_model(thaw_factory):
     fb = model_status(t, "b")["autoscaler"]["forecast"]
     assert fb["mode"] == "on" and fb["horizon_s"] >= 60 and fb["due"] is False
     assert "forecast" not in model_status(t, "c")["autoscaler"]
+
+
+def three_streams_on_three_replicas(thaw_factory, tokens):
+    """Three replicas (min_replicas 3) of the asyncio counterpart, target 2.8
+    (max_concurrency 4 at 70%), and a stream on each of tokens x 100 ms."""
+    from test_upstream_faults import counterpart_model
+
+    def cfg(min_replicas):
+        return {"autoscaler": {"tick_ms": 200, "stable_window_ms": 6000},
+                "models": [counterpart_model("asyncio_server.py", "llama", "--tokens",
+                                             str(tokens), "--token-delay-ms", "100",
+                                             max_concurrency=4, max_replicas=3,
+                                             min_replicas=min_replicas)]}
+    t = thaw_factory(cfg(3))
+    wait_for(lambda: model_status(t)["replicas_ready"] == 3, timeout=20 * SLOW, what="3 ready")
+    out = {}
+    ths = [threading.Thread(target=lambda i=i: out.__setitem__(i, complete(t, stream=True)))
+           for i in range(3)]
+    for th in ths:
+        th.start()
+    wait_for(lambda: sorted(r["inflight"] for r in model_status(t)["replicas"]) == [1, 1, 1],
+             timeout=10 * SLOW, what="a stream on each replica")
+    return t, cfg, ths, out
+
+
+def watch_drains(t, ths):
+    """Until the streams end: the replicas drained, and the model's in-flight
+    count while all three streams ran."""
+    draining, counted = set(), set()
+    while any(th.is_alive() for th in ths):
+        st = model_status(t)
+        draining |= {p["id"] for p in st["processes"] if p["state"] == "draining"}
+        if all(th.is_alive() for th in ths):
+            counted.add(st["inflight"])
+        time.sleep(0.1)
+    return draining, counted
+
+
+def whole_streams(out):
+    return all(out[i].status == 200 and out[i].body.rstrip().endswith(b"data: [DONE]")
+               for i in range(3))
+
+
+@pytest.mark.timer_heavy
+def test_streams_on_a_draining_replica_still_count_as_the_models_load(thaw_factory):
+    """A stable window of three streams, one per replica; min_replicas drops
+    to 0: the autoscaler drains one replica (ceil(3 / 2.8) = 2). Its stream
+    is still the model's load, so no second replica is drained under its own
+    stream (before, the drained one's stream dropped out of the count, the
+    next stable window saw 2 and drained another, and so on)."""
+    from test_reload import hup, write_config
+    t, cfg, ths, out = three_streams_on_three_replicas(thaw_factory, tokens=200)
+    time.sleep(7)  # a whole stable window at 3
+    write_config(t, cfg(0))
+    hup(t)
+    draining, counted = watch_drains(t, ths)
+    assert whole_streams(out), [out[i].body[-100:] for i in range(3)]
+    assert len(draining) == 1, f"drained under their streams: {sorted(draining)}"
+    assert counted == {3}, f"the model's in-flight requests read {sorted(counted)}"
+
+
+def test_a_plan_between_samples_sees_the_requests_in_flight(thaw_factory):
+    """A reload lowers min_replicas right after the first requests began,
+    before the autoscaler sampled them: the model is not idle, and its
+    replicas are not all drained under their streams (before, the reload's
+    plan took it for idle past the scale-to-zero grace and drained all 3)."""
+    from test_reload import hup, write_config
+    t, cfg, ths, out = three_streams_on_three_replicas(thaw_factory, tokens=30)
+    write_config(t, cfg(0))
+    hup(t)
+    draining, _ = watch_drains(t, ths)
+    assert whole_streams(out), [out[i].body[-100:] for i in range(3)]
+    assert len(draining) < 3, "every replica drained while its stream ran"
