@@ -398,9 +398,6 @@ void kube_idle_tick(struct kmodel *km, uint64_t now);
 uint64_t kube_idle_demand_age(const struct kmodel *km, uint64_t now);
 
 /* sleep.c */
-/* Whether p could be put to sleep now for another pod's GPU memory: a
- * sleep-mode pod, awake and reported ready, its model idle (everywhere). */
-bool kube_pod_sleepable(const struct kpod *p);
 /* Every tick: idle pods of a sleep-mode model doze after idle-before-sleep;
  * demand wakes asleep ones. */
 void kube_sleep_tick(struct kmodel *km, uint64_t now);
@@ -436,6 +433,12 @@ bool kube_pod_still_serving(struct kpod *p, bool all);
 /* Requests still running on km's pods that sleep took out of routing: in
  * flight all the same, for /demand and for the model's idleness. */
 uint64_t kube_sleep_held_inflight(const struct kmodel *km);
+/* Nothing in flight or waiting for the model: here (held requests on pods
+ * sleep unrouted included), and on the leader at every fresh peer too. */
+bool kube_model_idle(const struct kmodel *km);
+/* Whether p could be put to sleep now for another pod's GPU memory: a
+ * sleep-mode pod, awake and reported ready, its model idle everywhere. */
+bool kube_pod_sleepable(const struct kpod *p);
 /* The leader's wish for p's mark, written when it may be (one PATCH at a
  * time, the newest wish last, backing off after failures). */
 void kube_pod_mark(struct kpod *p, enum kpod_mark want);

@@ -85,23 +85,6 @@ static void wake_wanted(struct kmodel *km);
 #define MARK_FAILURES_GIVE_UP 3
 #define MARK_GIVE_UP_MS 600000
 
-/* Nothing in flight or waiting for the model: here, and on the leader at
- * every fresh peer too. */
-static bool model_idle(const struct kmodel *km)
-{
-    struct kube_backend *kb = km->kb;
-    if (km->m->inflight || km->m->queue.count || kube_sleep_held_inflight(km)) {
-        return false;
-    }
-    return !(kb->have_peers && kb->leading) || k8s_peers_demand(&kb->peers, km->key) == 0;
-}
-
-bool kube_pod_sleepable(const struct kpod *p)
-{
-    return p->km->spec.sleep_level && p->reported && p->sleep == KS_AWAKE && !p->terminating &&
-           model_idle(p->km) && clock_now_ms() >= p->no_sleep_until_ms;
-}
-
 static void on_slept(struct control *c, int status, void *ud)
 {
     struct kpod *p = ud;
@@ -299,7 +282,7 @@ static void tally_pod(void *ud, const char *key, void *value)
         nm->coming += kube_replica_memory(km);
     }
     bool wants = (p->sleep == KS_AWAKE && !p->reported) || p->sleep == KS_ASLEEP ||
-                 p->sleep == KS_WAKING || !model_idle(km);
+                 p->sleep == KS_WAKING || !kube_model_idle(km);
     if (wants && (!nm->need || km->m->set.priority < nm->need_tier)) {
         nm->need = true;
         nm->need_tier = km->m->set.priority;
@@ -479,7 +462,7 @@ static void wake_wanted(struct kmodel *km)
     if (kube_sleep_shared(km)) {
         strmap_each(&km->pods, any_wake_request, &asked);
     }
-    if (!kube_sleep_deciding(km) || (model_idle(km) && !asked)) {
+    if (!kube_sleep_deciding(km) || (kube_model_idle(km) && !asked)) {
         return;
     }
     unsigned want = km->sc.last.desired ? km->sc.last.desired : 1;
@@ -556,7 +539,7 @@ static void tend_marks(void *ud, const char *key, void *value)
         sleep_called_off(p);
         return;
     }
-    if (!model_idle(km) || p->wake_requested || kube_pod_still_serving(p, false) ||
+    if (!kube_model_idle(km) || p->wake_requested || kube_pod_still_serving(p, false) ||
         !k8s_peers_heard_all(&km->kb->peers, 0)) {
         sleep_called_off(p); /* requests came, or a peer went quiet: it cannot let go */
         return;

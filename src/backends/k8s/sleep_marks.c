@@ -68,6 +68,21 @@ uint64_t kube_sleep_held_inflight(const struct kmodel *km)
     return n;
 }
 
+bool kube_model_idle(const struct kmodel *km)
+{
+    struct kube_backend *kb = km->kb;
+    if (km->m->inflight || km->m->queue.count || kube_sleep_held_inflight(km)) {
+        return false;
+    }
+    return !(kb->have_peers && kb->leading) || k8s_peers_demand(&kb->peers, km->key) == 0;
+}
+
+bool kube_pod_sleepable(const struct kpod *p)
+{
+    return p->km->spec.sleep_level && p->reported && p->sleep == KS_AWAKE && !p->terminating &&
+           kube_model_idle(p->km) && clock_now_ms() >= p->no_sleep_until_ms;
+}
+
 #define MARK_RETRY_MAX_MS 30000
 
 void kube_pod_key(const struct kpod *p, char *out, size_t len)
