@@ -364,9 +364,9 @@ static void held_model(void *ud, const char *key, void *value)
     }
 }
 
-/* 0, or -1 when memory ran out (then no node lists what sleep-mode pods
- * hold: the plan admits as it did without them). */
-static int collect_held(struct kube_placement *pl)
+/* Out of memory, no node lists what sleep-mode pods hold: the plan admits
+ * as if none were awake. */
+static void collect_held(struct kube_placement *pl)
 {
     struct wp_held *keep = pl->held;
     pl->held = NULL;
@@ -382,7 +382,7 @@ static int collect_held(struct kube_placement *pl)
             for (size_t k = 0; k < pl->n_nodes; k++) {
                 pl->nodes[k].n_held = 0;
             }
-            return -1;
+            return;
         }
         pl->held = more;
         pl->cap_held = total;
@@ -396,7 +396,6 @@ static int collect_held(struct kube_placement *pl)
     if (total) {
         strmap_each(&pl->kb->models, held_model, pl);
     }
-    return 0;
 }
 
 /* Room for want nodes and want_cells model x node cells. */
