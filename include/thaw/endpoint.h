@@ -67,15 +67,15 @@ struct accept_slot {
  * slots through the upstream handler; connections only hold references while
  * they use the endpoint. Freed when the last reference is dropped. */
 struct endpoint {
-    struct model *model;    /* the owner; NULL once it let go */
+    struct model *model; /* the owner; NULL once it let go */
     /* The owner it left with requests still running here (draining): a
      * reference, held until they end, so that they still count as its load
      * (model_demand). */
     struct model *left;
-    char model_name[300];   /* the owner's name, for logs; kept once it let go
-                               (requests still running there log it) */
-    char *id;               /* the backend's name for the replica */
-    char addr_text[64];     /* "ip:port", for logs and status */
+    char model_name[300]; /* the owner's name, for logs; kept once it let go
+                             (requests still running there log it) */
+    char *id;             /* the backend's name for the replica */
+    char addr_text[64];   /* "ip:port", for logs and status */
     struct sockaddr_storage addr;
     socklen_t addrlen;
     uint32_t inflight;
