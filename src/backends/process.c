@@ -411,15 +411,25 @@ static int replica_start(struct proc_model *pm)
         argv[i] = substitute(pm->argv[i], port, gpu_id);
     }
     pid_t parent = getpid();
+    /* Until the child has put every signal back to its default, thaw's own
+     * handlers would run there: they write to thaw's signal pipe, so a
+     * SIGTERM meant for a child stopped before its exec (started and
+     * stopped in one turn) would reach thaw as its own. Signals stay
+     * blocked across the fork and in the child until then. */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, &old);
     pid_t pid = fork();
     if (pid == 0) {
         /* Child: own process group, dies with thaw, output to the pipe. */
+        for (int sig = 1; sig < NSIG; sig++) {
+            signal(sig, SIG_DFL); /* SIGKILL, SIGSTOP and libc's own refuse: none is caught */
+        }
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) {
             _exit(127);
         }
-        signal(SIGPIPE, SIG_DFL);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
@@ -437,6 +447,7 @@ static int replica_start(struct proc_model *pm)
         _exit(127);
     }
     int err = errno;
+    sigprocmask(SIG_SETMASK, &old, NULL);
     close(pipefd[1]);
     free_strv(env);
     for (size_t i = 0; i < pm->argc; i++) {

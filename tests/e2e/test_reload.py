@@ -6,6 +6,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 import httpc
 from conftest import wait_for
 from test_process import SLOW, complete, model_status, pid_alive, sim_model
@@ -356,3 +358,23 @@ def test_repeated_reloads_under_traffic_lose_nothing(thaw_factory, upstream, ups
     assert statuses and set(statuses) == {200}
     assert reloads(t, "success") == 10
     t.assert_reconciled()
+
+
+@pytest.mark.timer_heavy
+def test_a_reload_that_replaces_an_idle_models_process_does_not_stop_thaw(thaw_factory):
+    """A reload changes an idle model's command just past its idle timeout:
+    the replacement is started and stopped in one turn, before its exec.
+    The SIGTERM for that child ran thaw's own signal handler in it, which
+    wrote to thaw's signal pipe: thaw drained and exited on a SIGHUP."""
+    def cfg(i):
+        return {"models": [sim_model(tokens=3 + i % 2, load_ms=50, idle_timeout_ms=1000,
+                                     stop_grace_ms=300)]}
+    t = thaw_factory(cfg(0))
+    for i in range(6):
+        assert complete(t).status == 200
+        time.sleep(1.0 + 0.3 * i)  # past the idle timeout, the planning tick maybe not yet
+        write_config(t, cfg(i + 1))
+        hup(t)
+        time.sleep(0.3)
+        assert t.proc.poll() is None and "signal received" not in t.logs(), \
+            f"thaw stopped itself on reload {i}"
