@@ -146,11 +146,14 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
     }
     for (size_t i = 0; i < n; i++) {
         struct scaler_model *sm = sms[i];
+        uint64_t answered = sm->rate_count;
         update_rate(sm, now_ms);
-        /* Requests in flight or waiting now are demand, sampled or not: a
-         * plan between two samples (a reload's, a wake's) must not take a
-         * model serving its first requests for idle and stop its replicas. */
-        if (model_demand(sm->m) > 0) {
+        /* Requests in flight or waiting now are demand, sampled or not, and
+         * so are those that came and went since the last plan: a plan
+         * between two samples (a reload's, a wake's) must not take a model
+         * serving its first requests for idle, nor samples that each missed
+         * a short request a model serving them all along. */
+        if (model_demand(sm->m) > 0 || sm->rate_count != answered) {
             as_note_demand(&sm->ass, now_ms, 0);
         }
         as_decide(&sm->ass, &sm->asc, now_ms, sm->ready, sm->current, &sm->last);

@@ -644,3 +644,18 @@ def test_a_plan_between_samples_sees_the_requests_in_flight(thaw_factory):
     draining, _ = watch_drains(t, ths)
     assert whole_streams(out), [out[i].body[-100:] for i in range(3)]
     assert len(draining) < 3, "every replica drained while its stream ran"
+
+
+def test_a_model_serving_short_requests_is_not_taken_for_idle(thaw_factory):
+    """A request of about a millisecond every 300 ms, idle timeout 1.5 s: the
+    replica serves them all (before, the autoscaler's samples, every 200 ms,
+    all fell between requests, and the replica was stopped and cold-started
+    again every idle timeout)."""
+    t = thaw_factory({"autoscaler": {"tick_ms": 200},
+                      "models": [sim_model(load_ms=50, token_ms=0, tokens=1,
+                                           idle_timeout_ms=1500)]})
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        assert complete(t).status == 200
+        time.sleep(0.3)
+    assert model_status(t)["starts"] == 1, t.logs()
