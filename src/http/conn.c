@@ -99,6 +99,22 @@ static void arm_body_timer(struct conn *c)
     arm_timer(c, c->body_deadline_ms > now ? c->body_deadline_ms - now : 0);
 }
 
+/* A request body being read is looked at again this often (reset_check):
+ * a client's reset that came in one readiness report with its last bytes
+ * reaches the read callback as a plain short read (libevent reports an
+ * error without EV_CLOSED), and no new edge follows it. */
+#define CONN_RESET_CHECK_MS 2000
+
+/* The timer of a body being read fires within CONN_RESET_CHECK_MS,
+ * whatever its deadline (on_timer looks then and waits on). */
+static void check_within(struct conn *c)
+{
+    uint64_t now = clock_now_ms();
+    if (c->timer_at_ms == 0 || c->timer_at_ms > now + CONN_RESET_CHECK_MS) {
+        add_timer(c, now, now + CONN_RESET_CHECK_MS);
+    }
+}
+
 static void set_timer(struct conn *c, enum timer_kind k)
 {
     struct conn_ctx *s = c->ctx;
@@ -107,10 +123,11 @@ static void set_timer(struct conn *c, enum timer_kind k)
         c->deadline_ms = 0; /* a pending timer finds nothing to do */
         break;
     case TIMER_HEADER:
-        arm_timer(c, s->header_timeout_ms);
+        arm_timer(c, s->header_timeout_ms); /* short: no reset check (a heap operation a request) */
         break;
     case TIMER_BODY:
         arm_body_timer(c);
+        check_within(c);
         break;
     case TIMER_KEEPALIVE:
         arm_timer(c, s->keepalive_timeout_ms);
@@ -985,7 +1002,13 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         return; /* cleared since it was armed */
     }
     if (c->deadline_ms > now) {
-        add_timer(c, now, c->deadline_ms); /* moved later since it was armed */
+        uint64_t at = c->deadline_ms; /* moved later since it was armed */
+        if (c->state == CONN_READING && c->parser.head_done && !c->eof) {
+            /* reset_check: read to the end of what is there, or its error */
+            event_active(&c->rev, EV_READ | EV_CLOSED, 0);
+            at = at < now + CONN_RESET_CHECK_MS ? at : now + CONN_RESET_CHECK_MS;
+        }
+        add_timer(c, now, at);
         return;
     }
     c->deadline_ms = 0;
