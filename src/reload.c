@@ -266,6 +266,7 @@ static void remove_model(struct server *srv, struct model *m)
 {
     LOGI("model removed by reload: draining", "model=%s namespace=%s inflight=%u queued=%zu",
          m->name, m->namespace_, m->inflight, m->queue.count);
+    m->removing = true; /* its queue's answers count as unrouted: its series go */
     proxy_flush_queue(&srv->rt, m, REJECT_MODEL_REMOVED, NULL);
     if (m->backend->ops->retire) {
         m->backend->ops->retire(m->backend, m);

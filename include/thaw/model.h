@@ -118,6 +118,7 @@ struct model {
      * when the last request that named it is done. */
     uint32_t refs;
     bool removed;
+    bool removing; /* fleet_remove_model began: its answers no longer count in its series */
     struct model_stats stats;
     /* A model with revisions routes each request to one of them (see
      * revisions.h); a revision points back at it and carries its name. */

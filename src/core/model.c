@@ -219,6 +219,7 @@ void fleet_revisions_changed(struct fleet *f, struct model *m)
 
 void fleet_remove_model(struct fleet *f, struct model *m, const char *reason)
 {
+    m->removing = true;
     if (f->on_removing) {
         f->on_removing(f->cb_ud, m, reason);
     }

@@ -151,18 +151,27 @@ static void finish(struct request_pool *pool, struct request *r)
     (*pool->inflight)--;
 }
 
+/* Its model's series count it: the model is still there. One a reload
+ * removes takes its series along, so answers given as it goes (503
+ * model_removed) and after (requests that were at its replicas) count as
+ * unrouted, or no scrape would ever see them. */
+static bool model_counts(const struct request *r)
+{
+    return r->model && !r->model->removing;
+}
+
 void request_count_proxied(struct request_pool *pool, struct request *r, int status)
 {
     if (r->counted) {
         return;
     }
     pool->metrics->requests_proxied++;
-    if (r->model) {
+    if (model_counts(r)) {
         r->model->stats.proxied++;
         r->model->stats.failed += status >= 500;
         code_counts_add(&r->model->stats.codes, status);
     } else {
-        code_counts_add(&pool->metrics->unrouted_codes, status); /* GET /v1/models */
+        code_counts_add(&pool->metrics->unrouted_codes, status); /* GET /v1/models, ... */
     }
     access_log(pool, r, "proxied", status, "-");
     finish(pool, r);
@@ -179,7 +188,7 @@ void request_count_rejected(struct request_pool *pool, struct request *r, enum r
         r->tenant->stats.rejections[reason]++;
     }
     int status = reject_info(reason)->status;
-    if (r->model && r->model_resolved) {
+    if (model_counts(r) && r->model_resolved) {
         r->model->stats.rejected++;
         r->model->stats.rejections[reason]++;
         r->model->stats.failed += status >= 500;

@@ -378,3 +378,29 @@ def test_a_reload_that_replaces_an_idle_models_process_does_not_stop_thaw(thaw_f
         time.sleep(0.3)
         assert t.proc.poll() is None and "signal received" not in t.logs(), \
             f"thaw stopped itself on reload {i}"
+
+
+def test_answers_for_a_model_a_reload_removes_are_counted_as_unrouted(thaw_factory):
+    """A model's series leave with it: the 503 model_removed its held request
+    gets, and the answer of a request that was at its replica, are counted
+    in thaw_unrouted_responses_total (before, in the model's series, which no
+    scrape saw again)."""
+    def cfg(with_slow):
+        models = [sim_model("keep", load_ms=50)]
+        if with_slow:
+            models += [sim_model("cold", load_ms=5000),
+                       sim_model("busy", load_ms=50, token_ms=400, tokens=4, min_replicas=1)]
+        return {"models": models}
+    t = thaw_factory(cfg(True))
+    wait_for(lambda: model_status(t, "busy")["replicas_ready"] == 1, timeout=20 * SLOW,
+             what="busy ready")
+    held = Background(lambda: complete(t, "cold"))
+    at_replica = Background(lambda: complete(t, "busy"))
+    wait_for(lambda: model_status(t, "busy")["inflight"] == 1 and
+             model_status(t, "cold")["queue"]["standard"] == 1, timeout=10 * SLOW,
+             what="both under way")
+    write_config(t, cfg(False))
+    hup(t)
+    assert held.join().status == 503 and at_replica.join().status == 200
+    assert t.metric("thaw_unrouted_responses_total", code="503") == 1
+    assert t.metric("thaw_unrouted_responses_total", code="200") == 1
