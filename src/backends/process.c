@@ -130,6 +130,7 @@ struct proc_model {
     unsigned quick_crashes; /* replicas in a row that crashed soon after ready */
     uint64_t backoff_until_ms;
     bool waiting_for_capacity;
+    int start_error; /* the last start's error (-errno), said once; 0: none */
     bool poked;
     char last_error[200];
     uint64_t starts, start_failures, crashes;
@@ -239,18 +240,21 @@ static void log_last_lines(struct replica *r)
 
 /* ---- spawning ---------------------------------------------------------- */
 
+/* A free loopback port, or -errno. */
 static int free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        return -1;
+        return -errno;
     }
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sin;
-    int port = -1;
+    int port = -EADDRNOTAVAIL;
     if (bind(fd, (struct sockaddr *)&sin, sizeof sin) == 0 &&
         getsockname(fd, (struct sockaddr *)&sin, &len) == 0) {
         port = ntohs(sin.sin_port);
+    } else {
+        port = -errno;
     }
     close(fd);
     return port;
@@ -396,16 +400,17 @@ static int replica_start(struct proc_model *pm)
     pm->waiting_for_capacity = false;
     int port = free_port();
     if (port < 0) {
-        return -EADDRNOTAVAIL;
+        return port;
     }
     int gpu_id = gpu >= 0 ? pb->gpus[gpu].id : -1;
     char **argv = calloc(pm->argc + 1, sizeof *argv);
     char **env = build_env(pm, port, gpu);
     int pipefd[2] = {-1, -1};
     if (!argv || !env || pipe2(pipefd, O_CLOEXEC) < 0) {
+        int err = argv && env ? errno : ENOMEM;
         free(argv);
         free_strv(env);
-        return -ENOMEM;
+        return -err;
     }
     for (size_t i = 0; i < pm->argc; i++) {
         argv[i] = substitute(pm->argv[i], port, gpu_id);
@@ -790,7 +795,16 @@ static void apply_target(struct proc_model *pm, unsigned target, const char *why
 {
     unsigned have = replicas_held(pm);
     while (have < target) {
-        if (replica_start(pm) != 0) {
+        int rc = replica_start(pm);
+        bool waits = rc == -ENOSPC || rc == -ESHUTDOWN; /* said where it is decided */
+        if (rc && !waits && rc != pm->start_error) {
+            /* Out of descriptors, ports or processes: retried each step,
+             * said once (held requests wait on, to their queue timeout). */
+            LOGW("cannot start a replica", "model=%s error=\"%s\"", pm->m->name,
+                 strerror(-rc));
+        }
+        pm->start_error = waits ? 0 : rc;
+        if (rc) {
             break;
         }
         have++;

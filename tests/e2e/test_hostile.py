@@ -423,3 +423,34 @@ def test_a_client_reset_mid_upload_ends_its_request_at_once(thaw):
              timeout=5, what="every reset request ended")
     assert thaw.metric("thaw_requests_inflight") == 0
     assert thaw.metric("thaw_buffered_body_bytes") == 0
+
+
+def test_a_start_that_runs_out_of_descriptors_is_logged(thaw_factory):
+    """Client connections take every descriptor thaw may have when a request
+    wakes a process model: the start fails (no socket for a port, no pipe)
+    and says why in the log, once (before, nothing was logged at any level
+    and the request waited silently for its queue timeout)."""
+    from test_process import sim_model
+    t = thaw_factory({"models": [sim_model(load_ms=50, queue_timeout_ms=2000)]},
+                     preexec_fn=limit_fds(40))
+    s = socket.create_connection((t.host, t.port))
+    s.sendall(b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n\r\n'
+              b'{"model":"llama')  # held: its body is not whole yet
+    conns = []
+    try:
+        for _ in range(60):
+            try:
+                conns.append(socket.create_connection((t.host, t.port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)
+        s.sendall(b'"}')
+        r = httpc.Reader(s).response()
+        assert r.status == 504, r.body
+    finally:
+        for c in conns:
+            c.close()
+        s.close()
+    logs = t.logs()
+    assert logs.count('msg="cannot start a replica" model=llama error="Too many open files"') == 1, \
+        logs[-3000:]
