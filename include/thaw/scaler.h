@@ -25,6 +25,7 @@ struct scaler_model {
     unsigned min_replicas;
     double rate; /* requests per second, smoothed */
     uint64_t rate_count, rate_ms;
+    uint64_t served_seen; /* requests proxied or aborted, at the last plan */
     struct as_decision last;
     unsigned target;
     bool warm;

@@ -1645,6 +1645,7 @@ static int take_definition(struct proc_model *pm, const struct config_model *cm)
     if (!pm->sc.m || pm->sc.asc.stable_window_ms != fresh.asc.stable_window_ms) {
         fresh.fc = pm->sc.fc; /* the demand profile outlives a new window */
         fresh.fc_count = pm->sc.fc_count;
+        fresh.served_seen = pm->sc.served_seen;
         pm->sc = fresh;
     } else {
         pm->sc.asc = fresh.asc;

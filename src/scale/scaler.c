@@ -146,16 +146,18 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
     }
     for (size_t i = 0; i < n; i++) {
         struct scaler_model *sm = sms[i];
-        uint64_t answered = sm->rate_count;
         update_rate(sm, now_ms);
         /* Requests in flight or waiting now are demand, sampled or not, and
-         * so are those that came and went since the last plan: a plan
+         * so are those served (or cut short) since the last plan: a plan
          * between two samples (a reload's, a wake's) must not take a model
          * serving its first requests for idle, nor samples that each missed
-         * a short request a model serving them all along. */
-        if (model_demand(sm->m) > 0 || sm->rate_count != answered) {
+         * a short request a model serving them all along. Refusals (a body
+         * too large...) are not demand. */
+        uint64_t served = sm->m->stats.proxied + sm->m->stats.aborted;
+        if (model_demand(sm->m) > 0 || served != sm->served_seen) {
             as_note_demand(&sm->ass, now_ms, 0);
         }
+        sm->served_seen = served;
         as_decide(&sm->ass, &sm->asc, now_ms, sm->ready, sm->current, &sm->last);
         unsigned desired = sm->last.desired;
         if (sm->hold_starts && desired > sm->current) {

@@ -69,6 +69,11 @@ struct step {
     struct wp_cluster *c;
     struct wp_plan *out;
     unsigned used_slices, warm_used;
+    /* models x nodes: replicas placed when the plan began (a sleep-mode
+     * model's beyond those are pods this plan starts, whose memory no sleep
+     * frees); NULL: none placed anywhere */
+    unsigned *base;
+    bool free_only; /* prewarm: an idle sleep-mode pod's memory is not free */
 };
 
 static bool unlimited(const struct step *s)
@@ -183,15 +188,32 @@ bool wp_memory_packs(uint64_t *items, size_t n, unsigned gpus, uint64_t per_gpu)
 
 /* Whether a sleep-mode replica's memory stays held for x: it cannot be put
  * to sleep now, or not for x (only a tier's own or a higher tier's demand
- * puts a replica to sleep). */
-static bool held_for(const struct wp_held *h, const struct wp_model *x)
+ * puts a replica to sleep, and a prewarm takes only free room). */
+static bool held_for(const struct step *s, const struct wp_held *h, const struct wp_model *x)
 {
-    return !h->sleepable || h->tier < x->tier;
+    return s->free_only || !h->sleepable || h->tier < x->tier;
 }
 
 static bool counts_memory(const struct wp_model *m)
 {
     return m->gpu_memory && !m->memory_sleeps;
+}
+
+/* Replicas of model i on node k whose memory counts there: a model's that
+ * sleep mode does not free, less those a room plan releases (gone); of a
+ * sleep-mode model, those this plan places (its pods are the node's held). */
+static unsigned memory_replicas(const struct step *s, size_t i, size_t k, unsigned gone)
+{
+    const struct wp_model *m = &s->m[i];
+    if (!m->gpu_memory || !m->on_node) {
+        return 0;
+    }
+    unsigned now = m->on_node[k];
+    if (!m->memory_sleeps) {
+        return now > gone ? now - gone : 0;
+    }
+    unsigned before = s->base ? s->base[i * s->c->n_nodes + k] : 0;
+    return now > before ? now - before : 0;
 }
 
 /* Whether one more replica of x packs into node k's GPU memory with the
@@ -210,10 +232,7 @@ static bool memory_room(const struct step *s, const struct wp_model *x, size_t k
     }
     size_t total = 1 + nd->n_held;
     for (size_t i = 0; i < s->n; i++) {
-        unsigned gone = freed && freed->any_gone ? s->gone[i] : 0;
-        if (counts_memory(&s->m[i]) && s->m[i].on_node[k] > gone) {
-            total += s->m[i].on_node[k] - gone;
-        }
+        total += memory_replicas(s, i, k, freed && freed->any_gone ? s->gone[i] : 0);
     }
     uint64_t small[128];
     uint64_t *items = total <= 128 ? small : malloc(total * sizeof *items);
@@ -223,13 +242,13 @@ static bool memory_room(const struct step *s, const struct wp_model *x, size_t k
     size_t n = 0;
     items[n++] = x->gpu_memory;
     for (size_t i = 0; i < s->n; i++) {
-        unsigned gone = freed && freed->any_gone ? s->gone[i] : 0;
-        for (unsigned j = gone; counts_memory(&s->m[i]) && j < s->m[i].on_node[k]; j++) {
+        unsigned c = memory_replicas(s, i, k, freed && freed->any_gone ? s->gone[i] : 0);
+        for (unsigned j = 0; j < c; j++) {
             items[n++] = s->m[i].gpu_memory;
         }
     }
     for (size_t h = 0; h < nd->n_held; h++) {
-        if (held_for(&nd->held[h], x)) {
+        if (held_for(s, &nd->held[h], x)) {
             items[n++] = nd->held[h].memory;
         }
     }
@@ -635,7 +654,9 @@ static void prewarm_from_zero(struct step *s, size_t xi, unsigned warm_budget)
     }
     size_t k = WP_NO_NODE;
     if (!unlimited(s) && !needs_nothing(s, x)) {
+        s->free_only = true;
         k = best_fit(s, x, true);
+        s->free_only = false;
         if (k == WP_NO_NODE) {
             return;
         }
@@ -659,15 +680,23 @@ static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned wa
                      c,
                      out,
                      0,
-                     0};
-    if (!s.idx || !s.pending || !s.gone || order(m, n, s.idx)) {
+                     0,
+                     c->n_nodes ? calloc(n * c->n_nodes + 1, sizeof(unsigned)) : NULL,
+                     false};
+    if (!s.idx || !s.pending || !s.gone || (c->n_nodes && !s.base) || order(m, n, s.idx)) {
         for (size_t i = 0; i < n; i++) {
             m[i].target = m[i].current; /* no plan: change nothing */
         }
         free(s.idx);
         free(s.pending);
         free(s.gone);
+        free(s.base);
         return;
+    }
+    for (size_t i = 0; i < n && s.base; i++) {
+        for (size_t k = 0; m[i].on_node && k < c->n_nodes; k++) {
+            s.base[i * c->n_nodes + k] = m[i].on_node[k];
+        }
     }
     for (size_t k = 0; k < c->n_nodes; k++) {
         memset(c->nodes[k].used, 0, sizeof c->nodes[k].used);
@@ -693,6 +722,7 @@ static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned wa
     free(s.idx);
     free(s.pending);
     free(s.gone);
+    free(s.base);
 }
 
 static void plan_init(struct wp_plan *out, unsigned warm_budget)

@@ -240,6 +240,31 @@ def test_pods_awake_together_over_the_gpu_memory_are_put_to_sleep(cluster, thaw_
     assert node["gpu_memory"]["used_bytes"] == 14 << 30
 
 
+def test_a_pod_is_put_to_sleep_when_the_gpus_do_not_pack_though_the_sum_fits(cluster,
+                                                                              thaw_factory,
+                                                                              tmp_path):
+    """Two GPUs of 40 GiB, an idle sleep-mode pod of 30 GiB on each, and a
+    20 GiB model wakes: 80 GiB in all fits the node's 80, but no GPU has 20
+    left. One pod is put to sleep for it, as the plan that admitted it
+    counted on (before, only the node's sum was checked: nothing slept)."""
+    sim = cluster(nodes=[{"name": "gpu-a", "gpus": 2, "replicas": 4,
+                          "labels": {"nvidia.com/gpu.memory": "40960"}}])
+    for name in ("a", "b"):
+        d = memory_model(name, sleep=True, idle_before_sleep="1h")
+        d["metadata"]["annotations"]["thaw.dev/gpu-memory"] = "30Gi"
+        sim.create_deployment(d)
+    c = memory_model("c")
+    c["metadata"]["annotations"]["thaw.dev/gpu-memory"] = "20Gi"
+    sim.create_deployment(c)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    for name in ("a", "b", "c"):
+        assert complete(t, host=f"{name}.models").status == 200
+    assert sorted(kmodel(t, n)["state"] for n in ("a", "b")) == ["ready", "sleeping"]
+    node = next(n for n in t.status()["kubernetes"]["nodes"] if n["name"] == "gpu-a")
+    assert node["gpu_memory"]["packs"] and node["gpu_memory"]["used_bytes"] == 50 << 30
+
+
 def sleep_status(t):
     """The activator's view of each pod of llama: name -> sleep state."""
     return {p["name"]: p.get("sleep", "awake") for p in kmodel(t)["pods"]

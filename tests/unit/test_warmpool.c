@@ -623,6 +623,51 @@ static void test_sleep_mode_memory_counts_only_what_cannot_sleep(void **state)
     }
 }
 
+static void test_sleep_mode_replicas_placed_in_one_plan_count(void **state)
+{
+    /* One 24 GiB GPU, nothing awake. Two sleep-mode models of 14 GiB wake
+     * from zero in the same plan: only one is admitted (the other's pod would
+     * start beside it, and a starting pod cannot be put to sleep). */
+    struct wp_node nodes[] = {NM("a", 1, 24 * GiB)};
+    struct wp_model m[] = {
+        M("one", TIER_STANDARD, 1, 0, 1, false, 2),
+        M("two", TIER_STANDARD, 1, 0, 1, false, 1),
+    };
+    unsigned on[2][1];
+    for (size_t i = 0; i < 2; i++) {
+        m[i].gpu_memory = 14 * GiB;
+        m[i].memory_sleeps = true;
+        place(&m[i], on[i], 1, (unsigned[]){0});
+    }
+    struct wp_cluster c = C(nodes, 1);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 2, &c, 4, &p);
+    assert_int_equal(m[0].target + m[1].target, 1);
+}
+
+static void test_prewarm_does_not_count_a_sleepable_pod_as_free(void **state)
+{
+    /* An idle awake sleep-mode pod fills the 24 GiB GPU: live demand could
+     * have it put to sleep, a prewarm (free room only) may not. */
+    struct wp_held held = {14 * GiB, TIER_BATCH, true};
+    struct wp_node nodes[] = {NM("a", 1, 24 * GiB)};
+    nodes[0].held = &held;
+    nodes[0].n_held = 1;
+    struct wp_model m[] = {M("pre", TIER_STANDARD, 1, 0, 0, true, 1)};
+    unsigned on[1][1];
+    m[0].gpu_memory = 14 * GiB;
+    m[0].prewarm = true;
+    place(&m[0], on[0], 1, (unsigned[]){0});
+    struct wp_cluster c = C(nodes, 1);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 1, &c, 4, &p);
+    assert_int_equal(m[0].target, 0);
+    held.memory = 8 * GiB; /* room for it beside the pod: prewarmed */
+    place(&m[0], on[0], 1, (unsigned[]){0});
+    warmpool_plan_cluster(m, 1, &c, 4, &p);
+    assert_int_equal(m[0].target, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -644,6 +689,8 @@ int main(void)
         cmocka_unit_test(test_forecast_orders_the_warm_budget),
         cmocka_unit_test(test_memory_packs_by_first_fit_decreasing),
         cmocka_unit_test(test_sleep_mode_memory_counts_only_what_cannot_sleep),
+        cmocka_unit_test(test_sleep_mode_replicas_placed_in_one_plan_count),
+        cmocka_unit_test(test_prewarm_does_not_count_a_sleepable_pod_as_free),
         cmocka_unit_test(test_memory_bound_gpu_refuses_a_third_replica),
         cmocka_unit_test(test_memory_eviction_only_when_it_makes_room),
         cmocka_unit_test(test_memory_eviction_takes_only_what_is_needed),

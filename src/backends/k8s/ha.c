@@ -119,7 +119,9 @@ static void add_demand_cb(void *ud, const char *key, void *value)
 {
     struct kmodel *km = value;
     uint64_t age = kube_idle_demand_age(km, clock_now_ms());
-    uint64_t inflight = km->m->inflight + kube_sleep_held_inflight(km);
+    /* Requests on pods this activator unrouted (asleep, terminating) too:
+     * the model's load until they end (inflight_leaving). */
+    uint64_t inflight = km->m->inflight + km->m->inflight_leaving;
     if (inflight || km->m->queue.count || age != UINT64_MAX) {
         cJSON *counts = cJSON_CreateArray();
         cJSON_AddItemToArray(counts, cJSON_CreateNumber((double)inflight));

@@ -384,6 +384,9 @@ int kube_node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
  * the node's GPUs? Reorders items. */
 bool kube_node_memory_fits(struct kube_node_memory *nm, uint64_t extra);
 void kube_node_memory_dispose(struct kube_node_memory *nm);
+/* Do the pods on the node that hold memory and are not falling asleep pack
+ * into its GPUs (the bins the plan admits by)? */
+bool kube_node_awake_packs(struct kube_backend *kb, const struct k8s_node_info *ni);
 
 /* idle.c */
 /* The annotation on a Deployment seen (discovered: first seen): it starts or
@@ -425,7 +428,8 @@ static inline bool kube_sleep_deciding(const struct kmodel *km)
     return km->kb->leading || !km->kb->have_peers;
 }
 /* Takes p out of routing for sleep; its endpoint is held while requests
- * still run on it (they no longer count as the model's: model.c). */
+ * still run on it (no longer in the model's slots, still in its load:
+ * inflight_leaving, model.c). */
 void kube_pod_unroute(struct kpod *p);
 /* Lets go of p's held endpoints nothing runs on (all of them: all); whether
  * requests still run on the others. */

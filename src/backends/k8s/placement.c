@@ -164,6 +164,7 @@ struct memory_ctx {
     struct kube_node_memory *out;
     size_t cap;
     bool oom;
+    bool awake; /* leave out pods falling asleep */
 };
 
 bool kube_pod_holds_memory(const struct kpod *p)
@@ -178,7 +179,8 @@ static void memory_pod(void *ud, const char *key, void *value)
 {
     struct memory_ctx *c = ud;
     const struct kpod *p = value;
-    if (!kube_pod_holds_memory(p) || strcmp(p->node, c->node) != 0) {
+    if (!kube_pod_holds_memory(p) || (c->awake && p->sleep == KS_DOZING) ||
+        strcmp(p->node, c->node) != 0) {
         return;
     }
     uint64_t mem = kube_replica_memory(p->km);
@@ -202,20 +204,37 @@ static void memory_model(void *ud, const char *key, void *value)
     strmap_each(&((struct kmodel *)value)->pods, memory_pod, ud);
 }
 
-int kube_node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
-                     struct kube_node_memory *out)
+static int node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
+                       struct kube_node_memory *out, bool awake)
 {
     memset(out, 0, sizeof *out);
     out->per_gpu = kube_gpu_memory(kb, ni, &out->source);
     uint64_t gpus = kube_shared_gpus(ni);
     out->gpus = gpus > WP_MAX_GPUS ? WP_MAX_GPUS : (unsigned)gpus;
-    struct memory_ctx c = {ni->name, out, 0, false};
+    struct memory_ctx c = {ni->name, out, 0, false, awake};
     strmap_each(&kb->models, memory_model, &c);
     if (c.oom) {
         kube_node_memory_dispose(out);
         return -1;
     }
     return 0;
+}
+
+int kube_node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
+                     struct kube_node_memory *out)
+{
+    return node_memory(kb, ni, out, false);
+}
+
+bool kube_node_awake_packs(struct kube_backend *kb, const struct k8s_node_info *ni)
+{
+    struct kube_node_memory nm;
+    if (node_memory(kb, ni, &nm, true)) {
+        return true; /* out of memory: the sums alone decide */
+    }
+    bool packs = kube_node_memory_fits(&nm, 0);
+    kube_node_memory_dispose(&nm);
+    return packs;
 }
 
 bool kube_node_memory_fits(struct kube_node_memory *nm, uint64_t extra)

@@ -304,17 +304,26 @@ static void node_tally(struct kube_backend *kb, struct node_memory *nm)
 
 struct victims {
     struct node_memory *nm;
-    uint64_t cap;
+    const struct k8s_node_info *ni;
     int tier;
+    bool fits;
 };
+
+/* What the pods there hold, less what is on its way, is within the node's
+ * memory and packs into its GPUs one by one, as the plan admits. */
+static bool node_fits(struct kube_backend *kb, const struct node_memory *nm,
+                      const struct k8s_node_info *ni)
+{
+    return nm->held - nm->coming <= nm->cap && kube_node_awake_packs(kb, ni);
+}
 
 static void sleep_victim(void *ud, const char *key, void *value)
 {
     struct victims *v = ud;
     struct kpod *p = value;
     struct kmodel *km = p->km;
-    if (v->nm->held - v->nm->coming <= v->cap || strcmp(p->node, v->nm->node) != 0 ||
-        (int)km->m->set.priority != v->tier || !kube_pod_sleepable(p)) {
+    if (v->fits || strcmp(p->node, v->nm->node) != 0 || (int)km->m->set.priority != v->tier ||
+        !kube_pod_sleepable(p)) {
         return;
     }
     char why[300];
@@ -323,6 +332,7 @@ static void sleep_victim(void *ud, const char *key, void *value)
     if (p->sleep == KS_DOZING) {
         v->nm->coming += kube_replica_memory(km);
         v->nm->put_to_sleep++;
+        v->fits = node_fits(km->kb, v->nm, v->ni);
     }
 }
 
@@ -332,7 +342,7 @@ static void victims_in_model(void *ud, const char *key, void *value)
 }
 
 /* Puts idle pods on node to sleep, lowest priority first, until what the
- * pods there hold fits its GPU memory: of the tier of the pods there that
+ * pods there hold fits its GPU memory (node_fits): of the tier of the pods there that
  * want memory and below; of any tier when none wants it (the newcomer
  * loaded between two ticks, or the pods were awake together before thaw
  * started): an overcommitted GPU sheds all the same. The memory still held
@@ -344,16 +354,20 @@ static uint64_t make_room(struct kube_backend *kb, const char *node, struct node
     const struct k8s_node_info *ni = strmap_get(&kb->nodes_gpu, node, strlen(node));
     uint64_t cap = ni ? node_shared_memory(kb, ni) : 0;
     nm->cap = cap;
-    if (!cap || nm->held - nm->coming <= cap) {
+    if (!cap || node_fits(kb, nm, ni)) {
         return 0;
     }
+    struct victims v = {nm, ni, TIER_COUNT - 1, false};
     if (kb->leading || !kb->have_peers) {
-        struct victims v = {nm, cap, TIER_COUNT - 1};
-        for (int upto = nm->need ? (int)nm->need_tier : 0; v.tier >= upto; v.tier--) {
+        for (int upto = nm->need ? (int)nm->need_tier : 0; v.tier >= upto && !v.fits; v.tier--) {
             strmap_each(&kb->models, victims_in_model, &v);
         }
     }
-    return nm->held - nm->coming > cap ? nm->held - nm->coming - cap : 0;
+    if (v.fits) {
+        return 0;
+    }
+    /* over: the sum's excess, or a byte when only the packing fails */
+    return nm->held - nm->coming > cap ? nm->held - nm->coming - cap : 1;
 }
 
 static void check_node(void *ud, const char *key, void *value)

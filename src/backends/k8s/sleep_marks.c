@@ -15,8 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Takes p out of routing for sleep. Requests still running on it stop
- * counting as the model's (model.c): its endpoint is held to see them end. */
+/* Takes p out of routing for sleep. Requests still running on it no longer
+ * hold the model's slots but stay its load (inflight_leaving, model.c): its
+ * endpoint is held to see them end. */
 void kube_pod_unroute(struct kpod *p)
 {
     struct model *m = p->km->m;
