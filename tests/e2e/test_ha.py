@@ -12,7 +12,7 @@ import pytest
 
 import httpc
 from conftest import Thaw, free_port, wait_for
-from test_kubernetes import KubeSim, deployment, pki  # noqa: F401  (pki is a fixture)
+from test_kubernetes import SLOW, KubeSim, deployment, pki  # noqa: F401  (pki is a fixture)
 
 LEASE = {"lease_duration_ms": 3000, "renew_interval_ms": 300, "renew_deadline_ms": 2000}
 
@@ -597,3 +597,40 @@ def test_a_deleted_pod_moves_the_shares_without_overlap(fleet):
     # The deleted pod's server finishes what it holds on SIGTERM (as uvicorn
     # does): nothing fails.
     assert res and set(res) == {200}, set(res)
+
+
+def test_a_followers_stream_on_a_terminating_pod_is_still_its_demand(fleet):
+    """A follower streams on the model's pod when the pod is deleted: the
+    server finishes the stream in its grace period, and the follower's
+    /demand still counts it (before, it dropped out as the pod left routing,
+    and the leader, seeing less load, could drain the next pod under its
+    own streams)."""
+    f = fleet(2)
+    leader = f.one_leader()
+    follower = next(t for t in f.thaws if t is not leader)
+    d = deployment("llama", replicas=1, annotations={"thaw.dev/min-scale": "1"})
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "1500"
+    f.sim.create_deployment(d)
+    wait_for(lambda: any(m["name"] == "llama" and m["state"] == "ready"
+                         for m in follower.status()["models"]), timeout=20 * SLOW,
+             what="the pod ready at the follower")
+    out = {}
+    th = threading.Thread(target=lambda: out.__setitem__("r", complete(follower)))
+    th.start()
+
+    def demand():
+        return json.loads(follower.admin("/demand")[1])["models"].get("models/llama", [0])[0]
+    wait_for(lambda: demand() == 1, timeout=10 * SLOW, what="the stream under way")
+    _, pods = f.sim.call("GET", "/api/v1/namespaces/models/pods")
+    pod = next(p["metadata"]["name"] for p in pods["items"]
+               if p["metadata"]["labels"].get("app") == "llama")
+    f.sim.call("DELETE", f"/api/v1/namespaces/models/pods/{pod}")
+    wait_for(lambda: all(p["name"] != pod or p["terminating"]
+                         for m in follower.status()["models"] if m["name"] == "llama"
+                         for p in m.get("pods", [])), timeout=10, what="the pod terminating")
+    seen = []
+    while th.is_alive():
+        seen.append(demand())
+        time.sleep(0.1)
+    assert out["r"].status == 200, out["r"].body
+    assert seen and min(seen[:-3] or seen) == 1, seen
