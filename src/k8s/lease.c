@@ -110,6 +110,8 @@ static void on_written(void *ud, long status, const char *body, size_t len, cons
         l->last_renew_ms = now;
         snprintf(l->holder, sizeof l->holder, "%s", l->identity);
         set_leading(l, true, "");
+        struct timeval tv = clock_timeval(l->renew_deadline_ms);
+        event_add(&l->deadline, &tv);
     } else {
         if (status == 409) {
             LOGD("lease write lost a race", "lease=%s", l->name);
@@ -186,6 +188,14 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     step(arg);
 }
 
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    struct k8s_lease *l = arg;
+    if (l->leading && clock_now_ms() - l->last_renew_ms >= l->renew_deadline_ms) {
+        set_leading(l, false, "could not renew within renew_deadline_ms");
+    }
+}
+
 void k8s_lease_init(struct k8s_lease *l, struct k8s_client *c, struct event_base *base,
                     const char *name, const char *namespace_, const char *identity,
                     uint64_t duration_ms, uint64_t renew_interval_ms, uint64_t renew_deadline_ms,
@@ -202,6 +212,7 @@ void k8s_lease_init(struct k8s_lease *l, struct k8s_client *c, struct event_base
     l->changed = changed;
     l->ud = ud;
     event_assign(&l->timer, base, -1, 0, on_timer, l);
+    event_assign(&l->deadline, base, -1, 0, on_deadline, l);
 }
 
 void k8s_lease_start(struct k8s_lease *l)
@@ -212,6 +223,7 @@ void k8s_lease_start(struct k8s_lease *l)
 void k8s_lease_dispose(struct k8s_lease *l)
 {
     event_del(&l->timer);
+    event_del(&l->deadline);
     k8s_call_cancel(l->call);
     l->call = NULL;
 }

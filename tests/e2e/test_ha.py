@@ -634,3 +634,23 @@ def test_a_followers_stream_on_a_terminating_pod_is_still_its_demand(fleet):
         time.sleep(0.1)
     assert out["r"].status == 200, out["r"].body
     assert seen and min(seen[:-3] or seen) == 1, seen
+
+
+def test_a_leader_whose_renewal_hangs_stops_leading_at_its_deadline(fleet):
+    """Every Lease PUT takes 4 s: the leader's renewal hangs. It stops leading
+    renew_deadline_ms (2 s) after its last renewal, before the Lease expires
+    (3 s) and another may take it (before, it led on until the PUT returned:
+    4 s without a renewal, and beside the next leader for a while)."""
+    f = fleet(2)
+    leader = f.one_leader()
+    f.sim.call("POST", "/_sim/faults", {"delay_ms": 4000, "delay_methods": ["PUT"]})
+    t0 = time.monotonic()
+    try:
+        wait_for(lambda: leader.metric("thaw_leader") == 0, timeout=10, interval=0.05,
+                 what="the old leader stepping down")
+        took = time.monotonic() - t0
+    finally:
+        f.sim.call("POST", "/_sim/faults", {"delay_ms": 0})
+    # Its last renewal was at most renew_interval_ms (0.3 s) before the fault.
+    assert took < 2.3 * SLOW, f"led {took:.1f}s into a hung renewal"
+    assert "could not renew within renew_deadline_ms" in leader.logs()

@@ -27,6 +27,9 @@ struct k8s_lease {
     k8s_lease_cb changed;
     void *ud;
     struct event timer;
+    /* Fires renew_deadline_ms after the last renewal: a leader whose
+     * renewal hangs stops leading then, not when the call ends. */
+    struct event deadline;
     struct k8s_call *call;
     bool leading;
     uint64_t last_renew_ms; /* last successful renew (leading) */
