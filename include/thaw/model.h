@@ -119,6 +119,9 @@ struct model {
     uint32_t refs;
     bool removed;
     bool removing; /* fleet_remove_model began: its answers no longer count in its series */
+    /* Another model had its name (and namespace) first: it is reached by no
+     * name of its own, and its series would repeat that one's labels. */
+    bool name_taken;
     struct model_stats stats;
     /* A model with revisions routes each request to one of them (see
      * revisions.h); a revision points back at it and carries its name. */

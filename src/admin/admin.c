@@ -512,8 +512,9 @@ static int snapshot_models(struct metrics_stream *ms)
     char *at = ms->names;
     FOR_EACH_MODEL(adm, m)
     {
-        if (m->revs) {
-            continue; /* a routing entry: its revisions have the series */
+        if (m->revs || m->name_taken) {
+            continue; /* a routing entry (its revisions have the series), or a
+                       * duplicate whose labels the first one's series carry */
         }
         struct model_snap *s = &ms->models[ms->n_models++];
         size_t len = strlen(m->name) + 1;

@@ -45,6 +45,17 @@ void model_apply_settings(struct model *m, const struct config_model *cm)
  * and a warning names them. */
 static int route_model(struct fleet *f, struct model *m, const struct config_model *cm)
 {
+    m->name_taken = false;
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &f->models)
+    {
+        const struct model *o = container_of(pos, struct model, node);
+        if (o != m && !o->name_taken && strcmp(o->name, m->name) == 0 &&
+            strcmp(o->namespace_, m->namespace_) == 0) {
+            m->name_taken = true;
+            break;
+        }
+    }
     struct route_names rn = {
         .name = cm->name,
         .namespace_ = cm->namespace_,

@@ -352,3 +352,23 @@ def test_scale_down_delay_keeps_the_model_past_its_idle_timeout(cluster, thaw_fa
     done = time.monotonic()
     wait_for(lambda: replicas(sim) == 0, timeout=30, what="to zero")
     assert time.monotonic() - done > 4.5
+
+
+def test_two_deployments_naming_one_model_give_one_set_of_series(cluster, thaw_factory,
+                                                                    tmp_path):
+    """llama-a and llama-b in one namespace both say thaw.dev/model=llama:
+    the first keeps the name, and /metrics carries its series once (before,
+    every per-model series appeared twice with the same labels, which
+    Prometheus drops as duplicates)."""
+    sim = cluster()
+    for name in ("llama-a", "llama-b"):
+        sim.create_deployment(deployment(name, model_label="llama"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    wait_for(lambda: len([m for m in t.status()["models"] if m["name"] == "llama"]) == 2,
+             what="both Deployments seen")
+    lines = [ln.rsplit(" ", 1)[0] for ln in t.admin("/metrics")[1].splitlines()
+             if ln and not ln.startswith("#")]
+    repeated = sorted({ln for ln in lines if lines.count(ln) > 1})
+    assert not repeated, repeated[:5]
+    assert 'thaw_replicas_ready{model="llama",namespace="models"}' in lines
