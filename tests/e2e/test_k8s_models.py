@@ -264,6 +264,35 @@ def test_a_model_label_given_a_new_value_renames_the_model_and_keeps_its_pods(
     assert len(sim.state()["scale_log"]) == writes  # the pod served on, no cold start
 
 
+def test_a_rename_under_running_requests_keeps_their_pod(cluster, thaw_factory, tmp_path):
+    """Requests of 6 s run on the model's pod when the Deployment is renamed
+    (idle-timeout 2 s): they are the new model's load until they end, so
+    its pod is not scaled away under them (before, the new model saw no
+    demand, took itself for idle past its grace and went to zero: the
+    requests were cut)."""
+    import threading
+    sim = cluster(load_ms=50)
+    d = deployment("llama", model_label="llama-a", annotations={"thaw.dev/idle-timeout": "2s"})
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "1500"
+    create(sim, d)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="synced")
+    out = []
+    ths = [threading.Thread(target=lambda: out.append(complete(t, host="llama-a.models")))
+           for _ in range(2)]
+    for th in ths:
+        th.start()
+    wait_for(lambda: kmodel(t, "llama-a")["inflight"] == 2, timeout=10 * SLOW,
+             what="both under way")
+    sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/llama",
+             {"metadata": {"labels": {"thaw.dev/model": "llama-b"}}},
+             ctype="application/merge-patch+json")
+    for th in ths:
+        th.join(30)
+    assert [r.status for r in out] == [200, 200], [r.body for r in out]
+    assert 0 not in [n for name, n in sim.state()["scale_log"] if name == "llama"]
+
+
 def test_one_name_in_two_namespaces(cluster, thaw_factory, tmp_path):
     sim = cluster(load_ms=50)
     create(sim, deployment("llama"))

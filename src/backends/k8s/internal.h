@@ -120,6 +120,9 @@ struct kpod {
 struct kmodel {
     struct kube_backend *kb;
     struct model *m;
+    /* The model its Deployment served before a rename (a reference), while
+     * requests run on the pods it had: they are this model's load. */
+    struct model *renamed_from;
     struct k8s_model_spec spec;
     cJSON *selector; /* the Deployment's spec.selector: which pods are its */
     char key[600]; /* "ns/deployment" */

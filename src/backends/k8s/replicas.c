@@ -206,6 +206,9 @@ void kube_kmodel_free(struct kmodel *km)
     k8s_pod_template_dispose(&km->tpl);
     cJSON_Delete(km->selector);
     scaler_model_dispose(&km->sc);
+    if (km->renamed_from) {
+        model_unref(km->renamed_from);
+    }
     free(km);
 }
 
@@ -278,6 +281,7 @@ static void deployment_upsert(void *ud, const cJSON *obj)
     }
     bool other_model = km && (strcmp(km->spec.revision, sp.revision) != 0 ||
                               strcmp(km->spec.name, sp.name) != 0);
+    struct model *served = NULL; /* the model it served, when it renames it */
     if (other_model) {
         /* A Deployment that became (or stopped being) a revision, or changed
          * its revision or model name: its model is a different one now. Its
@@ -286,11 +290,18 @@ static void deployment_upsert(void *ud, const cJSON *obj)
         char why[900];
         snprintf(why, sizeof why, "the model's Deployment %s now serves model %s%s%s", key,
                  sp.name, sp.revision[0] ? " revision " : "", sp.revision);
+        served = km->m;
+        model_ref(served);
         remove_kmodel(kb, km, why);
         km = NULL;
     }
     if (!km) {
         km = kmodel_new(kb, &sp, key, &cm);
+        if (served && km && served->inflight_leaving) {
+            km->renamed_from = served; /* its requests on the pods run on */
+        } else if (served) {
+            model_unref(served);
+        }
         if (!km) {
             return;
         }

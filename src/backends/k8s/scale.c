@@ -233,12 +233,17 @@ static void model_tick(void *ud, const char *key, void *value)
 {
     struct kmodel *km = value;
     struct model *m = km->m;
+    uint64_t renamed = km->renamed_from ? km->renamed_from->inflight_leaving : 0;
+    if (km->renamed_from && !renamed) {
+        model_unref(km->renamed_from); /* the last request from before the rename ended */
+        km->renamed_from = NULL;
+    }
     kube_idle_tick(km, clock_now_ms());
     kube_sleep_tick(km, clock_now_ms());
     if (km->kb->have_peers) {
         kube_shares_update(km); /* shares held back settle, pods age out of the deal */
     }
-    bool busy = m->inflight > 0 || m->queue.count > 0;
+    bool busy = m->inflight > 0 || m->queue.count > 0 || renamed > 0;
     if (!busy && km->spec.replicas == 0 && km->sc.last.desired == 0 &&
         !(km->kb->have_peers && km->kb->leading)) {
         km->waiting_since_ms = 0; /* scaled to zero and quiet: the common, cheap case */
@@ -248,7 +253,7 @@ static void model_tick(void *ud, const char *key, void *value)
     uint64_t now = clock_now_ms();
     uint64_t peer = km->kb->have_peers && km->kb->leading ? k8s_peers_demand(&km->kb->peers, km->key)
                                                            : 0;
-    as_record(&km->sc.ass, now, model_demand(m) + (double)peer);
+    as_record(&km->sc.ass, now, model_demand(m) + (double)(peer + renamed));
     bool plan_bound = m->n_endpoints == 0 && km->spec.replicas == 0 && kube_plan_wakes(km);
     if (busy && m->n_endpoints == 0 && km->spec.replicas == 0 && !plan_bound) {
         kube_scale_from_zero(km); /* retried until the Deployment says otherwise */
