@@ -13,7 +13,8 @@
  * queue_peek/_pop while it is at the cap. Bounds: per queue, a shared global
  * total, and per flow (max_queued). A critical request arriving at a full
  * queue displaces the newest batch item of the longest batch FIFO (the caller
- * answers that one 503). Deadlines: every item carries one;
+ * answers that one 503); at the global total, of the queue sharing it with
+ * the most batch items. Deadlines: every item carries one;
  * queue_pop_expired returns those past it. Items are intrusive; the queue
  * owns none of them (it owns the flows it allocates: queue_dispose).
  * Pure: time comes in as arguments (milliseconds, any monotonic origin). */
@@ -35,10 +36,13 @@ struct queue_item {
     uint32_t flow; /* set by queue_push_flow (queue_push: 0) */
 };
 
-/* Shared by every queue: the global bound. */
+/* Shared by every queue: the global bound, and the queues that share it (a
+ * critical item at the global bound may displace another queue's batch item).
+ * A zeroed one with max_total set is ready to use. */
 struct queue_global {
     size_t total;
     size_t max_total;
+    struct list_node queues; /* struct queue.global_link */
 };
 
 struct queue_flow;
@@ -72,13 +76,15 @@ struct queue {
     size_t max;
     uint64_t aging_ms;
     struct queue_global *global;
+    struct list_node global_link; /* in global->queues */
     struct queue_flow flow0;   /* the default flow, always there */
     struct queue_flow **flows; /* flows[i] for i >= 1, allocated on first use */
     uint32_t n_flows;          /* slots in flows (flows[0] unused) */
 };
 
 void queue_init(struct queue *q, size_t max, uint64_t aging_ms, struct queue_global *global);
-/* Frees the flows queue_flow_set allocated; the queue must be empty. */
+/* Frees the flows queue_flow_set allocated and leaves the global bound's
+ * queues; the queue must be empty. */
 void queue_dispose(struct queue *q);
 /* Gives an item its tier, enqueue time and deadline without queueing it: a
  * request sent straight to a replica carries them in case it comes back
@@ -101,7 +107,8 @@ void queue_flow_started(struct queue *q, uint32_t id);
 void queue_flow_finished(struct queue *q, uint32_t id);
 /* Adds it at the back of its tier in flow 0. Returns 0, or -ENOSPC when
  * full. When a critical item displaced a batch one to fit, *displaced is set
- * to that item (already removed), else NULL. */
+ * to that item (already removed; at the global bound it may be another
+ * queue's), else NULL. */
 int queue_push(struct queue *q, struct queue_item *it, enum tier tier, uint64_t now_ms,
                uint64_t deadline_ms, struct queue_item **displaced);
 /* The same in flow `flow` (set before with queue_flow_set, else flow 0).

@@ -31,6 +31,13 @@ void queue_init(struct queue *q, size_t max, uint64_t aging_ms, struct queue_glo
     q->max = max;
     q->aging_ms = aging_ms;
     q->global = global;
+    list_node_init(&q->global_link);
+    if (global) {
+        if (!global->queues.next) {
+            list_init(&global->queues);
+        }
+        list_push_back(&global->queues, &q->global_link);
+    }
     flow_init(&q->flow0);
     q->flows = NULL;
     q->n_flows = 0;
@@ -38,6 +45,9 @@ void queue_init(struct queue *q, size_t max, uint64_t aging_ms, struct queue_glo
 
 void queue_dispose(struct queue *q)
 {
+    if (list_linked(&q->global_link)) {
+        list_remove(&q->global_link);
+    }
     for (uint32_t i = 1; i < q->n_flows; i++) {
         free(q->flows[i]);
     }
@@ -237,6 +247,22 @@ static struct queue_item *displacement_victim(const struct queue *q)
     return longest ? container_of(list_last(&longest->items), struct queue_item, node) : NULL;
 }
 
+/* Of the queues sharing q's global bound, the one with the most batch items
+ * (q on a tie). */
+static struct queue *most_batch(struct queue *q)
+{
+    struct queue *best = q;
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &q->global->queues)
+    {
+        struct queue *o = container_of(pos, struct queue, global_link);
+        if (o->len[TIER_BATCH] > best->len[TIER_BATCH]) {
+            best = o;
+        }
+    }
+    return best;
+}
+
 int queue_push_flow(struct queue *q, struct queue_item *it, uint32_t flow, enum tier tier,
                     uint64_t now_ms, uint64_t deadline_ms, struct queue_item **displaced)
 {
@@ -249,13 +275,20 @@ int queue_push_flow(struct queue *q, struct queue_item *it, uint32_t flow, enum 
     if (f->max_queued != QUEUE_NO_CAP && f->queued >= f->max_queued) {
         return -EDQUOT;
     }
-    bool full = q->count >= q->max || (q->global && q->global->total >= q->global->max_total);
-    if (full) {
-        struct queue_item *victim = tier == TIER_CRITICAL ? displacement_victim(q) : NULL;
+    /* At its own bound only this queue's items make room; at the global one
+     * any queue's do, and the one with the biggest batch backlog pays. */
+    struct queue *from = NULL;
+    if (q->count >= q->max) {
+        from = q;
+    } else if (q->global && q->global->total >= q->global->max_total) {
+        from = most_batch(q);
+    }
+    if (from) {
+        struct queue_item *victim = tier == TIER_CRITICAL ? displacement_victim(from) : NULL;
         if (!victim) {
             return -ENOSPC;
         }
-        queue_remove(q, victim);
+        queue_remove(from, victim);
         *displaced = victim;
     }
     queue_item_stamp(it, tier, now_ms, deadline_ms);

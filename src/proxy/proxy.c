@@ -866,7 +866,9 @@ static void place(struct runtime *rt, struct request *r)
     if (displaced) {
         struct request *d = container_of(displaced, struct request, qi);
         d->ex.state = REQ_ROUTED;
-        LOGI("queued request displaced", "model=%s tier=batch by=critical", m->name);
+        /* At the global bound it may be another model's. */
+        LOGI("queued request displaced", "model=%s tier=batch by=critical for=%s", d->model->name,
+             m->name);
         conn_reject(d->conn, REJECT_QUEUE_DISPLACED, NULL);
     }
     arm_queue_timer(rt, m);

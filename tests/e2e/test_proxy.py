@@ -543,6 +543,38 @@ def test_global_queue_bound(thaw_factory, upstream, upstream2):
     t.assert_reconciled()
 
 
+def test_critical_at_global_bound_displaces_another_models_batch(thaw_factory, upstream,
+                                                                  upstream2):
+    """The global bound is full of one model's batch requests: a critical one for
+    another model takes the newest of them, not a 503 of its own."""
+    t = thaw_factory({"limits": {"max_queue_total": 2},
+                      "models": [model(upstream, max_concurrency=1),
+                                 {"name": "other", "endpoints": [upstream2.address],
+                                  "max_concurrency": 1}]})
+    b1 = occupy(t, 600)
+    b2 = threading.Thread(target=lambda: get(t, "/sleep?ms=600", host="other"))
+    b2.start()
+    wait_for(lambda: upstream.active == 1 and upstream2.active == 1, what="slots taken")
+    res = {}
+    ths = []
+    for name in ("batch-old", "batch-new"):
+        th = threading.Thread(target=lambda name=name: res.__setitem__(
+            name, get(t, f"/echo?{name}", host="other", headers={"thaw-priority": "batch"})))
+        th.start()
+        ths.append(th)
+        wait_for(lambda n=len(ths): t.status()["queued"] == n, what="queued")
+    standard = get(t, "/echo?standard", host="llama")
+    assert standard.status == 503 and standard.json()["error"]["code"] == "queue_full"
+    critical = get(t, "/echo?critical", host="llama", headers={"thaw-priority": "critical"})
+    for th in ths + [b1, b2]:
+        th.join()
+    assert critical.status == 200
+    assert res["batch-new"].status == 503
+    assert res["batch-new"].json()["error"]["code"] == "queue_displaced"
+    assert res["batch-old"].status == 200
+    t.assert_reconciled()
+
+
 def test_critical_displaces_newest_batch(thaw_factory, upstream):
     t = thaw_factory({"models": [model(upstream, max_concurrency=1, max_queue=2)]})
     blocker = occupy(t, 500)

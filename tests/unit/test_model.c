@@ -30,7 +30,7 @@ static struct model *make(struct fleet *f, struct queue_global *g, uint32_t conc
 static void test_least_loaded_with_free_slot(void **state)
 {
     struct fleet f;
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct model *m = make(&f, &g, 2);
     capacity_calls = 0;
     assert_int_equal(fleet_replica_ready(&f, m, "a", "127.0.0.1:9001"), 0);
@@ -53,7 +53,7 @@ static void test_least_loaded_with_free_slot(void **state)
 static void test_share_limits_this_activators_slots(void **state)
 {
     struct fleet f;
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct model *m = make(&f, &g, 3);
     /* Another activator holds the rest of each replica's 3 slots. */
     assert_int_equal(fleet_replica_ready_with(&f, m, "a", "127.0.0.1:9001", 2, -1), 0);
@@ -79,7 +79,7 @@ static void test_share_limits_this_activators_slots(void **state)
 static void test_ejected_skipped_unless_all_are(void **state)
 {
     struct fleet f;
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct model *m = make(&f, &g, 4);
     fleet_replica_ready(&f, m, "a", "127.0.0.1:9001");
     fleet_replica_ready(&f, m, "b", "127.0.0.1:9002");
@@ -105,7 +105,7 @@ static void test_ejected_skipped_unless_all_are(void **state)
 static void test_woken_replica_first_request_goes_alone(void **state)
 {
     struct fleet f;
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct model *m = make(&f, &g, 8);
     uint64_t t0 = clock_now_ms();
     fleet_replica_ready(&f, m, "a", "127.0.0.1:9001");
@@ -135,7 +135,7 @@ static void test_woken_replica_first_request_goes_alone(void **state)
 static void test_replica_gone_keeps_referenced_endpoint(void **state)
 {
     struct fleet f;
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct model *m = make(&f, &g, 4);
     fleet_replica_ready(&f, m, "a", "[::1]:9001");
     struct endpoint *ep = m->endpoints[0];
@@ -153,7 +153,7 @@ static void test_replica_gone_keeps_referenced_endpoint(void **state)
 static void test_bad_address_rejected(void **state)
 {
     struct fleet f;
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct model *m = make(&f, &g, 4);
     assert_int_not_equal(fleet_replica_ready(&f, m, "x", "not-an-ip:80"), 0);
     assert_int_not_equal(fleet_replica_ready(&f, m, "x", "127.0.0.1"), 0);
@@ -164,7 +164,7 @@ static void test_bad_address_rejected(void **state)
 static void test_find_and_route(void **state)
 {
     struct fleet f;
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct model *m = make(&f, &g, 4);
     assert_ptr_equal(fleet_find(&f, "ns", "m"), m);
     assert_null(fleet_find(&f, "other", "m"));
@@ -179,7 +179,7 @@ static void test_find_and_route(void **state)
 static void test_removed_model_lives_while_referenced(void **state)
 {
     struct fleet f;
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct model *m = make(&f, &g, 2);
     assert_int_equal(fleet_replica_ready(&f, m, "a", "127.0.0.1:9001"), 0);
     struct endpoint *ep = m->endpoints[0];

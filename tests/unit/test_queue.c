@@ -28,7 +28,7 @@ static void push(struct queue *q, struct item *it, enum tier t, uint64_t now, in
 
 static void test_tiers_served_in_priority_order(void **state)
 {
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct queue q;
     queue_init(&q, 10, 10000, &g);
     struct item a = {.id = 1}, b = {.id = 2}, c = {.id = 3};
@@ -86,7 +86,7 @@ static void test_per_queue_bound(void **state)
 
 static void test_global_bound_spans_queues(void **state)
 {
-    struct queue_global g = {0, 2};
+    struct queue_global g = {.max_total = 2};
     struct queue q1, q2;
     queue_init(&q1, 10, 1000, &g);
     queue_init(&q2, 10, 1000, &g);
@@ -97,6 +97,44 @@ static void test_global_bound_spans_queues(void **state)
     queue_remove(&q1, &a.qi);
     push(&q2, &c, TIER_STANDARD, 0, 0);
     assert_int_equal(g.total, 2);
+}
+
+static void test_critical_at_global_bound_displaces_other_queues_batch(void **state)
+{
+    struct queue_global g = {.max_total = 4};
+    struct queue q1, q2, q3;
+    queue_init(&q1, 10, 1000, &g);
+    queue_init(&q2, 10, 1000, &g);
+    queue_init(&q3, 10, 1000, &g);
+    struct item b1 = {.id = 1}, b2 = {.id = 2}, b3 = {.id = 3}, s = {.id = 4};
+    struct item c = {.id = 5}, c2 = {.id = 6}, s2 = {.id = 7};
+    push(&q1, &b1, TIER_BATCH, 0, 0);
+    push(&q2, &b2, TIER_BATCH, 1, 0);
+    push(&q2, &b3, TIER_BATCH, 2, 0);
+    push(&q1, &s, TIER_STANDARD, 3, 0);
+    /* q3 is empty and below its own bound; the global one is reached. A
+     * standard request is refused, a critical one takes the newest batch
+     * item of the queue with the most of them (q2). */
+    push(&q3, &s2, TIER_STANDARD, 4, -ENOSPC);
+    struct queue_item *displaced = NULL;
+    assert_int_equal(queue_push(&q3, &c.qi, TIER_CRITICAL, 5, 1000, &displaced), 0);
+    assert_int_equal(id_of(displaced), 3);
+    assert_int_equal(q2.count, 1);
+    assert_int_equal(q3.count, 1);
+    assert_int_equal(g.total, 4);
+    /* q1 and q2 tie at one batch item each: the pushing queue's own first. */
+    assert_int_equal(queue_push(&q1, &c2.qi, TIER_CRITICAL, 6, 1000, &displaced), 0);
+    assert_int_equal(id_of(displaced), 1);
+    /* A queue that leaves no longer takes part. */
+    queue_remove(&q3, &c.qi);
+    queue_dispose(&q3);
+    assert_int_equal(g.total, 3);
+    queue_remove(&q2, &b2.qi);
+    queue_remove(&q1, &c2.qi);
+    queue_remove(&q1, &s.qi);
+    queue_dispose(&q1);
+    queue_dispose(&q2);
+    assert_true(list_empty(&g.queues));
 }
 
 static void test_critical_displaces_newest_batch(void **state)
@@ -196,7 +234,7 @@ static void push_flow(struct queue *q, struct item *it, uint32_t flow, enum tier
  * the autoscaler must not scale up for those requests. */
 static void test_waiting_at_a_tenant_cap_is_not_demand(void **state)
 {
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     struct queue q;
     queue_init(&q, 50, 10000, &g);
     struct item it[12];
@@ -445,6 +483,7 @@ int main(void)
         cmocka_unit_test(test_per_queue_bound),
         cmocka_unit_test(test_global_bound_spans_queues),
         cmocka_unit_test(test_critical_displaces_newest_batch),
+        cmocka_unit_test(test_critical_at_global_bound_displaces_other_queues_batch),
         cmocka_unit_test(test_deadlines),
         cmocka_unit_test(test_push_front_keeps_place),
         cmocka_unit_test(test_round_robin_across_flows),

@@ -172,7 +172,7 @@ static void test_requests_held_by_a_tenant_cap_are_not_demand(void **state)
     memset(&m, 0, sizeof m);
     m.name = "llama";
     m.set.max_concurrency = 1;
-    struct queue_global g = {0, 100};
+    struct queue_global g = {.max_total = 100};
     queue_init(&m.queue, 50, 10000, &g);
     queue_flow_set(&m.queue, 1, 1, 2, QUEUE_NO_CAP);
     queue_flow_started(&m.queue, 1);
