@@ -1608,7 +1608,7 @@ static int check_model_gpu(struct parser *p, const cJSON *models, const struct c
 {
     const struct config_model *m = &cfg->models[i];
     const char *key = m->mig_profile ? "mig_profile" : "gpu_slices";
-    char prefix[96], path[128];
+    char prefix[96], path[160];
     const cJSON *obj = model_source(models, cfg, i, prefix, sizeof prefix);
     snprintf(path, sizeof path, "%s%s", prefix, key);
     /* The key's line; a revision that inherits it: the revision's. */
@@ -1619,6 +1619,23 @@ static int check_model_gpu(struct parser *p, const cJSON *models, const struct c
     }
     if (m->mig_profile && m->gpu_slices) {
         return fail(p, at, path, "a model takes a MIG instance or GPU slices, not both");
+    }
+    /* In a child's environment the first of two settings wins: the model's
+     * own would quietly override the GPU thaw placed the replica on. */
+    static const char *const placed[] = {"CUDA_VISIBLE_DEVICES",
+                                         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                                         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"};
+    for (size_t v = 0; v < sizeof placed / sizeof *placed; v++) {
+        size_t len = strlen(placed[v]);
+        for (size_t e = 0; e < m->n_env; e++) {
+            if (strncmp(m->env[e], placed[v], len) == 0 && m->env[e][len] == '=') {
+                snprintf(path, sizeof path, "%senv.%s", prefix, placed[v]);
+                const cJSON *env = cJSON_GetObjectItemCaseSensitive(obj, "env");
+                const cJSON *var = env ? cJSON_GetObjectItemCaseSensitive(env, placed[v]) : NULL;
+                return fail(p, var ? var : obj, path,
+                            "is set by thaw from the GPU it places each replica on (%s)", key);
+            }
+        }
     }
     if (m->gpu_memory_bytes && !m->gpu_slices) {
         snprintf(path, sizeof path, "%sgpu_memory_bytes", prefix);

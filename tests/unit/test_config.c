@@ -312,6 +312,11 @@ static void test_late_errors_name_line_and_key(void **state)
     expect_error("{\"gpus\": [{\"id\": 0, \"slices\": 4}],\n\"models\": [{\"name\": \"m\",\n"
                  "\"command\": [\"x\"],\n\"gpu_slices\": 5}]}",
                  "test.json:4: models[0].gpu_slices: 5 slices do not fit on any declared GPU");
+    /* The model's env would override the GPU thaw places a replica on. */
+    expect_error("{\"gpus\": [{\"id\": 0, \"slices\": 4}],\n\"models\": [{\"name\": \"m\",\n"
+                 "\"command\": [\"x\"], \"gpu_slices\": 1, \"env\": {\"A\": \"b\",\n"
+                 "\"CUDA_VISIBLE_DEVICES\": \"1\"}}]}",
+                 "test.json:4: models[0].env.CUDA_VISIBLE_DEVICES: is set by thaw from the GPU");
     expect_error("{\"models\": [{\"name\": \"m\", \"endpoints\": [\"127.0.0.1:1\"],\n"
                  "\"gpu_slices\": 1}]}",
                  "test.json:2: models[0].gpu_slices: applies only to models with a \"command\"");
