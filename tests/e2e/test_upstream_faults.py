@@ -64,8 +64,11 @@ def counterpart_model(server, name="llama", *args, **kw):
     return m
 
 
-def completion(t, model="llama", stream=False, sock=None):
-    body = json.dumps({"model": model, "prompt": "hi", "stream": stream}).encode()
+def completion(t, model="llama", stream=False, sock=None, max_tokens=None):
+    req = {"model": model, "prompt": "hi", "stream": stream}
+    if max_tokens:
+        req["max_tokens"] = max_tokens
+    body = json.dumps(req).encode()
     hdrs = {"Content-Type": "application/json"}
     if sock is None:
         return httpc.request(t.host, t.port, "POST", "/v1/completions", hdrs, body, timeout=60)
@@ -132,13 +135,13 @@ def test_requests_queued_behind_a_replica_that_dies_wait_for_the_next_one(thaw_f
         "asyncio_server.py", "llama", "--token-delay-ms", "100", "--tokens", "20",
         max_concurrency=1)]})
     for trial in range(5):
-        assert completion(t).status == 200
+        assert completion(t, max_tokens=2).status == 200
         stream = t.connect(timeout=60)
         completion(t, stream=True, sock=stream)
         assert httpc.Reader(stream).readline().startswith(b"HTTP/1.1 200")
         clients = [t.connect(timeout=60) for _ in range(3)]
         for s in clients:
-            completion(t, sock=s)
+            completion(t, sock=s, max_tokens=2)
         wait_for(lambda: t.metric("thaw_queue_depth", model="llama", tier="standard") == 3, timeout=10,
                  what="three requests queued")
         os.kill(model_pid(t), signal.SIGKILL)
