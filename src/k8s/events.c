@@ -11,7 +11,7 @@
 struct k8s_event_entry {
     struct k8s_events *owner;
     char key[1800];
-    char namespace_[254], api_version[64], kind[64], obj_name[254];
+    char namespace_[254], api_version[64], kind[64], obj_name[254], uid[64];
     char type[16], reason[128], message[1024];
     char event_name[254]; /* as the API server named it; "" until created */
     char first_ts[32];
@@ -69,6 +69,9 @@ static char *event_body(const struct k8s_events *e, const struct k8s_event_ref *
     cJSON_AddStringToObject(io, "kind", obj->kind);
     cJSON_AddStringToObject(io, "name", obj->name);
     cJSON_AddStringToObject(io, "namespace", obj->namespace_);
+    if (obj->uid && obj->uid[0]) {
+        cJSON_AddStringToObject(io, "uid", obj->uid);
+    }
     cJSON_AddStringToObject(ev, "type", type);
     cJSON_AddStringToObject(ev, "reason", reason);
     cJSON_AddStringToObject(ev, "message", message);
@@ -137,7 +140,8 @@ static void flush(struct k8s_event_entry *en)
     const char *method;
     const char *ctype;
     if (!en->event_name[0]) {
-        struct k8s_event_ref obj = {en->namespace_, en->api_version, en->kind, en->obj_name};
+        struct k8s_event_ref obj = {en->namespace_, en->api_version, en->kind, en->obj_name,
+                                    en->uid};
         body = event_body(e, &obj, en->type, en->reason, en->message, en->first_ts, en->count);
         snprintf(path, sizeof path, "/api/v1/namespaces/%s/events", en->namespace_);
         method = "POST";
@@ -208,8 +212,10 @@ void k8s_events_record(struct k8s_events *e, const struct k8s_event_ref *obj, co
                        const char *reason, const char *message, uint64_t now_ms)
 {
     char key[1800];
-    int kl = snprintf(key, sizeof key, "%s\x1f%s\x1f%s\x1f%s\x1f%s\x1f%s", obj->namespace_,
-                      obj->kind, obj->name, type, reason, message);
+    /* The uid too: a Deployment made again under its name is another object. */
+    const char *uid = obj->uid ? obj->uid : "";
+    int kl = snprintf(key, sizeof key, "%s\x1f%s\x1f%s\x1f%s\x1f%s\x1f%s\x1f%s", obj->namespace_,
+                      obj->kind, obj->name, uid, type, reason, message);
     if (kl < 0 || (size_t)kl >= sizeof key) {
         kl = (int)sizeof key - 1; /* a very long message: aggregate on its start */
     }
@@ -250,6 +256,7 @@ void k8s_events_record(struct k8s_events *e, const struct k8s_event_ref *obj, co
     snprintf(en->api_version, sizeof en->api_version, "%s", obj->api_version);
     snprintf(en->kind, sizeof en->kind, "%s", obj->kind);
     snprintf(en->obj_name, sizeof en->obj_name, "%s", obj->name);
+    snprintf(en->uid, sizeof en->uid, "%s", uid);
     snprintf(en->type, sizeof en->type, "%s", type);
     snprintf(en->reason, sizeof en->reason, "%s", reason);
     snprintf(en->message, sizeof en->message, "%s", message);

@@ -101,16 +101,36 @@ def logfmt(line):
     return out
 
 
+def test_knative_camel_case_annotations_of_a_migrated_service_apply(cluster, thaw_factory,
+                                                                     tmp_path):
+    """An InferenceService migrated with its annotations as Knative's docs and
+    older releases write them (minScale, decimal percentages): they apply, as
+    Knative applies them, and none is reported."""
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=50),
+                          annotations={"autoscaling.knative.dev/minScale": "1",
+                                       "autoscaling.knative.dev/maxScale": "3",
+                                       "autoscaling.knative.dev/panicWindowPercentage": "20.0",
+                                       "autoscaling.knative.dev/panicThresholdPercentage":
+                                           "150.0"})
+    m = model(t)
+    assert not m.get("annotation_errors"), m["annotation_errors"]
+    wait_for(lambda: replicas(sim) == 1, what="minScale keeps a replica")
+    time.sleep(3)
+    assert replicas(sim) == 1
+    s = settings(t)
+    assert s["panic_window_pct"] == 20 and s["panic_threshold_pct"] == 150 and s["max_scale"] == 3, s
+
+
 def test_bad_and_unknown_annotations_are_logged_and_posted_as_an_event(cluster, thaw_factory,
                                                                        tmp_path):
     sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=50),
                           annotations={"thaw.dev/queue-timeout": "soon",
                                        "thaw.dev/idle-timout": "5m",
                                        "autoscaling.knative.dev/metric": "rps",
-                                       "autoscaling.knative.dev/minScale": "1"})
+                                       "autoscaling.knative.dev/minscale": "1"})
     m = model(t)
     for key in ("thaw.dev/queue-timeout", "thaw.dev/idle-timout",
-                "autoscaling.knative.dev/metric", "autoscaling.knative.dev/minScale"):
+                "autoscaling.knative.dev/metric", "autoscaling.knative.dev/minscale"):
         assert key in m["annotation_errors"]
     assert m["settings"]["queue_timeout_ms"] == 960000  # the default kept
     # One warning names the Deployment, each annotation and its value.

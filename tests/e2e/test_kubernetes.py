@@ -256,6 +256,25 @@ def parallel(n, fn):
 
 # --- real clients against the simulator ---------------------------------------
 
+def test_kubectl_describe_shows_thaws_events(cluster, thaw_factory, tmp_path):
+    """`kubectl describe deployment` lists the Events of the Deployment it
+    describes by its uid (involvedObject.uid): thaw's carry it, so a wake and a
+    bad annotation show there, not only in `kubectl get events`."""
+    if not os.path.exists(KUBECTL):
+        pytest.skip("kubectl not installed (scripts/setup.sh installs it)")
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=50),
+                          annotations={"thaw.dev/queue-timeout": "soon"})
+    assert complete(t).status == 200
+    wait_for(lambda: "ColdStartCompleted" in events_by_reason(sim), what="events")
+    kc = sim.kubeconfig(str(tmp_path / "kc"))
+    r = subprocess.run([KUBECTL, "--kubeconfig", kc, "-n", "models", "describe", "deployment",
+                        "llama"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    events = r.stdout[r.stdout.index("Events:"):]
+    for reason in ("ScaledFromZero", "ColdStartCompleted", "InvalidAnnotations"):
+        assert reason in events, r.stdout
+
+
 def test_kubectl_get_scale_and_watch(cluster, tmp_path):
     if not os.path.exists(KUBECTL):
         pytest.skip("kubectl not installed (scripts/setup.sh installs it)")

@@ -235,6 +235,42 @@ static void test_knative_aliases_and_precedence(void **state)
     assert_int_equal(s.idle_timeout_ms, 90000);
 }
 
+/* Knative's pre-1.0 camelCase keys and its decimal numbers, as migrated
+ * InferenceServices and Knative's own examples write them. */
+static void test_knative_camel_case_keys_and_decimals(void **state)
+{
+    struct k8s_model_spec s;
+    assert_int_equal(parse("{\"autoscaling.knative.dev/minScale\":\"1\","
+                           "\"autoscaling.knative.dev/maxScale\":\"4\","
+                           "\"autoscaling.knative.dev/initialScale\":\"2\","
+                           "\"autoscaling.knative.dev/panicWindowPercentage\":\"20.0\","
+                           "\"autoscaling.knative.dev/panicThresholdPercentage\":\"150.0\","
+                           "\"autoscaling.knative.dev/targetUtilizationPercentage\":\"70.5\","
+                           "\"autoscaling.knative.dev/target\":\"0.5\"}",
+                           "", &s),
+                     0);
+    assert_string_equal(s.errors, "");
+    assert_int_equal(s.min_scale, 1);
+    assert_int_equal(s.max_scale, 4);
+    assert_int_equal(s.initial_scale, 2);
+    assert_int_equal(s.panic_window_pct, 20);
+    assert_int_equal(s.panic_threshold_pct, 150);
+    assert_int_equal(s.target_utilization_pct, 71); /* rounded, half up */
+    assert_int_equal(s.target, 1);
+    /* The dashed spelling wins over the camelCase one, as in Knative. */
+    assert_int_equal(parse("{\"autoscaling.knative.dev/minScale\":\"1\","
+                           "\"autoscaling.knative.dev/min-scale\":\"3\"}",
+                           "", &s),
+                     0);
+    assert_int_equal(s.min_scale, 3);
+    /* thaw's own keys stay whole numbers; a bad camelCase value is named. */
+    parse("{\"thaw.dev/max-scale\":\"4.0\",\"autoscaling.knative.dev/maxScale\":\"x\"}", "",
+          &s);
+    assert_non_null(strstr(s.errors, "thaw.dev/max-scale: \"4.0\" is not a whole number"));
+    parse("{\"autoscaling.knative.dev/maxScale\":\"1.\"}", "", &s);
+    assert_non_null(strstr(s.errors, "autoscaling.knative.dev/maxScale: \"1.\" is not a whole"));
+}
+
 static void test_bad_values_keep_defaults_and_say_why(void **state)
 {
     struct k8s_model_spec s;
@@ -389,7 +425,7 @@ static void test_unknown_and_unsupported_annotations_are_reported(void **state)
     struct k8s_model_spec s;
     parse_custom("chat",
                  "{\"thaw.dev/idle-timout\":\"5m\",\"autoscaling.knative.dev/metric\":\"rps\","
-                 "\"autoscaling.knative.dev/minScale\":\"1\",\"other.io/x\":\"y\","
+                 "\"autoscaling.knative.dev/minscale\":\"1\",\"other.io/x\":\"y\","
                  "\"autoscaling.knative.dev/class\":\"hpa.autoscaling.knative.dev\","
                  "\"autoscaling.knative.dev/target-burst-capacity\":\"200\","
                  "\"thaw.dev/scale-down-delay\":\"2h\",\"thaw.dev/window\":\"1s\","
@@ -397,7 +433,7 @@ static void test_unknown_and_unsupported_annotations_are_reported(void **state)
                  "{\"thaw.dev/typo\":\"1\",\"sim.thaw.dev/load-ms\":\"5\"}", &s);
     assert_non_null(strstr(s.errors, "thaw.dev/idle-timout: \"5m\" is not an annotation thaw knows"));
     assert_non_null(strstr(s.errors, "autoscaling.knative.dev/metric: \"rps\" is not supported"));
-    assert_non_null(strstr(s.errors, "autoscaling.knative.dev/minScale: \"1\" is not a Knative"));
+    assert_non_null(strstr(s.errors, "autoscaling.knative.dev/minscale: \"1\" is not a Knative"));
     assert_non_null(strstr(s.errors, "autoscaling.knative.dev/class: \"hpa.autoscaling"));
     assert_non_null(strstr(s.errors, "target-burst-capacity: \"200\" is not supported"));
     assert_non_null(strstr(s.errors, "thaw.dev/scale-down-delay: \"2h\" is out of range"));
@@ -1274,6 +1310,7 @@ int main(void)
         cmocka_unit_test(test_sleep_mode_annotations),
         cmocka_unit_test(test_revision_annotations),
         cmocka_unit_test(test_knative_aliases_and_precedence),
+        cmocka_unit_test(test_knative_camel_case_keys_and_decimals),
         cmocka_unit_test(test_an_alias_too_long_to_name_is_said),
         cmocka_unit_test(test_bad_values_keep_defaults_and_say_why),
         cmocka_unit_test(test_not_a_deployment),

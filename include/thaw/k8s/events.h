@@ -18,8 +18,11 @@
 #include "thaw/k8s/client.h"
 #include "thaw/strmap.h"
 
+/* uid: the object's metadata.uid, or NULL/"" when not known (a deleted
+ * object). `kubectl describe` finds an object's Events by its uid, so an
+ * Event without one shows only in `kubectl get events`. */
 struct k8s_event_ref {
-    const char *namespace_, *api_version, *kind, *name;
+    const char *namespace_, *api_version, *kind, *name, *uid;
 };
 
 struct k8s_events_stats {

@@ -85,6 +85,7 @@ struct k8s_model_spec {
     int64_t replicas;       /* spec.replicas; missing means 0 */
     int64_t ready_replicas; /* status.readyReplicas */
     char resource_version[64];
+    char uid[64]; /* the Deployment's metadata.uid (its Events name it) */
     char errors[1200];
 };
 

@@ -216,6 +216,7 @@ struct kube_tenants_source {
     bool present;     /* the object exists (as last listed or watched) */
     bool loaded;      /* a document was applied since start */
     char seen_rv[64]; /* the version last read (applied or not) */
+    char uid[64];     /* its metadata.uid while present (its Events name it) */
     char applied_rv[64];
     int64_t applied_unix;
     uint64_t applied, rejected;
@@ -317,7 +318,7 @@ static inline void kube_post_event(struct kmodel *km, const char *type, const ch
     struct kube_backend *kb = km->kb;
     if (kb->cfg->kubernetes.events) {
         struct k8s_event_ref obj = {km->spec.namespace_, "apps/v1", "Deployment",
-                                    km->spec.deployment};
+                                    km->spec.deployment, km->spec.uid};
         k8s_events_record(&kb->events, &obj, type, reason, message, clock_now_ms());
     }
 }

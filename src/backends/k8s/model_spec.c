@@ -7,6 +7,8 @@
 #include "thaw/rollout.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,20 +103,61 @@ struct ann_src {
     const cJSON *dep, *tpl;
 };
 
-static const char *ann_lookup(const struct ann_src *a, const char *key)
+static const cJSON *ann_item(const struct ann_src *a, const char *key)
 {
     const cJSON *objs[2] = {a->dep, a->tpl};
     for (int i = 0; i < 2; i++) {
         const cJSON *item =
             cJSON_IsObject(objs[i]) ? cJSON_GetObjectItemCaseSensitive(objs[i], key) : NULL;
         if (cJSON_IsString(item)) {
-            return item->valuestring;
+            return item;
         }
     }
     return NULL;
 }
 
-/* thaw's key wins over its Knative alias; *used names the one found. */
+static const char *ann_lookup(const struct ann_src *a, const char *key)
+{
+    const cJSON *item = ann_item(a, key);
+    return item ? item->valuestring : NULL;
+}
+
+static const char KNATIVE_PREFIX[] = "autoscaling.knative.dev/";
+
+/* Knative's keys before 1.0 were camelCase (minScale, panicWindowPercentage),
+ * and Knative still reads them: the dashed form of such a key, in out. */
+static const char *knative_dashed(const char *key, char *out, size_t len)
+{
+    size_t n = 0;
+    for (const char *k = key; *k && n + 2 < len; k++) {
+        if (*k >= 'A' && *k <= 'Z') {
+            out[n++] = '-';
+            out[n++] = (char)(*k - 'A' + 'a');
+        } else {
+            out[n++] = *k;
+        }
+    }
+    out[n] = '\0';
+    return out;
+}
+
+/* The camelCase spelling of a dashed Knative key, in out. */
+static const char *knative_camel(const char *key, char *out, size_t len)
+{
+    size_t n = 0;
+    for (const char *k = key; *k && n + 1 < len; k++) {
+        if (*k == '-' && k[1] >= 'a' && k[1] <= 'z' && k > key) {
+            out[n++] = (char)(*++k - 'a' + 'A');
+        } else {
+            out[n++] = *k;
+        }
+    }
+    out[n] = '\0';
+    return out;
+}
+
+/* thaw's key wins over its Knative alias, and the alias's dashed spelling
+ * over its camelCase one (Knative's order); *used names the one found. */
 static const char *annotation(const struct ann_src *a, const char *key, const char *alias,
                               const char **used)
 {
@@ -124,7 +167,38 @@ static const char *annotation(const struct ann_src *a, const char *key, const ch
         v = ann_lookup(a, alias);
         *used = alias;
     }
+    if (!v && alias && strncmp(alias, KNATIVE_PREFIX, sizeof KNATIVE_PREFIX - 1) == 0) {
+        char camel[128];
+        const cJSON *item = ann_item(a, knative_camel(alias, camel, sizeof camel));
+        if (item) {
+            v = item->valuestring;
+            *used = item->string; /* lives as long as the object */
+        }
+    }
     return v;
+}
+
+/* Knative writes some numbers as decimals ("150.0", target "0.5"): from a
+ * Knative key, a decimal is taken rounded to the nearest whole number (half
+ * up). 0, or -1 when v is not a plain decimal. */
+static int knative_decimal(const char *v, unsigned long long *out)
+{
+    const char *dot = strchr(v, '.');
+    if (!dot || dot == v || !dot[1]) {
+        return -1;
+    }
+    for (const char *c = v; *c; c++) {
+        if (c != dot && !isdigit((unsigned char)*c)) {
+            return -1;
+        }
+    }
+    errno = 0;
+    unsigned long long whole = strtoull(v, NULL, 10);
+    if (errno == ERANGE || whole == ULLONG_MAX) {
+        return -1;
+    }
+    *out = whole + (dot[1] >= '5');
+    return 0;
 }
 
 static const char *out_of_range(char *what, size_t len, uint64_t min, uint64_t max,
@@ -151,7 +225,8 @@ static bool read_uint(const struct ann_src *anns, const char *key, const char *a
     }
     char *end;
     unsigned long long n = strtoull(v, &end, 10);
-    if (*end || !*v || !isdigit((unsigned char)v[0])) {
+    bool knative = strncmp(used, KNATIVE_PREFIX, sizeof KNATIVE_PREFIX - 1) == 0;
+    if ((*end || !*v || !isdigit((unsigned char)v[0])) && !(knative && !knative_decimal(v, &n))) {
         add_error(o, used, v, "is not a whole number; using the default");
         return false;
     }
@@ -283,7 +358,6 @@ uint64_t k8s_default_queue_timeout_ms(uint64_t startup_timeout_ms, enum tier pri
 }
 
 static const char THAW_PREFIX[] = "thaw.dev/";
-static const char KNATIVE_PREFIX[] = "autoscaling.knative.dev/";
 
 /* Every annotation read below, without its prefix; and last-request-at,
  * which thaw itself writes (the idle clock, idle.c), not a setting. */
@@ -335,7 +409,8 @@ static void report_unknown(const cJSON *anns, const cJSON *shadow, struct k8s_mo
                 add_error(o, k, v, "is not an annotation thaw knows; ignored");
             }
         } else if (strncmp(k, KNATIVE_PREFIX, sizeof KNATIVE_PREFIX - 1) == 0) {
-            const char *rest = k + sizeof KNATIVE_PREFIX - 1;
+            char dashed[128];
+            const char *rest = knative_dashed(k + sizeof KNATIVE_PREFIX - 1, dashed, sizeof dashed);
             if (strcmp(rest, "target-burst-capacity") == 0) {
                 add_error(o, k, v, "is not supported (thaw always stays in the request path "
                                    "and queues); ignored");
@@ -599,6 +674,7 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
     copy_str(o->namespace_, sizeof o->namespace_, k8s_get_string(dep, "metadata.namespace"));
     copy_str(o->resource_version, sizeof o->resource_version,
              k8s_get_string(dep, "metadata.resourceVersion"));
+    copy_str(o->uid, sizeof o->uid, k8s_get_string(dep, "metadata.uid"));
     const cJSON *gen = k8s_get(dep, "metadata.generation");
     o->generation = cJSON_IsNumber(gen) ? (int64_t)k8s_json_count(gen) : 0;
     const cJSON *labels = k8s_get(dep, "metadata.labels");

@@ -34,7 +34,8 @@ static void source_failed(struct kube_tenants_source *ts, const char *what)
          "source=%s/%s/%s key=%s error=%s", kind_name(ts), ts->ns, ts->name, ts->key,
          LOG_Q(what));
     if (ts->kb->cfg->kubernetes.events) {
-        struct k8s_event_ref obj = {ts->ns, "v1", kind_name(ts), ts->name};
+        struct k8s_event_ref obj = {ts->ns, "v1", kind_name(ts), ts->name,
+                                    ts->present ? ts->uid : NULL};
         k8s_events_record(&ts->kb->events, &obj, "Warning", "InvalidTenants", what, clock_now_ms());
     }
 }
@@ -111,6 +112,8 @@ static void source_upsert(void *ud, const cJSON *obj)
     const char *rv = k8s_get_string(obj, "metadata.resourceVersion");
     rv = rv ? rv : "";
     ts->present = true;
+    const char *uid = k8s_get_string(obj, "metadata.uid");
+    snprintf(ts->uid, sizeof ts->uid, "%s", uid ? uid : "");
     /* A relist hands back the version already read. */
     if (rv[0] && strcmp(rv, ts->seen_rv) == 0) {
         return;
