@@ -11,6 +11,7 @@
 struct jsonpos_entry {
     const cJSON *item;
     int line;
+    size_t offset; /* byte where it starts (its key, for an object member) */
 };
 
 struct jsonpos {
@@ -22,6 +23,10 @@ struct jsonpos {
 int jsonpos_build(struct jsonpos *jp, const char *text, size_t len, const cJSON *root);
 /* Line (1-based) of item, or 0 when unknown. O(log n). */
 int jsonpos_line(const struct jsonpos *jp, const cJSON *item);
+/* The item whose text starts last at or before byte off: the innermost
+ * item whose text holds that byte (a string, or the member whose key or
+ * value holds it), when off is inside a key or a scalar. O(n): errors only. */
+const cJSON *jsonpos_item_at(const struct jsonpos *jp, size_t off);
 /* 1-based line of a byte offset in text. */
 int jsonpos_line_of_offset(const char *text, size_t len, size_t off);
 void jsonpos_dispose(struct jsonpos *jp);

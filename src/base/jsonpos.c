@@ -7,13 +7,13 @@
 #include <string.h>
 
 struct walker {
-    const char *p, *end;
+    const char *begin, *p, *end;
     int line;
     int depth;
     struct jsonpos *jp;
 };
 
-static int record(struct jsonpos *jp, const cJSON *item, int line)
+static int record(struct jsonpos *jp, const cJSON *item, int line, size_t offset)
 {
     if (jp->n == jp->cap) {
         size_t ncap = jp->cap ? jp->cap * 2 : 64;
@@ -26,6 +26,7 @@ static int record(struct jsonpos *jp, const cJSON *item, int line)
     }
     jp->entries[jp->n].item = item;
     jp->entries[jp->n].line = line;
+    jp->entries[jp->n].offset = offset;
     jp->n++;
     return 0;
 }
@@ -73,7 +74,9 @@ static void skip_string(struct walker *w)
     }
 }
 
-static int walk_value(struct walker *w, const cJSON *item, int line_override);
+/* key_line, key_off: where an object member's key starts (0, 0 for an
+ * array element or the root: where the value starts). */
+static int walk_value(struct walker *w, const cJSON *item, int key_line, size_t key_off);
 
 static int walk_container(struct walker *w, const cJSON *item, char close)
 {
@@ -93,15 +96,17 @@ static int walk_container(struct walker *w, const cJSON *item, char close)
             continue;
         }
         int key_line = 0;
+        size_t key_off = 0;
         if (close == '}') {
             key_line = w->line;
+            key_off = (size_t)(w->p - w->begin);
             skip_string(w);
             skip_ws(w);
             if (w->p < w->end && *w->p == ':') {
                 w->p++;
             }
         }
-        int rc = walk_value(w, child, key_line);
+        int rc = walk_value(w, child, key_line, key_off);
         if (rc) {
             return rc;
         }
@@ -111,14 +116,15 @@ static int walk_container(struct walker *w, const cJSON *item, char close)
     }
 }
 
-static int walk_value(struct walker *w, const cJSON *item, int line_override)
+static int walk_value(struct walker *w, const cJSON *item, int key_line, size_t key_off)
 {
     skip_ws(w);
     if (w->p >= w->end) {
         return 0;
     }
     if (item) {
-        int rc = record(w->jp, item, line_override ? line_override : w->line);
+        int rc = record(w->jp, item, key_line ? key_line : w->line,
+                        key_line ? key_off : (size_t)(w->p - w->begin));
         if (rc) {
             return rc;
         }
@@ -156,11 +162,11 @@ int jsonpos_build(struct jsonpos *jp, const char *text, size_t len, const cJSON 
 {
     jp->entries = NULL;
     jp->n = jp->cap = 0;
-    struct walker w = {text, text + len, 1, 0, jp};
+    struct walker w = {text, text, text + len, 1, 0, jp};
     if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) {
         w.p += 3; /* a UTF-8 byte order mark, which cJSON skips too */
     }
-    int rc = walk_value(&w, root, 0);
+    int rc = walk_value(&w, root, 0, 0);
     if (rc == 0 && jp->n > 1) {
         /* Looked up by address: one lookup per model and per error would
          * be quadratic on a large file with a linear scan. */
@@ -171,10 +177,22 @@ int jsonpos_build(struct jsonpos *jp, const char *text, size_t len, const cJSON 
 
 int jsonpos_line(const struct jsonpos *jp, const cJSON *item)
 {
-    struct jsonpos_entry key = {item, 0};
+    struct jsonpos_entry key = {.item = item};
     const struct jsonpos_entry *e =
         jp->n ? bsearch(&key, jp->entries, jp->n, sizeof key, by_item) : NULL;
     return e ? e->line : 0;
+}
+
+const cJSON *jsonpos_item_at(const struct jsonpos *jp, size_t off)
+{
+    const struct jsonpos_entry *best = NULL;
+    for (size_t i = 0; i < jp->n; i++) {
+        const struct jsonpos_entry *e = &jp->entries[i];
+        if (e->offset <= off && (!best || e->offset > best->offset)) {
+            best = e;
+        }
+    }
+    return best ? best->item : NULL;
 }
 
 int jsonpos_line_of_offset(const char *text, size_t len, size_t off)

@@ -1798,21 +1798,44 @@ static size_t find_nul(const char *text, size_t len)
     return len;
 }
 
-/* The path ("models[0].name") of the first string on line (or, with
- * strings_only false, of any item there). */
-static bool path_on_line(const struct jsonpos *pos, const cJSON *item, int line,
-                         bool strings_only, char *path, size_t len)
+/* Appends to path the step from a container to its child number idx. */
+static void path_step(char *path, size_t len, const cJSON *child, size_t idx)
+{
+    size_t base = strlen(path);
+    if (child->string) {
+        snprintf(path + base, len - base, "%s%s", base ? "." : "", child->string);
+    } else {
+        snprintf(path + base, len - base, "[%zu]", idx);
+    }
+}
+
+/* The path ("models[0].command[1]") from item down to target. */
+static bool path_to(const cJSON *item, const cJSON *target, char *path, size_t len)
+{
+    if (item == target) {
+        return true;
+    }
+    size_t base = strlen(path);
+    size_t idx = 0;
+    for (const cJSON *c = item->child; c; c = c->next, idx++) {
+        path_step(path, len, c, idx);
+        if (path_to(c, target, path, len)) {
+            return true;
+        }
+        path[base] = '\0';
+    }
+    return false;
+}
+
+/* The path ("models[0].name") of the first item on line. */
+static bool path_on_line(const struct jsonpos *pos, const cJSON *item, int line, char *path,
+                         size_t len)
 {
     size_t base = strlen(path);
     size_t idx = 0;
     for (const cJSON *c = item->child; c; c = c->next, idx++) {
-        if (c->string) {
-            snprintf(path + base, len - base, "%s%s", base ? "." : "", c->string);
-        } else {
-            snprintf(path + base, len - base, "[%zu]", idx);
-        }
-        if ((jsonpos_line(pos, c) == line && (!strings_only || cJSON_IsString(c))) ||
-            path_on_line(pos, c, line, strings_only, path, len)) {
+        path_step(path, len, c, idx);
+        if (jsonpos_line(pos, c) == line || path_on_line(pos, c, line, path, len)) {
             return true;
         }
         path[base] = '\0';
@@ -1886,8 +1909,9 @@ struct config *config_parse(const char *text, size_t len, const char *label,
     if (nul < len) {
         int line = jsonpos_line_of_offset(text, len, nul);
         char path[256] = "";
-        if (!path_on_line(&p.pos, root, line, true, path, sizeof path) &&
-            !path_on_line(&p.pos, root, line, false, path, sizeof path)) {
+        const cJSON *holder = jsonpos_item_at(&p.pos, nul);
+        if ((!holder || !path_to(root, holder, path, sizeof path)) &&
+            !path_on_line(&p.pos, root, line, path, sizeof path)) {
             snprintf(path, sizeof path, "(string)");
         }
         snprintf(err->msg, sizeof err->msg, "%s:%d: %s: %s", label, line, path,

@@ -476,7 +476,13 @@ static void test_strictness(void **state)
     config_free(cfg);
     expect_error("{\"models\": [\n{\"name\": \"a\\u0000b\", \"endpoints\": [\"127.0.0.1:1\"]}]}",
                  "test.json:2: models[0].name: a string holds a NUL character");
-    expect_error("{\n\"log\": {\"level\": \"info\\u0000\"}}", "test.json:2: log");
+    expect_error("{\n\"log\": {\"level\": \"info\\u0000\"}}", "test.json:2: log.level:");
+    /* The key named is the string that holds it, not the first on its line. */
+    expect_error("{\"models\": [{\"name\": \"a\", \"command\": [\"x\", \"\\u0000\"]}]}",
+                 "test.json:1: models[0].command[1]: a string holds a NUL character");
+    expect_error("{\"tenants\": {\"list\": [{\"name\": \"a\", \"api_keys\": [\"k\"]}, "
+                 "{\"name\": \"b\", \"api_keys\": [\"x\\u0000\"]}]}}",
+                 "test.json:1: tenants.list[1].api_keys[0]: a string holds a NUL");
     /* An escaped backslash before "u0000" is not a NUL. */
     expect_error("{\"models\": [{\"name\": \"a\\\\u0000\", \"endpoints\": [\"127.0.0.1:1\"]}]}",
                  "may hold only letters");
