@@ -7,6 +7,7 @@
 
 #include <getopt.h>
 #include <malloc.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +83,11 @@ static void return_large_buffers_to_the_system(void)
 
 int main(int argc, char **argv)
 {
+    /* A reload asked for while starting (a service manager's reload right
+     * after its start, while GPUs are discovered or a kubeconfig's plugin
+     * runs) must not end thaw, SIGHUP's default: the file is read now anyway.
+     * The reload handler replaces this once the loop runs. */
+    signal(SIGHUP, SIG_IGN);
     return_large_buffers_to_the_system();
     if (argc == 2 && strcmp(argv[1], "hash-key") == 0) {
         return hash_key_main();

@@ -95,3 +95,31 @@ def test_port_in_use_is_a_clear_error(upstream):
         assert r.returncode == 1 and "cannot listen" in r.stderr
     finally:
         t.stop()
+
+
+def test_a_reload_asked_for_while_starting_does_not_end_thaw(tmp_path):
+    """A service manager may send SIGHUP right after the start, before thaw's
+    loop has its reload handler (here: while GPU discovery holds the start for
+    a second). SIGHUP's default action ended thaw."""
+    import signal
+    import time
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({
+        "listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0", "gpus": "discover",
+        "gpu_discovery_command": ["sh", "-c",
+                                  "sleep 1; echo 'GPU 0: Test GPU (UUID: GPU-0000)'"],
+        "models": [{"name": "m", "command": ["/bin/true", "{port}"], "gpu_slices": 1}]}))
+    ports = tmp_path / "ports.json"
+    p = subprocess.Popen([THAW_BIN, "--config", str(cfg), "--port-file", str(ports)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.4)  # thaw waits for the discovery command
+        assert p.poll() is None
+        p.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while not ports.exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert p.poll() is None and ports.exists(), f"thaw ended (status {p.returncode})"
+    finally:
+        p.terminate()
+        p.wait(10)
