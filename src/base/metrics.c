@@ -68,8 +68,8 @@ static const struct reject_info reject_table[REJECT_COUNT] = {
                          "the request body is not a multipart/form-data form with the "
                          "Content-Type's boundary"},
     [REJECT_UNKNOWN_REVISION] = {"revision_not_found", 404, false,
-                                 "the model has no revision of the name in the thaw-revision "
-                                 "header"},
+                                 "the model has no revision of that name (the thaw-revision "
+                                 "header, or <model>@<revision>)"},
     [REJECT_TENANTS_NOT_LOADED] = {"tenants_not_loaded", 503, true,
                                    "thaw has not loaded its tenants yet (tenants.source), so "
                                    "it cannot check API keys; retry after Retry-After seconds"},

@@ -218,6 +218,18 @@ static void note_asked_model(struct request *r, const char *name, size_t len)
     r->ex.error_model = r->asked_model;
 }
 
+/* Why a name routed nowhere: "<model>@<revision>" for a model that has no
+ * such revision is revision_not_found (as with the thaw-revision header),
+ * anything else model_not_found. */
+static enum reject_reason unrouted_reason(const struct runtime *rt, const struct request *r)
+{
+    const char *name = r->asked_model;
+    const char *at = strrchr(name, '@');
+    const struct model *m =
+        at ? router_lookup_name(&rt->fleet.router, name, (size_t)(at - name)) : NULL;
+    return m && m->revs ? REJECT_UNKNOWN_REVISION : REJECT_UNKNOWN_MODEL;
+}
+
 /* GET or HEAD of /v1/models[/{id}] (after a /models/<name>/ prefix too):
  * thaw answers it, whatever the Host. */
 static bool is_models_api(struct request *r)
@@ -295,7 +307,7 @@ int proxy_on_head(struct conn *c, struct request *r)
         }
     } else if (st != ROUTE_AMBIGUOUS) {
         note_asked_model(r, http_target(&r->ex.head) + r->route.asked_off, r->route.asked_len);
-        return REJECT_UNKNOWN_MODEL;
+        return unrouted_reason(rt, r);
     } /* ambiguous: answered once the body is read (proxy_on_request) */
     /* A declared length is reserved whole at the head, so a body that
      * cannot be held is refused before any of it is read. */
@@ -564,7 +576,7 @@ static bool scan_body(struct conn *c, struct request *r, bool at_end)
         conn_reject(c, REJECT_NO_MODEL_FIELD, NULL);
         return false;
     default:
-        conn_reject(c, REJECT_UNKNOWN_MODEL, NULL);
+        conn_reject(c, unrouted_reason(rt_of(c), r), NULL);
         return false;
     }
 }

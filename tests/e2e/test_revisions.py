@@ -88,6 +88,14 @@ def test_tag_reaches_the_canary_only(thaw_factory):
     r = complete(t, headers={"thaw-revision": "v9"})
     assert r.status == 404
     assert json.loads(r.body)["error"]["code"] == "revision_not_found"
+    # The @ forms name an unknown revision the same way; an unknown model stays one.
+    r = complete(t, path="/models/llama@v9/v1/completions")
+    assert r.status == 404 and json.loads(r.body)["error"]["code"] == "revision_not_found"
+    for name, code in (("llama@v9", "revision_not_found"), ("other@v1", "model_not_found")):
+        r = httpc.request(t.host, t.port, "POST", "/v1/completions",
+                          {"Content-Type": "application/json"},
+                          json.dumps({"model": name, "prompt": "hi"}).encode(), timeout=10)
+        assert r.status == 404 and json.loads(r.body)["error"]["code"] == code, (name, r.body)
     assert complete(t).status == 200  # untagged: the split (all v1)
     assert served(t, "v1") == 1 and served(t, "v2") == 4
     t.assert_reconciled()
