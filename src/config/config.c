@@ -55,7 +55,8 @@ static int read_uint(struct parser *p, const cJSON *item, const char *path, uint
     }
     double v = item->valuedouble;
     if (v != floor(v) || v < 0) {
-        return fail(p, item, path, "must be a whole number >= 0");
+        return fail(p, item, path, "must be a whole number between %llu and %llu",
+                    (unsigned long long)min, (unsigned long long)max);
     }
     if (v < (double)min || v > (double)max) {
         return fail(p, item, path, "must be between %llu and %llu (got %.0f)",

@@ -200,6 +200,8 @@ static void test_errors_name_file_line_and_key(void **state)
     expect_error("{\"limits\": {\n\"max_headers\": 0}}",
                  "test.json:2: limits.max_headers: must be between 1 and 1000 (got 0)");
     expect_error("{\"limits\": {\"max_headers\": 1.5}}", "limits.max_headers: must be a whole");
+    expect_error("{\"limits\": {\"max_headers\": -1}}",
+                 "limits.max_headers: must be a whole number between 1 and ");
     expect_error("{\"limits\": {\"max_headers\": \"10\"}}", "limits.max_headers: must be a number");
     expect_error("{\"limits\": {\"max_heders\": 10}}", "limits.max_heders: unknown key");
     expect_error("{\"autoscaler\": {\n\"prewarm\": \"maybe\"}}",
