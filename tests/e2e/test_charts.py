@@ -2,9 +2,11 @@
 helm (lint, template), the Kubernetes schemas (npm kubernetes-models),
 promtool (check and unit-test rules), and a real Prometheus scraping thaw."""
 
+import base64
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -15,9 +17,13 @@ import pytest
 import yaml
 
 from conftest import ROOT, THAW_BIN, free_port, wait_for
+from test_kubernetes import KUBECTL, cluster, pki, start_thaw  # noqa: F401  (fixtures)
 from test_process import complete, sim_model
+from test_tenants import model, tenant
 
-HELM = os.path.join(ROOT, ".tools", "bin", "helm")
+HELM = os.environ.get("HELM") or os.path.join(ROOT, ".tools", "bin", "helm")
+if not os.path.exists(HELM):
+    HELM = shutil.which("helm") or HELM
 CHARTS = os.path.join(ROOT, "charts")
 CHECKS = os.path.join(ROOT, "tests", "charts")
 ALL_ON = ["priorityClasses.create=true", "devicePlugin.enabled=true",
@@ -42,6 +48,8 @@ MODEL_OPTIONS = {
     "prepull": ["prepull.enabled=true", "nodeSelector.pool=gpu-a100"],
     "sleep": ["sleep.enabled=true", "sleep.level=2", "sleep.idleBeforeSleep=5m"],
 }
+DOCS = os.path.join(ROOT, "docs")
+TENANTS = ["config.tenants.source.kind=secret", "config.tenants.source.name=thaw-tenants"]
 DCGM = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
         "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_MGMT_LIMIT"}
 
@@ -56,8 +64,10 @@ def helm(*args, check=True):
     return r
 
 
-def render(chart, *sets, namespace="thaw-system"):
+def render(chart, *sets, namespace="thaw-system", values=None):
     args = ["template", "rel", os.path.join(CHARTS, chart), "--namespace", namespace]
+    if values:
+        args += ["--values", values]
     for s in sets:
         args += ["--set", s]
     return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
@@ -79,7 +89,10 @@ def test_rendered_objects_are_valid_kubernetes():
     if not os.path.isdir(os.path.join(CHECKS, "node_modules")):
         pytest.skip("npm packages not installed (scripts/setup.sh test installs them)")
     objs = (render("thaw") + render("thaw", *ALL_ON, "watchNamespaces[0]=models")
+            + render("thaw", "watchNamespaces[0]=models", "replicaCount=1", *TENANTS)
             + render("thaw-model", namespace="models")
+            + render("thaw-model", "thawAnnotations.max-scale=3",
+                     "thawAnnotations.fallback-to-warm-revision=true", namespace="models")
             + render("thaw-model", "server.kind=llamacpp", "priorityClassName=thaw-batch",
                      namespace="models")
             + [o for sets in MODEL_OPTIONS.values()
@@ -97,6 +110,10 @@ def test_rendered_objects_are_valid_kubernetes():
     ("thaw", "devicePlugin.mode=mig"),
     ("thaw", "priorityClasses.batch.preemptionPolicy=Always"),
     ("thaw", "metrics.prometheusRule.coldStartSlowSeconds=1800"),  # past the last bucket
+    # thaw refuses to start on any other kind
+    ("thaw", ("config.tenants.source.kind=vault", "config.tenants.source.name=t")),
+    ("thaw", ("config.tenants.source.kind=Secret", "config.tenants.source.name=t")),
+    ("thaw", ("config.tenants.source.name=t",)),
     ("thaw-model", "server.kind=tgi"),
     ("thaw-model", "thawAnnotations.priority=urgent"),
     ("thaw-model", "name=Not_A_DNS_Name"),
@@ -106,7 +123,10 @@ def test_rendered_objects_are_valid_kubernetes():
     ("thaw-model", "sleep.level=3"),
 ])
 def test_values_schema_rejects_bad_values(chart, bad):
-    r = helm("template", "rel", os.path.join(CHARTS, chart), "--set", bad, check=False)
+    args = ["template", "rel", os.path.join(CHARTS, chart)]
+    for x in ([bad] if isinstance(bad, str) else bad):
+        args += ["--set", x]
+    r = helm(*args, check=False)
     assert r.returncode != 0 and "values don't meet the specifications" in r.stderr
 
 
@@ -176,6 +196,131 @@ def test_a_tenants_source_gets_read_access_to_that_object_only():
         assert res not in ("secrets", "configmaps")
 
 
+def grants(objs, sa="rel", sa_ns="thaw-system"):
+    """What the release's ServiceAccount may do, following its bindings as the API server's
+    RBAC authorizer does: {(namespace, or "*" cluster-wide; group; resource; verb;
+    resource name, or "*")}."""
+    roles = {(o["kind"], o["metadata"].get("namespace") if o["kind"] == "Role" else None,
+              o["metadata"]["name"]): o for o in objs if o["kind"] in ("Role", "ClusterRole")}
+    out = set()
+    for b in objs:
+        if b["kind"] not in ("RoleBinding", "ClusterRoleBinding") or not any(
+                s["kind"] == "ServiceAccount" and s["name"] == sa and s.get("namespace") == sa_ns
+                for s in b["subjects"]):
+            continue
+        ns = b["metadata"]["namespace"] if b["kind"] == "RoleBinding" else "*"
+        ref = b["roleRef"]
+        role = roles.get((ref["kind"], ns if ref["kind"] == "Role" else None, ref["name"]))
+        assert role, f"{b['kind']} {b['metadata']['name']} binds a role that is not rendered"
+        for r in role["rules"]:
+            for g in r["apiGroups"]:
+                for res in r["resources"]:
+                    for v in r["verbs"]:
+                        for n in r.get("resourceNames") or ["*"]:
+                            out.add((ns, g, res, v, n))
+    return out
+
+
+def allowed(g, verb, resource, ns, group="", name="*"):
+    return any(gns in ("*", ns) and gg == group and res == resource and v == verb and
+               n in ("*", name) for gns, gg, res, v, n in g)
+
+
+@needs_helm
+@pytest.mark.parametrize("sets", [
+    [],                                                   # two activators: a leader Role too
+    ["replicaCount=1", "leaderElection.enabled=false"],   # one: no leader Role
+])
+def test_invalid_tenants_events_may_be_posted_where_the_tenants_object_is(sets):
+    """thaw posts the Warning Event InvalidTenants on the tenants Secret, in its namespace
+    (thaw's own by default): with watchNamespaces, the model Roles grant Events only in the
+    watched namespaces, and the API server answered 403."""
+    scoped = ["watchNamespaces[0]=models", *sets]
+    g = grants(render("thaw", *scoped, *TENANTS))
+    for verb in ("create", "patch"):
+        assert allowed(g, verb, "events", "thaw-system"), verb
+        assert allowed(g, verb, "events", "models"), verb
+    # Nothing more: no Events elsewhere, none read in thaw's own namespace.
+    assert not allowed(g, "create", "events", "default")
+    assert not allowed(g, "list", "events", "thaw-system")
+    assert not allowed(g, "watch", "events", "thaw-system")
+    assert allowed(g, "get", "secrets", "thaw-system", name="thaw-tenants")
+    assert not allowed(g, "get", "secrets", "thaw-system", name="other")
+    # A Secret in another namespace: the Events go there.
+    g = grants(render("thaw", *scoped, *TENANTS, "config.tenants.source.namespace=auth"))
+    assert allowed(g, "create", "events", "auth") and allowed(g, "patch", "events", "auth")
+    assert not allowed(g, "create", "events", "thaw-system")
+    # No source: no Events in thaw's own namespace.
+    assert not allowed(grants(render("thaw", *scoped)), "create", "events", "thaw-system")
+    # A watched namespace already has them: the tenants Role grants only the Secret.
+    objs = render("thaw", *scoped, "watchNamespaces[1]=thaw-system", *TENANTS)
+    assert allowed(grants(objs), "create", "events", "thaw-system")
+    role = next(o for o in by_kind(objs, "Role") if o["metadata"]["name"] == "rel-tenants")
+    assert [r["resources"] for r in role["rules"]] == [["secrets"]]
+    # So does the ClusterRole when thaw watches every namespace.
+    objs = render("thaw", *sets, *TENANTS)
+    assert allowed(grants(objs), "create", "events", "thaw-system")
+    role = next(o for o in by_kind(objs, "Role") if o["metadata"]["name"] == "rel-tenants")
+    assert [r["resources"] for r in role["rules"]] == [["secrets"]]
+    # docs/kubernetes.md's RBAC section lists it.
+    rbac = open(os.path.join(DOCS, "kubernetes.md")).read().split("## RBAC", 1)[1]
+    rbac = rbac.split("\n## ", 1)[0]
+    assert any(row.startswith('| `""` | `events` | create, patch |') and "InvalidTenants" in row
+               for row in rbac.splitlines()), "kubernetes.md's RBAC table"
+
+
+def test_deploy_md_shows_the_invalid_tenants_event_with_a_command_that_shows_it(
+        cluster, thaw_factory, tmp_path, upstream):  # noqa: F811
+    """deploy.md's command for the InvalidTenants Event, run with the real kubectl against
+    the API simulator after thaw rejected a Secret, prints it (`kubectl describe secret`,
+    which it said, has no Events section)."""
+    if not os.path.exists(KUBECTL):
+        pytest.skip("kubectl not installed (scripts/setup.sh installs it)")
+    doc = open(os.path.join(DOCS, "deploy.md")).read()
+    section = doc[doc.index("### Tenants from a Secret"):doc.index("## 4. ")]
+    text = " ".join(section.split())
+    at = text.index("`InvalidTenants`", text.index("A version that does not read"))
+    near = text[at - 300:at + 300]
+    # The commands it says show the Event (not one it says shows none).
+    cmds = [m.group(1) for m in re.finditer(r"`(kubectl [^`]+)`(?! shows no Events)", near)
+            if " events" in m.group(1) or "describe" in m.group(1)]
+    assert cmds, "deploy.md names no command that shows the Event"
+    sim = cluster()
+    ns = "thaw-system"  # the docs' namespace: thaw's own, where the Secret lives
+    sim.call("POST", f"/api/v1/namespaces/{ns}/secrets", {
+        "metadata": {"name": "thaw-tenants", "namespace": ns},
+        "data": {"tenants.json": base64.b64encode(json.dumps(
+            {"required": True, "list": [tenant("big", tier="urgent")]}).encode()).decode()}})
+    t = start_thaw(thaw_factory, sim, tmp_path, kc={"namespace": ns}, extra={
+        "tenants": {"required": True, "source": {"kind": "secret", "name": "thaw-tenants"}},
+        "models": [model(upstream)]})
+    wait_for(lambda: any(e.get("reason") == "InvalidTenants"
+                         for e in sim.call("GET", f"/api/v1/namespaces/{ns}/events")[1]["items"]),
+             what="thaw's InvalidTenants Event")
+    assert t.status()["kubernetes"]["tenants_source"]["state"] == "error"
+    kc = sim.kubeconfig(str(tmp_path / "kubectl-config"), namespace=ns)
+    for c in cmds:
+        argv = shlex.split(c)[1:]
+        # The simulator serves no server-side tables (a cluster's REASON and MESSAGE
+        # columns): what `get` selects is read as JSON instead.
+        listing = "get" in argv
+        r = subprocess.run([KUBECTL, "--kubeconfig", kc, *argv, *(["-o", "json"] * listing)],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, (c, r.stderr)
+        if listing:
+            events = json.loads(r.stdout)["items"]
+            assert events and all(e["involvedObject"]["name"] == "thaw-tenants"
+                                  for e in events), (c, events)
+            shown = [(e["type"], e["reason"], e["message"]) for e in events]
+        else:
+            shown = r.stdout
+        assert "InvalidTenants" in str(shown) and "tenants.list[0].tier" in str(shown), (c, shown)
+    # What it said before: kubectl describes a Secret without its Events.
+    r = subprocess.run([KUBECTL, "--kubeconfig", kc, "describe", "secret", "thaw-tenants"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "thaw-tenants" in r.stdout and "InvalidTenants" not in r.stdout
+
+
 @needs_helm
 def test_pod_security_and_lifecycle():
     objs = render("thaw")
@@ -196,6 +341,76 @@ def test_pod_security_and_lifecycle():
     assert by_kind(objs, "PodDisruptionBudget")
     env = {e["name"] for e in c["env"]}
     assert {"POD_NAME", "POD_IP"} <= env
+
+
+@needs_helm
+@pytest.mark.parametrize("sets,minimum", [
+    (["config.limits.drain_timeout_ms=60000"], 61),    # the default grace (45 s) is short
+    (["terminationGracePeriodSeconds=20"], 31),        # under the default drain (30 s)
+    (["terminationGracePeriodSeconds=30"], 31),        # equal: SIGKILL as the drain ends
+    # Not set: thaw's own default drain timeout, 30 s (docs/configuration.md).
+    (["config.limits.drain_timeout_ms=null", "terminationGracePeriodSeconds=30"], 31),
+    (["config.limits.drain_timeout_ms=90500", "terminationGracePeriodSeconds=90"], 91),
+])
+def test_a_grace_period_not_above_the_drain_timeout_fails_the_render(sets, minimum):
+    """The kubelet SIGKILLs the activator at the end of the grace period: one not above the
+    drain timeout cuts the requests the drain was letting finish."""
+    args = ["template", "rel", os.path.join(CHARTS, "thaw")]
+    for x in sets:
+        args += ["--set", x]
+    r = helm(*args, check=False)
+    assert r.returncode != 0, r.stdout[:200]
+    assert "must exceed config.limits.drain_timeout_ms" in r.stderr, r.stderr
+    assert f"at least {minimum}" in r.stderr, r.stderr
+    # The smallest grace that is enough renders.
+    ok = render("thaw", *[x for x in sets if not x.startswith("terminationGrace")],
+                f"terminationGracePeriodSeconds={minimum}")
+    spec = deployment_pod(ok)
+    cfg = json.loads(by_kind(ok, "ConfigMap")[0]["data"]["config.json"])
+    assert spec["terminationGracePeriodSeconds"] * 1000 > cfg["limits"].get(
+        "drain_timeout_ms", 30000)
+
+
+@needs_helm
+def test_pod_disruption_budget_only_when_a_disruption_can_satisfy_it():
+    """minAvailable 1 over one activator lets no eviction through: every node drain
+    would block on it."""
+    assert not by_kind(render("thaw", "replicaCount=1"), "PodDisruptionBudget")
+    assert not by_kind(render("thaw", "replicaCount=1", "leaderElection.enabled=false"),
+                       "PodDisruptionBudget")
+    for n in (2, 3):
+        objs = render("thaw", f"replicaCount={n}")
+        pdb = by_kind(objs, "PodDisruptionBudget")
+        assert len(pdb) == 1 and pdb[0]["spec"]["minAvailable"] == 1
+        assert pdb[0]["spec"]["selector"]["matchLabels"] == \
+            by_kind(objs, "Deployment")[0]["spec"]["selector"]["matchLabels"]
+    assert not by_kind(render("thaw", "podDisruptionBudget.enabled=false"),
+                       "PodDisruptionBudget")
+
+
+@needs_helm
+def test_numeric_and_boolean_annotations_render_as_strings(tmp_path):
+    """--set thawAnnotations.max-scale=3 works as --set-string does (the schema refused
+    the integer), and whole numbers from a values file (floats to Helm) keep their digits."""
+    anns = by_kind(render("thaw-model", "thawAnnotations.max-scale=3",
+                          "thawAnnotations.min-scale=0",
+                          "thawAnnotations.panic-window-percentage=12.5",
+                          "thawAnnotations.fallback-to-warm-revision=true"),
+                   "Deployment")[0]["metadata"]["annotations"]
+    assert anns["thaw.dev/max-scale"] == "3" and anns["thaw.dev/min-scale"] == "0"
+    assert anns["thaw.dev/panic-window-percentage"] == "12.5"
+    assert anns["thaw.dev/fallback-to-warm-revision"] == "true"
+    (tmp_path / "v.yaml").write_text(yaml.safe_dump({"thawAnnotations": {
+        "max-scale": 4, "target": 1000000, "gpu-memory": 21474836480, "rollout": True}}))
+    anns = by_kind(render("thaw-model", values=str(tmp_path / "v.yaml")),
+                   "Deployment")[0]["metadata"]["annotations"]
+    assert anns["thaw.dev/max-scale"] == "4" and anns["thaw.dev/target"] == "1000000"
+    assert anns["thaw.dev/gpu-memory"] == "21474836480" and anns["thaw.dev/rollout"] == "true"
+    assert all(isinstance(v, str) for v in anns.values())
+    # priority stays one of the three tiers
+    r = helm("template", "rel", os.path.join(CHARTS, "thaw-model"), "--set",
+             "thawAnnotations.priority=1", check=False)
+    assert r.returncode != 0 and "values don't meet the specifications" in r.stderr
 
 
 @needs_helm

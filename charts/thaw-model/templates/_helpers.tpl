@@ -7,6 +7,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
 {{- end -}}
 
+{{- /* An annotation's value as a string: numbers and booleans given with --set
+(or in a values file) as --set-string would give them; whole numbers from a
+values file (read as floats) without an exponent (1000000, not 1e+06). */ -}}
+{{- define "model.annotationValue" -}}
+{{- if and (kindIs "float64" .) (eq . (float64 (int64 .))) }}{{ int64 . }}{{ else }}{{ . }}{{ end -}}
+{{- end -}}
+
 {{- /* The server's image: the llama.cpp example's when kind is llamacpp and the image was left at the vLLM default. */ -}}
 {{- define "model.image" -}}
 {{- $ex := index .Values.examples .Values.server.kind -}}
