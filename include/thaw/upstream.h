@@ -118,6 +118,7 @@ struct upstream {
     struct http_head head;
     struct buf resp_head; /* the head written to the client */
     size_t sent; /* bytes of head+body written */
+    bool body_dropped; /* the replica answered and stopped taking the request's body */
     uint64_t served;
     int busy;
     bool dead;

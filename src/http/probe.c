@@ -127,6 +127,16 @@ static void succeeded(struct probe *p, bool reusable)
     }
 }
 
+/* A whole answer: 2xx is ready; anything else (503 while loading) is not yet. */
+static void answered(struct probe *p, bool reusable)
+{
+    if (p->head.status >= 200 && p->head.status < 300) {
+        succeeded(p, reusable);
+    } else {
+        again(p);
+    }
+}
+
 static void on_io(evutil_socket_t fd, short what, void *arg)
 {
     struct probe *p = arg;
@@ -158,28 +168,42 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
         return;
     }
+    if (n == 0 && http_parser_finish(&p->parser) == HTTP_EV_DONE) {
+        /* An answer with no length (HTTP/1.0 servers, Python's http.server)
+         * ends with the close. */
+        answered(p, false);
+        return;
+    }
     if (n <= 0) {
         again(p); /* closed or reset before a whole answer */
         return;
     }
-    size_t used = 0;
-    enum http_event ev = http_parser_execute(&p->parser, data, (size_t)n, &used);
-    if (ev == HTTP_EV_HEAD) {
-        size_t more = 0;
-        ev = http_parser_execute(&p->parser, data + used, (size_t)n - used, &more);
-        used += more;
-    }
-    if (ev == HTTP_EV_NEED_MORE || ev == HTTP_EV_HEAD) {
-        return;
-    }
-    uint16_t status = p->head.status;
-    bool ok = ev == HTTP_EV_DONE && status >= 200 && status < 300;
-    if (!ok) {
-        again(p); /* 503 while loading, or anything else */
-        return;
+    size_t off = 0;
+    for (;;) {
+        size_t used = 0;
+        enum http_event ev = http_parser_execute(&p->parser, data + off, (size_t)n - off, &used);
+        off += used;
+        if (ev == HTTP_EV_HEAD) {
+            continue;
+        }
+        if (ev == HTTP_EV_NEED_MORE) {
+            return;
+        }
+        if (ev == HTTP_EV_DONE && p->head.status >= 100 && p->head.status < 200 &&
+            p->head.status != 101) {
+            /* An interim answer (103 Early Hints): the real one follows. */
+            buf_reset(&p->body);
+            http_parser_next(&p->parser, &p->head, &p->body);
+            continue;
+        }
+        if (ev != HTTP_EV_DONE) {
+            again(p);
+            return;
+        }
+        break;
     }
     /* Bytes past the answer would belong to no request: not reusable. */
-    succeeded(p, p->head.keep_alive && used == (size_t)n);
+    answered(p, p->head.keep_alive && off == (size_t)n);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)

@@ -403,11 +403,35 @@ static void complete(struct upstream *u, bool reusable)
     }
 }
 
+/* Whether every byte of the request reached the socket. A connection whose
+ * replica answered before taking all of the body is never pooled: the rest
+ * of the body would be read as the next request's beginning. */
+static bool request_sent(const struct upstream *u)
+{
+    return !u->body_dropped && u->sent >= u->req->head.len + u->req->ex->body.len;
+}
+
+/* The replica answers while the body still goes out (it may stream as it
+ * reads, or refuse early and stop reading): the body is sent on, as the
+ * response is forwarded. A write that fails then ends the sending, not the
+ * answer under way. */
+static bool sending_after_head(struct upstream *u, int err)
+{
+    if (u->state != UP_STREAMING) {
+        return false;
+    }
+    u->body_dropped = true;
+    event_del(&u->wev);
+    LOGD("replica stopped taking the request body after answering", "endpoint=%s error=\"%s\"",
+         u->ep->addr_text, strerror(err));
+    return true;
+}
+
 static void send_request(struct upstream *u)
 {
     struct upstream_req *r = u->req;
     size_t hlen = r->head.len, blen = r->ex->body.len;
-    while (u->sent < hlen + blen) {
+    while (u->sent < hlen + blen && !u->body_dropped) {
         struct iovec iov[2];
         int n = 0;
         if (u->sent < hlen) {
@@ -438,6 +462,9 @@ static void send_request(struct upstream *u)
             return;
         }
         int err = errno;
+        if (sending_after_head(u, err)) {
+            return;
+        }
         if (is_stale_pooled(u)) {
             stale_pooled(u, err);
         } else if (u->sent == 0) {
@@ -448,9 +475,11 @@ static void send_request(struct upstream *u)
         return;
     }
     event_del(&u->wev);
-    u->state = UP_WAITING;
-    u->sent_ms = clock_now_ms();
-    arm_ms(u, r->first_byte_timeout_ms);
+    if (u->state == UP_SENDING) {
+        u->state = UP_WAITING;
+        u->sent_ms = clock_now_ms();
+        arm_ms(u, r->first_byte_timeout_ms);
+    }
 }
 
 void upstream_start(struct upstream_ctx *ctx, struct upstream_req *r, struct endpoint *ep)
@@ -534,6 +563,7 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
     r->up = u;
     r->ex->committed = true;
     u->sent = 0;
+    u->body_dropped = false;
     u->got_bytes = false;
     u->decode_body = u->rechunk = u->client_close = u->client_failed = false;
     u->head_pending = false;
@@ -1048,7 +1078,7 @@ static void process(struct upstream *u, const char *data, size_t n)
                 return;
             }
             /* Bytes after the answer would be one nobody asked for. */
-            complete(u, u->head.keep_alive && off == n);
+            complete(u, u->head.keep_alive && off == n && request_sent(u));
             return;
         case HTTP_EV_ERROR:
             fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
@@ -1081,7 +1111,10 @@ static void on_eof(struct upstream *u, int err)
         }
         return;
     case UP_STREAMING:
-        if (http_parser_finish(&u->parser) == HTTP_EV_DONE) {
+        /* A body that ends with the close ends only with a clean one (FIN):
+         * a reset cuts it (RFC 9112, 8). */
+        if (!(err && http_parser_needs_eof(&u->parser)) &&
+            http_parser_finish(&u->parser) == HTTP_EV_DONE) {
             if (flush(u, NULL, 0) != 0) {
                 client_gone(u);
                 return;
@@ -1192,7 +1225,7 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
             }
         }
     }
-    if (u->state == UP_SENDING) {
+    if (u->state == UP_SENDING || (u->state == UP_STREAMING && !request_sent(u))) {
         send_request(u);
     } else {
         event_del(&u->wev);
