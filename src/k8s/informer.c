@@ -245,18 +245,28 @@ static void on_watch_done(void *ud, long status, const char *body, size_t len, c
         start_list(inf);
         return;
     }
-    if (status == 200 && err && strcmp(err, "stopped") == 0) {
-        retry_later(inf, "watch: error event");
-        return;
-    }
     if (status == 200 && !err) {
         /* The server ended it (timeoutSeconds): carry on from where we are. */
         inf->failures = 0;
         start_watch(inf);
         return;
     }
+    /* The server refused the watch (an error event, or an HTTP error but 429):
+     * what it holds may not follow from what this informer saw, as when it
+     * was restored from an older etcd or restarted empty and answers a
+     * resourceVersion it has not reached with 504 ResourceVersionTooLarge.
+     * Listed again after the back-off, as client-go's reflector does; a
+     * failed transport or a 429 watches again from where it was. */
+    bool event = status == 200 && err && strcmp(err, "stopped") == 0;
+    if (event || (status != 0 && status != 200 && status != 429)) {
+        inf->relist_needed = true;
+    }
     char why[200];
-    snprintf(why, sizeof why, "watch: %s (HTTP %ld)", err ? err : "ended", status);
+    if (event) {
+        snprintf(why, sizeof why, "watch: error event");
+    } else {
+        snprintf(why, sizeof why, "watch: %s (HTTP %ld)", err ? err : "ended", status);
+    }
     retry_later(inf, why);
 }
 

@@ -499,6 +499,28 @@ def test_api_server_restart_keeps_warm_models_serving(cluster, thaw_factory, tmp
     sim.stop()
 
 
+def test_an_api_server_restarted_empty_is_listed_again(cluster, thaw_factory, tmp_path):
+    """An API server restored from an older etcd, or restarted empty, is behind the
+    resourceVersion thaw watches from: it answers 504 ResourceVersionTooLarge, and
+    thaw must list again (as client-go does) rather than watch from there forever,
+    blind to everything the new server holds."""
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=50))
+    for i in range(150):  # the old server's resourceVersion, well ahead of a new one's
+        sim.call("PATCH", "/apis/apps/v1/namespaces/models/deployments/llama",
+                 {"metadata": {"annotations": {"example.com/n": str(i)}}},
+                 ctype="application/merge-patch+json")
+    time.sleep(1)  # thaw's watches are at the old server's latest version
+    port = sim.port
+    sim.stop()
+    sim.start(port=port)  # empty: no state kept
+    sim.create_deployment(deployment("mistral"))
+    wait_for(lambda: "mistral" in [m["name"] for m in t.status()["models"]], timeout=30,
+             what="the new server's Deployment listed")
+    wait_for(lambda: "llama" not in [m["name"] for m in t.status()["models"]], timeout=10,
+             what="the Deployment the new server does not have removed")
+    sim.stop()
+
+
 @pytest.mark.timer_heavy
 def test_a_wake_while_the_api_server_is_down_backs_off_and_serves_when_it_is_back(
         cluster, thaw_factory, tmp_path):

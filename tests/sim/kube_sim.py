@@ -31,7 +31,10 @@ status.phase, any dotted path; a watch with selectors sees an object that
 comes to match as ADDED and one that stops matching as DELETED); 409 on a
 stale resourceVersion or an existing name; 422 on an invalid object; a watch
 from a resourceVersion older than the retained history gets an ERROR event
-with a 410 Status (as the real server does). A namespace comes to exist
+with a 410 Status (as the real server does), and one from a resourceVersion
+the server has not reached (restored from an older etcd, restarted empty)
+waits 3 s for it, then gets 504 ResourceVersionTooLarge, as the real watch
+cache answers. A namespace comes to exist
 when first used (as with the NamespaceAutoProvision admission plugin).
 Bodies are JSON (protobuf gets 415, so `kubectl create deployment` does not
 work; `kubectl apply --validate=false` does: there is no OpenAPI document);
@@ -219,9 +222,10 @@ def status_obj(code, reason, message, details=None):
 
 
 class ApiError(Exception):
-    def __init__(self, code, reason, message):
+    def __init__(self, code, reason, message, details=None):
         super().__init__(message)
         self.code, self.reason, self.message = code, reason, message
+        self.details = details
 
 
 def invalid(kind, name, causes):
@@ -2505,7 +2509,7 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self.resource(method, path, q)
         except ApiError as e:
-            self.send_json(e.code, status_obj(e.code, e.reason, e.message))
+            self.send_json(e.code, status_obj(e.code, e.reason, e.message, e.details))
         except (BrokenPipeError, ConnectionResetError):
             pass
 
@@ -2834,6 +2838,25 @@ class Handler(BaseHTTPRequestHandler):
 
         def obj_key(o):
             return (o["metadata"].get("namespace", ""), o["metadata"]["name"])
+        try:
+            asked_rv = int(start_rv) if start_rv not in (None, "", "0") else 0
+        except ValueError:
+            asked_rv = 0
+        if asked_rv > store.rv:
+            # A version this server has not reached (it was restored from an
+            # older etcd, or restarted empty): the watch cache waits up to 3 s
+            # for it, then answers 504 with ResourceVersionTooLarge, before any
+            # event is streamed. Clients list again.
+            with store.lock:
+                give_up = time.monotonic() + 3
+                while store.rv < asked_rv and time.monotonic() < give_up:
+                    store.lock.wait(0.2)
+            if store.rv < asked_rv:
+                raise ApiError(504, "Timeout",
+                               f"Too large resource version: {asked_rv}, current: {store.rv}",
+                               {"causes": [{"reason": "ResourceVersionTooLarge",
+                                            "message": "Too large resource version"}],
+                                "retryAfterSeconds": 1})
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
