@@ -310,7 +310,10 @@ static void stale_pooled(struct upstream *u, int err)
     endpoint_unref(ep);
 }
 
-static void fail(struct upstream *u, enum reject_reason reason, enum abort_reason abort)
+/* why: what was wrong with the replica's answer, for the log (NULL: the
+ * reason says it). */
+static void fail_because(struct upstream *u, enum reject_reason reason, enum abort_reason abort,
+                         const char *why)
 {
     struct upstream_ctx *ctx = u->ctx;
     struct upstream_req *r = u->req;
@@ -321,8 +324,9 @@ static void fail(struct upstream *u, enum reject_reason reason, enum abort_reaso
         r->ex->response_started = false;
     }
     if (r) {
-        LOGW("upstream failed", "model=%s endpoint=%s reason=%s started=%d", owner_name(u->ep),
-             u->ep->addr_text, reject_info(reason)->name, r->ex->response_started);
+        LOGW("upstream failed", "model=%s endpoint=%s reason=%s started=%d%s%s", owner_name(u->ep),
+             u->ep->addr_text, reject_info(reason)->name, r->ex->response_started,
+             why ? " error=" : "", why ? LOG_Q(why) : "");
     }
     struct model *m = release(u, false);
     if (r) {
@@ -331,6 +335,11 @@ static void fail(struct upstream *u, enum reject_reason reason, enum abort_reaso
     if (m) {
         ctx->handler->capacity(ctx->ud, m);
     }
+}
+
+static void fail(struct upstream *u, enum reject_reason reason, enum abort_reason abort)
+{
+    fail_because(u, reason, abort, NULL);
 }
 
 static void hold_until_alive(struct upstream_ctx *ctx, struct endpoint *ep);
@@ -1081,7 +1090,8 @@ static void process(struct upstream *u, const char *data, size_t n)
             complete(u, u->head.keep_alive && off == n && request_sent(u));
             return;
         case HTTP_EV_ERROR:
-            fail(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED);
+            fail_because(u, REJECT_UPSTREAM_ERROR, ABORT_UPSTREAM_CLOSED,
+                         http_parser_error_text(&u->parser));
             return;
         }
     }

@@ -119,3 +119,15 @@ def test_health_answers_without_a_length_or_after_an_interim_one_make_a_replica_
         r = httpc.request(t.host, t.port, "GET", "/hello", {"Host": "m"}, b"", timeout=15)
         assert r.status == 200, (m["command"][1:], r.status, r.body[:200])
         t.stop()
+
+
+def test_a_malformed_answer_is_a_502_and_the_log_says_what_was_wrong(thaw_factory, tmp_path):
+    """Two Content-Lengths that disagree: 502 upstream_error for the client, and the
+    warning names the fault, so an operator need not capture traffic to find it."""
+    log = tmp_path / "up.log"
+    t = thaw_factory({"models": [scripted(log)]})
+    r = httpc.request(t.host, t.port, "GET", "/s/dup_cl_diff", {"Host": "m"}, b"", timeout=15)
+    assert r.status == 502 and json.loads(r.body)["error"]["code"] == "upstream_error"
+    line = next(ln for ln in t.logs().splitlines() if "upstream failed" in ln)
+    assert "error=" in line and "ontent" in line.split("error=", 1)[1], line
+    t.assert_reconciled()
