@@ -143,7 +143,7 @@ static void needs_restart(struct server *srv, const char *key)
         snprintf(st->restart_keys + used, sizeof st->restart_keys - used, "%s\n", key);
     }
     LOGW("configuration change needs a restart; keeping the running value", "key=%s file=%s",
-         key, srv->rt.cfg->path);
+         key, LOG_Q(srv->rt.cfg->path));
 }
 
 static bool same_gpus(const struct config *a, const struct config *b)
@@ -435,8 +435,8 @@ void reload_apply(struct server *srv, struct config *next)
     LOGI("configuration reloaded",
          "file=%s models=%zu added=%u removed=%u changed=%u unchanged=%u failed=%u "
          "restart_needed=%u tenants=%zu",
-         next->path, srv->rt.fleet.n_models, n.added, n.removed, n.changed, n.unchanged, n.failed,
-         srv->rt.reload.restart_needed, next->tenants.n_list);
+         LOG_Q(next->path), srv->rt.fleet.n_models, n.added, n.removed, n.changed, n.unchanged,
+         n.failed, srv->rt.reload.restart_needed, next->tenants.n_list);
 }
 
 int reload_apply_source_tenants(void *ud, struct config_tenants *ts)
@@ -465,33 +465,11 @@ static void record_failure(struct server *srv, const char *msg)
     LOGE("configuration reload failed: keeping the running configuration", "error=%s", q);
 }
 
-void reload_from_file(struct server *srv)
+/* The file loaded, and the backends running that it needs: checks it
+ * against them and applies it, or records why not. Takes next. */
+static void check_and_apply(struct server *srv, struct config *next)
 {
-    if (srv->rt.net.draining) {
-        LOGW("reload ignored: draining", NULL);
-        return;
-    }
-    char path[4096];
-    snprintf(path, sizeof path, "%s", srv->rt.cfg->path);
-    LOGI("reloading configuration", "file=%s", path);
     struct config_error err;
-    struct config *next = config_load(path, &err);
-    if (!next) {
-        record_failure(srv, err.msg);
-        return;
-    }
-    /* The first process model of a thaw that had none: its backend starts
-     * now, on the GPUs thaw runs with (a change to "gpus" needs a restart),
-     * so the file's GPU needs are checked against them below. */
-    if (server_start_process_backend(srv, next, srv->rt.cfg)) {
-        snprintf(err.msg, sizeof err.msg,
-                 "%s:0: models: the process backend its models need could not start (GPU "
-                 "discovery or the declared GPUs; see the log)",
-                 next->path);
-        config_free(next);
-        record_failure(srv, err.msg);
-        return;
-    }
     struct backend *backends[ADMIN_MAX_BACKENDS];
     size_t n_backends = server_backends(srv, backends);
     for (size_t i = 0; i < n_backends; i++) {
@@ -520,4 +498,78 @@ void reload_from_file(struct server *srv)
     st->last_ok = true;
     st->last_error[0] = '\0';
     st->last_attempt_unix = st->last_success_unix = unix_now();
+}
+
+static void backend_start_failed(struct server *srv, struct config *next)
+{
+    struct config_error err;
+    snprintf(err.msg, sizeof err.msg,
+             "%s:0: models: the process backend its models need could not start (GPU "
+             "discovery or the declared GPUs; see the log)",
+             next->path);
+    config_free(next);
+    record_failure(srv, err.msg);
+}
+
+/* The GPU discovery a reload waited for has ended: the reload goes on (or
+ * fails), then a SIGHUP that came meanwhile reads the file again. */
+static void on_process_backend(struct server *srv, bool ok)
+{
+    struct config *next = srv->reload_waiting;
+    srv->reload_waiting = NULL;
+    if (!ok) {
+        backend_start_failed(srv, next);
+    } else if (srv->rt.net.draining) {
+        struct config_error err;
+        snprintf(err.msg, sizeof err.msg,
+                 "%s:0: models: not applied: thaw began to drain while GPU discovery ran",
+                 next->path);
+        config_free(next);
+        record_failure(srv, err.msg);
+    } else {
+        check_and_apply(srv, next);
+    }
+    if (srv->reload_again) {
+        srv->reload_again = false;
+        reload_from_file(srv);
+    }
+}
+
+void reload_from_file(struct server *srv)
+{
+    if (srv->rt.net.draining) {
+        LOGW("reload ignored: draining", NULL);
+        return;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s", srv->rt.cfg->path);
+    if (srv->reload_waiting) {
+        /* Not lost: this one reads the file again once that one is done. */
+        srv->reload_again = true;
+        LOGI("reload requested while one waits for GPU discovery: it follows", "file=%s",
+             LOG_Q(path));
+        return;
+    }
+    LOGI("reloading configuration", "file=%s", LOG_Q(path));
+    struct config_error err;
+    struct config *next = config_load(path, &err);
+    if (!next) {
+        record_failure(srv, err.msg);
+        return;
+    }
+    /* The first process model of a thaw that had none: its backend starts
+     * now, on the GPUs thaw runs with (a change to "gpus" needs a restart),
+     * so the file's GPU needs are checked against them. GPU discovery runs
+     * on the loop, which keeps serving; the reload goes on when it ends. */
+    int started = server_start_process_backend(srv, next, srv->rt.cfg, on_process_backend);
+    if (started < 0) {
+        backend_start_failed(srv, next);
+        return;
+    }
+    if (started > 0) {
+        srv->reload_waiting = next;
+        LOGI("reload waits for GPU discovery", "file=%s", LOG_Q(path));
+        return;
+    }
+    check_and_apply(srv, next);
 }

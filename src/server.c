@@ -395,7 +395,7 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     if (!srv->static_backend) {
         return -1;
     }
-    if (server_start_process_backend(srv, cfg, cfg)) {
+    if (server_start_process_backend(srv, cfg, cfg, NULL)) {
         return -1;
     }
     for (size_t i = 0; i < cfg->n_models; i++) {
@@ -421,14 +421,14 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
         char err[512];
         if (k8s_auth_resolve(&auth, kubeconfig_flag, cfg->kubernetes.kubeconfig,
                              cfg->kubernetes.context, err, sizeof err)) {
-            LOGE("cannot configure the Kubernetes client", "error=\"%s\"", err);
+            LOGE("cannot configure the Kubernetes client", "error=%s", LOG_Q(err));
             k8s_auth_dispose(&auth);
             return -1;
         }
         srv->k8s_backend = backend_k8s_new(&srv->rt.fleet, srv->rt.base, cfg, &auth, err, sizeof err);
         k8s_auth_dispose(&auth);
         if (!srv->k8s_backend) {
-            LOGE("cannot start the Kubernetes backend", "error=\"%s\"", err);
+            LOGE("cannot start the Kubernetes backend", "error=%s", LOG_Q(err));
             return -1;
         }
         if (cfg->tenants.source.kind != TENANTS_SOURCE_NONE &&
@@ -469,6 +469,12 @@ int server_run(struct server *srv)
 
 void server_dispose(struct server *srv)
 {
+    if (srv->process_starting) {
+        backend_process_start_cancel(srv->process_starting); /* its command killed */
+        srv->process_starting = NULL;
+    }
+    config_free(srv->reload_waiting);
+    srv->reload_waiting = NULL;
     struct list_node *pos, *tmp;
     list_for_each_safe(pos, tmp, &srv->rt.fleet.models)
     {
@@ -519,17 +525,54 @@ void server_dispose(struct server *srv)
     config_free(srv->rt.cfg);
 }
 
-int server_start_process_backend(struct server *srv, const struct config *wanted,
-                                 const struct config *cfg)
+static bool has_command(const struct config *cfg)
 {
-    for (size_t i = 0; i < wanted->n_models && !srv->process_backend; i++) {
-        if (wanted->models[i].n_command) {
-            srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, cfg);
-            if (!srv->process_backend) {
-                LOGE("cannot start the process backend (see the lines above)", NULL);
-                return -1;
-            }
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        if (cfg->models[i].n_command) {
+            return true;
         }
+    }
+    return false;
+}
+
+static void on_process_started(void *ud, struct backend *b)
+{
+    struct server *srv = ud;
+    server_started_fn done = srv->process_started;
+    srv->process_starting = NULL;
+    srv->process_started = NULL;
+    if (!b) {
+        LOGE("cannot start the process backend (see the lines above)", NULL);
+    } else {
+        srv->process_backend = b;
+        if (srv->rt.net.draining && b->ops->draining) {
+            b->ops->draining(b);
+        }
+    }
+    done(srv, b != NULL);
+}
+
+int server_start_process_backend(struct server *srv, const struct config *wanted,
+                                 const struct config *cfg, server_started_fn done)
+{
+    if (srv->process_backend || !has_command(wanted)) {
+        return 0;
+    }
+    if (cfg->gpu_discovery && done) {
+        /* The loop keeps serving while the discovery command runs. */
+        srv->process_starting =
+            backend_process_start(&srv->rt.fleet, srv->rt.base, cfg, on_process_started, srv);
+        if (!srv->process_starting) {
+            LOGE("cannot start the process backend (see the lines above)", NULL);
+            return -1;
+        }
+        srv->process_started = done;
+        return 1;
+    }
+    srv->process_backend = backend_process_new(&srv->rt.fleet, srv->rt.base, cfg);
+    if (!srv->process_backend) {
+        LOGE("cannot start the process backend (see the lines above)", NULL);
+        return -1;
     }
     return 0;
 }

@@ -85,9 +85,26 @@ static inline int backend_scale(struct backend *b, struct model *m, unsigned rep
 struct backend *backend_static_new(struct fleet *fleet);
 
 struct event_base;
-/* The process backend: models are local commands (see backend_process.c). */
+/* The process backend: models are local commands (see backends/process.c),
+ * on cfg's GPUs. With "gpus": "discover" it waits for the discovery
+ * command (at start-up, before the loop turns). NULL: it could not start
+ * (logged). */
 struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
                                     const struct config *cfg);
+/* The same with "gpus": "discover" while the loop runs (a reload): the
+ * discovery command runs on the loop, which keeps serving, and done gets
+ * the backend once the GPUs are in, or NULL when discovery failed or found
+ * GPUs cfg's models do not fit (logged). Returns the start under way, or
+ * NULL when the command could not even be started (logged; done is not
+ * called). cfg must stay until done. */
+struct backend_process_start;
+typedef void (*backend_process_started_fn)(void *ud, struct backend *b);
+struct backend_process_start *backend_process_start(struct fleet *fleet, struct event_base *base,
+                                                    const struct config *cfg,
+                                                    backend_process_started_fn done, void *ud);
+/* Ends a start under way: its command's group killed and reaped; done is
+ * not called. */
+void backend_process_start_cancel(struct backend_process_start *s);
 
 /* Applies a tenants document read from the cluster as a reload would; may
  * take its contents (swapping them out of ts; the caller disposes of what is

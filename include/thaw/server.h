@@ -18,6 +18,12 @@
 #include "thaw/runtime.h"
 
 struct backend;
+struct backend_process_start;
+struct server;
+
+/* The process backend a reload asked for is running (ok), or could not
+ * start (logged). */
+typedef void (*server_started_fn)(struct server *srv, bool ok);
 
 enum listener_kind { LISTENER_PROXY, LISTENER_ADMIN };
 
@@ -53,6 +59,14 @@ struct server {
     struct event *accept_resume; /* ends a pause of the listeners (EMFILE) */
     uint64_t fd_log_ms;          /* last "out of file descriptors" line */
     uint64_t fd_log_suppressed;  /* such lines not written since */
+    /* The process backend while its GPU discovery runs on the loop, and
+     * whom to tell when it ends. */
+    struct backend_process_start *process_starting;
+    server_started_fn process_started;
+    /* A reload's file, loaded, waiting for that discovery (reload.c); and a
+     * SIGHUP that came meanwhile: the file is read again after. */
+    struct config *reload_waiting;
+    bool reload_again;
 };
 
 
@@ -72,9 +86,12 @@ void server_begin_drain(struct server *srv);
  * code that reaches them only through backend_ops. Returns how many. */
 size_t server_backends(const struct server *srv, struct backend **out);
 /* Starts the process backend, on the GPUs of cfg (the configuration in
- * force), if `wanted` has a model with a command and none runs yet. 0, or
- * -1 when it could not start (logged). */
+ * force), if `wanted` has a model with a command and none runs yet. 0:
+ * running (or not wanted); -1: it could not start (logged). With "gpus":
+ * "discover" and done given (a reload, the loop running), the discovery
+ * command runs on the loop: 1, and done is called when it has ended (not
+ * if the server is disposed of first). done NULL: it waits (start-up). */
 int server_start_process_backend(struct server *srv, const struct config *wanted,
-                                 const struct config *cfg);
+                                 const struct config *cfg, server_started_fn done);
 
 #endif

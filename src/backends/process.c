@@ -23,6 +23,7 @@
  * reaps them itself. */
 #include "thaw/backend.h"
 #include "thaw/clock.h"
+#include "thaw/command.h"
 #include "thaw/control.h"
 #include "thaw/log.h"
 #include "thaw/probe.h"
@@ -34,9 +35,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2074,89 +2073,77 @@ static int declared_gpus(struct process_backend *pb, const struct config *cfg)
     return 0;
 }
 
-/* Runs argv (no shell) and reads its standard output, at most cap-1 bytes,
- * for at most DISCOVERY_TIMEOUT_MS. 0, or -1 with the reason logged. */
+/* ---- GPU discovery ------------------------------------------------------ */
+
+/* "gpus": "discover": the GPUs and MIG instances nvidia-smi -L lists (or
+ * gpu_discovery_command), run as a command (command.h: no shell, its own
+ * process group killed at the deadline, stderr logged quoted). A GPU in
+ * MIG mode gives one unit per instance; the others one unit each, shared by
+ * time-slicing in gpu_discovery_slices. */
 #define DISCOVERY_TIMEOUT_MS 5000
-static int run_capture(char *const argv[], char *out, size_t cap)
+#define DISCOVERY_MAX_OUTPUT 65536
+#define DISCOVERY_MAX_DEVICES 256
+
+static const char *discovery_name(const struct config *cfg)
 {
-    int fds[2];
-    if (pipe2(fds, O_CLOEXEC)) {
+    return cfg->n_gpu_discovery_command ? cfg->gpu_discovery_command[0] : "nvidia-smi";
+}
+
+static void log_discovery_failure(const struct config *cfg, const struct command *run)
+{
+    char how[400];
+    command_end_fields(run, how, sizeof how);
+    LOGE("GPU discovery command failed", "command=%s %s", LOG_Q(discovery_name(cfg)), how);
+}
+
+/* Runs the command: waits for it (done NULL: start-up), or starts it on
+ * base. 0, or -1 when it could not be started (logged). */
+static int discovery_run(struct command *run, const struct config *cfg, struct event_base *base,
+                         command_done_fn done, void *ud)
+{
+    static char *const default_cmd[] = {"nvidia-smi", "-L"};
+    size_t n = cfg->n_gpu_discovery_command ? cfg->n_gpu_discovery_command : 2;
+    char **argv = calloc(n + 1, sizeof *argv);
+    if (!argv) {
+        LOGE("out of memory starting GPU discovery", NULL);
         return -1;
     }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(fds[1]);
-    if (rc) {
-        close(fds[0]);
-        LOGE("GPU discovery could not run its command", "command=%s error=\"%s\"", argv[0],
-             strerror(rc));
-        return -1;
+    memcpy(argv, cfg->n_gpu_discovery_command ? cfg->gpu_discovery_command : default_cmd,
+           n * sizeof *argv);
+    struct command_spec spec = {.task = "gpu_discovery", .argv = argv,
+                                .timeout_ms = DISCOVERY_TIMEOUT_MS,
+                                .max_output = DISCOVERY_MAX_OUTPUT};
+    if (done) {
+        command_start(run, base, &spec, done, ud);
+    } else {
+        command_run(run, &spec);
     }
-    size_t len = 0;
-    uint64_t deadline = clock_now_ms() + DISCOVERY_TIMEOUT_MS;
-    bool timed_out = false;
-    for (;;) {
-        uint64_t now = clock_now_ms();
-        if (now >= deadline) {
-            timed_out = true;
-            break;
-        }
-        struct pollfd pfd = {fds[0], POLLIN, 0};
-        if (poll(&pfd, 1, (int)(deadline - now)) <= 0) {
-            continue;
-        }
-        ssize_t n = read(fds[0], out + len, cap - 1 - len);
-        if (n <= 0 || (len += (size_t)n) == cap - 1) {
-            break;
-        }
-    }
-    out[len] = '\0';
-    close(fds[0]);
-    if (timed_out) {
-        kill(pid, SIGKILL);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (timed_out || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        LOGE("GPU discovery command failed", "command=%s timed_out=%d status=%d", argv[0],
-             timed_out, status);
+    free(argv);
+    if (run->end == COMMAND_NOT_RUN) {
+        log_discovery_failure(cfg, run);
         return -1;
     }
     return 0;
 }
 
-/* "gpus": "discover": the GPUs and MIG instances nvidia-smi -L lists (or
- * gpu_discovery_command). A GPU in MIG mode gives one unit per instance; the
- * others one unit each, shared by time-slicing in gpu_discovery_slices. */
-#define DISCOVERY_MAX_DEVICES 256
-static int discover_gpus(struct process_backend *pb, const struct config *cfg)
+/* The GPUs a finished discovery run lists. 0, or -1 with the reason logged. */
+static int gpus_from_discovery(struct process_backend *pb, const struct config *cfg,
+                               struct command *run)
 {
-    static char *const default_cmd[] = {"nvidia-smi", "-L", NULL};
-    char *argv[17];
-    char *const *cmd = default_cmd;
-    if (cfg->n_gpu_discovery_command) {
-        size_t n = cfg->n_gpu_discovery_command < 16 ? cfg->n_gpu_discovery_command : 16;
-        for (size_t i = 0; i < n; i++) {
-            argv[i] = cfg->gpu_discovery_command[i];
-        }
-        argv[n] = NULL;
-        cmd = argv;
+    /* COMMAND_ENDED: another waitpid took its status; its output tells. */
+    if (!command_succeeded(run) && run->end != COMMAND_ENDED) {
+        log_discovery_failure(cfg, run);
+        return -1;
     }
-    char *out = malloc(65536);
     struct smi_device *devs = calloc(DISCOVERY_MAX_DEVICES, sizeof *devs);
     int rc = -1;
-    if (!out || !devs || run_capture(cmd, out, 65536)) {
+    if (!devs || buf_append(&run->out, "", 1)) {
         goto done;
     }
-    int n = procplan_parse_nvidia_smi(out, devs, DISCOVERY_MAX_DEVICES);
+    int n = procplan_parse_nvidia_smi(run->out.data, devs, DISCOVERY_MAX_DEVICES);
     if (n < 0) {
         LOGE("GPU discovery: the command's output is not nvidia-smi -L output", "command=%s",
-             cmd[0]);
+             LOG_Q(discovery_name(cfg)));
         goto done;
     }
     if (gpus_alloc(pb, (size_t)n)) {
@@ -2171,12 +2158,11 @@ static int discover_gpus(struct process_backend *pb, const struct config *cfg)
                     d->mig ? d->uuid : NULL, d->mig ? d->profile : NULL, 0)) {
             goto done;
         }
-        LOGI("GPU discovered", "gpu=%d %s%s%s", d->gpu, d->mig ? "mig_profile=" : "name=\"",
-             d->mig ? d->profile : d->name, d->mig ? "" : "\"");
+        LOGI("GPU discovered", "gpu=%d %s=%s", d->gpu, d->mig ? "mig_profile" : "name",
+             LOG_Q(d->mig ? d->profile : d->name));
     }
     rc = 0;
 done:
-    free(out);
     free(devs);
     return rc;
 }
@@ -2219,8 +2205,9 @@ static int process_check_config(struct backend *b, const struct config *cfg, cha
     return 0;
 }
 
-struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
-                                    const struct config *cfg)
+/* A backend with no GPUs yet and nothing running. */
+static struct process_backend *process_alloc(struct fleet *fleet, struct event_base *base,
+                                             const struct config *cfg)
 {
     struct process_backend *pb = calloc(1, sizeof *pb);
     if (!pb) {
@@ -2233,26 +2220,101 @@ struct backend *backend_process_new(struct fleet *fleet, struct event_base *base
     scale_driver_init(&pb->driver, &process_scale_ops, pb);
     list_init(&pb->models);
     list_init(&pb->retired);
-    if (cfg->gpu_discovery ? discover_gpus(pb, cfg) : declared_gpus(pb, cfg)) {
-        process_free(&pb->base);
-        return NULL;
-    }
+    return pb;
+}
+
+/* Its GPUs known: checks the models against discovered ones, and starts
+ * reaping and ticking. 0, or -1 (logged). */
+static int process_begin(struct process_backend *pb)
+{
+    const struct config *cfg = pb->cfg;
     char why[600];
     if (cfg->gpu_discovery && process_check_config(&pb->base, cfg, why, sizeof why)) {
-        char q[700];
-        log_quote(q, sizeof q, why, strlen(why), 600);
-        LOGE("a model's GPU needs fit on no GPU found", "error=%s", q);
-        process_free(&pb->base);
-        return NULL;
+        LOGE("a model's GPU needs fit on no GPU found", "error=%s", LOG_Q(why));
+        return -1;
     }
-    pb->sigchld = evsignal_new(base, SIGCHLD, on_sigchld, pb);
-    pb->tick = event_new(base, -1, EV_PERSIST, on_tick, pb);
+    pb->sigchld = evsignal_new(pb->evbase, SIGCHLD, on_sigchld, pb);
+    pb->tick = event_new(pb->evbase, -1, EV_PERSIST, on_tick, pb);
     if (!pb->sigchld || !pb->tick) {
-        process_free(&pb->base);
-        return NULL;
+        return -1;
     }
     event_add(pb->sigchld, NULL);
     struct timeval tv = {0, TICK_MS * 1000};
     event_add(pb->tick, &tv);
+    return 0;
+}
+
+struct backend *backend_process_new(struct fleet *fleet, struct event_base *base,
+                                    const struct config *cfg)
+{
+    struct process_backend *pb = process_alloc(fleet, base, cfg);
+    if (!pb) {
+        return NULL;
+    }
+    int rc;
+    if (cfg->gpu_discovery) {
+        struct command run;
+        command_init(&run);
+        rc = discovery_run(&run, cfg, NULL, NULL, NULL) || gpus_from_discovery(pb, cfg, &run);
+        command_dispose(&run);
+    } else {
+        rc = declared_gpus(pb, cfg);
+    }
+    if (rc || process_begin(pb)) {
+        process_free(&pb->base);
+        return NULL;
+    }
     return &pb->base;
+}
+
+struct backend_process_start {
+    struct process_backend *pb; /* its GPUs come from the command */
+    struct command run;
+    backend_process_started_fn done;
+    void *ud;
+};
+
+static void on_discovered(struct command *run, void *ud)
+{
+    struct backend_process_start *s = ud;
+    struct process_backend *pb = s->pb;
+    backend_process_started_fn done = s->done;
+    void *done_ud = s->ud;
+    int rc = gpus_from_discovery(pb, pb->cfg, run) || process_begin(pb) ? -1 : 0;
+    command_dispose(run);
+    free(s);
+    if (rc) {
+        process_free(&pb->base);
+        pb = NULL;
+    }
+    done(done_ud, pb ? &pb->base : NULL);
+}
+
+struct backend_process_start *backend_process_start(struct fleet *fleet, struct event_base *base,
+                                                    const struct config *cfg,
+                                                    backend_process_started_fn done, void *ud)
+{
+    struct backend_process_start *s = calloc(1, sizeof *s);
+    if (!s || !(s->pb = process_alloc(fleet, base, cfg))) {
+        LOGE("out of memory starting the process backend", NULL);
+        free(s);
+        return NULL;
+    }
+    command_init(&s->run);
+    s->done = done;
+    s->ud = ud;
+    if (discovery_run(&s->run, cfg, base, on_discovered, s)) {
+        backend_process_start_cancel(s);
+        return NULL;
+    }
+    LOGI("GPU discovery started; serving meanwhile", "command=%s timeout_ms=%d",
+         LOG_Q(discovery_name(cfg)), DISCOVERY_TIMEOUT_MS);
+    return s;
+}
+
+void backend_process_start_cancel(struct backend_process_start *s)
+{
+    command_dispose(&s->run);
+    process_free(&s->pb->base);
+    free(s);
 }

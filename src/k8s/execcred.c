@@ -3,17 +3,10 @@
 #include "thaw/clock.h"
 #include "thaw/log.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -24,9 +17,6 @@ extern char **environ;
 #define REFRESH_BEFORE_MS 60000
 #define RETRY_MS 10000
 
-static void on_readable(evutil_socket_t fd, short what, void *arg);
-static void on_deadline(evutil_socket_t fd, short what, void *arg);
-static void on_reap(evutil_socket_t fd, short what, void *arg);
 static void on_refresh_due(evutil_socket_t fd, short what, void *arg);
 
 static void arm(struct event *ev, uint64_t ms)
@@ -92,15 +82,6 @@ out:
     return rc;
 }
 
-static void wipe_out(struct k8s_execcred *x)
-{
-    if (x->out.data) {
-        memset(x->out.data, 0, x->out.cap);
-    }
-    buf_dispose(&x->out);
-    buf_init(&x->out);
-}
-
 static void set_token(struct k8s_execcred *x, char *token, int64_t valid_for_s)
 {
     if (x->token) {
@@ -119,10 +100,11 @@ static void set_token(struct k8s_execcred *x, char *token, int64_t valid_for_s)
     }
 }
 
-/* Starts the plugin with its stdout on a pipe. 0, or -1 with err set. */
-static int spawn_plugin(struct k8s_execcred *x, char *err, size_t errlen)
+/* thaw's environment without its own KUBERNETES_EXEC_INFO, then info and
+ * the kubeconfig's env. The array is the caller's to free; its strings are
+ * not. */
+static char **plugin_env(const struct k8s_auth *a, char *info)
 {
-    const struct k8s_auth *a = x->auth;
     size_t n_environ = 0, n_extra = 0;
     while (environ && environ[n_environ]) {
         n_environ++;
@@ -131,15 +113,8 @@ static int spawn_plugin(struct k8s_execcred *x, char *err, size_t errlen)
         n_extra++;
     }
     char **envp = calloc(n_environ + n_extra + 2, sizeof(char *));
-    char info[256];
-    snprintf(info, sizeof info,
-             "KUBERNETES_EXEC_INFO={\"apiVersion\":\"%s\",\"kind\":\"ExecCredential\","
-             "\"spec\":{\"interactive\":false}}", a->exec_api_version);
-    int fds[2] = {-1, -1};
-    if (!envp || pipe2(fds, O_CLOEXEC)) {
-        free(envp);
-        snprintf(err, errlen, "cannot start the exec plugin: %s", strerror(errno));
-        return -1;
+    if (!envp) {
+        return NULL;
     }
     size_t k = 0;
     for (size_t i = 0; i < n_environ; i++) {
@@ -151,53 +126,63 @@ static int spawn_plugin(struct k8s_execcred *x, char *err, size_t errlen)
     for (size_t i = 0; i < n_extra; i++) {
         envp[k++] = a->exec_env[i];
     }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, a->exec_argv[0], &fa, NULL, a->exec_argv, envp);
-    posix_spawn_file_actions_destroy(&fa);
-    free(envp);
-    close(fds[1]);
-    if (rc) {
-        close(fds[0]);
-        snprintf(err, errlen, "cannot run the exec plugin %s: %s", a->exec_argv[0],
-                 strerror(rc));
+    return envp;
+}
+
+/* Runs the plugin: waits for it (done NULL: start-up), or starts it on the
+ * loop. 0, or -1 with err set when it could not be started. */
+static int run_plugin(struct k8s_execcred *x, command_done_fn done, char *err, size_t errlen)
+{
+    const struct k8s_auth *a = x->auth;
+    char info[256];
+    snprintf(info, sizeof info,
+             "KUBERNETES_EXEC_INFO={\"apiVersion\":\"%s\",\"kind\":\"ExecCredential\","
+             "\"spec\":{\"interactive\":false}}", a->exec_api_version);
+    char **envp = plugin_env(a, info);
+    if (!envp) {
+        snprintf(err, errlen, "cannot start the exec plugin: out of memory");
         return -1;
     }
-    x->pid = pid;
-    x->fd = fds[0];
+    struct command_spec spec = {.task = "exec_credential", .argv = a->exec_argv, .envp = envp,
+                                .timeout_ms = RUN_TIMEOUT_MS, .max_output = MAX_OUTPUT,
+                                .secret_output = true};
+    if (done) {
+        command_start(&x->run, x->base, &spec, done, x);
+    } else {
+        command_run(&x->run, &spec);
+    }
+    free(envp);
+    if (x->run.end == COMMAND_NOT_RUN) {
+        snprintf(err, errlen, "cannot run the exec plugin %s: %s", a->exec_argv[0],
+                 strerror(x->run.code));
+        return -1;
+    }
     x->runs++;
-    wipe_out(x);
     return 0;
 }
 
-/* Takes the finished run's output. exit_status -1: not known (reaped elsewhere or still
- * exiting). */
-static int take_output(struct k8s_execcred *x, int exit_status, char *err, size_t errlen)
+/* Takes the finished run's output: the token, or -1 with err set. */
+static int take_output(struct k8s_execcred *x, char *err, size_t errlen)
 {
-    if (exit_status > 0) {
-        snprintf(err, errlen, "the exec plugin %s exited with status %d", x->auth->exec_argv[0],
-                 exit_status);
-        wipe_out(x);
+    struct command *c = &x->run;
+    /* COMMAND_ENDED: another waitpid took its status; its output tells. */
+    if (c->end != COMMAND_ENDED && !command_succeeded(c)) {
+        char how[200];
+        command_describe(c, how, sizeof how);
+        snprintf(err, errlen, "the exec plugin %s %s", x->auth->exec_argv[0], how);
+        command_clear_output(c);
         return -1;
     }
     char *token = NULL;
     int64_t valid = -1;
-    int rc = k8s_execcred_parse(buf_read_ptr(&x->out), buf_unread(&x->out),
+    int rc = k8s_execcred_parse(c->out.data ? buf_read_ptr(&c->out) : "", buf_unread(&c->out),
                                 x->auth->exec_api_version, time(NULL), &token, &valid, err,
                                 errlen);
-    wipe_out(x);
+    command_clear_output(c); /* wiped: it held the token */
     if (rc == 0) {
         set_token(x, token, valid);
     }
     return rc;
-}
-
-static int exit_code(int status)
-{
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 int k8s_execcred_init(struct k8s_execcred *x, struct event_base *base,
@@ -206,153 +191,30 @@ int k8s_execcred_init(struct k8s_execcred *x, struct event_base *base,
     memset(x, 0, sizeof *x);
     x->base = base;
     x->auth = auth;
-    x->fd = -1;
-    buf_init(&x->out);
-    event_assign(&x->deadline, base, -1, 0, on_deadline, x);
-    event_assign(&x->reap, base, -1, 0, on_reap, x);
+    command_init(&x->run);
     event_assign(&x->refresh_due, base, -1, 0, on_refresh_due, x);
-    if (spawn_plugin(x, err, errlen)) {
-        x->failures++;
-        return -1;
-    }
     /* Start-up: wait for it, as kubectl does, before the loop turns. */
-    uint64_t deadline = clock_now_ms() + RUN_TIMEOUT_MS;
-    bool timed_out = false;
-    for (;;) {
-        uint64_t now = clock_now_ms();
-        if (now >= deadline) {
-            timed_out = true;
-            break;
-        }
-        struct pollfd p = {x->fd, POLLIN, 0};
-        int r = poll(&p, 1, (int)(deadline - now));
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            continue;
-        }
-        char chunk[4096];
-        ssize_t got = read(x->fd, chunk, sizeof chunk);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got <= 0 || x->out.len + (size_t)got > MAX_OUTPUT ||
-            buf_append(&x->out, chunk, (size_t)got)) {
-            break;
-        }
-    }
-    close(x->fd);
-    x->fd = -1;
-    if (timed_out) {
-        kill(x->pid, SIGKILL);
-    }
-    int status = 0;
-    pid_t w;
-    while ((w = waitpid(x->pid, &status, 0)) < 0 && errno == EINTR) {
-    }
-    x->pid = 0;
-    if (timed_out) {
-        snprintf(err, errlen, "the exec plugin %s did not answer within %d s",
-                 auth->exec_argv[0], RUN_TIMEOUT_MS / 1000);
-        wipe_out(x);
-        x->failures++;
-        return -1;
-    }
-    if (take_output(x, w == -1 ? -1 : exit_code(status), err, errlen)) {
+    if (run_plugin(x, NULL, err, errlen) || take_output(x, err, errlen)) {
         x->failures++;
         return -1;
     }
     return 0;
 }
 
-static void end_run_events(struct k8s_execcred *x)
+static void on_run_done(struct command *c, void *ud)
 {
-    if (x->reading) {
-        event_del(&x->read_ev);
-        x->reading = false;
-    }
-    event_del(&x->deadline);
-    if (x->fd >= 0) {
-        close(x->fd);
-        x->fd = -1;
-    }
-}
-
-/* Reaps the child after its output ended; a few tries, then it is killed. */
-static void on_reap(evutil_socket_t fd, short what, void *arg)
-{
-    struct k8s_execcred *x = arg;
-    int status;
-    pid_t w = waitpid(x->pid, &status, WNOHANG);
-    if (w == 0 && ++x->reap_tries < 50) {
-        arm(&x->reap, 100);
-        return;
-    }
-    if (w == 0) {
-        kill(x->pid, SIGKILL);
-        waitpid(x->pid, &status, 0); /* SIGKILL: at once */
-    }
-    x->pid = 0;
-}
-
-static void finish_background(struct k8s_execcred *x, bool timed_out)
-{
-    end_run_events(x);
+    struct k8s_execcred *x = ud;
     char err[300];
-    int status = 0;
-    pid_t w = timed_out ? 0 : waitpid(x->pid, &status, WNOHANG);
-    int code = w > 0 ? exit_code(status) : -1;
-    int rc;
-    if (timed_out) {
-        snprintf(err, sizeof err, "no answer within %d s", RUN_TIMEOUT_MS / 1000);
-        wipe_out(x);
-        kill(x->pid, SIGKILL);
-        rc = -1;
-    } else {
-        rc = take_output(x, code, err, sizeof err);
-    }
-    if (rc) {
+    if (take_output(x, err, sizeof err)) {
         x->failures++;
         LOGW("exec credential plugin failed: keeping the current token", "command=%s error=%s "
-             "retry_in_ms=%d", x->auth->exec_argv[0], LOG_Q(err), RETRY_MS);
+             "retry_in_ms=%d", LOG_Q(x->auth->exec_argv[0]), LOG_Q(err), RETRY_MS);
         arm(&x->refresh_due, RETRY_MS);
-    } else {
-        LOGI("exec credential plugin gave a new token", "command=%s expires_in_s=%lld",
-             x->auth->exec_argv[0],
-             x->expires_ms ? (long long)((x->expires_ms - clock_now_ms()) / 1000) : -1LL);
-    }
-    if (w != 0) {
-        x->pid = 0; /* reaped here, or by someone else (ECHILD) */
         return;
     }
-    x->reap_tries = 0;
-    on_reap(-1, 0, x);
-}
-
-static void on_readable(evutil_socket_t fd, short what, void *arg)
-{
-    struct k8s_execcred *x = arg;
-    char chunk[4096];
-    for (;;) {
-        ssize_t got = read(x->fd, chunk, sizeof chunk);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return;
-        }
-        if (got <= 0 || x->out.len + (size_t)got > MAX_OUTPUT ||
-            buf_append(&x->out, chunk, (size_t)got)) {
-            finish_background(x, false);
-            return;
-        }
-    }
-}
-
-static void on_deadline(evutil_socket_t fd, short what, void *arg)
-{
-    finish_background(arg, true);
+    LOGI("exec credential plugin gave a new token", "command=%s expires_in_s=%lld",
+         LOG_Q(x->auth->exec_argv[0]),
+         x->expires_ms ? (long long)((x->expires_ms - clock_now_ms()) / 1000) : -1LL);
 }
 
 static void on_refresh_due(evutil_socket_t fd, short what, void *arg)
@@ -362,35 +224,23 @@ static void on_refresh_due(evutil_socket_t fd, short what, void *arg)
 
 void k8s_execcred_refresh(struct k8s_execcred *x)
 {
-    if (x->pid) {
-        return; /* a run is going (or being reaped) */
+    if (command_busy(&x->run)) {
+        return; /* a run is going */
     }
     char err[300];
-    if (spawn_plugin(x, err, sizeof err)) {
+    if (run_plugin(x, on_run_done, err, sizeof err)) {
         x->failures++;
-        LOGW("exec credential plugin failed: keeping the current token", "error=%s "
-             "retry_in_ms=%d", LOG_Q(err), RETRY_MS);
+        LOGW("exec credential plugin failed: keeping the current token", "command=%s error=%s "
+             "retry_in_ms=%d", LOG_Q(x->auth->exec_argv[0]), LOG_Q(err), RETRY_MS);
         arm(&x->refresh_due, RETRY_MS);
         return;
     }
     event_del(&x->refresh_due);
-    fcntl(x->fd, F_SETFL, fcntl(x->fd, F_GETFL) | O_NONBLOCK);
-    event_assign(&x->read_ev, x->base, x->fd, EV_READ | EV_PERSIST, on_readable, x);
-    x->reading = true;
-    event_add(&x->read_ev, NULL);
-    arm(&x->deadline, RUN_TIMEOUT_MS);
 }
 
 void k8s_execcred_dispose(struct k8s_execcred *x)
 {
-    end_run_events(x);
-    event_del(&x->reap);
-    if (x->pid) {
-        kill(x->pid, SIGKILL);
-        waitpid(x->pid, NULL, 0);
-        x->pid = 0;
-    }
-    wipe_out(x);
+    command_dispose(&x->run); /* a run under way: its group killed, reaped */
     set_token(x, NULL, -1);
     event_del(&x->refresh_due);
 }

@@ -862,8 +862,9 @@ def test_repeated_events_aggregate_into_one_with_a_count(cluster, thaw_factory, 
     assert [e["count"] for e in evs["ScaledFromZero"]] == [3]
     assert [e["count"] for e in evs["ScaledToZero"]] == [3]
     e = evs["ScaledFromZero"][0]
+    uid = sim.call("GET", "/apis/apps/v1/namespaces/models/deployments/llama")[1]["metadata"]["uid"]
     assert e["involvedObject"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                   "name": "llama", "namespace": "models"}
+                                   "name": "llama", "namespace": "models", "uid": uid}
     assert e["source"]["component"] == "thaw" and e["type"] == "Normal"
     assert e["firstTimestamp"] <= e["lastTimestamp"]
     # A completed cold start is told too (aggregated when its times match an

@@ -404,3 +404,40 @@ def test_answers_for_a_model_a_reload_removes_are_counted_as_unrouted(thaw_facto
     assert held.join().status == 503 and at_replica.join().status == 200
     assert t.metric("thaw_unrouted_responses_total", code="503") == 1
     assert t.metric("thaw_unrouted_responses_total", code="200") == 1
+
+
+def logfmt_quoted(s):
+    """s as thaw quotes a log value."""
+    return '"' + "".join("\\\\" if c == "\\" else '\\"' if c == '"' else
+                         f"\\x{ord(c):02x}" if ord(c) < 0x20 else c for c in s) + '"'
+
+
+def test_file_and_command_values_in_log_lines_are_quoted(thaw_factory, upstream, tmp_path,
+                                                         monkeypatch):
+    """A config path (and a discovery command) with a space, a quote and a
+    newline stays on one logfmt line, quoted (before: printed as it is, the
+    newline broke the line in two)."""
+    import tempfile
+    weird = tmp_path / 'conf dir "q"\nx'
+    weird.mkdir()
+    smi = weird / "nvidia smi"
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    smi.chmod(0o755)
+    discover = {"gpus": "discover", "gpu_discovery_command": [str(smi), "-L"]}
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda prefix="": str(weird))
+    t = thaw_factory({**discover, "models": [static_model(upstream)]})
+    monkeypatch.undo()
+    write_config(t, {**discover, "listen": "127.0.0.1:1", "models": [static_model(upstream)]})
+    hup(t)  # needs a restart: listen
+    write_config(t, {**discover, "models": [static_model(upstream), sim_model("small")]})
+    hup(t, "failure")  # the discovery command fails
+    lines = t.logs().splitlines()
+    for line in lines:
+        assert line.startswith("ts="), f"not a logfmt line: {line!r}"
+    file_q = "file=" + logfmt_quoted(t.config_path)
+    for msg in ("reloading configuration", "configuration change needs a restart",
+                "configuration reloaded"):
+        assert any(f'msg="{msg}' in line and file_q in line for line in lines), msg
+    command_q = "command=" + logfmt_quoted(str(smi))
+    assert any('msg="GPU discovery command failed"' in line and command_q in line
+               for line in lines)

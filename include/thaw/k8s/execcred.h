@@ -7,8 +7,10 @@
  * plugin (up to 30 s) so thaw's first request is authenticated. Later runs,
  * a minute before the token expires or when the API server answered 401,
  * happen in the background on the loop: the old token is used until the
- * new one arrives; a failed run is retried every 10 s. A plugin's stdout is capped at 1 MiB; its stderr goes to
- * thaw's. The token is never logged. */
+ * new one arrives; a failed run is retried every 10 s. A plugin runs as a
+ * command (command.h): in its own process group, killed whole at its
+ * deadline, its stdout capped at 1 MiB, its stderr lines logged quoted. The
+ * token is never logged. */
 #ifndef THAW_K8S_EXECCRED_H
 #define THAW_K8S_EXECCRED_H
 
@@ -20,7 +22,7 @@
 #include <event2/event.h>
 #include <event2/event_struct.h>
 
-#include "thaw/buf.h"
+#include "thaw/command.h"
 #include "thaw/k8s/auth.h"
 
 struct k8s_execcred {
@@ -28,12 +30,8 @@ struct k8s_execcred {
     const struct k8s_auth *auth; /* exec_argv, exec_env, exec_api_version */
     char *token;
     uint64_t expires_ms; /* monotonic; 0: does not expire */
-    pid_t pid;           /* a run in progress, or 0 */
-    int fd;
-    struct event read_ev, deadline, reap, refresh_due;
-    bool reading;
-    unsigned reap_tries;
-    struct buf out;
+    struct command run;  /* the plugin's runs, one at a time */
+    struct event refresh_due;
     uint64_t runs, failures;
 };
 
