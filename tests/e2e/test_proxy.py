@@ -524,15 +524,22 @@ def test_queue_full_is_503_with_retry_after(thaw_factory, upstream):
     t.assert_reconciled()
 
 
-def test_global_queue_bound(thaw_factory, upstream, upstream2):
-    t = thaw_factory({"limits": {"max_queue_total": 1},
+def two_busy_models(thaw_factory, upstream, upstream2, max_queue_total, ms):
+    """llama and other, one slot each, both taken for ms; returns thaw and the two
+    requests holding the slots."""
+    t = thaw_factory({"limits": {"max_queue_total": max_queue_total},
                       "models": [model(upstream, max_concurrency=1),
                                  {"name": "other", "endpoints": [upstream2.address],
                                   "max_concurrency": 1}]})
-    b1 = occupy(t, 500)
-    b2 = threading.Thread(target=lambda: get(t, "/sleep?ms=500", host="other"))
+    b1 = occupy(t, ms)
+    b2 = threading.Thread(target=lambda: get(t, f"/sleep?ms={ms}", host="other"))
     b2.start()
     wait_for(lambda: upstream.active == 1 and upstream2.active == 1, what="slots taken")
+    return t, b1, b2
+
+
+def test_global_queue_bound(thaw_factory, upstream, upstream2):
+    t, b1, b2 = two_busy_models(thaw_factory, upstream, upstream2, 1, 500)
     w = threading.Thread(target=lambda: get(t, "/echo", host="llama"))
     w.start()
     wait_for(lambda: t.status()["queued"] == 1, what="one queued")
@@ -547,14 +554,7 @@ def test_critical_at_global_bound_displaces_another_models_batch(thaw_factory, u
                                                                   upstream2):
     """The global bound is full of one model's batch requests: a critical one for
     another model takes the newest of them, not a 503 of its own."""
-    t = thaw_factory({"limits": {"max_queue_total": 2},
-                      "models": [model(upstream, max_concurrency=1),
-                                 {"name": "other", "endpoints": [upstream2.address],
-                                  "max_concurrency": 1}]})
-    b1 = occupy(t, 600)
-    b2 = threading.Thread(target=lambda: get(t, "/sleep?ms=600", host="other"))
-    b2.start()
-    wait_for(lambda: upstream.active == 1 and upstream2.active == 1, what="slots taken")
+    t, b1, b2 = two_busy_models(thaw_factory, upstream, upstream2, 2, 600)
     res = {}
     ths = []
     for name in ("batch-old", "batch-new"):
