@@ -461,7 +461,7 @@ int server_run(struct server *srv)
 {
     event_base_dispatch(srv->rt.base);
     if (srv->rt.inflight > 0) {
-        LOGW("drain timeout: abandoning requests", "inflight=%llu",
+        LOGW("exiting with requests unfinished", "inflight=%llu",
              (unsigned long long)srv->rt.inflight);
     }
     return srv->exit_code;
