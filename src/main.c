@@ -85,9 +85,13 @@ int main(int argc, char **argv)
 {
     /* A reload asked for while starting (a service manager's reload right
      * after its start, while GPUs are discovered or a kubeconfig's plugin
-     * runs) must not end thaw, SIGHUP's default: the file is read now anyway.
-     * The reload handler replaces this once the loop runs. */
-    signal(SIGHUP, SIG_IGN);
+     * runs) must neither end thaw (SIGHUP's default) nor be lost: it waits,
+     * blocked, until the reload handler is in (children start with an empty
+     * mask). */
+    sigset_t hup;
+    sigemptyset(&hup);
+    sigaddset(&hup, SIGHUP);
+    sigprocmask(SIG_BLOCK, &hup, NULL);
     return_large_buffers_to_the_system();
     if (argc == 2 && strcmp(argv[1], "hash-key") == 0) {
         return hash_key_main();
@@ -166,6 +170,7 @@ int main(int argc, char **argv)
     if (rc == 0) {
         rc = reload_install(&srv);
     }
+    sigprocmask(SIG_UNBLOCK, &hup, NULL); /* a SIGHUP that came meanwhile: handled now */
     srv.rt.reload.listen_overridden = listen != NULL;
     srv.rt.reload.admin_listen_overridden = admin != NULL;
     srv.rt.reload.log_level_overridden = log_level != NULL;

@@ -52,6 +52,7 @@ struct probe {
     struct http_head head;
     struct buf body;
     bool sent;
+    unsigned interim; /* 1xx answers skipped in this attempt */
     bool running;
     bool refused;          /* the last attempt found the port closed */
     uint64_t started_ms;   /* probe_start */

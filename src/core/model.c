@@ -102,6 +102,7 @@ struct model *fleet_add_model(struct fleet *f, const struct config_model *cm)
     model_apply_settings(m, cm);
     if (route_model(f, m, cm)) {
         router_remove(&f->router, m);
+        queue_dispose(&m->queue); /* out of the global bound's list */
         free(m->name);
         free(m->namespace_);
         free(m);

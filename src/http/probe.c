@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #define PROBE_TIMEOUT_MS 1000
+#define PROBE_MAX_INTERIM 10
 /* A health answer is small; anything bigger is not kept. */
 static const struct http_limits probe_limits = {4096, 32, 4096};
 
@@ -190,8 +191,9 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
             return;
         }
         if (ev == HTTP_EV_DONE && p->head.status >= 100 && p->head.status < 200 &&
-            p->head.status != 101) {
-            /* An interim answer (103 Early Hints): the real one follows. */
+            p->head.status != 101 && ++p->interim <= PROBE_MAX_INTERIM) {
+            /* An interim answer (103 Early Hints): the real one follows. A
+             * server that sends nothing else does not hold the probe. */
             buf_reset(&p->body);
             http_parser_next(&p->parser, &p->head, &p->body);
             continue;
@@ -219,6 +221,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     }
     p->fd = s;
     p->sent = false;
+    p->interim = 0;
     http_head_reset(&p->head);
     buf_reset(&p->body);
     p->probes++;

@@ -150,7 +150,9 @@ int k8s_informer_apply_list(struct k8s_informer *inf, const char *body, size_t l
     cJSON_Delete(root);
     inf->relists++;
     inf->relist_needed = false;
-    inf->failures = 0;
+    /* The back-off is reset by a watch that works (an event, or an end at
+     * timeoutSeconds), not here: a server that lists but refuses every watch
+     * would otherwise be listed anew at the first back-off step forever. */
     bool first = !inf->synced;
     inf->synced = true;
     if (first && inf->ops->synced) {
@@ -204,6 +206,7 @@ int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t 
         strmap_put(&inf->known, key, strlen(key), (void *)1);
         remember_rv(inf, obj);
         inf->events++;
+        inf->failures = 0;
         inf->ops->upsert(inf->ud, obj);
     } else if (strcmp(type, "DELETED") == 0) {
         char key[600];
@@ -211,9 +214,11 @@ int k8s_informer_apply_event(struct k8s_informer *inf, const char *line, size_t 
         strmap_del(&inf->known, key, strlen(key));
         remember_rv(inf, obj);
         inf->events++;
+        inf->failures = 0;
         inf->ops->remove(inf->ud, obj);
     } else if (strcmp(type, "BOOKMARK") == 0) {
         remember_rv(inf, obj);
+        inf->failures = 0;
     } else if (strcmp(type, "ERROR") == 0) {
         const cJSON *code = cJSON_GetObjectItemCaseSensitive(obj, "code");
         if (cJSON_IsNumber(code) && code->valueint == 410) {

@@ -100,7 +100,8 @@ def test_port_in_use_is_a_clear_error(upstream):
 def test_a_reload_asked_for_while_starting_does_not_end_thaw(tmp_path):
     """A service manager may send SIGHUP right after the start, before thaw's
     loop has its reload handler (here: while GPU discovery holds the start for
-    a second). SIGHUP's default action ended thaw."""
+    a second). SIGHUP's default action ended thaw; the reload must not be lost
+    either."""
     import signal
     import time
     cfg = tmp_path / "c.json"
@@ -115,11 +116,25 @@ def test_a_reload_asked_for_while_starting_does_not_end_thaw(tmp_path):
     try:
         time.sleep(0.4)  # thaw waits for the discovery command
         assert p.poll() is None
+        conf = json.loads(cfg.read_text())
+        conf["models"].append({"name": "added", "endpoints": ["127.0.0.1:9"]})
+        cfg.write_text(json.dumps(conf))
         p.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 10
         while not ports.exists() and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert p.poll() is None and ports.exists(), f"thaw ended (status {p.returncode})"
+        # Nor is the reload lost: the model the file gained meanwhile is there.
+        admin = json.loads(ports.read_text())["admin_listen"]
+        host, port = admin.rsplit(":", 1)
+
+        def names():
+            r = httpc.request(host, int(port), "GET", "/status", {}, b"", timeout=5)
+            return [m["name"] for m in json.loads(r.body)["models"]]
+        deadline = time.monotonic() + 5
+        while "added" not in names() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "added" in names()
     finally:
         p.terminate()
         p.wait(10)

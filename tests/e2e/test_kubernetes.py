@@ -521,6 +521,25 @@ def test_an_api_server_restarted_empty_is_listed_again(cluster, thaw_factory, tm
     sim.stop()
 
 
+def test_watches_refused_back_off_instead_of_listing_in_a_loop(cluster, thaw_factory,
+                                                              tmp_path):
+    """A server that lists but refuses every watch (a Role without `watch`, a
+    gateway that drops watch=true): each refusal lists again, after a back-off
+    that doubles. The back-off was reset by each successful list, so every
+    informer listed about three times a second for as long as it lasted."""
+    sim, t = synced_llama(cluster, thaw_factory, tmp_path, sim_kw=dict(load_ms=50))
+    informers = len(t.status()["kubernetes"]["informers"])
+    sim.call("POST", "/_sim/faults", {"refuse_watches": True})
+    sim.call("POST", "/_sim/faults", {"drop_watches": True})
+    before = t.metric("thaw_kubernetes_lists_total")
+    time.sleep(6)
+    lists = t.metric("thaw_kubernetes_lists_total") - before
+    sim.call("POST", "/_sim/faults", {"refuse_watches": False})
+    # 250 ms doubling (jittered ±50%): at most about 6 lists each in 6 s.
+    assert lists <= 7 * informers, (lists, informers)
+    assert complete(t).status == 200  # served all along
+
+
 @pytest.mark.timer_heavy
 def test_a_wake_while_the_api_server_is_down_backs_off_and_serves_when_it_is_back(
         cluster, thaw_factory, tmp_path):

@@ -131,6 +131,7 @@ only requests whose body holds S), {"delay_ms": N} (with
 "delay_methods": ["PATCH", ...] only requests of those methods),
 {"compact": true} (forget history: old resourceVersions get 410),
 {"expire_pages": true} (every list continue token gets 410 Expired),
+{"refuse_watches": true} (every watch answers 403, as for a Role without watch),
 {"tokens": [...]} (accepted bearer tokens). GET /_sim/state shows counters,
 the scale log, nodes (their pods and requested resources), ReplicaSets and
 pods. --state FILE keeps objects across a restart (written on SIGTERM, read
@@ -2500,6 +2501,11 @@ class Handler(BaseHTTPRequestHandler):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             if sim.delay_ms and (not sim.delay_methods or method in sim.delay_methods):
                 time.sleep(sim.delay_ms / 1000)
+            if sim.refuse_watches and method == "GET" and \
+                    (q.get("watch") or "").lower() in ("true", "1"):
+                # As for a Role that grants list but not watch.
+                sim.counters["refused_watches"] += 1
+                raise ApiError(403, "Forbidden", "cannot watch this resource (refused by fault)")
             if sim.fail_next > 0 and (not sim.fail_matching or
                                       sim.fail_matching.encode() in self.raw_body()):
                 sim.fail_next -= 1
@@ -2550,6 +2556,8 @@ class Handler(BaseHTTPRequestHandler):
                 sim.store.compact()
             if "expire_pages" in f:
                 sim.store.expire_pages = bool(f["expire_pages"])
+            if "refuse_watches" in f:
+                sim.refuse_watches = bool(f["refuse_watches"])
             if "tokens" in f:
                 sim.tokens = set(f["tokens"])
             return self.send_json(200, {"ok": True})
@@ -2979,6 +2987,7 @@ class Sim:
         self.tokens = set(args.token or [])
         self.fail_next = 0
         self.fail_matching = ""
+        self.refuse_watches = False
         self.delay_ms = 0
         self.delay_methods = set()
         self.counters = Counters()

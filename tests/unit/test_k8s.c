@@ -235,6 +235,9 @@ static void test_knative_aliases_and_precedence(void **state)
     assert_int_equal(s.idle_timeout_ms, 90000);
 }
 
+static void parse_custom(const char *label, const char *anns, const char *tpl_anns,
+                         struct k8s_model_spec *out);
+
 /* Knative's pre-1.0 camelCase keys and its decimal numbers, as migrated
  * InferenceServices and Knative's own examples write them. */
 static void test_knative_camel_case_keys_and_decimals(void **state)
@@ -257,12 +260,20 @@ static void test_knative_camel_case_keys_and_decimals(void **state)
     assert_int_equal(s.panic_threshold_pct, 150);
     assert_int_equal(s.target_utilization_pct, 71); /* rounded, half up */
     assert_int_equal(s.target, 1);
+    /* A decimal below 1 is 1, not 0 (which no key takes). */
+    assert_int_equal(parse("{\"autoscaling.knative.dev/target\":\"0.3\"}", "", &s), 0);
+    assert_string_equal(s.errors, "");
+    assert_int_equal(s.target, 1);
     /* The dashed spelling wins over the camelCase one, as in Knative. */
     assert_int_equal(parse("{\"autoscaling.knative.dev/minScale\":\"1\","
                            "\"autoscaling.knative.dev/min-scale\":\"3\"}",
                            "", &s),
                      0);
     assert_int_equal(s.min_scale, 3);
+    /* The Deployment's spelling wins over the pod template's, whichever. */
+    parse_custom("chat", "{\"autoscaling.knative.dev/minScale\":\"2\"}",
+                 "{\"autoscaling.knative.dev/min-scale\":\"5\"}", &s);
+    assert_int_equal(s.min_scale, 2);
     /* thaw's own keys stay whole numbers; a bad camelCase value is named. */
     parse("{\"thaw.dev/max-scale\":\"4.0\",\"autoscaling.knative.dev/maxScale\":\"x\"}", "",
           &s);

@@ -156,26 +156,36 @@ static const char *knative_camel(const char *key, char *out, size_t len)
     return out;
 }
 
-/* thaw's key wins over its Knative alias, and the alias's dashed spelling
- * over its camelCase one (Knative's order); *used names the one found. */
+/* thaw's key wins over its Knative alias; of the alias's spellings, the
+ * Deployment's win over the pod template's, and on one object the dashed
+ * one over the camelCase one (Knative's order). *used names the one found. */
 static const char *annotation(const struct ann_src *a, const char *key, const char *alias,
                               const char **used)
 {
     const char *v = ann_lookup(a, key);
     *used = key;
-    if (!v && alias) {
-        v = ann_lookup(a, alias);
-        *used = alias;
+    if (v || !alias) {
+        return v;
     }
-    if (!v && alias && strncmp(alias, KNATIVE_PREFIX, sizeof KNATIVE_PREFIX - 1) == 0) {
-        char camel[128];
-        const cJSON *item = ann_item(a, knative_camel(alias, camel, sizeof camel));
-        if (item) {
-            v = item->valuestring;
-            *used = item->string; /* lives as long as the object */
+    char camel[128] = "";
+    if (strncmp(alias, KNATIVE_PREFIX, sizeof KNATIVE_PREFIX - 1) == 0) {
+        knative_camel(alias, camel, sizeof camel);
+    }
+    const cJSON *objs[2] = {a->dep, a->tpl};
+    for (int i = 0; i < 2; i++) {
+        if (!cJSON_IsObject(objs[i])) {
+            continue;
+        }
+        const char *names[2] = {alias, camel};
+        for (int n = 0; n < 2 && names[n][0]; n++) {
+            const cJSON *item = cJSON_GetObjectItemCaseSensitive(objs[i], names[n]);
+            if (cJSON_IsString(item)) {
+                *used = item->string; /* lives as long as the object */
+                return item->valuestring;
+            }
         }
     }
-    return v;
+    return NULL;
 }
 
 /* Knative writes some numbers as decimals ("150.0", target "0.5"): from a
@@ -197,7 +207,10 @@ static int knative_decimal(const char *v, unsigned long long *out)
     if (errno == ERANGE || whole == ULLONG_MAX) {
         return -1;
     }
-    *out = whole + (dot[1] >= '5');
+    /* Below 1 but above 0 (a target of "0.3") is 1, the least thaw takes,
+     * not 0, which no key that may be a decimal accepts. */
+    bool fraction = strspn(dot + 1, "0") != strlen(dot + 1);
+    *out = whole == 0 && fraction ? 1 : whole + (dot[1] >= '5');
     return 0;
 }
 
