@@ -99,7 +99,8 @@ static bool same_split(const struct config_model *a, const struct config_model *
     return true;
 }
 
-/* What the backend takes: endpoints, or the process definition and counts. */
+/* What the backend takes: endpoints, or every key of the process
+ * definition and counts (the process backend's take_definition). */
 static bool same_replicas(const struct config_model *a, const struct config_model *b)
 {
     return same_strv(a->endpoints, a->n_endpoints, b->endpoints, b->n_endpoints) &&
@@ -108,8 +109,10 @@ static bool same_replicas(const struct config_model *a, const struct config_mode
            same_str(a->health_path, b->health_path) && a->min_replicas == b->min_replicas &&
            a->max_replicas == b->max_replicas && a->idle_timeout_ms == b->idle_timeout_ms &&
            a->startup_timeout_ms == b->startup_timeout_ms &&
-           a->stop_grace_ms == b->stop_grace_ms && a->gpu_slices == b->gpu_slices &&
-           a->target == b->target && a->stable_window_ms == b->stable_window_ms &&
+           a->stop_grace_ms == b->stop_grace_ms && a->stop_drain_ms == b->stop_drain_ms &&
+           a->gpu_slices == b->gpu_slices && a->gpu_memory_bytes == b->gpu_memory_bytes &&
+           same_str(a->mig_profile, b->mig_profile) && a->target == b->target &&
+           a->stable_window_ms == b->stable_window_ms && a->prewarm == b->prewarm &&
            memcmp(&a->sleep, &b->sleep, sizeof a->sleep) == 0;
 }
 

@@ -16,8 +16,8 @@
 struct scale_driver_ops {
     /* How many models collect may return at most (the batch is sized by it). */
     size_t (*count)(void *ud);
-    /* Fills each model's current/ready/hold_starts, stores its scaler_model
-     * in sms (at most max) and returns how many. */
+    /* Fills each model's current/ready/hold_starts/demand_starts, stores
+     * its scaler_model in sms (at most max) and returns how many. */
     size_t (*collect)(void *ud, uint64_t now_ms, struct scaler_model **sms, size_t max);
     /* GPU slices the hardware offers; 0: unknown (no cap unless configured). */
     unsigned (*gpu_slices)(void *ud);

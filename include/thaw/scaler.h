@@ -32,8 +32,10 @@ struct scaler_model {
     char last_action[16];
     char last_reason[160];
     /* The last plan evicted or preempted some of its replicas: on one node
-     * (GPU unit), so those stops go there (the plan's on_node says where). */
+     * (GPU unit), so those stops go there (the plan's on_node says where),
+     * for this reason (its last decision may be a deny of what it still wants). */
     bool released_on_node;
+    char release_reason[160];
     /* warming ahead of demand: the model's mode (PREWARM_INHERIT: the
      * autoscaler's), its demand profile while the mode in force is not off,
      * and the last forecast */
@@ -48,7 +50,9 @@ struct scaler_model {
     bool prewarm_on;    /* the mode in force is "on" (else shadow) */
     /* in, per plan: what the model holds now and whether it may start */
     unsigned current, ready;
-    bool hold_starts; /* a failed start is backing off */
+    bool hold_starts; /* a failed start or a crash loop is backing off: nothing
+                       * starts, not even for min_replicas */
+    bool demand_starts; /* starts wait for demand: only min_replicas starts one */
     /* in, per plan when the backend knows nodes (scale_driver_ops.nodes):
      * the request per replica by the cluster's resource index, the nodes a
      * replica may go to, and its replicas per node (backend-owned arrays) */

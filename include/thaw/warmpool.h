@@ -47,7 +47,10 @@
  * an idle one to sleep, not by scaling down: its replicas are not counted
  * per model (memory_sleeps) nor evicted for memory. What its awake replicas
  * hold is the node's `held`, each counted against a newcomer only when it
- * cannot be put to sleep for it (busy, or of a higher priority). */
+ * cannot be put to sleep for it (busy, or of a higher priority). A held
+ * entry whose model the node names (held_model) is released by a
+ * preemption of that model there, so a busy replica of a lower tier is
+ * preempted for its memory as any other would be. */
 #ifndef THAW_WARMPOOL_H
 #define THAW_WARMPOOL_H
 
@@ -59,6 +62,7 @@
 
 #define WP_MAX_RES 16
 #define WP_NO_NODE ((size_t)-1)
+#define WP_NO_MODEL ((size_t)-1)
 #define WP_MAX_GPUS 64 /* physical GPUs of one node the memory packing counts */
 
 struct wp_model {
@@ -98,6 +102,9 @@ struct wp_node {
     unsigned gpus;              /* physical GPUs sharing their memory (at most WP_MAX_GPUS) */
     const struct wp_held *held; /* awake replicas of sleep-mode models there */
     size_t n_held;
+    /* per held entry: its model's index in the plan (WP_NO_MODEL: not said);
+     * NULL: none said (then only sleep frees held memory, never a preemption) */
+    const size_t *held_model;
     /* out */
     uint64_t used[WP_MAX_RES]; /* by the planned replicas */
 };

@@ -14,10 +14,12 @@
  * replica dozes after `idle_before_sleep_ms` without requests, or when a
  * start of a model of equal or higher priority needs the memory on its GPU.
  * A request held for an asleep model wakes it; when /sleep fails the replica
- * is stopped, when /wake_up fails it is stopped and a cold start follows. An
- * asleep replica counts as one of its model's replicas, so the autoscaler's
- * idle timeout, and the warm pool's evictions when slices are needed, stop
- * it (asleep replicas go first).
+ * is stopped (and replaced only on demand), when /wake_up fails it is
+ * stopped and a cold start follows. An asleep replica counts as one of its
+ * model's replicas, so the autoscaler's idle timeout, and the warm pool's
+ * evictions when slices are needed, stop it (asleep replicas go first). The
+ * warm pool sees the memory awake ones hold (its nodes' `held`), so a start
+ * of a higher tier preempts a busy one as it would any lower-tier replica.
  * Children run in their own process group with PR_SET_PDEATHSIG, so they
  * die with thaw even if thaw is killed; on a normal exit thaw stops and
  * reaps them itself. */
@@ -62,6 +64,9 @@ extern char **environ;
 enum replica_state { R_STARTING, R_READY, R_DRAINING, R_STOPPING, R_DOZING, R_ASLEEP, R_WAKING };
 
 struct proc_model;
+
+/* What a start that cannot be placed waits for (logged when it changes). */
+enum start_wait { WAIT_NONE, WAIT_SLEEP, WAIT_GPU };
 
 struct replica {
     struct list_node node;
@@ -122,13 +127,17 @@ struct proc_model {
     struct config_sleep sleep;
     uint64_t busy_at_ms;    /* the last tick it had requests in flight or held */
     uint64_t last_wake_ms;  /* the last wake from sleep took this long; 0: none */
-    bool yielded; /* a replica was stopped for another's memory: no start until demand */
+    /* A replica was stopped with nothing asking for it (for another's
+     * memory, a failed /sleep, a death while asleep): no start until
+     * demand (min_replicas still holds). */
+    bool yielded;
     bool retired; /* its model was removed: freed once its replicas are gone */
     uint64_t idle_since_ms;
     unsigned failures;
     unsigned quick_crashes; /* replicas in a row that crashed soon after ready */
     uint64_t backoff_until_ms;
     bool waiting_for_capacity;
+    enum start_wait wait_said; /* what its starts wait for, as last logged */
     int start_error; /* the last start's error (-errno), said once; 0: none */
     bool poked;
     char last_error[200];
@@ -147,6 +156,9 @@ struct process_backend {
     char **gpu_profile; /* per slot: its MIG profile (gpus[i].profile points here), or NULL */
     struct wp_node *plan_nodes; /* one per GPU unit, for the warm pool (plan_nodes) */
     char (*plan_names)[40];     /* their names in decisions ("gpu1", "gpu0:1g.5gb") */
+    struct wp_held *plan_held;  /* the nodes' held memory (plan_held) ... */
+    size_t *plan_held_model;    /* ... and whose it is, by index in the plan */
+    size_t cap_held;
     size_t n_gpus;
     struct list_node models;
     struct list_node retired; /* proc_models of removed models, draining */
@@ -161,6 +173,13 @@ struct process_backend {
 static struct process_backend *PB(struct backend *b)
 {
     return container_of(b, struct process_backend, base);
+}
+
+/* Milliseconds from then to now; 0 when then is later (a replica started
+ * after a caller took its `now`). */
+static uint64_t ms_since(uint64_t now, uint64_t then)
+{
+    return now > then ? now - then : 0;
 }
 
 static void arm_ms(struct event *ev, uint64_t ms)
@@ -363,6 +382,23 @@ static bool over_slice_cap(const struct process_backend *pb, unsigned slices)
     return used + slices > cap;
 }
 
+/* A start of pm cannot be placed now: said when the wait begins and when
+ * what it waits for changes, not at every planning step that tries again. */
+static int start_waits(struct proc_model *pm, enum start_wait w, const struct gpu_need *need)
+{
+    pm->waiting_for_capacity = true;
+    if (pm->wait_said != w && w == WAIT_SLEEP) {
+        LOGI("waiting for replicas to sleep and free GPU memory", "model=%s memory_needed=%llu",
+             pm->m->name, (unsigned long long)need->memory_bytes);
+    } else if (pm->wait_said != w) {
+        LOGI("waiting for GPU capacity", "model=%s slices_needed=%u mig_profile=%s "
+             "memory_needed=%llu", pm->m->name, need->slices,
+             pm->mig_profile ? pm->mig_profile : "-", (unsigned long long)need->memory_bytes);
+    }
+    pm->wait_said = w;
+    return -ENOSPC;
+}
+
 /* Starts one replica. 0, -ENOSPC (no GPU slices free) or another error. */
 static int replica_start(struct proc_model *pm)
 {
@@ -377,26 +413,12 @@ static int replica_start(struct proc_model *pm)
         bool capped = over_slice_cap(pb, need.slices);
         gpu = capped ? -1 : procplan_gpu_place(pb->gpus, pb->n_gpus, &need);
         if (gpu < 0) {
-            if (!capped && sleep_for_memory(pb, &need, pm->m, -1)) {
-                if (!pm->waiting_for_capacity) {
-                    LOGI("waiting for replicas to sleep and free GPU memory", "model=%s "
-                         "memory_needed=%llu", pm->m->name,
-                         (unsigned long long)need.memory_bytes);
-                }
-                pm->waiting_for_capacity = true;
-                return -ENOSPC;
-            }
-            if (!pm->waiting_for_capacity) {
-                LOGI("waiting for GPU capacity", "model=%s slices_needed=%u mig_profile=%s "
-                     "memory_needed=%llu", pm->m->name, need.slices,
-                     pm->mig_profile ? pm->mig_profile : "-",
-                     (unsigned long long)pm->gpu_memory_bytes);
-            }
-            pm->waiting_for_capacity = true;
-            return -ENOSPC;
+            bool sleeps = !capped && sleep_for_memory(pb, &need, pm->m, -1);
+            return start_waits(pm, sleeps ? WAIT_SLEEP : WAIT_GPU, &need);
         }
     }
     pm->waiting_for_capacity = false;
+    pm->wait_said = WAIT_NONE;
     int port = free_port();
     if (port < 0) {
         return port;
@@ -607,7 +629,7 @@ static void became_ready(struct replica *r, int conn_fd)
     pm->n_ready++;
     pm->failures = 0;
     pm->backoff_until_ms = 0;
-    pm->last_cold_start_ms = now - r->started_ms;
+    pm->last_cold_start_ms = ms_since(now, r->started_ms);
     pm->m->cold_start_ms = pm->last_cold_start_ms;
     pm->busy_at_ms = now; /* idle_before_sleep_ms counts from here */
     histogram_observe_in(&pm->m->stats.cold_start, cs_hist_bounds,
@@ -903,8 +925,10 @@ static void on_slept(struct control *c, int status, void *ud)
         pm->m->stats.sleep_failures++;
         LOGW("replica did not go to sleep: stopping it instead", "model=%s replica=%s "
              "status=%d", pm->m->name, r->id, status);
-        /* Idle, it would start again at once and take the memory back. */
-        pm->yielded = r->sleep_for_memory;
+        /* Idle, a replacement would start at once, with nothing asking for
+         * it, only to be put to sleep (and fail) again, or to take back the
+         * memory it gave up: the next start waits for demand. */
+        pm->yielded = true;
         r->state = R_ASLEEP; /* replica_stop leaves it from here */
         pm->n_asleep++;
         replica_stop(r, "sleep failed");
@@ -961,7 +985,7 @@ static void on_woken(struct control *c, int status, void *ud)
     r->state = R_READY;
     pm->n_ready++;
     pm->m->stats.wakes++;
-    pm->last_wake_ms = now - r->wake_asked_ms;
+    pm->last_wake_ms = ms_since(now, r->wake_asked_ms);
     histogram_observe(&pm->m->stats.wake, (double)pm->last_wake_ms / 1000.0);
     LOGI("replica awake", "model=%s replica=%s wake_ms=%llu", pm->m->name, r->id,
          (unsigned long long)pm->last_wake_ms);
@@ -1065,14 +1089,20 @@ static void wake_wanted(struct proc_model *pm)
     }
 }
 
+/* Could r be put to sleep now: a ready replica, holding its memory, of an
+ * idle sleep-capable model? */
+static bool sleepable_now(const struct replica *r)
+{
+    return r->state == R_READY && r->pm->sleep.enabled && model_idle(r->pm) && r->memory_held;
+}
+
 /* May r's memory be freed by sleeping it for a replica of model `by`? An
  * idle ready replica of a sleep-capable model of equal or lower priority
  * (waking it again takes seconds, so equal priority may yield too). */
 static bool may_sleep_for(const struct replica *r, const struct model *by)
 {
     const struct proc_model *pm = r->pm;
-    return r->state == R_READY && pm->sleep.enabled && pm->m != by && model_idle(pm) &&
-           pm->m->set.priority >= by->set.priority && r->memory_held;
+    return sleepable_now(r) && pm->m != by && pm->m->set.priority >= by->set.priority;
 }
 
 /* A start (or a wake) of `by` needs need->memory_bytes on one GPU with
@@ -1149,6 +1179,22 @@ static bool sleep_for_memory(struct process_backend *pb, const struct gpu_need *
     return false;
 }
 
+/* Nothing is held for the model any more (its requests timed out or their
+ * clients left): a wake that waited for memory is not wanted now, and the
+ * plan no longer makes room for it. */
+static void forget_wakes(struct proc_model *pm)
+{
+    struct list_node *pos, *tmp;
+    list_for_each_safe(pos, tmp, &pm->replicas)
+    {
+        struct replica *r = container_of(pos, struct replica, node);
+        if (r->state == R_ASLEEP && r->wake_asked_ms) {
+            r->wake_waits = false;
+            r->wake_asked_ms = 0;
+        }
+    }
+}
+
 /* The tick's part: idle sleep-capable replicas doze after
  * idle_before_sleep_ms without requests; asleep ones wake for demand. */
 static void sleep_tick(struct proc_model *pm, uint64_t now)
@@ -1160,8 +1206,9 @@ static void sleep_tick(struct proc_model *pm, uint64_t now)
         wake_wanted(pm);
         return;
     }
+    forget_wakes(pm);
     if (!pm->sleep.enabled || !pm->sleep.idle_before_sleep_ms || pm->n_ready == 0 ||
-        now - pm->busy_at_ms < pm->sleep.idle_before_sleep_ms) {
+        ms_since(now, pm->busy_at_ms) < pm->sleep.idle_before_sleep_ms) {
         return;
     }
     struct list_node *pos, *tmp;
@@ -1204,7 +1251,8 @@ static size_t collect_models(void *ud, uint64_t now_ms, struct scaler_model **sm
         /* Asleep replicas are ones the autoscaler keeps (the idle timeout,
          * not the stable window, stops them): they serve after a wake. */
         pm->sc.ready = pm->n_ready + pm->n_dozing + pm->n_asleep + pm->n_waking;
-        pm->sc.hold_starts = now_ms < pm->backoff_until_ms || (pm->yielded && model_idle(pm));
+        pm->sc.hold_starts = now_ms < pm->backoff_until_ms;
+        pm->sc.demand_starts = pm->yielded && model_idle(pm);
         sms[n++] = &pm->sc;
     }
     return n;
@@ -1225,14 +1273,29 @@ static struct proc_model *proc_model_of(struct scaler_model *sm)
     return container_of(sm, struct proc_model, sc);
 }
 
+/* Why a model's replicas start or stop: an eviction's or preemption's
+ * reason, else the plan's last decision for it but a plain admit. */
+static const char *target_reason(const struct scaler_model *sc)
+{
+    if (sc->released_on_node) {
+        return sc->release_reason;
+    }
+    return sc->last_reason[0] && strcmp(sc->last_action, "admit") ? sc->last_reason
+                                                                  : "autoscaler";
+}
+
 /* Stops first, so the slices they free are there for the starts. */
 static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms)
 {
     for (size_t i = 0; i < n; i++) {
         struct proc_model *pm = proc_model_of(sms[i]);
-        bool denied = pm->sc.target < pm->sc.last.desired && !pm->sc.hold_starts;
+        bool denied = pm->sc.target < pm->sc.last.desired && !pm->sc.hold_starts &&
+                      !pm->sc.demand_starts;
         pm->waiting_for_capacity = denied && (pm->m->queue.count > 0 || pm->poked);
         pm->poked = false;
+        if (pm->sc.last.desired <= replicas_held(pm)) {
+            pm->wait_said = WAIT_NONE; /* nothing more wanted: a later wait is news */
+        }
     }
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < n; i++) {
@@ -1240,21 +1303,76 @@ static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_
             unsigned have = replicas_held(pm);
             unsigned target = pm->sc.target;
             if ((pass == 0 && target < have) || (pass == 1 && target > have)) {
-                apply_target(pm, target,
-                             pm->sc.last_reason[0] && strcmp(pm->sc.last_action, "admit")
-                                 ? pm->sc.last_reason
-                                 : "autoscaler");
+                apply_target(pm, target, target_reason(&pm->sc));
             }
         }
     }
 }
 
 /* GPU memory a replica of pm takes that the plan counts: its declaration on
- * a whole GPU; none for MIG (the profile is the memory) or with sleep mode
- * (sleep frees it when another start needs it: sleep_for_memory). */
+ * a whole GPU; none for MIG (the profile is the memory). A sleep-mode
+ * model's counts too (a newcomer of it needs the memory as any other
+ * does), though not per model: what its awake replicas hold is listed per
+ * GPU (plan_held), as free for a start that may have them put to sleep
+ * (sleep_for_memory), and held, and preempted, for any other. */
 static uint64_t planned_memory(const struct proc_model *pm)
 {
-    return pm->mig_profile || pm->sleep.enabled ? 0 : pm->gpu_memory_bytes;
+    return pm->mig_profile ? 0 : pm->gpu_memory_bytes;
+}
+
+/* Does r hold memory the plan lists as its GPU's `held`: an awake replica
+ * of a sleep-mode model (a dozing one's is on its way)? */
+static bool plan_holds(const struct replica *r)
+{
+    return r->pm->sleep.enabled && r->gpu >= 0 && r->memory_held && r->gpu_memory &&
+           held_state(r->state) && r->state != R_DOZING;
+}
+
+/* Each GPU unit's held memory, with the index in sms of the model holding
+ * it. Out of memory, none is listed (the plan admits as if none were
+ * awake; a start that does not fit still waits in replica_start). */
+static void plan_held(struct process_backend *pb, struct scaler_model **sms, size_t n)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct proc_model *pm = container_of(sms[i], struct proc_model, sc);
+        struct list_node *pos, *tmp;
+        list_for_each_safe(pos, tmp, &pm->replicas)
+        {
+            total += plan_holds(container_of(pos, struct replica, node));
+        }
+    }
+    if (total > pb->cap_held) {
+        struct wp_held *held = realloc(pb->plan_held, total * sizeof *held);
+        pb->plan_held = held ? held : pb->plan_held;
+        size_t *whose = realloc(pb->plan_held_model, total * sizeof *whose);
+        pb->plan_held_model = whose ? whose : pb->plan_held_model;
+        if (!held || !whose) {
+            return;
+        }
+        pb->cap_held = total;
+    }
+    size_t at = 0;
+    for (size_t g = 0; g < pb->n_gpus && total; g++) {
+        struct wp_node *node = &pb->plan_nodes[g];
+        node->held = pb->plan_held + at;
+        node->held_model = pb->plan_held_model + at;
+        for (size_t i = 0; i < n; i++) {
+            struct proc_model *pm = container_of(sms[i], struct proc_model, sc);
+            struct list_node *pos, *tmp;
+            list_for_each_safe(pos, tmp, &pm->replicas)
+            {
+                const struct replica *r = container_of(pos, struct replica, node);
+                if (r->gpu == (int)g && plan_holds(r)) {
+                    pb->plan_held[at] = (struct wp_held){.memory = r->gpu_memory,
+                                                         .tier = pm->m->set.priority,
+                                                         .sleepable = sleepable_now(r)};
+                    pb->plan_held_model[at++] = i;
+                    node->n_held++;
+                }
+            }
+        }
+    }
 }
 
 /* The warm pool plans on GPU units as its nodes: each whole GPU (its slices
@@ -1324,20 +1442,25 @@ static bool plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_
             sms[i]->req[0] = pm->gpu_slices;
         }
         sms[i]->gpu_memory = planned_memory(pm);
+        sms[i]->memory_sleeps = pm->sleep.enabled;
         sms[i]->eligible = NULL;
         /* Where its replicas run; one without a GPU (a model that needs
-         * none) counts on the first unit, where it takes nothing. */
+         * none) counts on the first unit, where it takes nothing. An
+         * asleep one whose wake waits for memory is placed nowhere yet: the
+         * plan makes room for it as for a start (a higher tier's wake
+         * preempts a lower tier's replica holding its memory). */
         memset(pm->plan_on_gpu, 0, pb->n_gpus * sizeof(unsigned));
         struct list_node *pos, *tmp;
         list_for_each_safe(pos, tmp, &pm->replicas)
         {
             const struct replica *r = container_of(pos, struct replica, node);
-            if (held_state(r->state)) {
+            if (held_state(r->state) && !r->wake_waits) {
                 pm->plan_on_gpu[r->gpu >= 0 ? (size_t)r->gpu : 0]++;
             }
         }
         sms[i]->on_node = pm->plan_on_gpu;
     }
+    plan_held(pb, sms, n);
     c->n_res = n_res;
     c->nodes = pb->plan_nodes;
     c->n_nodes = pb->n_gpus;
@@ -1372,7 +1495,9 @@ static void reconcile_all(struct process_backend *pb)
         list_for_each_safe(rp, rt, &pm->replicas)
         {
             struct replica *r = container_of(rp, struct replica, node);
-            if (r->state == R_STARTING && now - r->started_ms >= pm->startup_timeout_ms) {
+            /* A replica the sleep tick started is younger than `now`. */
+            if (r->state == R_STARTING &&
+                ms_since(now, r->started_ms) >= pm->startup_timeout_ms) {
                 char why[96];
                 snprintf(why, sizeof why, "not ready within startup_timeout_ms=%llu",
                          (unsigned long long)pm->startup_timeout_ms);
@@ -1465,6 +1590,22 @@ static struct replica *find_pid(struct process_backend *pb, pid_t pid)
     return r ? r : find_pid_in(&pb->retired, pid);
 }
 
+/* A crash loop (ready, then gone within CRASH_LOOP_MS having finished no
+ * request, again and again, awake or asleep) backs off as failed starts
+ * do, not restarted at once. One that served (killed by the OOM killer
+ * under load, say) resets the count. Returns the back-off (0: none). */
+static uint64_t crash_backoff(struct proc_model *pm, const struct replica *r, uint64_t now)
+{
+    bool served = pm->m->stats.proxied > r->proxied_at_ready;
+    if (ms_since(now, r->ready_ms) >= CRASH_LOOP_MS || served) {
+        pm->quick_crashes = 0;
+        return 0;
+    }
+    uint64_t backoff = procplan_restart_backoff_ms(++pm->quick_crashes);
+    pm->backoff_until_ms = now + backoff;
+    return backoff;
+}
+
 static void describe_exit(int status, char *out, size_t len)
 {
     if (WIFEXITED(status)) {
@@ -1501,21 +1642,11 @@ static void reaped(struct process_backend *pb, pid_t pid, int status)
     case R_READY: {
         pm->n_ready--;
         pm->crashes++;
-        /* A crash loop (ready, then gone within CRASH_LOOP_MS having
-         * finished no request, again and again) backs off as failed starts
-         * do, not restarted at once. One that served (killed by the OOM
-         * killer under load, say) is replaced at once. */
-        uint64_t now = clock_now_ms(), backoff = 0;
-        bool served = pm->m->stats.proxied > r->proxied_at_ready;
-        if (now - r->ready_ms < CRASH_LOOP_MS && !served) {
-            backoff = procplan_restart_backoff_ms(++pm->quick_crashes);
-            pm->backoff_until_ms = now + backoff;
-        } else {
-            pm->quick_crashes = 0;
-        }
+        uint64_t now = clock_now_ms(), backoff = crash_backoff(pm, r, now);
         LOGW("replica crashed while serving",
              "model=%s replica=%s how=\"%s\" ready_for_ms=%llu restart_in_ms=%llu", pm->m->name,
-             r->id, how, (unsigned long long)(now - r->ready_ms), (unsigned long long)backoff);
+             r->id, how, (unsigned long long)ms_since(now, r->ready_ms),
+             (unsigned long long)backoff);
         log_last_lines(r);
         fleet_replica_gone(pm->m->fleet, pm->m, r->id, how);
         replica_free(r);
@@ -1534,14 +1665,20 @@ static void reaped(struct process_backend *pb, pid_t pid, int status)
         break;
     case R_DOZING:
     case R_ASLEEP:
-    case R_WAKING:
+    case R_WAKING: {
         pm->crashes++;
-        LOGW("replica exited in sleep mode", "model=%s replica=%s how=\"%s\"", pm->m->name,
-             r->id, how);
+        /* Nothing asked for it (a wake's held requests are demand): a
+         * replacement would load only to sleep, and maybe die, again. */
+        pm->yielded = true;
+        uint64_t now = clock_now_ms(), backoff = crash_backoff(pm, r, now);
+        LOGW("replica exited in sleep mode", "model=%s replica=%s how=\"%s\" "
+             "ready_for_ms=%llu restart_in_ms=%llu", pm->m->name, r->id, how,
+             (unsigned long long)ms_since(now, r->ready_ms), (unsigned long long)backoff);
         log_last_lines(r);
         sleep_state_leave(r);
         replica_free(r);
         break;
+    }
     }
 }
 
@@ -1845,7 +1982,7 @@ static void process_describe(struct backend *b, struct model *m, cJSON *out)
         cJSON_AddNumberToObject(out, "retry_in_ms", (double)(pm->backoff_until_ms - now));
     }
     if (pm->idle_since_ms && pm->n_ready) {
-        cJSON_AddNumberToObject(out, "idle_ms", (double)(now - pm->idle_since_ms));
+        cJSON_AddNumberToObject(out, "idle_ms", (double)ms_since(now, pm->idle_since_ms));
     }
     scaler_describe(&pm->sc, out);
     cJSON *procs = cJSON_AddArrayToObject(out, "processes");
@@ -1861,7 +1998,7 @@ static void process_describe(struct backend *b, struct model *m, cJSON *out)
         if (r->gpu >= 0) {
             cJSON_AddNumberToObject(j, "gpu", r->pm->pb->gpus[r->gpu].id);
         }
-        cJSON_AddNumberToObject(j, "age_ms", (double)(now - r->started_ms));
+        cJSON_AddNumberToObject(j, "age_ms", (double)ms_since(now, r->started_ms));
         cJSON_AddItemToArray(procs, j);
     }
 }
@@ -1996,6 +2133,8 @@ static void process_free(struct backend *b)
     free(pb->gpu_profile);
     free(pb->plan_nodes);
     free(pb->plan_names);
+    free(pb->plan_held);
+    free(pb->plan_held_model);
     free(pb->gpus);
     free(pb->sharing);
     free(pb);
@@ -2167,6 +2306,17 @@ done:
     return rc;
 }
 
+/* Whether m's slices alone fit one whole GPU thaw runs with. */
+static bool slices_fit(const struct process_backend *pb, const struct config_model *m)
+{
+    for (size_t g = 0; g < pb->n_gpus; g++) {
+        if (config_gpu_unit_takes(m, pb->gpus[g].profile, pb->gpus[g].slices, 0)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Every model's GPU needs against the GPUs this backend runs with
  * (discovered, or declared at start: a change to "gpus" needs a restart).
  * A model that fits on none would wait for capacity forever. */
@@ -2192,12 +2342,20 @@ static int process_check_config(struct backend *b, const struct config *cfg, cha
                          "%s:%d: %smig_profile: no MIG instance of profile \"%s\" among the %zu "
                          "GPU units thaw runs with (a change to \"gpus\" needs a restart)",
                          cfg->path, m->line, prefix, m->mig_profile, pb->n_gpus);
+            } else if (slices_fit(pb, m)) {
+                /* The slices fit a GPU: the memory is what does not. */
+                snprintf(err, errlen,
+                         "%s:%d: %sgpu_memory_bytes: %llu bytes with %llu slices fit on none of "
+                         "the %zu GPU units thaw runs with (a change to \"gpus\" needs a "
+                         "restart)",
+                         cfg->path, m->line, prefix, (unsigned long long)m->gpu_memory_bytes,
+                         (unsigned long long)m->gpu_slices, pb->n_gpus);
             } else {
                 snprintf(err, errlen,
-                         "%s:%d: %sgpu_slices: %llu slices%s fit on none of the %zu GPU units "
+                         "%s:%d: %sgpu_slices: %llu slices fit on none of the %zu GPU units "
                          "thaw runs with (a change to \"gpus\" needs a restart)",
                          cfg->path, m->line, prefix, (unsigned long long)m->gpu_slices,
-                         m->gpu_memory_bytes ? " with their gpu_memory_bytes" : "", pb->n_gpus);
+                         pb->n_gpus);
             }
             return -EINVAL;
         }

@@ -159,9 +159,12 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
         }
         sm->served_seen = served;
         as_decide(&sm->ass, &sm->asc, now_ms, sm->ready, sm->current, &sm->last);
-        unsigned desired = sm->last.desired;
-        if (sm->hold_starts && desired > sm->current) {
+        unsigned desired = sm->last.desired, min = sm->min_replicas;
+        if ((sm->hold_starts || sm->demand_starts) && desired > sm->current) {
             desired = sm->current;
+        }
+        if (sm->hold_starts && min > sm->current) {
+            min = sm->current; /* a back-off holds min_replicas' starts too */
         }
         struct model *m = sm->m;
         double cold_s = (double)m->cold_start_ms / 1000.0;
@@ -171,7 +174,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
             .slices = sm->slices,
             .current = sm->current,
             .desired = desired,
-            .min_replicas = sm->min_replicas,
+            .min_replicas = min,
             .idle = m->inflight == 0 && m->queue.count == 0,
             .waited_ms = m->queue.count ? queue_oldest_age(&m->queue, now_ms) : 0,
             .value = sm->rate * (cold_s > 0 ? cold_s : 1),
@@ -249,6 +252,7 @@ void scaler_plan(struct scaler_model **sms, size_t n, struct wp_cluster *c, unsi
          * logged) when it differs from the model's last one. */
         if (d->action == WP_EVICT || d->action == WP_PREEMPT) {
             sm->released_on_node = true;
+            snprintf(sm->release_reason, sizeof sm->release_reason, "%s", why);
         }
         bool changed = strcmp(sm->last_action, wp_action_name(d->action)) != 0 ||
                        strcmp(sm->last_reason, why) != 0;

@@ -66,6 +66,7 @@ struct step {
     size_t *idx;       /* service order */
     unsigned *pending; /* per model: replicas in target not placed on a node */
     unsigned *gone;    /* per model: replicas a room plan releases on its node */
+    unsigned *skipped; /* per model: scratch of memory_room (held entries released) */
     struct wp_cluster *c;
     struct wp_plan *out;
     unsigned used_slices, warm_used;
@@ -199,6 +200,39 @@ static bool counts_memory(const struct wp_model *m)
     return m->gpu_memory && !m->memory_sleeps;
 }
 
+/* The model whose replica holds held entry h of node nd, if said. */
+static size_t held_model(const struct wp_node *nd, size_t h)
+{
+    return nd->held_model ? nd->held_model[h] : WP_NO_MODEL;
+}
+
+/* Whether held entry h, which counts against x, goes with the replicas a
+ * room plan releases: the first gone[model] such entries of its model on
+ * the node (skipped counts them; a preempted busy sleep-mode replica frees
+ * its memory when it stops). */
+static bool released(const struct step *s, const struct wp_node *nd, size_t h,
+                     const struct freed *freed)
+{
+    size_t i = held_model(nd, h);
+    if (i >= s->n || !freed || !freed->any_gone || s->skipped[i] >= s->gone[i]) {
+        return false;
+    }
+    s->skipped[i]++;
+    return true;
+}
+
+/* Whether v (model vi) holds memory on node k that counts against x and
+ * that the room plan has not released yet. */
+static bool holds_for(const struct step *s, size_t vi, size_t k, const struct wp_model *x)
+{
+    const struct wp_node *nd = &s->c->nodes[k];
+    unsigned n = 0;
+    for (size_t h = 0; h < nd->n_held; h++) {
+        n += held_model(nd, h) == vi && held_for(s, &nd->held[h], x);
+    }
+    return n > s->gone[vi];
+}
+
 /* Replicas of model i on node k whose memory counts there: a model's that
  * sleep mode does not free, less those a room plan releases (gone); of a
  * sleep-mode model, those this plan places (its pods are the node's held). */
@@ -247,8 +281,11 @@ static bool memory_room(const struct step *s, const struct wp_model *x, size_t k
             items[n++] = s->m[i].gpu_memory;
         }
     }
+    if (freed && freed->any_gone) {
+        memset(s->skipped, 0, s->n * sizeof *s->skipped);
+    }
     for (size_t h = 0; h < nd->n_held; h++) {
-        if (held_for(s, &nd->held[h], x)) {
+        if (held_for(s, &nd->held[h], x) && !released(s, nd, h, freed)) {
             items[n++] = nd->held[h].memory;
         }
     }
@@ -359,7 +396,8 @@ static bool helps(const struct step *s, const struct wp_model *v, const struct w
             return true;
         }
     }
-    return counts_memory(v) && !memory_room(s, x, k, freed);
+    bool holds = counts_memory(v) || holds_for(s, (size_t)(v - s->m), k, x);
+    return holds && !memory_room(s, x, k, freed);
 }
 
 /* v's replicas (on_node of them on the node, drop off its target) are
@@ -669,6 +707,15 @@ static void prewarm_from_zero(struct step *s, size_t xi, unsigned warm_budget)
     record(s->out, xi, WP_PREWARM, 1, xi, k);
 }
 
+static void step_free(struct step *s)
+{
+    free(s->idx);
+    free(s->pending);
+    free(s->gone);
+    free(s->skipped);
+    free(s->base);
+}
+
 static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned warm_budget,
                  struct wp_plan *out)
 {
@@ -677,20 +724,19 @@ static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned wa
                      malloc((n ? n : 1) * sizeof(size_t)),
                      calloc(n ? n : 1, sizeof(unsigned)),
                      calloc(n ? n : 1, sizeof(unsigned)),
+                     calloc(n ? n : 1, sizeof(unsigned)),
                      c,
                      out,
                      0,
                      0,
                      c->n_nodes ? calloc(n * c->n_nodes + 1, sizeof(unsigned)) : NULL,
                      false};
-    if (!s.idx || !s.pending || !s.gone || (c->n_nodes && !s.base) || order(m, n, s.idx)) {
+    if (!s.idx || !s.pending || !s.gone || !s.skipped || (c->n_nodes && !s.base) ||
+        order(m, n, s.idx)) {
         for (size_t i = 0; i < n; i++) {
             m[i].target = m[i].current; /* no plan: change nothing */
         }
-        free(s.idx);
-        free(s.pending);
-        free(s.gone);
-        free(s.base);
+        step_free(&s);
         return;
     }
     for (size_t i = 0; i < n && s.base; i++) {
@@ -719,10 +765,7 @@ static void plan(struct wp_model *m, size_t n, struct wp_cluster *c, unsigned wa
     }
     out->used_slices = s.used_slices;
     out->warm_slices = s.warm_used;
-    free(s.idx);
-    free(s.pending);
-    free(s.gone);
-    free(s.base);
+    step_free(&s);
 }
 
 static void plan_init(struct wp_plan *out, unsigned warm_budget)

@@ -4,6 +4,7 @@ memory limit, memory-bound packing, and discovery from nvidia-smi -L.
 Model processes are thaw-model-sim; what a replica was given is read back
 from its environment (/proc/PID/environ)."""
 
+import json
 import os
 import stat
 import threading
@@ -11,8 +12,9 @@ import time
 
 import pytest
 
+import httpc
 from conftest import wait_for
-from test_process import complete, environ_of, model_status, sim_model
+from test_process import complete, environ_of, model_status, pid_alive, sim_model
 
 GB = 1000000000
 MIG_A = "MIG-4c5f0a12-aaaa-5b6c-8d9e-222222222222"
@@ -141,6 +143,77 @@ def test_an_idle_warm_replica_gives_way_to_live_demand_of_its_own_tier(thaw_fact
     assert model_status(t, "a")["pool"].get("last_decision") == "evict"
 
 
+def complete_within(t, name, timeout):
+    """A completion that gives up after timeout seconds (socket.timeout)."""
+    return httpc.request(t.host, t.port, "POST", "/v1/completions",
+                         {"Content-Type": "application/json"},
+                         json.dumps({"model": name, "prompt": "hi"}).encode(), timeout=timeout)
+
+
+def test_a_critical_sleep_mode_model_preempts_an_idle_batch_replica(thaw_factory):
+    """Critical work never waits behind batch work for a GPU, sleep mode or
+    not: critical c (sleep mode) needs the memory idle batch b (no sleep
+    mode, within its 60 s idle timeout) holds, and b is preempted at once.
+    Before, a sleep-mode model's memory was left out of the warm pool's plan:
+    nothing was freed for c, which waited for b's idle timeout."""
+    b = sim_model("b", load_ms=50, gpu_slices=1, gpu_memory_bytes=6 * GB, priority="batch")
+    c = sim_model("c", load_ms=50, gpu_slices=1, gpu_memory_bytes=6 * GB, priority="critical")
+    c["sleep"] = {"enabled": True}
+    t = thaw_factory({"gpus": [{"id": 0, "slices": 2, "memory_bytes": 10 * GB}],
+                      "autoscaler": {"tick_ms": 200}, "models": [b, c]})
+    assert complete(t, "b").status == 200
+    b_pid = processes(t, "b")[0]["pid"]
+    start = time.monotonic()
+    r = complete_within(t, "c", 10)
+    assert r.status == 200, r.body
+    assert time.monotonic() - start < 5
+    assert t.metric("thaw_pool_decisions_total", model="b", action="preempt") == 1
+    wait_for(lambda: not pid_alive(b_pid), timeout=5, what="b stopped")
+    assert t.status()["gpus"][0]["memory_used"] == 6 * GB
+    t.assert_reconciled()
+
+
+def test_a_busy_batch_sleep_mode_replica_is_preempted_for_critical(thaw_factory):
+    """Batch b (sleep mode) is kept busy by two streams of 1 s batch
+    requests and holds the memory critical c needs. c is served in seconds:
+    b's replica is preempted (out of routing, its requests in flight
+    finish, then it stops), as any lower tier's is; b's later requests wait
+    and are served once c has gone idle (1 s). Before, only an idle
+    sleep-mode replica gave up its memory (put to sleep): c waited as long
+    as the batch stream lasted."""
+    b = sim_model("b", load_ms=50, tokens=10, token_ms=100, gpu_slices=1,
+                  gpu_memory_bytes=6 * GB, priority="batch")
+    b["sleep"] = {"enabled": True}
+    c = sim_model("c", load_ms=50, gpu_slices=1, gpu_memory_bytes=6 * GB, priority="critical",
+                  idle_timeout_ms=1000)
+    t = thaw_factory({"gpus": [{"id": 0, "slices": 2, "memory_bytes": 10 * GB}],
+                      "autoscaler": {"tick_ms": 200}, "models": [b, c]})
+    stop = threading.Event()
+    batch = []
+
+    def stream():
+        while not stop.is_set():
+            batch.append(complete(t, "b").status)
+    streams = [threading.Thread(target=stream) for _ in range(2)]
+    try:
+        for th in streams:
+            th.start()
+        wait_for(lambda: t.metric("thaw_upstream_inflight", model="b") == 2, timeout=10,
+                 what="b busy")
+        start = time.monotonic()
+        r = complete_within(t, "c", 12)
+        took = time.monotonic() - start
+    finally:
+        stop.set()
+        for th in streams:
+            th.join(60)
+    assert r.status == 200, r.body
+    assert took < 6, took
+    assert t.metric("thaw_pool_decisions_total", model="b", action="preempt") == 1
+    assert batch and set(batch) == {200}  # b's requests were drained or waited, none lost
+    t.assert_reconciled()
+
+
 @pytest.mark.parametrize("gpus,model,error", [
     ('[{"id": 0, "mig": "GPU-1234", "profile": "1g.5gb"}]', '"gpu_slices": 1',
      'gpus[0]: "mig" must be a MIG device UUID'),
@@ -229,6 +302,22 @@ def test_a_reload_is_checked_against_the_gpus_thaw_runs_with(thaw_factory, fake_
                                  sim_model("huge", load_ms=50, mig_profile="7g.40gb")]})
     hup(t2, "failure")
     assert 'no MIG instance of profile "7g.40gb"' in t2.status()["config"]["last_error"]
+
+
+def test_a_reload_refused_for_gpu_memory_names_that_key(thaw_factory):
+    """The running GPU has the slices but not the memory a reload asks for
+    (the file's new GPU would have it, but "gpus" needs a restart): the
+    refusal names gpu_memory_bytes, not gpu_slices."""
+    from test_reload import hup, write_config
+    t = thaw_factory({"gpus": [{"id": 0, "slices": 4, "memory_bytes": 16 * GB}],
+                      "models": [sim_model("a", load_ms=50, gpu_slices=1,
+                                           gpu_memory_bytes=8 * GB)]})
+    write_config(t, {"gpus": [{"id": 0, "slices": 4, "memory_bytes": 32 * GB}],
+                     "models": [sim_model("a", load_ms=50, gpu_slices=1,
+                                          gpu_memory_bytes=20 * GB)]})
+    hup(t, "failure")
+    err = t.status()["config"]["last_error"]
+    assert "models[0].gpu_memory_bytes: 20000000000 bytes with 1 slices fit on none" in err, err
 
 
 def test_a_reload_adding_the_first_process_model_is_checked_too(thaw_factory, upstream):

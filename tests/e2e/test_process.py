@@ -151,6 +151,19 @@ def test_failed_start_answers_held_requests_503_and_backs_off(thaw_factory):
     t.assert_reconciled()
 
 
+def test_min_replicas_starts_back_off_too(thaw_factory):
+    """A min_replicas model whose server cannot start: its starts back off
+    1 s, 2 s, 4 s as a request's would. Before, min_replicas asked for one
+    again at once: thousands of starts a second."""
+    t = thaw_factory({"autoscaler": {"tick_ms": 200},
+                      "models": [sim_model(load_ms=50, min_replicas=1,
+                                           extra=("--fail-start",))]})
+    time.sleep(3.5)  # starts at 0, ~1 s and ~3 s
+    st = model_status(t)
+    assert 2 <= st["starts"] <= 3 and st["start_failures"] >= 2, st["starts"]
+    assert "retry_in_ms=2000" in t.logs()
+
+
 def test_startup_timeout_answers_503_and_kills_the_process(thaw_factory):
     t = thaw_factory({"models": [sim_model(load_ms=30000, startup_timeout_ms=300)]})
     start = time.monotonic()

@@ -441,3 +441,71 @@ def test_file_and_command_values_in_log_lines_are_quoted(thaw_factory, upstream,
     command_q = "command=" + logfmt_quoted(str(smi))
     assert any('msg="GPU discovery command failed"' in line and command_q in line
                for line in lines)
+
+
+MIG_SMALL = "MIG-4c5f0a12-aaaa-5b6c-8d9e-222222222222"
+MIG_BIG = "MIG-1f2e3d4c-cccc-5b6a-8978-444444444444"
+
+
+def last_reload_line(t):
+    return [line for line in t.logs().splitlines() if "configuration reloaded" in line][-1]
+
+
+def test_a_reload_of_gpu_memory_bytes_replaces_the_process(thaw_factory):
+    """A new gpu_memory_bytes is a new process definition (its MPS memory
+    limit and its share of the GPU's memory): the replica is replaced.
+    Before, the reload counted the model as unchanged and the running
+    replica kept the old limit and accounting."""
+    from test_process import environ_of
+    gb = 1 << 30
+    gpus = [{"id": 0, "slices": 2, "sharing": "mps", "memory_bytes": 8 * gb}]
+
+    def cfg(mem):
+        return {"gpus": gpus, "models": [sim_model(load_ms=50, gpu_slices=1,
+                                                   gpu_memory_bytes=mem)]}
+    t = thaw_factory(cfg(1 * gb))
+    assert complete(t).status == 200
+    old_pid = model_status(t)["processes"][0]["pid"]
+    write_config(t, cfg(4 * gb))
+    hup(t)
+    assert "changed=1 unchanged=0" in last_reload_line(t)
+    wait_for(lambda: not pid_alive(old_pid), timeout=10 * SLOW, what="old process stopped")
+    assert complete(t).status == 200
+    new = wait_for(lambda: [p for p in model_status(t)["processes"] if p["pid"] != old_pid
+                            and p["state"] == "ready"], timeout=5 * SLOW, what="a new replica")
+    assert environ_of(new[0]["pid"])["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    wait_for(lambda: t.status()["gpus"][0]["memory_used"] == 4 * gb, timeout=5 * SLOW,
+             what="the new memory accounted")
+
+
+@pytest.mark.parametrize("key,before,after", [
+    ("stop_drain_ms", 30000, 0),
+    ("prewarm", "off", "shadow"),
+    ("mig_profile", "1g.5gb", "3g.20gb"),
+])
+def test_every_process_key_a_reload_changes_is_applied(thaw_factory, key, before, after):
+    """Each key the process backend reads counts as a change on reload
+    (before, stop_drain_ms, prewarm and mig_profile were compared by
+    nothing: the reload was "unchanged" and the running values stayed)."""
+    from test_process import environ_of
+    gpus = [{"id": 0, "mig": MIG_SMALL, "profile": "1g.5gb"},
+            {"id": 0, "mig": MIG_BIG, "profile": "3g.20gb"}]
+    base = {"load_ms": 50, "mig_profile": "1g.5gb"}
+
+    def cfg(value):
+        return {"gpus": gpus, "models": [sim_model(**{**base, key: value})]}
+    t = thaw_factory(cfg(before))
+    assert complete(t).status == 200
+    write_config(t, cfg(after))
+    hup(t)
+    assert "changed=1 unchanged=0" in last_reload_line(t), last_reload_line(t)
+    assert "replicas=1" in [line for line in t.logs().splitlines()
+                            if "model changed by reload" in line][-1]
+    if key == "prewarm":
+        wait_for(lambda: model_status(t)["autoscaler"].get("forecast", {}).get("mode")
+                 == "shadow", timeout=5 * SLOW, what="the forecast in shadow mode")
+    if key == "mig_profile":
+        assert complete(t).status == 200
+        wait_for(lambda: [p for p in model_status(t)["processes"] if p["state"] == "ready"
+                          and environ_of(p["pid"])["CUDA_VISIBLE_DEVICES"] == MIG_BIG],
+                 timeout=5 * SLOW, what="a replica on the 3g.20gb instance")

@@ -18,7 +18,7 @@ import httpc
 
 from conftest import wait_for
 from test_process import SIM, SLOW, complete, model_status, pid_alive, sim_model
-from test_upstream_faults import counterpart_model
+from test_upstream_faults import COUNTERPARTS, PY, counterpart_model
 
 GB = 1 << 30
 
@@ -244,3 +244,163 @@ def test_asleep_replica_is_kept_past_the_stable_window(thaw_factory):
     assert model_status(t)["state"] == "sleeping" and pid_alive(pid)
     r, took = timed_complete(t)
     assert r.status == 200 and sleep_events(t, "llama", "wake") == 1
+
+
+def complete_within(t, name, timeout):
+    """A completion that gives up after timeout seconds (socket.timeout)."""
+    return httpc.request(t.host, t.port, "POST", "/v1/completions",
+                         {"Content-Type": "application/json"},
+                         json.dumps({"model": name, "prompt": "hi"}).encode(), timeout=timeout)
+
+
+def gpu_of(t, name):
+    return model_status(t, name)["processes"][0]["gpu"]
+
+
+def test_a_cold_start_replacing_a_wake_is_not_timed_out_at_once(thaw_factory):
+    """s is asleep on one GPU, whose memory critical o has taken since (o
+    cannot be put to sleep for s); p holds the other GPU. A request for s
+    waits to wake; when p stops (its idle timeout), the planning tick stops
+    s for a cold start on p's GPU. That start came after the tick had read
+    its clock: the replica's age underflowed and it was killed in the same
+    millisecond as "not ready within startup_timeout_ms" (503 start_failed).
+    A large environment makes each start take more than a millisecond, so
+    the clock always moves on in between."""
+    pad = {f"PAD{i}": "x" * 100000 for i in range(8)}
+    s = sleepy("s", load_ms=200, idle_before_sleep_ms=200, gpu_memory_bytes=7 * GB, env=pad)
+    o = sim_model("o", load_ms=50, gpu_slices=1, gpu_memory_bytes=7 * GB, priority="critical")
+    p = sim_model("p", load_ms=50, gpu_slices=1, gpu_memory_bytes=7 * GB, priority="critical",
+                  idle_timeout_ms=1500)
+    t = thaw_factory({"gpus": [{"id": 0, "slices": 2, "memory_bytes": 10 * GB},
+                               {"id": 1, "slices": 2, "memory_bytes": 10 * GB}],
+                      "autoscaler": {"tick_ms": 200}, "models": [s, o, p]})
+    assert complete(t, "s").status == 200
+    wait_for(lambda: model_status(t, "s")["state"] == "sleeping", timeout=5, what="s asleep")
+    assert complete(t, "o").status == 200 and complete(t, "p").status == 200
+    assert gpu_of(t, "o") == gpu_of(t, "s") != gpu_of(t, "p")
+    r = complete_within(t, "s", 15)
+    assert r.status == 200, r.body
+    assert gpu_of(t, "s") != gpu_of(t, "o")  # a cold start where p was
+    assert "startup_timeout_ms" not in t.logs()
+    st = model_status(t, "s")
+    assert st["starts"] == 2 and st["start_failures"] == 0
+    t.assert_reconciled()
+
+
+def vllm_like(tmp_path, name, ctl, load_ms=200, idle_before_sleep_ms=200, **kw):
+    """A process model run by the counterpart vllm_sleep_server.py, its
+    faults set by the control file ctl; its events are in tmp_path/rec."""
+    ctl_file = tmp_path / f"{name}.ctl.json"
+    ctl_file.write_text(json.dumps(ctl))
+    m = {"name": name,
+         "command": [PY, str(COUNTERPARTS / "vllm_sleep_server.py"), "--port", "{port}",
+                     "--name", name, "--rec", str(tmp_path / "rec"), "--load-ms", str(load_ms),
+                     "--ctl", str(ctl_file)],
+         "gpu_slices": 1, "gpu_memory_bytes": 6 * GB, "idle_timeout_ms": 60000,
+         "startup_timeout_ms": 20000 * SLOW, "stop_grace_ms": 2000,
+         "sleep": {"enabled": True, "idle_before_sleep_ms": idle_before_sleep_ms}}
+    m.update(kw)
+    return m
+
+
+def server_events(tmp_path, event):
+    out = []
+    for f in (tmp_path / "rec").glob("*.jsonl"):
+        out += [e for e in map(json.loads, f.read_text().splitlines()) if e["ev"] == event]
+    return out
+
+
+ONE_GPU = [{"id": 0, "slices": 2, "memory_bytes": 10 * GB}]
+
+
+def test_a_sleep_that_times_out_is_not_replaced_while_idle(thaw_factory):
+    """A /sleep that does not answer within sleep.timeout_ms stops the idle
+    replica; nothing asks for the model, so nothing starts. Before, a new
+    replica started at once, was put to sleep, timed out, and so on (a cold
+    start every second or so with no request). The next request starts one."""
+    m = sleepy(load_ms=100, idle_before_sleep_ms=200, extra=("--sleep-ms", "3000"))
+    m["sleep"]["timeout_ms"] = 500
+    t = thaw_factory({"gpus": ONE_GPU, "autoscaler": {"tick_ms": 200},
+                      "models": [m]})
+    assert complete(t).status == 200
+    wait_for(lambda: sleep_events(t, "llama", "sleep_failed") == 1, timeout=5,
+             what="the /sleep timed out")
+    wait_for(lambda: model_status(t)["state"] == "scaled_to_zero", timeout=5, what="stopped")
+    time.sleep(3)
+    st = model_status(t)
+    assert st["starts"] == 1 and sleep_events(t, "llama", "sleep_failed") == 1
+    assert "waiting for GPU capacity" not in t.logs()
+    assert complete(t).status == 200
+    assert model_status(t)["starts"] == 2
+    t.assert_reconciled()
+
+
+def test_a_replica_that_dies_asleep_is_replaced_only_on_demand(thaw_factory, tmp_path):
+    """The counterpart exits 200 ms after falling asleep. With nothing asking
+    for the model, no replacement starts (before: one at once, which slept
+    and died in turn, ten starts in ten seconds); a request starts one."""
+    t = thaw_factory({"gpus": ONE_GPU, "autoscaler": {"tick_ms": 200},
+                      "models": [vllm_like(tmp_path, "a", {"die_asleep_ms": 200})]})
+    assert complete(t, "a").status == 200
+    wait_for(lambda: server_events(tmp_path, "die_asleep"), timeout=5, what="died asleep")
+    time.sleep(3)
+    assert len(server_events(tmp_path, "start")) == 1
+    assert model_status(t, "a")["crashes"] == 1
+    assert complete(t, "a").status == 200
+    assert len(server_events(tmp_path, "start")) == 2
+    t.assert_reconciled()
+
+
+def test_replicas_dying_asleep_back_off_as_a_crash_loop(thaw_factory, tmp_path):
+    """min_replicas 1 asks for a replica that never serves: each dies 200 ms
+    after falling asleep, within 10 s of becoming ready having finished no
+    request, a crash loop, so the next starts after 1 s, then 2 s, 4 s ...
+    (before: at once, every second)."""
+    t = thaw_factory({"gpus": ONE_GPU, "autoscaler": {"tick_ms": 200},
+                      "models": [vllm_like(tmp_path, "a", {"die_asleep_ms": 200},
+                                           min_replicas=1)]})
+    time.sleep(5)  # about 0.8 s from a start to its death: starts at 0, ~2 s and ~5 s
+    starts = len(server_events(tmp_path, "start"))
+    assert 2 <= starts <= 3, starts
+    lines = [line for line in t.logs().splitlines() if "replica exited in sleep mode" in line]
+    assert "restart_in_ms=1000" in lines[0] and "restart_in_ms=2000" in lines[1], lines
+
+
+def test_a_start_waiting_for_memory_is_logged_once(thaw_factory):
+    """A start that the plan admits but whose memory a draining replica still
+    holds is tried at every planning step; its wait is logged when it begins,
+    not at each step (before: an info line every 200 ms)."""
+    b = sim_model("b", load_ms=50, tokens=10, token_ms=150, gpu_slices=1,
+                  gpu_memory_bytes=6 * GB, priority="batch")
+    c = sim_model("c", load_ms=50, gpu_slices=1, gpu_memory_bytes=6 * GB, priority="critical")
+    t = thaw_factory({"gpus": ONE_GPU, "autoscaler": {"tick_ms": 200}, "models": [b, c]})
+    out = {}
+    th = threading.Thread(target=lambda: out.update(r=complete(t, "b")))
+    th.start()
+    wait_for(lambda: t.metric("thaw_upstream_inflight", model="b") == 1, what="b busy")
+    r = complete(t, "c")  # b is preempted and drains its request (1.5 s) first
+    th.join(30)
+    assert r.status == 200 and out["r"].status == 200
+    waits = [line for line in t.logs().splitlines()
+             if "waiting for GPU capacity" in line and "model=c" in line]
+    assert len(waits) == 1, waits
+    t.assert_reconciled()
+
+
+def test_a_critical_wake_preempts_the_batch_replica_holding_its_memory(thaw_factory):
+    """Critical c fell asleep and batch b took the memory it freed. A request
+    for c wakes it: b, of a lower tier and without sleep mode, is preempted
+    so that c wakes into its memory (a wake, not a cold start) instead of
+    waiting for b's idle timeout (60 s)."""
+    c = sleepy("c", load_ms=100, idle_before_sleep_ms=200, gpu_memory_bytes=6 * GB,
+               priority="critical")
+    b = sim_model("b", load_ms=50, gpu_slices=1, gpu_memory_bytes=6 * GB, priority="batch")
+    t = thaw_factory({"gpus": ONE_GPU, "autoscaler": {"tick_ms": 200}, "models": [c, b]})
+    assert complete(t, "c").status == 200
+    wait_for(lambda: model_status(t, "c")["state"] == "sleeping", timeout=5, what="c asleep")
+    assert complete(t, "b").status == 200
+    r = complete_within(t, "c", 10)
+    assert r.status == 200, r.body
+    assert model_status(t, "c")["starts"] == 1 and sleep_events(t, "c", "wake") == 1
+    assert t.metric("thaw_pool_decisions_total", model="b", action="preempt") == 1
+    t.assert_reconciled()

@@ -623,6 +623,74 @@ static void test_sleep_mode_memory_counts_only_what_cannot_sleep(void **state)
     }
 }
 
+static void test_busy_lower_tier_sleep_mode_replica_is_preempted_for_memory(void **state)
+{
+    /* One 24 GiB GPU: a busy batch replica of a sleep-mode model holds 14
+     * GiB (the node's held, naming its model). A critical 14 GiB model
+     * wakes: the batch one is preempted, its held memory going with it, as
+     * a replica without sleep mode would be. A batch newcomer (same tier)
+     * preempts nothing; nor does a critical one when the node does not say
+     * whose the held memory is. */
+    struct wp_held held = {14 * GiB, TIER_BATCH, false};
+    size_t whose = 0;
+    struct wp_node nodes[] = {NM("a", 1, 24 * GiB)};
+    nodes[0].held = &held;
+    nodes[0].n_held = 1;
+    struct {
+        enum tier tier;
+        const size_t *held_model;
+        unsigned preempted;
+    } cases[] = {
+        {TIER_CRITICAL, &whose, 1},
+        {TIER_BATCH, &whose, 0},
+        {TIER_CRITICAL, NULL, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct wp_model m[] = {
+            M("sleepy", TIER_BATCH, 1, 1, 1, false, 1),
+            M("new", cases[k].tier, 1, 0, 1, false, 1),
+        };
+        unsigned on[2][1];
+        for (size_t i = 0; i < 2; i++) {
+            m[i].gpu_memory = 14 * GiB;
+            place(&m[i], on[i], 1, (unsigned[]){i == 0 ? 1 : 0});
+        }
+        m[0].memory_sleeps = true;
+        nodes[0].held_model = cases[k].held_model;
+        struct wp_cluster c = C(nodes, 1);
+        struct wp_plan p;
+        warmpool_plan_cluster(m, 2, &c, 4, &p);
+        assert_int_equal(count(&p, WP_PREEMPT, 0), cases[k].preempted);
+        assert_int_equal(m[1].target, cases[k].preempted);
+        assert_int_equal(m[0].target, 1 - cases[k].preempted);
+    }
+}
+
+static void test_sleep_mode_newcomer_preempts_lower_tier_memory(void **state)
+{
+    /* A critical sleep-mode model wakes from zero on a 24 GiB GPU whose 14
+     * GiB an idle batch replica without sleep mode holds (within its idle
+     * timeout: not warm): its memory counts like any model's, so the batch
+     * replica is preempted rather than the critical one waiting. */
+    struct wp_node nodes[] = {NM("a", 1, 24 * GiB)};
+    struct wp_model m[] = {
+        M("batch", TIER_BATCH, 1, 1, 1, true, 1),
+        M("crit", TIER_CRITICAL, 1, 0, 1, false, 1),
+    };
+    unsigned on[2][1];
+    for (size_t i = 0; i < 2; i++) {
+        m[i].gpu_memory = 14 * GiB;
+        place(&m[i], on[i], 1, (unsigned[]){i == 0 ? 1 : 0});
+    }
+    m[1].memory_sleeps = true;
+    struct wp_cluster c = C(nodes, 1);
+    struct wp_plan p;
+    warmpool_plan_cluster(m, 2, &c, 4, &p);
+    assert_int_equal(m[1].target, 1);
+    assert_int_equal(count(&p, WP_PREEMPT, 0), 1);
+    assert_int_equal(m[0].target, 0);
+}
+
 static void test_sleep_mode_replicas_placed_in_one_plan_count(void **state)
 {
     /* One 24 GiB GPU, nothing awake. Two sleep-mode models of 14 GiB wake
@@ -689,6 +757,8 @@ int main(void)
         cmocka_unit_test(test_forecast_orders_the_warm_budget),
         cmocka_unit_test(test_memory_packs_by_first_fit_decreasing),
         cmocka_unit_test(test_sleep_mode_memory_counts_only_what_cannot_sleep),
+        cmocka_unit_test(test_busy_lower_tier_sleep_mode_replica_is_preempted_for_memory),
+        cmocka_unit_test(test_sleep_mode_newcomer_preempts_lower_tier_memory),
         cmocka_unit_test(test_sleep_mode_replicas_placed_in_one_plan_count),
         cmocka_unit_test(test_prewarm_does_not_count_a_sleepable_pod_as_free),
         cmocka_unit_test(test_memory_bound_gpu_refuses_a_third_replica),
