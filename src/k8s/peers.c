@@ -13,10 +13,11 @@ struct k8s_peer {
     char addr[96];
     bool self;
     bool seen;     /* in the latest slice */
-    bool draining; /* terminating (a rollout of thaw): polled, dealt no slots */
+    bool draining; /* terminating (a rollout of thaw): keeps its place until it leaves */
     uint64_t last_ok_ms;
     uint64_t polls, failures;
     struct strmap demand; /* model key -> (uintptr_t) demand + 1 */
+    struct strmap queued; /* model key -> (uintptr_t) queued + 1, models with some queued */
     struct strmap idle;   /* model key -> (uintptr_t) ms since its last request + 1 */
     struct strmap unrouted; /* "ns/pod" -> (void *)1: pods it keeps out of routing (asleep) */
     uint64_t asked_ms;      /* when the poll under way (or the last) was sent */
@@ -29,6 +30,7 @@ static void free_peer(struct k8s_peer *pe)
 {
     k8s_call_cancel(pe->call);
     strmap_dispose(&pe->demand);
+    strmap_dispose(&pe->queued);
     strmap_dispose(&pe->idle);
     strmap_dispose(&pe->unrouted);
     free(pe);
@@ -48,9 +50,6 @@ static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
 {
     struct slice_pass *sp = ud;
     struct k8s_peers *p = sp->p;
-    if (e->terminating && strcmp(e->address, p->self_ip) == 0) {
-        return;
-    }
     char addr[96];
     snprintf(addr, sizeof addr, strchr(e->address, ':') ? "[%s]:%u" : "%s:%u", e->address,
              p->port);
@@ -64,6 +63,7 @@ static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
         snprintf(pe->addr, sizeof pe->addr, "%s", addr);
         pe->self = strcmp(e->address, p->self_ip) == 0;
         strmap_init(&pe->demand);
+        strmap_init(&pe->queued);
         strmap_init(&pe->idle);
         strmap_init(&pe->unrouted);
         strmap_put(&p->peers, addr, strlen(addr), pe);
@@ -72,9 +72,13 @@ static void add_endpoint(void *ud, const struct k8s_slice_endpoint *e)
     }
     pe->seen = true;
     if (pe->draining != e->terminating) {
-        /* Out of the deal; its requests in flight still count as demand. */
+        /* The deal does not change: kube-proxy still sends it requests for
+         * a while, and it drains what it holds, so it keeps its share (and
+         * its demand counts) until it leaves the Service. */
         pe->draining = e->terminating;
-        sp->changed = true;
+        LOGI(e->terminating ? "peer activator terminating: it keeps its share until it leaves"
+                            : "peer activator no longer terminating",
+             "peer=%s self=%d", addr, pe->self);
     }
 }
 
@@ -133,8 +137,8 @@ static void on_demand(void *ud, long status, const char *body, size_t len, const
         pe->failures++;
         return;
     }
-    if (k8s_peer_demand_parse(body, len, &pe->demand, &pe->idle, &pe->unrouted, pe->identity,
-                              sizeof pe->identity)) {
+    if (k8s_peer_report_parse(body, len, &pe->demand, &pe->queued, &pe->idle, &pe->unrouted,
+                              pe->identity, sizeof pe->identity)) {
         pe->failures++;
         return;
     }
@@ -153,6 +157,13 @@ int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
                           struct strmap *idle, struct strmap *unrouted, char *identity,
                           size_t idlen)
 {
+    return k8s_peer_report_parse(body, len, demand, NULL, idle, unrouted, identity, idlen);
+}
+
+int k8s_peer_report_parse(const char *body, size_t len, struct strmap *demand,
+                          struct strmap *queued, struct strmap *idle, struct strmap *unrouted,
+                          char *identity, size_t idlen)
+{
     cJSON *root = cJSON_ParseWithLength(body, len);
     const cJSON *models = cJSON_GetObjectItemCaseSensitive(root, "models");
     if (!cJSON_IsObject(models)) {
@@ -161,6 +172,10 @@ int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
     }
     strmap_dispose(demand);
     strmap_init(demand);
+    if (queued) {
+        strmap_dispose(queued);
+        strmap_init(queued);
+    }
     if (idle) {
         strmap_dispose(idle);
         strmap_init(idle);
@@ -172,6 +187,9 @@ int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
         uint64_t q = k8s_json_count(cJSON_GetArrayItem(m, 1));
         uint64_t d = q > UINT64_MAX - in ? UINT64_MAX : in + q;
         strmap_put(demand, m->string, strlen(m->string), count_value(d));
+        if (queued && q) {
+            strmap_put(queued, m->string, strlen(m->string), count_value(q));
+        }
         /* Optional third: ms since the model's last request at that peer. */
         const cJSON *age = cJSON_GetArrayItem(m, 2);
         if (idle && cJSON_IsNumber(age) && age->valuedouble >= 0) {
@@ -237,8 +255,8 @@ static void add_demand(void *ud, const char *k, void *value)
 {
     struct sum *s = ud;
     struct k8s_peer *pe = value;
-    if (!fresh(s->p, pe) || pe->draining) {
-        return; /* draining: no share, so what it queues no replica could take */
+    if (!fresh(s->p, pe)) {
+        return;
     }
     void *d = strmap_get(&pe->demand, s->key, strlen(s->key));
     if (d) {
@@ -328,7 +346,7 @@ static void count_peer(void *ud, const char *k, void *value)
 {
     struct sum *s = ud;
     struct k8s_peer *pe = value;
-    if (!pe->self && !pe->draining && (!s->fresh_only || fresh(s->p, pe))) {
+    if (!pe->self && (!s->fresh_only || fresh(s->p, pe))) {
         s->count++;
     }
 }
@@ -347,10 +365,10 @@ static void describe_peer(void *ud, const char *k, void *value)
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "address", pe->addr);
     cJSON_AddBoolToObject(j, "self", pe->self);
+    cJSON_AddBoolToObject(j, "draining", pe->draining);
     if (!pe->self) {
         cJSON_AddStringToObject(j, "identity", pe->identity);
         cJSON_AddBoolToObject(j, "fresh", fresh(p, pe));
-        cJSON_AddBoolToObject(j, "draining", pe->draining);
         cJSON_AddNumberToObject(j, "last_answer_ms_ago",
                                 pe->last_ok_ms ? (double)(clock_now_ms() - pe->last_ok_ms) : -1);
         cJSON_AddNumberToObject(j, "polls", (double)pe->polls);
@@ -369,9 +387,6 @@ static void place_peer(void *ud, const char *k, void *value)
 {
     struct place *pl = ud;
     const struct k8s_peer *pe = value;
-    if (pe->draining) {
-        return;
-    }
     pl->n++;
     if (pe->self) {
         pl->found = true;
@@ -383,7 +398,7 @@ static void count_before(void *ud, const char *k, void *value)
 {
     struct place *pl = ud;
     const struct k8s_peer *pe = value;
-    if (!pe->draining && strcmp(pe->addr, pl->self) < 0) {
+    if (strcmp(pe->addr, pl->self) < 0) {
         pl->before++;
     }
 }
@@ -443,6 +458,47 @@ uint32_t k8s_activator_share(uint32_t concurrency, unsigned n, unsigned rank, si
     unsigned first = (unsigned)(((uint64_t)pod_index * concurrency) % n);
     unsigned offset = (rank % n + n - first) % n;
     return concurrency / n + (offset < concurrency % n ? 1 : 0);
+}
+
+unsigned k8s_pods_to_reach(uint32_t concurrency, unsigned rank)
+{
+    /* Rank k's first slot is slot k of the deal: on pod k / concurrency. */
+    return rank / (concurrency ? concurrency : 1) + 1;
+}
+
+struct waiting {
+    struct k8s_peers *p;
+    const char *key;
+    const char *last; /* address of the last peer with requests waiting */
+    unsigned upto;    /* activators ordered up to it */
+};
+
+static void find_last_waiting(void *ud, const char *k, void *value)
+{
+    struct waiting *w = ud;
+    const struct k8s_peer *pe = value;
+    if (fresh(w->p, pe) && strmap_get(&pe->queued, w->key, strlen(w->key)) &&
+        (!w->last || strcmp(pe->addr, w->last) > 0)) {
+        w->last = pe->addr;
+    }
+}
+
+static void count_upto(void *ud, const char *k, void *value)
+{
+    struct waiting *w = ud;
+    if (strcmp(((const struct k8s_peer *)value)->addr, w->last) <= 0) {
+        w->upto++;
+    }
+}
+
+unsigned k8s_peers_waiting_span(struct k8s_peers *p, const char *key)
+{
+    struct waiting w = {p, key, NULL, 0};
+    strmap_each(&p->peers, find_last_waiting, &w);
+    if (w.last) {
+        strmap_each(&p->peers, count_upto, &w);
+    }
+    return w.upto;
 }
 
 void k8s_peers_describe(struct k8s_peers *p, cJSON *out)

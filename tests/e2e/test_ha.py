@@ -2,6 +2,7 @@
 Lease, one scale-up when several poke at zero, failover, shared demand,
 stale peers dropped."""
 
+import datetime
 import json
 import os
 import signal
@@ -127,6 +128,22 @@ def lease_transitions(f):
     _, lease = f.sim.call("GET", "/apis/coordination.k8s.io/v1/namespaces/models/leases/"
                                  "thaw-leader")
     return lease["spec"].get("leaseTransitions", 0)
+
+
+def hand_lease(f, to):
+    """Moves the leader Lease to activator `to` (as if the leader had missed
+    its renewals and `to` had taken it), the old leader still running."""
+    path = "/apis/coordination.k8s.io/v1/namespaces/models/leases/thaw-leader"
+    identity = to.status()["kubernetes"]["leader_election"]["identity"]
+
+    def put():
+        _, lease = f.sim.call("GET", path)
+        lease["spec"]["holderIdentity"] = identity
+        lease["spec"]["renewTime"] = datetime.datetime.now(datetime.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%S.%fZ")
+        return f.sim.call("PUT", path, lease)[0] == 200  # 409: a renewal came between
+    wait_for(put, timeout=10, what="the Lease written")
+    wait_for(lambda: f.leaders() == [to], timeout=10, what="the lease moved")
 
 
 def test_exactly_one_leader(fleet):
@@ -477,6 +494,82 @@ def test_shares_move_when_an_activator_leaves(fleet):
     # The one that left the Service takes nothing more: the other holds it all.
     wait_for(lambda: not model(holder)["slots"]["placed"], what="holder unplaced")
     assert model(holder)["slots"]["here"] == 0
+
+
+def llama_model(t):
+    return next((x for x in t.status()["models"] if x["name"] == "llama"), None)
+
+
+@pytest.mark.parametrize("held_at", ["follower", "leader"])
+def test_a_request_at_an_activator_with_no_share_gets_a_pod(fleet, held_at):
+    """Two activators, a limit of 1, the model at zero, one request, held at
+    the second activator (by address). One pod meets the demand the leader
+    sums (1), but its only slot is dealt to the first activator: the leader
+    asks for a second pod, whose slot is the second's, and the request is
+    served (before, it waited beside the idle pod for its queue timeout),
+    whether the second activator follows or leads."""
+    f = fleet(2, load_ms=100)
+    second = f.thaws[1]
+    if (f.one_leader() is second) != (held_at == "leader"):
+        hand_lease(f, second if held_at == "leader" else f.thaws[0])
+    f.sim.create_deployment(deployment("llama", gpus=0, load_ms=100,
+                                       annotations={"thaw.dev/max-concurrency": "1"}))
+    for t in f.thaws:
+        wait_for(lambda t=t: llama_model(t), what="model seen")
+    assert llama_model(second)["slots"]["rank"] == 1
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("r", complete(second, timeout=60)))
+    th.start()
+    th.join(20)
+    assert "r" in out, "the request is still held at the activator with no share"
+    assert out["r"].status == 200, out["r"].body
+    log = [n for name, n in f.sim.state()["scale_log"] if name == "llama"]
+    assert max(log) == 2, log  # one pod for the first activator, one for the second
+    assert llama_model(second)["slots"]["here"] == 1
+
+
+def test_a_terminating_activator_keeps_its_share(fleet):
+    """An activator listed terminating in thaw's EndpointSlice (its pod is
+    being deleted: kube-proxy still sends it requests for a few seconds, and
+    it drains what it holds) keeps its place in the deal until it leaves the
+    Service: a request that reaches it is served at once (before, it was
+    dealt no slot, held the request until its drain timeout, then answered
+    503), and the other's share does not grow over its slot meanwhile."""
+    f = fleet(2, load_ms=100)
+    f.sim.create_deployment(deployment(
+        "llama", replicas=1, gpus=0, load_ms=100,
+        annotations={"thaw.dev/max-concurrency": "2", "thaw.dev/min-scale": "1",
+                     "thaw.dev/max-scale": "1"}))
+    for t in f.thaws:
+        wait_for(lambda t=t: llama_model(t) and llama_model(t)["slots"]["here"] == 1,
+                 timeout=30, what="the pod ready, one slot at each activator")
+    leaving, staying = f.thaws[1], f.thaws[0]
+    path = "/apis/discovery.k8s.io/v1/namespaces/models/endpointslices/thaw-abc"
+    _, sl = f.sim.call("GET", path)
+    for e in sl["endpoints"]:
+        if e["addresses"][0] == leaving.host:
+            e["conditions"] = {"ready": False, "serving": True, "terminating": True}
+    f.sim.call("PUT", path, sl)
+    wait_for(lambda: any(p.get("draining") for p in staying.status()["kubernetes"]["peers"]),
+             what="the other activator seeing it terminating")
+    wait_for(lambda: not any(p["self"] and not p.get("draining")
+                             for p in leaving.status()["kubernetes"]["peers"]),
+             what="the activator seeing itself terminating")
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("r", complete(leaving, timeout=60)))
+    th.start()
+    th.join(10)
+    assert "r" in out, "the request is held at the terminating activator"
+    assert out["r"].status == 200, out["r"].body
+    assert llama_model(leaving)["slots"] == {"activators": 2, "rank": 1, "placed": True,
+                                             "here": 1}
+    assert llama_model(staying)["slots"]["here"] == 1
+    # Gone from the Service: the other holds the pod's slots.
+    _, sl = f.sim.call("GET", path)
+    sl["endpoints"] = [e for e in sl["endpoints"] if e["addresses"][0] != leaving.host]
+    f.sim.call("PUT", path, sl)
+    wait_for(lambda: llama_model(staying)["slots"]["here"] == 2, timeout=5,
+             what="the slots dealt to the one left")
 
 
 def test_a_scale_up_under_load_keeps_the_serving_pods_shares(fleet):

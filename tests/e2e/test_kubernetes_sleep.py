@@ -6,7 +6,6 @@ POST /wake_up (a wake, not a cold start). A pod that fails to wake is deleted,
 its ReplicaSet starts a new one and the held request is served by that.
 """
 
-import datetime
 import json
 import signal
 import threading
@@ -16,7 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import wait_for
-from test_ha import fleet  # noqa: F401  (a fixture)
+from test_ha import fleet, hand_lease  # noqa: F401  (fleet: a fixture)
 from test_kubernetes import (SLOW, cluster, complete, deployment, kmodel, pki,  # noqa: F401
                              start_thaw, urllib_status)
 
@@ -381,20 +380,47 @@ def test_a_new_leader_does_not_put_to_sleep_a_pod_a_follower_is_using(fleet):
              what="asleep once idle")
 
 
-def hand_lease(f, to):
-    """Moves the leader Lease to activator `to` (as if the leader had missed
-    its renewals and `to` had taken it), the old leader still running."""
-    path = "/apis/coordination.k8s.io/v1/namespaces/models/leases/thaw-leader"
-    identity = to.status()["kubernetes"]["leader_election"]["identity"]
-
-    def put():
-        _, lease = f.sim.call("GET", path)
-        lease["spec"]["holderIdentity"] = identity
-        lease["spec"]["renewTime"] = datetime.datetime.now(datetime.timezone.utc).strftime(
-            "%Y-%m-%dT%H:%M:%S.%fZ")
-        return f.sim.call("PUT", path, lease)[0] == 200  # 409: a renewal came between
-    wait_for(put, timeout=10, what="the Lease written")
-    wait_for(lambda: f.leaders() == [to], timeout=10, what="the lease moved")
+def test_a_sleep_called_off_after_the_leader_stalled_wakes_the_pod_first(fleet):
+    """The leader sends POST /sleep (the server takes 3 s to fall asleep) and
+    stalls before it can mark the pod asleep, then dies: the mark stays
+    falling-asleep. The activator that takes the lease cannot know whether
+    the /sleep was sent; calling the sleep off (for a request, or for the
+    silent activator) it wakes the pod (POST /wake_up, harmless had it been
+    awake) before anything is routed to it (before, it routed the request to
+    the sleeping server, which answered "the model is sleeping")."""
+    f = fleet(2, kube={"lease_duration_ms": 5000})
+    d = deployment("llama", gpus=0, load_ms=300,
+                   annotations={"thaw.dev/sleep-mode": "true",
+                                "thaw.dev/idle-before-sleep": "300ms",
+                                "thaw.dev/sleep-timeout": "10s"})
+    d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/sleep-ms"] = "3000"
+    f.sim.create_deployment(d)
+    leader = f.one_leader()
+    other = next(t for t in f.thaws if t is not leader)
+    for t in f.thaws:
+        wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
+                 what="model seen")
+    assert complete(other).status == 200  # a cold start
+    pod = next(p for p in kmodel(other)["pods"] if not p["terminating"])
+    # Once the other lets go of the pod, the leader sends /sleep at its next
+    # poll and tick (well within 2 s); 2 s later it cannot have its answer.
+    wait_for(lambda: json.loads(other.admin("/demand")[1])["unrouted"], timeout=10 * SLOW,
+             interval=0.02, what="the other activator letting go of the pod")
+    time.sleep(2)
+    leader.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: pod_get(pod["ip"], "/is_sleeping")["is_sleeping"], timeout=5,
+                 what="the pod asleep: the leader sent /sleep before it stalled")
+        # The lease (5 s) outlasts the /sleep.
+        wait_for(lambda: other.metric("thaw_leader") == 1, timeout=10,
+                 what="the other activator leading")
+        r = complete(other, timeout=20)
+    finally:
+        leader.proc.kill()
+        leader.proc.wait(10)
+    assert r.status == 200, r.body
+    stats = pod_get(pod["ip"], "/stats")
+    assert (stats["sleeps"], stats["wakes"], stats["completions"]) == (1, 1, 2), stats
 
 
 def test_an_activator_that_lost_the_lease_follows_the_leaders_marks(fleet):

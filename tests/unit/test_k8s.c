@@ -559,6 +559,18 @@ static void test_out_of_range_numbers(void **state)
                                            sizeof identity), -1);
     assert_int_equal(k8s_peer_demand_parse(report, sizeof report - 1, &demand, NULL, NULL,
                                            identity, sizeof identity), 0);
+    /* Which models have requests queued there (the second element), for the
+     * leader to give that activator a slot. */
+    struct strmap queued;
+    strmap_init(&queued);
+    assert_int_equal(k8s_peer_report_parse(report, sizeof report - 1, &demand, &queued, NULL,
+                                           NULL, identity, sizeof identity), 0);
+    assert_true((uintptr_t)strmap_get(&queued, "a/x", 3) == 5 + 1);
+    assert_true((uintptr_t)strmap_get(&queued, "a/y", 3) == 2 + 1);
+    assert_true((uintptr_t)strmap_get(&queued, "a/z", 3) == 4 + 1);
+    assert_null(strmap_get(&queued, "a/w", 3));
+    assert_int_equal(queued.count, 3);
+    strmap_dispose(&queued);
     strmap_dispose(&demand);
     strmap_dispose(&idle);
     strmap_dispose(&unrouted);
@@ -790,6 +802,70 @@ static void test_activator_share(void **state)
             }
         }
     }
+}
+
+/* The pods a deal needs before activator rank gets a slot on one of them,
+ * checked against the deal itself for every small case. */
+static void test_pods_to_reach(void **state)
+{
+    assert_int_equal(k8s_pods_to_reach(1, 0), 1);
+    assert_int_equal(k8s_pods_to_reach(1, 1), 2); /* a limit of 1: rank 1 needs a second pod */
+    assert_int_equal(k8s_pods_to_reach(2, 1), 1);
+    assert_int_equal(k8s_pods_to_reach(2, 3), 2);
+    assert_int_equal(k8s_pods_to_reach(0, 3), 4);
+    uint32_t act[8], pod[16];
+    for (uint32_t c = 1; c <= 7; c++) {
+        for (unsigned n = 2; n <= 8; n++) {
+            for (unsigned r = 0; r < n; r++) {
+                unsigned need = k8s_pods_to_reach(c, r);
+                assert_true(need >= 1 && need <= 16);
+                deal(c, n, need, act, pod);
+                assert_true(act[r] >= 1);
+                deal(c, n, need - 1, act, pod);
+                assert_int_equal(need > 1 ? act[r] : 0, 0);
+            }
+        }
+    }
+}
+
+/* A terminating activator keeps its place in the deal (itself or a peer):
+ * requests still reach it while kube-proxy catches up, and it serves what
+ * it holds, until it leaves the Service. */
+static void test_terminating_activators_keep_their_place(void **state)
+{
+    struct event_base *base = event_base_new();
+    struct k8s_peers p;
+    k8s_peers_init(&p, NULL, base, "thaw", "thaw", 9090, "10.0.0.12", 1000, 5000);
+#define SLICE_LIST(rv, eps)                                                                  \
+    "{\"metadata\":{\"resourceVersion\":\"" rv "\"},\"items\":[{\"metadata\":{\"name\":"    \
+    "\"thaw-abc\",\"namespace\":\"thaw\",\"labels\":{\"kubernetes.io/service-name\":"      \
+    "\"thaw\"}},\"addressType\":\"IPv4\",\"endpoints\":[" eps "]}]}"
+#define ENDPOINT(ip, pod, conditions)                                                        \
+    "{\"addresses\":[\"" ip "\"],\"targetRef\":{\"name\":\"" pod "\"},\"conditions\":"     \
+    conditions "}"
+#define TERMINATING "{\"ready\":false,\"serving\":true,\"terminating\":true}"
+    const char *list = SLICE_LIST("3", ENDPOINT("10.0.0.13", "thaw-c", TERMINATING) ","
+                                       ENDPOINT("10.0.0.12", "thaw-b", TERMINATING) ","
+                                       ENDPOINT("10.0.0.11", "thaw-a", "{\"ready\":true}"));
+    assert_int_equal(k8s_informer_apply_list(&p.slices, list, strlen(list)), 0);
+    unsigned rank = 9, n = 9;
+    assert_true(k8s_peers_place(&p, &rank, &n));
+    assert_int_equal(n, 3);
+    assert_int_equal(rank, 1);
+    /* Nothing heard from the peers: nobody waits anywhere. */
+    assert_int_equal(k8s_peers_waiting_span(&p, "m/llama"), 0);
+    /* Gone from the Service: the deal is the others'. */
+    const char *left = SLICE_LIST("4", ENDPOINT("10.0.0.12", "thaw-b", "{}") ","
+                                       ENDPOINT("10.0.0.11", "thaw-a", "{}"));
+    assert_int_equal(k8s_informer_apply_list(&p.slices, left, strlen(left)), 0);
+    assert_true(k8s_peers_place(&p, &rank, &n));
+    assert_int_equal(n, 2);
+    assert_int_equal(rank, 1);
+#undef SLICE_LIST
+#undef ENDPOINT
+#undef TERMINATING
+    k8s_peers_dispose(&p);
+    event_base_free(base);
 }
 
 static void test_pods_in_deal(void **state)
@@ -1341,6 +1417,8 @@ int main(void)
         cmocka_unit_test(test_selector_rollout_selects_both_replicasets),
         cmocka_unit_test(test_selector_empty_or_malformed_selects_nothing),
         cmocka_unit_test(test_activator_share),
+        cmocka_unit_test(test_pods_to_reach),
+        cmocka_unit_test(test_terminating_activators_keep_their_place),
         cmocka_unit_test(test_pods_in_deal),
         cmocka_unit_test(test_share_settles_before_growing),
         cmocka_unit_test(test_endpointslice_decoding),

@@ -39,14 +39,19 @@ void k8s_peers_init(struct k8s_peers *p, struct k8s_client *c, struct event_base
                     uint64_t poll_ms, uint64_t timeout_ms);
 void k8s_peers_start(struct k8s_peers *p);
 void k8s_peers_set_polling(struct k8s_peers *p, bool on);
-/* Sum of in-flight + queued for model key ("ns/deployment") over fresh peers. */
+/* Sum of in-flight + queued for model key ("ns/deployment") over fresh peers
+ * (terminating ones included: they keep their share while they drain). */
 uint64_t k8s_peers_demand(struct k8s_peers *p, const char *key);
+/* Of the fresh peers with requests of model key queued that more replicas
+ * could start, the last in the deal's order (k8s_peers_place): its rank
+ * plus one; 0 when none has any. */
+unsigned k8s_peers_waiting_span(struct k8s_peers *p, const char *key);
 unsigned k8s_peers_count(struct k8s_peers *p, bool fresh_only);
 void k8s_peers_describe(struct k8s_peers *p, cJSON *out);
 /* The fewest milliseconds since a request for model key at any fresh peer
  * (as reported, plus the time since the report); UINT64_MAX when none says. */
 uint64_t k8s_peers_idle_ms(struct k8s_peers *p, const char *key);
-/* Whether every peer (draining ones included) has answered a poll sent at
+/* Whether every peer (terminating ones included) has answered a poll sent at
  * or after since_ms, and is fresh. */
 bool k8s_peers_heard_all(struct k8s_peers *p, uint64_t since_ms);
 /* Whether every peer has let go of pod pod_key ("ns/name") of model
@@ -58,7 +63,9 @@ bool k8s_peers_let_go(struct k8s_peers *p, const char *model_key, const char *po
 
 /* Where this activator stands among all of them (itself included), ordered
  * by address so that every activator computes the same order without
- * talking: *n activators, this one at *rank. Returns false when this one is
+ * talking: *n activators, this one at *rank. Terminating ones keep their
+ * place until they leave the Service: requests still reach them for a
+ * while, and they serve what they hold. Returns false when this one is
  * not (yet) among them while others are, or before the first list (then *n
  * is what is known and *rank is meaningless). No activator listed at all
  * reads as alone (*n = 1, *rank = 0). */
@@ -72,6 +79,10 @@ bool k8s_peers_place(const struct k8s_peers *p, unsigned *rank, unsigned *n);
  * by at most one, and the first ones hold the remainder (8 slots over 3
  * activators: 3, 3, 2). Pure. */
 uint32_t k8s_activator_share(uint32_t concurrency, unsigned n, unsigned rank, size_t pod_index);
+
+/* How many pods in the deal give activator rank a slot at all: it gets one
+ * once pods x concurrency > rank, whatever the number of activators. Pure. */
+unsigned k8s_pods_to_reach(uint32_t concurrency, unsigned rank);
 
 /* Whether a pod takes a place (pod_index above) in its Deployment's deal.
  * The places come from the pod objects, which every activator reads alike,
@@ -111,6 +122,12 @@ uint32_t k8s_share_settle(struct k8s_share_hold *h, uint32_t dealt, uint64_t now
 int k8s_peer_demand_parse(const char *body, size_t len, struct strmap *demand,
                           struct strmap *idle, struct strmap *unrouted, char *identity,
                           size_t idlen);
+/* The same, with queued (key -> (uintptr_t) queued + 1 for the models with
+ * some queued, replaced whole; may be NULL): which activator holds the
+ * requests waiting, not only how many there are. */
+int k8s_peer_report_parse(const char *body, size_t len, struct strmap *demand,
+                          struct strmap *queued, struct strmap *idle, struct strmap *unrouted,
+                          char *identity, size_t idlen);
 void k8s_peers_dispose(struct k8s_peers *p);
 
 #endif

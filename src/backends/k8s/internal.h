@@ -106,6 +106,10 @@ struct kpod {
     struct k8s_call *mark_call;
     uint64_t marked_ms;        /* leader: when its falling-asleep mark landed; 0: not yet */
     bool sleep_sent;           /* leader: /sleep sent, the others having let go */
+    /* leader: /sleep may have reached the server since it was last known
+     * awake (sent, or the falling-asleep mark of a leader before): a sleep
+     * called off wakes it rather than routing it again */
+    bool sleep_maybe_sent;
     bool wake_requested;       /* it carries a wake request */
     /* Its endpoints (one per time it was routed) that requests still run
      * on after sleep took it out of routing: those requests are not the

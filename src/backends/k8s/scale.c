@@ -301,6 +301,29 @@ static size_t count_models(void *ud)
     return ((struct kube_backend *)ud)->models.count;
 }
 
+/* With several activators a pod's slots are dealt among them, so requests
+ * held at an activator whose share is 0 wait for pods the total demand may
+ * not need: the model keeps enough pods that the last activator (in the
+ * deal's order) holding runnable requests gets a slot, within max-scale. */
+static unsigned share_floor(struct kmodel *km)
+{
+    struct kube_backend *kb = km->kb;
+    if (!kb->have_peers) {
+        return 0;
+    }
+    unsigned span = k8s_peers_waiting_span(&kb->peers, km->key);
+    unsigned rank, n;
+    if (queue_runnable(&km->m->queue) && k8s_peers_place(&kb->peers, &rank, &n) &&
+        rank + 1 > span) {
+        span = rank + 1;
+    }
+    if (!span) {
+        return 0;
+    }
+    unsigned pods = k8s_pods_to_reach(km->m->set.max_concurrency, span - 1);
+    return pods < km->spec.max_scale ? pods : (unsigned)km->spec.max_scale;
+}
+
 static void collect_model(void *ud, const char *key, void *value)
 {
     struct collect *c = ud;
@@ -308,6 +331,10 @@ static void collect_model(void *ud, const char *key, void *value)
     if (c->n == c->cap) {
         return;
     }
+    /* The plan keeps (and admits) at least min_replicas: the share floor
+     * joins min-scale there, so it takes its place in GPU admission. */
+    unsigned least = share_floor(km);
+    km->sc.min_replicas = least > km->spec.min_scale ? least : (unsigned)km->spec.min_scale;
     km->sc.current = (unsigned)(km->scale_want >= 0 ? km->scale_want : km->spec.replicas);
     /* Asleep pods are replicas the autoscaler keeps (the idle timeout, not
      * the stable window, takes them): they serve again after a wake. */

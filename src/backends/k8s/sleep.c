@@ -30,9 +30,11 @@
  * is removed once the pod is awake again, and every activator routes to it
  * again. A follower with requests and only asleep pods asks the leader to
  * wake one (K8S_WAKE_REQUEST_ANNOTATION), which the leader sees on its pod
- * watch at once. Demand before /sleep was sent calls the sleep off. A
- * leader that finds a mark it did not write (it just took the lease, or
- * restarted) takes the pod as asleep: a wake of an awake server is
+ * watch at once. Demand before /sleep was sent calls the sleep off; once
+ * it may have been sent (by this leader, or under a falling-asleep mark a
+ * leader before wrote), calling it off wakes the pod before it is routed
+ * again. A leader that finds a mark it did not write (it just took the
+ * lease, or restarted) takes it as its own: a wake of an awake server is
  * harmless. */
 #include "internal.h"
 #include "thaw/clock.h"
@@ -79,6 +81,7 @@ static int send_control(struct kpod *p, const char *path, control_done_cb done)
 }
 
 static void wake_wanted(struct kmodel *km);
+static void pod_wake(struct kpod *p);
 
 /* A falling-asleep mark refused this many times in a row calls the sleep
  * off, and the pod is not put to sleep again for MARK_GIVE_UP_MS. */
@@ -119,6 +122,7 @@ static void on_slept(struct control *c, int status, void *ud)
     }
     km->m->stats.sleep_failures++;
     p->sleep = KS_AWAKE;
+    p->sleep_maybe_sent = false;
     p->no_idle_sleep = true;
     kube_pod_mark(p, MARK_CLEAR);
     /* It answered with an error: it is serving and stays in routing. */
@@ -136,14 +140,28 @@ static void send_sleep(struct kpod *p)
     snprintf(path, sizeof path, "/sleep?level=%u", (unsigned)km->spec.sleep_level);
     if (send_control(p, path, on_slept) == 0) {
         p->sleep_sent = true;
+        p->sleep_maybe_sent = true;
+        LOGI("every activator let go of the pod: sending /sleep", "model=%s pod=%s level=%u",
+             km->m->name, p->name, (unsigned)km->spec.sleep_level);
     }
 }
 
-/* Demand came while the others were letting go of p: it serves again. */
+/* Demand came while the others were letting go of p: it serves again. One
+ * whose /sleep may have been sent (by this activator, or by a leader before
+ * it that died or stalled before marking it asleep) may be asleep: it is
+ * woken first (waking an awake server is harmless), and its mark stays
+ * until it answers, so no activator routes to it before. */
 static void sleep_called_off(struct kpod *p)
 {
-    p->sleep = KS_AWAKE;
     p->marked_ms = 0;
+    if (p->sleep_maybe_sent) {
+        LOGI("sleep called off: waking the pod first, its /sleep may have been sent",
+             "model=%s pod=%s", p->km->m->name, p->name);
+        p->sleep = KS_ASLEEP;
+        pod_wake(p);
+        return;
+    }
+    p->sleep = KS_AWAKE;
     if (p->mark_done == MARK_NONE && !p->mark_call) {
         p->mark_want = MARK_NONE; /* no mark ever landed: none to remove */
     } else {
@@ -163,6 +181,7 @@ static void pod_sleep(struct kpod *p, const char *why)
         kube_pod_unroute(p);
         p->sleep = KS_DOZING;
         p->sleep_sent = false;
+        p->sleep_maybe_sent = false; /* routed until now: awake */
         p->marked_ms = 0;
         kube_pod_mark(p, MARK_FALLING);
         LOGI("putting pod to sleep once every activator lets go of it",
@@ -233,6 +252,7 @@ static void on_woken(struct control *c, int status, void *ud)
     /* Awake; one that lost the lease meanwhile follows the marks below, from
      * "waking" so that no mark left routes it again. */
     p->sleep = kube_sleep_deciding(km) ? KS_AWAKE : KS_WAKING;
+    p->sleep_maybe_sent = false;
     kube_pod_mark(p, MARK_CLEAR);
     km->m->stats.wakes++;
     km->last_wake_ms = now - p->wake_asked_ms;

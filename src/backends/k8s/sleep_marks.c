@@ -183,16 +183,18 @@ void kube_pod_follow_mark(struct kpod *p)
         p->sleep = p->mark_seen == MARK_ASLEEP ? KS_ASLEEP : KS_DOZING;
     } else if (p->sleep != KS_AWAKE) {
         p->sleep = KS_AWAKE;
+        p->sleep_maybe_sent = false; /* the leader removes the mark once it is awake */
         p->wake_request_ms = 0;
         (void)kube_pod_still_serving(p, false);
-    kube_pod_ready(p, "woken");
+        kube_pod_ready(p, "woken");
     }
 }
 
 /* The leader with no wish of its own for p yet (it just took the lease, or
  * started): the mark it finds is its own. A pod falling asleep is let go of
- * again before its /sleep (sent or not: it is sent again); an asleep one
- * wakes on demand (a wake of an awake server is harmless). */
+ * again before its /sleep (sent or not: it is sent again), and demand
+ * meanwhile wakes it (the /sleep may have reached it); an asleep one wakes
+ * on demand (a wake of an awake server is harmless). */
 void kube_pod_adopt_mark(struct kpod *p)
 {
     if (p->mark_want != MARK_NONE || p->mark_seen == MARK_NONE || p->sleep == KS_FAILED ||
@@ -206,6 +208,7 @@ void kube_pod_adopt_mark(struct kpod *p)
     p->sleep_sent = false;
     if (p->mark_seen == MARK_FALLING) {
         p->sleep = KS_DOZING;
+        p->sleep_maybe_sent = true; /* by whoever wrote the mark */
         p->marked_ms = clock_now_ms();
     } else {
         p->sleep = KS_ASLEEP;
