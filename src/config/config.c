@@ -1656,6 +1656,23 @@ static int check_model_gpu(struct parser *p, const cJSON *models, const struct c
         return fail(p, at, path, "no declared MIG instance has profile \"%s\" (see \"gpus\")",
                     m->mig_profile);
     }
+    if (!fits && m->gpu_memory_bytes) {
+        /* The slices alone fit somewhere: the memory is what does not. */
+        struct config_model slices_only = *m;
+        slices_only.gpu_memory_bytes = 0;
+        for (size_t g = 0; g < cfg->n_gpus; g++) {
+            const struct config_gpu *cg = &cfg->gpus[g];
+            if (config_gpu_unit_takes(&slices_only, cg->profile, cg->slices, cg->memory_bytes)) {
+                snprintf(path, sizeof path, "%sgpu_memory_bytes", prefix);
+                const cJSON *mem = cJSON_GetObjectItemCaseSensitive(obj, "gpu_memory_bytes");
+                return fail(p, mem ? mem : obj, path,
+                            "%llu bytes fit on no declared GPU with room for its %llu slices "
+                            "(see \"gpus\" memory_bytes)",
+                            (unsigned long long)m->gpu_memory_bytes,
+                            (unsigned long long)m->gpu_slices);
+            }
+        }
+    }
     if (!fits) {
         return fail(p, at, path,
                     "%llu slices%s do not fit on any declared GPU (see \"gpus\")",

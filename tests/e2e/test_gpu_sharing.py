@@ -225,7 +225,7 @@ def test_a_busy_batch_sleep_mode_replica_is_preempted_for_critical(thaw_factory)
      'models[0].mig_profile: no declared MIG instance has profile "3g.20gb"'),
     ('[{"id": 0, "slices": 2, "memory_bytes": 16000000000}]',
      '"gpu_slices": 1, "gpu_memory_bytes": 20000000000',
-     "models[0].gpu_slices: 1 slices with their gpu_memory_bytes do not fit"),
+     "models[0].gpu_memory_bytes: 20000000000 bytes fit on no declared GPU with room for"),
     ('[{"id": 0, "slices": 2}]', '"gpu_memory_bytes": 1000',
      'models[0].gpu_memory_bytes: needs "gpu_slices"'),
 ])
