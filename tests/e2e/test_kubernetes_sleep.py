@@ -335,6 +335,7 @@ def sleepy_fleet(fleet, n, token_ms, idle_before_sleep="500ms", **fleet_kw):
     return f
 
 
+@pytest.mark.timer_heavy
 def test_a_new_leader_does_not_put_to_sleep_a_pod_a_follower_is_using(fleet):
     """The leader dies while a follower has a long request on the model's only
     pod, and another activator takes the lease: it has heard nothing from the
@@ -474,6 +475,7 @@ def test_a_mark_the_api_refuses_holds_no_request(fleet):
     assert complete(b, timeout=20).status == 200
 
 
+@pytest.mark.timer_heavy
 def test_a_request_that_wakes_the_pod_is_not_slept_under(fleet):
     """A request at the follower wakes the pod and runs 12 s; the leader polls
     every 3 s, so its view of the follower is that old. It must not put the
