@@ -255,12 +255,12 @@ def test_invalid_tenants_events_may_be_posted_where_the_tenants_object_is(sets):
     # A watched namespace already has them: the tenants Role grants only the Secret.
     objs = render("thaw", *scoped, "watchNamespaces[1]=thaw-system", *TENANTS)
     assert allowed(grants(objs), "create", "events", "thaw-system")
-    role = next(o for o in by_kind(objs, "Role") if o["metadata"]["name"] == "rel-tenants")
+    role = next(o for o in by_kind(objs, "Role") if o["metadata"]["name"].endswith("-tenants"))
     assert [r["resources"] for r in role["rules"]] == [["secrets"]]
     # So does the ClusterRole when thaw watches every namespace.
     objs = render("thaw", *sets, *TENANTS)
     assert allowed(grants(objs), "create", "events", "thaw-system")
-    role = next(o for o in by_kind(objs, "Role") if o["metadata"]["name"] == "rel-tenants")
+    role = next(o for o in by_kind(objs, "Role") if o["metadata"]["name"].endswith("-tenants"))
     assert [r["resources"] for r in role["rules"]] == [["secrets"]]
     # docs/kubernetes.md's RBAC section lists it.
     rbac = open(os.path.join(DOCS, "kubernetes.md")).read().split("## RBAC", 1)[1]
@@ -322,6 +322,22 @@ def test_deploy_md_shows_the_invalid_tenants_event_with_a_command_that_shows_it(
 
 
 @needs_helm
+def test_two_releases_of_one_name_in_two_namespaces_do_not_collide():
+    """Cluster-wide objects, and the Roles a release puts in the namespaces it
+    watches, carry the release's namespace: a second thaw called thaw (a staging
+    copy) does not overwrite the first one's grants."""
+    a = render("thaw", "watchNamespaces={models}", namespace="team-a")
+    b = render("thaw", "watchNamespaces={models}", namespace="team-b")
+    names = lambda objs: {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"])
+                          for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding",
+                                                         "Role", "RoleBinding")
+                          and o["metadata"].get("namespace") not in ("team-a", "team-b")}
+    assert names(a) and not names(a) & names(b), names(a) & names(b)
+    a = render("thaw", namespace="team-a")
+    b = render("thaw", namespace="team-b")
+    assert names(a) and not names(a) & names(b), names(a) & names(b)
+
+
 def test_pod_security_and_lifecycle():
     objs = render("thaw")
     d = by_kind(objs, "Deployment")[0]
