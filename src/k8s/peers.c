@@ -477,8 +477,11 @@ static void find_last_waiting(void *ud, const char *k, void *value)
 {
     struct waiting *w = ud;
     const struct k8s_peer *pe = value;
-    if (fresh(w->p, pe) && strmap_get(&pe->queued, w->key, strlen(w->key)) &&
-        (!w->last || strcmp(pe->addr, w->last) > 0)) {
+    /* Queued there, or running there: the slot a request got from the floor
+     * stays needed until it ends (else the pod it runs on is scaled away). */
+    uintptr_t d = (uintptr_t)strmap_get(&pe->demand, w->key, strlen(w->key));
+    bool busy = strmap_get(&pe->queued, w->key, strlen(w->key)) || d > 1;
+    if (fresh(w->p, pe) && busy && (!w->last || strcmp(pe->addr, w->last) > 0)) {
         w->last = pe->addr;
     }
 }

@@ -500,6 +500,7 @@ def llama_model(t):
     return next((x for x in t.status()["models"] if x["name"] == "llama"), None)
 
 
+@pytest.mark.timer_heavy
 @pytest.mark.parametrize("held_at", ["follower", "leader"])
 def test_a_request_at_an_activator_with_no_share_gets_a_pod(fleet, held_at):
     """Two activators, a limit of 1, the model at zero, one request, held at
@@ -507,25 +508,31 @@ def test_a_request_at_an_activator_with_no_share_gets_a_pod(fleet, held_at):
     sums (1), but its only slot is dealt to the first activator: the leader
     asks for a second pod, whose slot is the second's, and the request is
     served (before, it waited beside the idle pod for its queue timeout),
-    whether the second activator follows or leads."""
+    whether the second activator follows or leads. While it runs there, the
+    second pod stays (a floor on queued requests alone let it go under it)."""
     f = fleet(2, load_ms=100)
     second = f.thaws[1]
     if (f.one_leader() is second) != (held_at == "leader"):
         hand_lease(f, second if held_at == "leader" else f.thaws[0])
-    f.sim.create_deployment(deployment("llama", gpus=0, load_ms=100,
-                                       annotations={"thaw.dev/max-concurrency": "1"}))
+    dep = deployment("llama", gpus=0, load_ms=100, annotations={"thaw.dev/max-concurrency": "1"})
+    dep["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/token-ms"] = "3000"
+    f.sim.create_deployment(dep)
     for t in f.thaws:
         wait_for(lambda t=t: llama_model(t), what="model seen")
     assert llama_model(second)["slots"]["rank"] == 1
     out = {}
-    th = threading.Thread(target=lambda: out.setdefault("r", complete(second, timeout=60)))
+    body = {"model": "x", "prompt": "hi"}  # the simulator's 4 tokens: about 12 s
+    th = threading.Thread(target=lambda: out.setdefault("r", complete(second, body, timeout=60)))
     th.start()
-    th.join(20)
+    wait_for(lambda: llama_model(second)["inflight"] == 1, timeout=20, what="running")
+    time.sleep(8)  # past the stable window (6 s), while it runs
+    assert th.is_alive() and spec_replicas(f.sim) == 2, spec_replicas(f.sim)
+    assert llama_model(second)["slots"]["here"] == 1
+    th.join(30)
     assert "r" in out, "the request is still held at the activator with no share"
     assert out["r"].status == 200, out["r"].body
     log = [n for name, n in f.sim.state()["scale_log"] if name == "llama"]
     assert max(log) == 2, log  # one pod for the first activator, one for the second
-    assert llama_model(second)["slots"]["here"] == 1
 
 
 def test_a_terminating_activator_keeps_its_share(fleet):
@@ -737,7 +744,6 @@ def test_a_leader_whose_renewal_hangs_stops_leading_at_its_deadline(fleet):
     f = fleet(2)
     leader = f.one_leader()
     f.sim.call("POST", "/_sim/faults", {"delay_ms": 4000, "delay_methods": ["PUT"]})
-    t0 = time.monotonic()
     try:
         wait_for(lambda: leader.metric("thaw_leader") == 0, timeout=10, interval=0.05,
                  what="the old leader stepping down")

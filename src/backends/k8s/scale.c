@@ -304,7 +304,9 @@ static size_t count_models(void *ud)
 /* With several activators a pod's slots are dealt among them, so requests
  * held at an activator whose share is 0 wait for pods the total demand may
  * not need: the model keeps enough pods that the last activator (in the
- * deal's order) holding runnable requests gets a slot, within max-scale. */
+ * deal's order) holding runnable requests, or running some, gets a slot,
+ * within max-scale. Running ones count so that the pod a request got this
+ * way is not scaled away under it. */
 static unsigned share_floor(struct kmodel *km)
 {
     struct kube_backend *kb = km->kb;
@@ -313,8 +315,8 @@ static unsigned share_floor(struct kmodel *km)
     }
     unsigned span = k8s_peers_waiting_span(&kb->peers, km->key);
     unsigned rank, n;
-    if (queue_runnable(&km->m->queue) && k8s_peers_place(&kb->peers, &rank, &n) &&
-        rank + 1 > span) {
+    bool busy_here = queue_runnable(&km->m->queue) || km->m->inflight > 0;
+    if (busy_here && k8s_peers_place(&kb->peers, &rank, &n) && rank + 1 > span) {
         span = rank + 1;
     }
     if (!span) {
