@@ -424,6 +424,14 @@ static void pod_wake(struct kpod *p)
         return; /* memory on its way: woken once the pods falling asleep free it */
     }
     int rc = send_control(p, "/wake_up", on_woken);
+    if (rc == -EBUSY) {
+        /* Its /sleep is still being answered (this activator sent it, lost
+         * the lease and got it back meanwhile): that answer marks the pod
+         * asleep, and the demand wakes it then. Not a failed wake. */
+        LOGI("wake waits for the pod's /sleep to be answered", "model=%s pod=%s",
+             km->m->name, p->name);
+        return;
+    }
     if (rc) {
         wake_failed(p, rc);
         return;
