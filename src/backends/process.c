@@ -135,6 +135,7 @@ struct proc_model {
     uint64_t idle_since_ms;
     unsigned failures;
     unsigned quick_crashes; /* replicas in a row that crashed soon after ready */
+    bool sleep_timed_out; /* a /sleep went unanswered: replicas are not slept for idleness */
     uint64_t backoff_until_ms;
     bool waiting_for_capacity;
     enum start_wait wait_said; /* what its starts wait for, as last logged */
@@ -927,8 +928,11 @@ static void on_slept(struct control *c, int status, void *ud)
              "status=%d", pm->m->name, r->id, status);
         /* Idle, a replacement would start at once, with nothing asking for
          * it, only to be put to sleep (and fail) again, or to take back the
-         * memory it gave up: the next start waits for demand. */
+         * memory it gave up: the next start waits for demand. One that
+         * min_replicas starts is not slept for idleness (it would time out
+         * and be replaced, a cold start per cycle). */
         pm->yielded = true;
+        pm->sleep_timed_out = true;
         r->state = R_ASLEEP; /* replica_stop leaves it from here */
         pm->n_asleep++;
         replica_stop(r, "sleep failed");
@@ -1215,7 +1219,7 @@ static void sleep_tick(struct proc_model *pm, uint64_t now)
     list_for_each_safe(pos, tmp, &pm->replicas)
     {
         struct replica *r = container_of(pos, struct replica, node);
-        if (r->state == R_READY && !r->no_idle_sleep) {
+        if (r->state == R_READY && !r->no_idle_sleep && !pm->sleep_timed_out) {
             r->sleep_for_memory = false;
             replica_sleep(r, "idle_before_sleep_ms passed");
         }
@@ -1768,6 +1772,9 @@ static int take_definition(struct proc_model *pm, const struct config_model *cm)
     pm->startup_timeout_ms = cm->startup_timeout_ms;
     pm->stop_grace_ms = cm->stop_grace_ms;
     pm->stop_drain_ms = cm->stop_drain_ms;
+    if (memcmp(&pm->sleep, &cm->sleep, sizeof pm->sleep) != 0) {
+        pm->sleep_timed_out = false; /* new sleep settings: tried again */
+    }
     pm->sleep = cm->sleep;
     /* New autoscaler numbers; the demand it has seen stays (a fresh start
      * would see none and could stop replicas that are busy), unless the

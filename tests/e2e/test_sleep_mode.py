@@ -404,3 +404,21 @@ def test_a_critical_wake_preempts_the_batch_replica_holding_its_memory(thaw_fact
     assert model_status(t, "c")["starts"] == 1 and sleep_events(t, "c", "wake") == 1
     assert t.metric("thaw_pool_decisions_total", model="b", action="preempt") == 1
     t.assert_reconciled()
+
+
+def test_a_sleep_that_times_out_with_min_replicas_is_not_tried_every_cycle(thaw_factory):
+    """min_replicas 1 and a server whose /sleep never answers in time: the
+    replica is stopped and min_replicas starts another, which is then not put
+    to sleep for idleness again (before: sleep, time out, stop, cold start, in
+    a loop with no back-off, a cold start per idle_before_sleep_ms)."""
+    m = sleepy(load_ms=100, idle_before_sleep_ms=200, extra=("--sleep-ms", "3000"))
+    m["sleep"]["timeout_ms"] = 300
+    m["min_replicas"] = 1
+    t = thaw_factory({"gpus": ONE_GPU, "autoscaler": {"tick_ms": 200}, "models": [m]})
+    wait_for(lambda: sleep_events(t, "llama", "sleep_failed") == 1, timeout=10,
+             what="the first /sleep timed out")
+    time.sleep(4)
+    st = model_status(t)
+    assert st["starts"] == 2 and sleep_events(t, "llama", "sleep_failed") == 1, st
+    assert complete(t).status == 200
+    t.assert_reconciled()
