@@ -524,6 +524,19 @@ def test_queue_full_is_503_with_retry_after(thaw_factory, upstream):
     t.assert_reconciled()
 
 
+def queue_two_batch(t, host, res):
+    """Queues batch-old, then batch-new, for host; their answers land in res.
+    Returns their threads."""
+    ths = []
+    for name in ("batch-old", "batch-new"):
+        th = threading.Thread(target=lambda name=name: res.__setitem__(
+            name, get(t, f"/echo?{name}", host=host, headers={"thaw-priority": "batch"})))
+        th.start()
+        ths.append(th)
+        wait_for(lambda n=len(ths): t.status()["queued"] == n, what="queued")
+    return ths
+
+
 def two_busy_models(thaw_factory, upstream, upstream2, max_queue_total, ms):
     """llama and other, one slot each, both taken for ms; returns thaw and the two
     requests holding the slots."""
@@ -556,13 +569,7 @@ def test_critical_at_global_bound_displaces_another_models_batch(thaw_factory, u
     another model takes the newest of them, not a 503 of its own."""
     t, b1, b2 = two_busy_models(thaw_factory, upstream, upstream2, 2, 600)
     res = {}
-    ths = []
-    for name in ("batch-old", "batch-new"):
-        th = threading.Thread(target=lambda name=name: res.__setitem__(
-            name, get(t, f"/echo?{name}", host="other", headers={"thaw-priority": "batch"})))
-        th.start()
-        ths.append(th)
-        wait_for(lambda n=len(ths): t.status()["queued"] == n, what="queued")
+    ths = queue_two_batch(t, "other", res)
     standard = get(t, "/echo?standard", host="llama")
     assert standard.status == 503 and standard.json()["error"]["code"] == "queue_full"
     critical = get(t, "/echo?critical", host="llama", headers={"thaw-priority": "critical"})
@@ -580,13 +587,7 @@ def test_critical_displaces_newest_batch(thaw_factory, upstream):
     blocker = occupy(t, 500)
     wait_for(lambda: upstream.active == 1, what="slot taken")
     res = {}
-    ths = []
-    for name in ("batch-old", "batch-new"):
-        th = threading.Thread(target=lambda name=name: res.__setitem__(
-            name, get(t, f"/echo?{name}", host="llama", headers={"thaw-priority": "batch"})))
-        th.start()
-        ths.append(th)
-        wait_for(lambda n=len(ths): t.status()["queued"] == n, what="queued")
+    ths = queue_two_batch(t, "llama", res)
     r = {}
     th = threading.Thread(target=lambda: r.__setitem__("c", get(
         t, "/echo?critical", host="llama", headers={"thaw-priority": "critical"})))
