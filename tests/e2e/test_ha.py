@@ -744,6 +744,7 @@ def test_a_leader_whose_renewal_hangs_stops_leading_at_its_deadline(fleet):
     f = fleet(2)
     leader = f.one_leader()
     f.sim.call("POST", "/_sim/faults", {"delay_ms": 4000, "delay_methods": ["PUT"]})
+    t0 = time.monotonic()
     try:
         wait_for(lambda: leader.metric("thaw_leader") == 0, timeout=10, interval=0.05,
                  what="the old leader stepping down")
