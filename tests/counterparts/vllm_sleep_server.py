@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A vLLM-like model server with sleep mode, written for black-box testing of thaw.
+"""A vLLM-like model server with sleep mode, written from vLLM's behaviour, not from thaw's code.
 
 Usage: vllm_sleep_server.py --port N --name M --rec DIR [--load-ms N] [--mem BYTES]
                [--slices N] [--ctl FILE] [--token-ms N] [--tokens N]
