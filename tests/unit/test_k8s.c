@@ -835,7 +835,7 @@ static void test_terminating_activators_keep_their_place(void **state)
 {
     struct event_base *base = event_base_new();
     struct k8s_peers p;
-    k8s_peers_init(&p, NULL, base, "thaw", "thaw", 9090, "10.0.0.12", 1000, 5000);
+    k8s_peers_init(&p, NULL, base, "thaw", "thaw", 9090, "127.0.9.12", 1000, 5000);
 #define SLICE_LIST(rv, eps)                                                                  \
     "{\"metadata\":{\"resourceVersion\":\"" rv "\"},\"items\":[{\"metadata\":{\"name\":"    \
     "\"thaw-abc\",\"namespace\":\"thaw\",\"labels\":{\"kubernetes.io/service-name\":"      \
@@ -844,9 +844,9 @@ static void test_terminating_activators_keep_their_place(void **state)
     "{\"addresses\":[\"" ip "\"],\"targetRef\":{\"name\":\"" pod "\"},\"conditions\":"     \
     conditions "}"
 #define TERMINATING "{\"ready\":false,\"serving\":true,\"terminating\":true}"
-    const char *list = SLICE_LIST("3", ENDPOINT("10.0.0.13", "thaw-c", TERMINATING) ","
-                                       ENDPOINT("10.0.0.12", "thaw-b", TERMINATING) ","
-                                       ENDPOINT("10.0.0.11", "thaw-a", "{\"ready\":true}"));
+    const char *list = SLICE_LIST("3", ENDPOINT("127.0.9.13", "thaw-c", TERMINATING) ","
+                                       ENDPOINT("127.0.9.12", "thaw-b", TERMINATING) ","
+                                       ENDPOINT("127.0.9.11", "thaw-a", "{\"ready\":true}"));
     assert_int_equal(k8s_informer_apply_list(&p.slices, list, strlen(list)), 0);
     unsigned rank = 9, n = 9;
     assert_true(k8s_peers_place(&p, &rank, &n));
@@ -855,8 +855,8 @@ static void test_terminating_activators_keep_their_place(void **state)
     /* Nothing heard from the peers: nobody waits anywhere. */
     assert_int_equal(k8s_peers_waiting_span(&p, "m/llama"), 0);
     /* Gone from the Service: the deal is the others'. */
-    const char *left = SLICE_LIST("4", ENDPOINT("10.0.0.12", "thaw-b", "{}") ","
-                                       ENDPOINT("10.0.0.11", "thaw-a", "{}"));
+    const char *left = SLICE_LIST("4", ENDPOINT("127.0.9.12", "thaw-b", "{}") ","
+                                       ENDPOINT("127.0.9.11", "thaw-a", "{}"));
     assert_int_equal(k8s_informer_apply_list(&p.slices, left, strlen(left)), 0);
     assert_true(k8s_peers_place(&p, &rank, &n));
     assert_int_equal(n, 2);
