@@ -28,7 +28,8 @@ CHARTS = os.path.join(ROOT, "charts")
 CHECKS = os.path.join(ROOT, "tests", "charts")
 ALL_ON = ["priorityClasses.create=true", "devicePlugin.enabled=true",
           "metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.enabled=true",
-          "metrics.grafanaDashboard.enabled=true"]
+          "metrics.grafanaDashboard.enabled=true", "networkPolicy.enabled=true",
+          "networkPolicy.adminFrom[0].namespaceSelector.matchLabels.team=monitoring"]
 # Each weights-cache, download and pre-pull option of the model chart.
 HF = "meta-llama/Llama-3.1-8B-Instruct"
 MODEL_OPTIONS = {
@@ -134,7 +135,7 @@ def test_values_schema_rejects_bad_values(chart, bad):
 def test_rendered_thaw_config_is_valid(tmp_path):
     cm = next(o for o in render("thaw", "watchNamespaces[0]=models") if o["kind"] == "ConfigMap")
     cfg = json.loads(cm["data"]["config.json"])
-    assert cfg["kubernetes"]["leader_election"] and cfg["kubernetes"]["peers_service"] == "rel"
+    assert cfg["kubernetes"]["leader_election"] and cfg["kubernetes"]["peers_service"] == "rel-admin"
     (tmp_path / "c.json").write_text(cm["data"]["config.json"])
     r = subprocess.run([THAW_BIN, "--check-config", str(tmp_path / "c.json")], capture_output=True,
                        text=True)
@@ -463,6 +464,36 @@ def test_optional_parts():
     dash = next(o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("dashboard"))
     assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
     json.loads(dash["data"]["thaw.json"])
+
+
+@needs_helm
+def test_the_admin_port_is_apart_from_the_clients_service():
+    """Clients reach thaw through a Service with the proxy port only; the
+    admin port (/status lists tenants and models) has a Service of its own,
+    which the activators find each other by and Prometheus scrapes; with
+    networkPolicy.enabled only the other activators and adminFrom reach it."""
+    objs = render("thaw", *ALL_ON)
+    svcs = {o["metadata"]["name"]: o for o in by_kind(objs, "Service")}
+    assert [p["name"] for p in svcs["rel"]["spec"]["ports"]] == ["http"]
+    assert [p["name"] for p in svcs["rel-admin"]["spec"]["ports"]] == ["admin"]
+    cm = next(o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"] == "rel")
+    assert json.loads(cm["data"]["config.json"])["kubernetes"]["peers_service"] == "rel-admin"
+    wanted = by_kind(objs, "ServiceMonitor")[0]["spec"]["selector"]["matchLabels"]
+    scraped = [n for n, s in svcs.items() if wanted.items() <= s["metadata"]["labels"].items()]
+    assert scraped == ["rel-admin"]
+    pods = by_kind(objs, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
+    policy = by_kind(objs, "NetworkPolicy")[0]["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= pods.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["ingress"]}
+    assert rules["http"] is None  # everyone
+    assert rules["admin"] == [{"podSelector": {"matchLabels": policy["podSelector"]["matchLabels"]}},
+                              {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]
+    narrowed = by_kind(render("thaw", "networkPolicy.enabled=true",
+                              "networkPolicy.clientsFrom[0].namespaceSelector.matchLabels.x=y"),
+                       "NetworkPolicy")[0]["spec"]["ingress"][0]
+    assert narrowed["from"] == [{"namespaceSelector": {"matchLabels": {"x": "y"}}}]
+    assert by_kind(render("thaw"), "NetworkPolicy") == []
 
 
 @needs_helm
