@@ -37,10 +37,10 @@ struct control {
     int fd;
     bool sent;
     bool running;
+    unsigned interim; /* 1xx answers skipped */
     uint64_t deadline_ms;
     struct http_parser parser;
     struct http_head head;
-    struct buf body;
 };
 
 void control_init(struct control *c, struct event_base *base);

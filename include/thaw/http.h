@@ -124,6 +124,18 @@ const char *http_parser_error_text(const struct http_parser *p);
  * Returns HTTP_EV_DONE, HTTP_EV_ERROR (truncated message) or HTTP_EV_NEED_MORE
  * when no message had started. */
 enum http_event http_parser_finish(struct http_parser *p);
+/* Most interim answers (1xx but 101) http_answer_feed skips before the real
+ * one: a server that sends nothing else does not hold its caller. */
+#define HTTP_MAX_INTERIM 10
+/* Reads the answer to a request of thaw's own (a readiness probe, a
+ * sleep-mode call) from a response parser pointed at its head by
+ * http_parser_next: feeds data, skipping interim answers (103 Early Hints)
+ * as *interim counts them. Returns HTTP_EV_DONE with the final answer's
+ * head (an interim one past the limit ends it too), HTTP_EV_NEED_MORE, or
+ * HTTP_EV_ERROR; *used: the bytes taken (any past a DONE are not part of
+ * the answer). */
+enum http_event http_answer_feed(struct http_parser *p, unsigned *interim, const char *data,
+                                 size_t len, size_t *used);
 /* True when this response ends only when the connection closes. */
 bool http_parser_needs_eof(const struct http_parser *p);
 /* Whether a message has begun (some bytes of it were seen). */

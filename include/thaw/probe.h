@@ -50,7 +50,6 @@ struct probe {
     unsigned attempt;
     struct http_parser parser;
     struct http_head head;
-    struct buf body;
     bool sent;
     unsigned interim; /* 1xx answers skipped in this attempt */
     bool running;

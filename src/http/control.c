@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-/* A control answer is small; its body is read and dropped within this. */
-static const struct http_limits control_limits = {8192, 64, 65536};
+/* A control answer's head; its body is dropped as it comes. */
+static const struct http_limits control_limits = {8192, 64, 0};
 
 static void on_io(evutil_socket_t fd, short what, void *arg);
 
@@ -19,7 +19,6 @@ void control_init(struct control *c, struct event_base *base)
     c->fd = -1;
     event_assign(&c->io, base, -1, 0, on_io, c); /* so event_del is always valid */
     http_head_init(&c->head);
-    buf_init(&c->body);
 }
 
 bool control_running(const struct control *c)
@@ -36,7 +35,6 @@ static void close_conn(struct control *c)
     }
     c->running = false;
     http_head_dispose(&c->head);
-    buf_dispose(&c->body);
 }
 
 void control_cancel(struct control *c)
@@ -90,14 +88,14 @@ int control_send(struct control *c, const char *addr, const char *method, const 
     }
     c->fd = s;
     c->sent = false;
+    c->interim = 0;
     c->running = true;
     c->done = done;
     c->ud = ud;
     c->deadline_ms = clock_now_ms() + timeout_ms;
     http_head_init(&c->head);
-    buf_init(&c->body);
     http_parser_init(&c->parser, HTTP_RESPONSE, &control_limits);
-    http_parser_next(&c->parser, &c->head, &c->body);
+    http_parser_next(&c->parser, &c->head, NULL); /* the body is dropped */
     wait_for(c, EV_WRITE);
     return 0;
 }
@@ -134,25 +132,12 @@ static void read_answer(struct control *c)
         finish(c, c->head.status ? c->head.status : (n < 0 ? -errno : -EPROTO));
         return;
     }
-    size_t off = 0;
-    for (;;) {
-        size_t used = 0;
-        enum http_event ev = http_parser_execute(&c->parser, data + off, (size_t)n - off, &used);
-        off += used;
-        if (ev == HTTP_EV_ERROR) {
-            finish(c, -EPROTO);
-            return;
-        }
-        if (ev == HTTP_EV_DONE) {
-            finish(c, c->head.status);
-            return;
-        }
-        buf_reset(&c->body); /* the body is not kept */
-        if (ev == HTTP_EV_NEED_MORE) {
-            return;
-        }
-        /* HTTP_EV_HEAD: the parser paused at the head; go on, even with no
-         * bytes left (a message without a body ends right there). */
+    size_t used = 0;
+    enum http_event ev = http_answer_feed(&c->parser, &c->interim, data, (size_t)n, &used);
+    if (ev == HTTP_EV_ERROR) {
+        finish(c, -EPROTO);
+    } else if (ev == HTTP_EV_DONE) {
+        finish(c, c->head.status);
     }
 }
 

@@ -630,6 +630,28 @@ enum http_event http_parser_finish(struct http_parser *p)
     return HTTP_EV_ERROR;
 }
 
+enum http_event http_answer_feed(struct http_parser *p, unsigned *interim, const char *data,
+                                 size_t len, size_t *used)
+{
+    size_t off = 0;
+    for (;;) {
+        size_t n = 0;
+        enum http_event ev = http_parser_execute(p, data + off, len - off, &n);
+        off += n;
+        int status = p->head ? p->head->status : 0;
+        if (ev == HTTP_EV_HEAD) {
+            continue; /* paused at the head: on, even with no bytes left */
+        }
+        if (ev == HTTP_EV_DONE && status >= 100 && status < 200 && status != 101 &&
+            ++*interim <= HTTP_MAX_INTERIM) {
+            http_parser_next(p, p->head, p->body);
+            continue;
+        }
+        *used = off;
+        return ev;
+    }
+}
+
 bool http_parser_needs_eof(const struct http_parser *p)
 {
     return llhttp_message_needs_eof(&p->ll);

@@ -8,9 +8,8 @@
 #include <unistd.h>
 
 #define PROBE_TIMEOUT_MS 1000
-#define PROBE_MAX_INTERIM 10
-/* A health answer is small; anything bigger is not kept. */
-static const struct http_limits probe_limits = {4096, 32, 4096};
+/* A health answer's head; its body, whatever its size, is dropped as it comes. */
+static const struct http_limits probe_limits = {4096, 32, 0};
 
 static void on_timer(evutil_socket_t fd, short what, void *arg);
 static void on_io(evutil_socket_t fd, short what, void *arg);
@@ -30,7 +29,6 @@ int probe_init(struct probe *p, struct event_base *base, const char *addr, const
     p->ready = ready;
     p->ud = ud;
     http_head_init(&p->head);
-    buf_init(&p->body);
     event_assign(&p->timer, base, -1, 0, on_timer, p);
     return 0;
 }
@@ -80,7 +78,6 @@ void probe_stop(struct probe *p)
     }
     event_del(&p->timer);
     http_head_dispose(&p->head);
-    buf_dispose(&p->body);
 }
 
 int probe_take_conn(struct probe *p)
@@ -103,7 +100,7 @@ static void send_get(struct probe *p, int fd)
     p->sent = true;
     p->http_probes++;
     http_parser_init(&p->parser, HTTP_RESPONSE, &probe_limits);
-    http_parser_next(&p->parser, &p->head, &p->body);
+    http_parser_next(&p->parser, &p->head, NULL); /* the body is dropped */
     event_del(&p->io);
     event_assign(&p->io, p->base, fd, EV_READ | EV_PERSIST, on_io, p);
     struct timeval tv = clock_timeval(PROBE_TIMEOUT_MS);
@@ -179,33 +176,17 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
         again(p); /* closed or reset before a whole answer */
         return;
     }
-    size_t off = 0;
-    for (;;) {
-        size_t used = 0;
-        enum http_event ev = http_parser_execute(&p->parser, data + off, (size_t)n - off, &used);
-        off += used;
-        if (ev == HTTP_EV_HEAD) {
-            continue;
-        }
-        if (ev == HTTP_EV_NEED_MORE) {
-            return;
-        }
-        if (ev == HTTP_EV_DONE && p->head.status >= 100 && p->head.status < 200 &&
-            p->head.status != 101 && ++p->interim <= PROBE_MAX_INTERIM) {
-            /* An interim answer (103 Early Hints): the real one follows. A
-             * server that sends nothing else does not hold the probe. */
-            buf_reset(&p->body);
-            http_parser_next(&p->parser, &p->head, &p->body);
-            continue;
-        }
-        if (ev != HTTP_EV_DONE) {
-            again(p);
-            return;
-        }
-        break;
+    size_t used = 0;
+    enum http_event ev = http_answer_feed(&p->parser, &p->interim, data, (size_t)n, &used);
+    if (ev == HTTP_EV_NEED_MORE) {
+        return;
+    }
+    if (ev != HTTP_EV_DONE) {
+        again(p);
+        return;
     }
     /* Bytes past the answer would belong to no request: not reusable. */
-    answered(p, p->head.keep_alive && off == (size_t)n);
+    answered(p, p->head.keep_alive && used == (size_t)n);
 }
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
@@ -223,7 +204,6 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     p->sent = false;
     p->interim = 0;
     http_head_reset(&p->head);
-    buf_reset(&p->body);
     p->probes++;
     int rc = connect(s, (struct sockaddr *)&p->addr, p->addrlen);
     if (rc < 0 && errno != EINPROGRESS) {

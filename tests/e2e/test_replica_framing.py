@@ -101,18 +101,21 @@ def test_a_body_ended_by_a_reset_is_cut_not_complete(thaw_factory, tmp_path):
     t.assert_reconciled()
 
 
-def test_health_answers_without_a_length_or_after_an_interim_one_make_a_replica_ready(
+def test_health_answers_without_a_length_after_an_interim_one_or_large_make_a_replica_ready(
         thaw_factory, tmp_path):
     """Python's http.server answers HTTP/1.0 with no Content-Length (the body ends
     with the close), and some servers send 103 Early Hints first: both are a 2xx
-    health answer. Such a replica was never taken as ready and was killed at its
-    startup timeout."""
+    health answer, and so is one with a large body. Such a replica was never taken
+    as ready and was killed at its startup timeout."""
     log = tmp_path / "up.log"
     cases = [
         {"name": "m", "command": [PY, str(COUNTERPARTS / "stdlib_http10_server.py"), "{port}"],
          "startup_timeout_ms": 4000, "stop_grace_ms": 1000},
         scripted(log, "--health", "closedelim", startup_timeout_ms=4000),
         scripted(log, "--health", "c103", startup_timeout_ms=4000),
+        # A health path that answers with a body over 4 KiB (a model list,
+        # say): was an error every time.
+        scripted(log, health_path="/s/big_cl?n=20000", startup_timeout_ms=4000),
     ]
     for m in cases:
         t = thaw_factory({"models": [m]})

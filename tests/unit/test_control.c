@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cmocka.h>
 
@@ -166,6 +167,68 @@ static void test_timeout_refusal_and_garbage(void **state)
     event_base_free(base);
 }
 
+/* Answers the request control sends to lfd with `answer` sent in one piece. */
+static int answer_with(struct event_base *base, struct control *c, int lfd, const char *addr,
+                       const char *answer, size_t len)
+{
+    struct outcome o = {0};
+    assert_int_equal(control_send(c, addr, "POST", "/wake_up", 1000, on_done, &o), 0);
+    for (int i = 0; i < 20; i++) {
+        event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+    }
+    int fd = loopnet_accept(lfd, NULL);
+    assert_true(fd >= 0);
+    char head[2048];
+    read_head(base, fd, head, sizeof head);
+    size_t off = 0;
+    uint64_t until = loopnet_now_ms() + LOOPNET_WAIT_MS;
+    while (off < len && o.calls == 0 && loopnet_now_ms() < until) {
+        ssize_t n = send(fd, answer + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        off += n > 0 ? (size_t)n : 0;
+        event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+    }
+    run_until_done(base, &o);
+    assert_int_equal(o.calls, 1);
+    close(fd);
+    return o.status;
+}
+
+/* The status is the real answer's: interim ones (103 Early Hints) before it
+ * are skipped, and a body of any size is read and dropped. Before, a 103
+ * was taken for the answer (a wake_up "failed", its pod deleted), and a
+ * body over 64 KiB was an error. */
+static void test_interim_answers_and_big_bodies(void **state)
+{
+    struct event_base *base = event_base_new();
+    uint16_t port = 0;
+    int lfd = loopnet_listen(&port);
+    char addr[32];
+    addr_of(port, addr, sizeof addr);
+    struct control c;
+    control_init(&c, base);
+    const char *hinted = "HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"
+                         "HTTP/1.1 100 Continue\r\n\r\n"
+                         "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    assert_int_equal(answer_with(base, &c, lfd, addr, hinted, strlen(hinted)), 200);
+
+    size_t body = 200 * 1024;
+    char *big = malloc(body + 128);
+    assert_non_null(big);
+    int h = snprintf(big, 128, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n", body);
+    memset(big + h, 'x', body);
+    assert_int_equal(answer_with(base, &c, lfd, addr, big, (size_t)h + body), 200);
+    free(big);
+
+    /* A server that sends nothing but interim answers gets no further. */
+    char many[1024] = "";
+    for (int i = 0; i < 12; i++) {
+        strcat(many, "HTTP/1.1 103 Early Hints\r\n\r\n");
+    }
+    assert_int_equal(answer_with(base, &c, lfd, addr, many, strlen(many)), 103);
+    close(lfd);
+    event_base_free(base);
+}
+
 static void test_cancel_calls_nothing(void **state)
 {
     struct event_base *base = event_base_new();
@@ -195,6 +258,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sends_the_request_and_reports_the_status),
         cmocka_unit_test(test_timeout_refusal_and_garbage),
+        cmocka_unit_test(test_interim_answers_and_big_bodies),
         cmocka_unit_test(test_cancel_calls_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
