@@ -1,7 +1,8 @@
 /* One-shot control requests to a replica (a model server's own admin
- * endpoints, such as vLLM's POST /sleep and POST /wake_up), on the event
- * loop: connect, send one request with no body, read the answer's head,
- * call back once with its status, close. Nothing of the body is kept.
+ * endpoints, such as vLLM's POST /sleep, POST /wake_up and GET
+ * /is_sleeping), on the event loop: connect, send one request with no body,
+ * read the answer, call back once with its status, close. Of the body only
+ * its first CONTROL_BODY_KEPT bytes are kept (control_body).
  *
  * Embedded in its owner (control_init); control_cancel stops it without a
  * callback. The owner outlives it. */
@@ -19,6 +20,7 @@
 #include "thaw/http.h"
 
 struct control;
+#define CONTROL_BODY_KEPT 256
 /* status: the answer's HTTP status, or a negative errno (-ETIMEDOUT,
  * -ECONNREFUSED, -EPROTO for a malformed answer). The request is over by
  * then; the callback may start another on the same struct. */
@@ -38,6 +40,8 @@ struct control {
     bool sent;
     bool running;
     unsigned interim; /* 1xx answers skipped */
+    char body[CONTROL_BODY_KEPT]; /* the answer's first body bytes */
+    size_t body_len;
     uint64_t deadline_ms;
     struct http_parser parser;
     struct http_head head;
@@ -50,6 +54,9 @@ void control_init(struct control *c, struct event_base *base);
  * done is not called. */
 int control_send(struct control *c, const char *addr, const char *method, const char *path,
                  uint64_t timeout_ms, control_done_cb done, void *ud);
+/* In the callback: the first bytes of the answer's body (at most
+ * CONTROL_BODY_KEPT; more were dropped). */
+const char *control_body(const struct control *c, size_t *len);
 /* Stops a running request; done is not called. */
 void control_cancel(struct control *c);
 bool control_running(const struct control *c);

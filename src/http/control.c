@@ -42,6 +42,22 @@ void control_cancel(struct control *c)
     close_conn(c);
 }
 
+/* Keeps the first bytes of the body; the rest is dropped as it comes. */
+static void keep_body(void *ud, const char *data, size_t len)
+{
+    struct control *c = ud;
+    size_t room = sizeof c->body - c->body_len;
+    size_t n = len < room ? len : room;
+    memcpy(c->body + c->body_len, data, n);
+    c->body_len += n;
+}
+
+const char *control_body(const struct control *c, size_t *len)
+{
+    *len = c->body_len;
+    return c->body;
+}
+
 static void finish(struct control *c, int status)
 {
     close_conn(c);
@@ -89,13 +105,16 @@ int control_send(struct control *c, const char *addr, const char *method, const 
     c->fd = s;
     c->sent = false;
     c->interim = 0;
+    c->body_len = 0;
     c->running = true;
     c->done = done;
     c->ud = ud;
     c->deadline_ms = clock_now_ms() + timeout_ms;
     http_head_init(&c->head);
     http_parser_init(&c->parser, HTTP_RESPONSE, &control_limits);
-    http_parser_next(&c->parser, &c->head, NULL); /* the body is dropped */
+    http_parser_next(&c->parser, &c->head, NULL);
+    c->parser.on_body = keep_body; /* the body is not stored whole */
+    c->parser.ud = c;
     wait_for(c, EV_WRITE);
     return 0;
 }

@@ -514,3 +514,26 @@ def test_an_asleep_pod_is_kept_until_the_idle_timeout(cluster, thaw_factory, tmp
     time.sleep(8)
     assert replicas(sim) == 1
     assert kmodel(t)["state"] == "sleeping"
+
+
+def test_a_pod_asleep_when_thaw_restarts_is_woken_not_routed(cluster, thaw_factory, tmp_path):
+    """thaw restarts (a rollout) while its model's pod is asleep: the pod is
+    Ready (vLLM answers /health while asleep) and listed ready in its
+    EndpointSlice, but thaw asks its server (GET /is_sleeping) before routing
+    it, and requests wake it. Before, it was routed as awake and requests got
+    the sleeping server's 503 until idle-before-sleep passed. (Here the pod
+    fell asleep before the kubelet's first readiness probe: not Ready, yet
+    asleep.)"""
+    sim, t = sleepy_llama(cluster, thaw_factory, tmp_path, load_ms=300)
+    wait_for(lambda: kmodel(t)["state"] == "sleeping", timeout=5 * SLOW, what="asleep")
+    pod = next(p for p in kmodel(t)["pods"] if not p["terminating"])
+    t.stop()
+    t2 = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t2, "/readyz") == 200, what="informers synced")
+    assert pod_get(pod["ip"], "/is_sleeping") == {"is_sleeping": True}
+    answers = [complete(t2) for _ in range(3)]
+    assert [r.status for r in answers] == [200, 200, 200], answers[0].body
+    assert t2.metric("thaw_sleep_events_total", model="llama", namespace="models",
+                     event="wake") == 1
+    assert t2.metric("thaw_cold_start_seconds_count", model="llama", namespace="models") == 0
+    assert replicas(sim) == 1

@@ -109,6 +109,10 @@ static void test_sends_the_request_and_reports_the_status(void **state)
     run_until_done(base, &o);
     assert_int_equal(o.calls, 1);
     assert_int_equal(o.status, 500);
+    size_t len = 0;
+    const char *kept = control_body(&c, &len); /* what GET /is_sleeping reads */
+    assert_int_equal(len, 5);
+    assert_memory_equal(kept, "nope!", 5);
     close(fd);
     close(lfd);
     event_base_free(base);
@@ -217,6 +221,9 @@ static void test_interim_answers_and_big_bodies(void **state)
     int h = snprintf(big, 128, "HTTP/1.1 200 OK\r\nContent-Length: %zu\r\n\r\n", body);
     memset(big + h, 'x', body);
     assert_int_equal(answer_with(base, &c, lfd, addr, big, (size_t)h + body), 200);
+    size_t len = 0;
+    control_body(&c, &len);
+    assert_int_equal(len, CONTROL_BODY_KEPT);
     free(big);
 
     /* A server that sends nothing but interim answers gets no further. */

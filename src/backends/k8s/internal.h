@@ -56,7 +56,7 @@ struct kmodel;
  * ASLEEP (the pod runs and keeps its node's resources) -> WAKING (/wake_up
  * sent) -> AWAKE; FAILED: /wake_up failed, the pod is being deleted so its
  * ReplicaSet starts a new one (a cold start). */
-enum kpod_sleep { KS_AWAKE, KS_DOZING, KS_ASLEEP, KS_WAKING, KS_FAILED };
+enum kpod_sleep { KS_AWAKE, KS_DOZING, KS_ASLEEP, KS_WAKING, KS_FAILED, KS_CHECKING };
 /* The sleep-state annotation an activator writes on a pod (several
  * activators): none wanted, "falling-asleep", "asleep", or removed. */
 enum kpod_mark { MARK_NONE, MARK_FALLING, MARK_ASLEEP, MARK_CLEAR };
@@ -90,6 +90,9 @@ struct kpod {
     struct control ctl;
     bool ctl_init;
     bool no_idle_sleep;     /* its server refused /sleep: not asked again when idle */
+    /* Whether it is asleep is known: seen starting, or asked (KS_CHECKING:
+     * GET /is_sleeping under way), or marked by the leader. */
+    bool sleep_known;
     uint64_t wake_asked_ms; /* when demand first found it asleep */
     struct k8s_call *delete_call;
     /* sleep mode with several activators (sleep.c): the pod's sleep
@@ -481,6 +484,10 @@ void kube_pod_sleep_dispose(struct kpod *p);
 /* Pods asleep; those waking and falling asleep in *waking and *dozing. */
 unsigned kube_pods_asleep(const struct kmodel *km, unsigned *waking, unsigned *dozing);
 const char *kube_pod_sleep_name(enum kpod_sleep s);
+/* A ready pod of a sleep-mode model that this activator did not see start:
+ * asks its server whether it is asleep before it is routed. Whether it did
+ * (the pod is reported once the answer says awake). */
+bool kube_pod_check_sleep(struct kpod *p);
 /* Every tick: on each node whose GPU memory the pods there (awake, starting,
  * waking) need more of than it has, idle sleep-mode pods of the same or
  * lower priority are put to sleep. */

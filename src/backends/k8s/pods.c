@@ -43,7 +43,8 @@ void kube_pod_ready(struct kpod *p, const char *via)
 void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd)
 {
     /* Asleep (or on its way there or back): sleep.c reports it when woken. */
-    if (p->reported || p->terminating || p->retired || !p->ip[0] || p->sleep != KS_AWAKE) {
+    if (p->reported || p->terminating || p->retired || !p->ip[0] || p->sleep != KS_AWAKE ||
+        kube_pod_check_sleep(p)) {
         if (conn_fd >= 0) {
             close(conn_fd);
         }

@@ -509,6 +509,9 @@ static void pod_upsert(void *ud, const cJSON *obj)
     }
     p->unschedulable = pi.unschedulable;
     p->pod_ready = pi.ready;
+    if (!pi.running) {
+        p->sleep_known = true; /* seen before its server ran: it starts awake */
+    }
     p->terminating = p->terminating || pi.terminating;
     if (moved || placed_before != kube_pod_in_deal(p, (int64_t)clock_wall_ms())) {
         kube_shares_update(km); /* the pods in the deal, or their order, changed */

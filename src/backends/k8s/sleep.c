@@ -54,6 +54,7 @@ const char *kube_pod_sleep_name(enum kpod_sleep s)
     case KS_ASLEEP: return "sleeping";
     case KS_WAKING: return "waking";
     case KS_FAILED: return "wake_failed";
+    case KS_CHECKING: return "checking";
     }
     return "unknown";
 }
@@ -68,7 +69,8 @@ void kube_pod_sleep_dispose(struct kpod *p)
     kube_pod_marks_dispose(p);
 }
 
-static int send_control(struct kpod *p, const char *path, control_done_cb done)
+static int send_control_as(struct kpod *p, const char *method, const char *path,
+                           uint64_t timeout_ms, control_done_cb done)
 {
     struct kmodel *km = p->km;
     if (!p->ctl_init) {
@@ -77,7 +79,12 @@ static int send_control(struct kpod *p, const char *path, control_done_cb done)
     }
     char addr[96];
     kube_pod_addr(p, addr, sizeof addr);
-    return control_send(&p->ctl, addr, "POST", path, km->spec.sleep_timeout_ms, done, p);
+    return control_send(&p->ctl, addr, method, path, timeout_ms, done, p);
+}
+
+static int send_control(struct kpod *p, const char *path, control_done_cb done)
+{
+    return send_control_as(p, "POST", path, p->km->spec.sleep_timeout_ms, done);
 }
 
 static void wake_wanted(struct kmodel *km);
@@ -401,6 +408,61 @@ void kube_sleep_for_memory(struct kube_backend *kb)
     strmap_each(&kb->nodes_gpu, check_node, kb);
 }
 
+/* ---- a pod found ready: asleep? ---- */
+
+/* How long GET /is_sleeping may take; no answer by then: taken as awake. */
+#define IS_SLEEPING_TIMEOUT_MS 2000
+
+static void on_is_sleeping(struct control *c, int status, void *ud)
+{
+    struct kpod *p = ud;
+    struct kmodel *km = p->km;
+    if (p->sleep != KS_CHECKING) {
+        return;
+    }
+    size_t len = 0;
+    const char *body = control_body(c, &len);
+    cJSON *j = status == 200 ? cJSON_ParseWithLength(body, len) : NULL;
+    bool asleep = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "is_sleeping"));
+    cJSON_Delete(j);
+    if (asleep) {
+        p->sleep = KS_ASLEEP;
+        kube_pod_mark(p, MARK_ASLEEP);
+        LOGI("pod found asleep: routed once woken", "model=%s pod=%s", km->m->name, p->name);
+        wake_wanted(km); /* requests may be waiting */
+        return;
+    }
+    if (status != 200) {
+        LOGD("GET /is_sleeping not answered: pod taken as awake", "model=%s pod=%s status=%d",
+             km->m->name, p->name, status);
+    }
+    p->sleep = KS_AWAKE;
+    kube_pod_ready(p, "is_sleeping");
+}
+
+/* vLLM answers /health while asleep, so a pod found ready may be asleep: an
+ * activator before this one (restarted, or rolled out) may have put it to
+ * sleep, even before the kubelet first took it for Ready. Only a pod this
+ * activator saw before its container ran is known awake; of the others the
+ * server is asked. With several activators the leader's mark says, and only
+ * the leader (or an activator alone) asks. */
+bool kube_pod_check_sleep(struct kpod *p)
+{
+    struct kmodel *km = p->km;
+    if (p->sleep_known || !km->spec.sleep_level) {
+        return false;
+    }
+    p->sleep_known = true;
+    if (p->mark_seen != MARK_NONE || !kube_sleep_deciding(km) ||
+        send_control_as(p, "GET", "/is_sleeping", IS_SLEEPING_TIMEOUT_MS, on_is_sleeping)) {
+        return false;
+    }
+    p->sleep = KS_CHECKING;
+    LOGI("pod found ready: asking whether it is asleep", "model=%s pod=%s", km->m->name,
+         p->name);
+    return true;
+}
+
 /* ---- waking ---- */
 
 /* Wakes p once its node has the memory for it: idle pods there are put to
@@ -454,7 +516,7 @@ static void count_pod(void *ud, const char *key, void *value)
     }
     if (p->sleep == KS_ASLEEP) {
         c->asleep++;
-    } else if (p->sleep == KS_WAKING) {
+    } else if (p->sleep == KS_WAKING || p->sleep == KS_CHECKING) {
         c->waking++;
     } else if (p->sleep == KS_DOZING) {
         c->dozing++;
