@@ -537,3 +537,49 @@ def test_a_pod_asleep_when_thaw_restarts_is_woken_not_routed(cluster, thaw_facto
                      event="wake") == 1
     assert t2.metric("thaw_cold_start_seconds_count", model="llama", namespace="models") == 0
     assert replicas(sim) == 1
+
+
+@pytest.mark.timer_heavy
+@pytest.mark.parametrize("held_at", ["follower", "leader"])
+def test_a_request_at_the_second_activator_wakes_the_pod_dealt_to_it(fleet, held_at):
+    """Two activators, a limit of 1 a pod, so each holds one of the two pods;
+    both pods asleep, the autoscaler wanting one (a long stable window, short
+    requests). A request at the second activator wakes the pod dealt to it:
+    as a follower it asks the leader for that pod, as the leader it picks it.
+    Before, the first asleep pod in no particular order was woken; when that
+    was the first activator's, the request waited beside it, as nothing asked
+    again while a pod was ready."""
+    f = fleet(2, autoscaler={"tick_ms": 300, "stable_window_ms": 60000})
+    first, second = f.thaws
+    if (f.one_leader() is second) != (held_at == "leader"):
+        hand_lease(f, second if held_at == "leader" else first)
+    d = deployment("llama", replicas=0, load_ms=300,
+                   annotations={"thaw.dev/sleep-mode": "true",
+                                "thaw.dev/idle-before-sleep": "500ms",
+                                "thaw.dev/sleep-timeout": "5s",
+                                "thaw.dev/max-concurrency": "1"})
+    d["spec"]["template"]["metadata"]["annotations"].update(
+        {"sim.thaw.dev/server": "asyncio", "sim.thaw.dev/sleep-mode": "true",
+         "sim.thaw.dev/token-ms": "500"})
+    f.sim.create_deployment(d)
+    for t in f.thaws:
+        wait_for(lambda t=t: any(m["name"] == "llama" for m in t.status()["models"]),
+                 what="model seen")
+    assert kmodel(second)["slots"]["rank"] == 1
+    short = {"model": "x", "prompt": "hi", "max_tokens": 1}
+    for t in (first, second):  # a pod for each (the second's by the share floor)
+        r = complete(t, body=short, timeout=60)
+        assert r.status == 200, r.body
+    assert replicas(f.sim) == 2
+    wait_for(lambda: list(sleep_status(first).values()) == ["sleeping", "sleeping"] and
+             list(sleep_status(second).values()) == ["sleeping", "sleeping"],
+             timeout=20 * SLOW, what="both pods asleep at both activators")
+    # The deal's order: oldest first, then by name; the second pod is the second's.
+    pods = f.sim.call("GET", "/api/v1/namespaces/models/pods")[1]["items"]
+    mine = sorted((p["metadata"]["creationTimestamp"], p["metadata"]["name"])
+                  for p in pods if p["metadata"]["name"].startswith("llama-"))[1][1]
+    t0 = time.monotonic()
+    r = complete(second, body=short, timeout=20)
+    assert r.status == 200, r.body
+    assert time.monotonic() - t0 < 8 * SLOW
+    assert sleep_status(second)[mine] == "awake"

@@ -532,25 +532,76 @@ unsigned kube_pods_asleep(const struct kmodel *km, unsigned *waking, unsigned *d
     return c.asleep;
 }
 
-static void wake_one(void *ud, const char *key, void *value)
+/* With several activators a pod's slots are dealt among them (pods.c): an
+ * awake pod may have none for this one, and of the asleep pods those dealt
+ * to this one are the ones its requests can use. */
+static void slot_on(void *ud, const char *key, void *value)
 {
-    struct sleep_count *c = ud;
-    struct kpod *p = value;
-    if (c->to_wake && p->sleep == KS_ASLEEP && !p->terminating && !p->retired) {
-        c->to_wake--;
-        pod_wake(p);
+    const struct kpod *p = value;
+    if (p->reported && p->share > 0) {
+        *(bool *)ud = true;
     }
+}
+
+/* Whether a ready pod of km has slots for this activator. */
+static bool slot_here(const struct kmodel *km)
+{
+    bool any = false;
+    strmap_each((struct strmap *)&km->pods, slot_on, &any);
+    return any;
+}
+
+static void waking_on(void *ud, const char *key, void *value)
+{
+    const struct kpod *p = value;
+    if ((p->sleep == KS_WAKING || p->sleep == KS_CHECKING) && p->dealt > 0 && !p->terminating) {
+        *(bool *)ud = true;
+    }
+}
+
+/* Whether a pod dealt to this activator is on its way to serving. */
+static bool waking_here(const struct kmodel *km)
+{
+    bool any = false;
+    strmap_each((struct strmap *)&km->pods, waking_on, &any);
+    return any;
+}
+
+/* Picks asleep pods for a wake, or a wake request: first those dealt to
+ * this activator (mine), then the others. */
+struct pick {
+    bool mine;
+    bool dozing_too; /* a pod falling asleep will do (a wake request calls it off) */
+    unsigned left;
+    void (*act)(struct kpod *p);
+};
+
+static void pick_one(void *ud, const char *key, void *value)
+{
+    struct pick *k = ud;
+    struct kpod *p = value;
+    if (k->left && (p->sleep == KS_ASLEEP || (k->dozing_too && p->sleep == KS_DOZING)) &&
+        !p->terminating && !p->retired && (p->dealt > 0) == k->mine) {
+        k->left--;
+        k->act(p);
+    }
+}
+
+static void pick(struct kmodel *km, struct pick *k)
+{
+    k->mine = true;
+    strmap_each(&km->pods, pick_one, k);
+    k->mine = false;
+    strmap_each(&km->pods, pick_one, k);
 }
 
 /* Asks n asleep pods of km to wake (each once). */
 static void wake_some(struct kmodel *km, unsigned n)
 {
-    struct sleep_count c = {.to_wake = n};
-    strmap_each(&km->pods, wake_one, &c);
+    struct pick k = {.left = n, .act = pod_wake};
+    pick(km, &k);
 }
 
-/* With requests in flight or held, the autoscaler's count (at least one)
- * should be awake: asleep pods make up the difference. */
 static void any_wake_request(void *ud, const char *key, void *value)
 {
     const struct kpod *p = value;
@@ -559,6 +610,18 @@ static void any_wake_request(void *ud, const char *key, void *value)
     }
 }
 
+/* A follower asked for this pod: the one dealt to it. */
+static void wake_if_requested(void *ud, const char *key, void *value)
+{
+    struct kpod *p = value;
+    if (p->wake_requested && p->sleep == KS_ASLEEP && !p->terminating && !p->retired) {
+        pod_wake(p);
+    }
+}
+
+/* Pods a follower asked for wake; and with requests in flight or held, the
+ * autoscaler's count (at least one) should be awake: asleep pods make up
+ * the difference. */
 static void wake_wanted(struct kmodel *km)
 {
     struct model *m = km->m;
@@ -569,6 +632,9 @@ static void wake_wanted(struct kmodel *km)
     if (!kube_sleep_deciding(km) || (kube_model_idle(km) && !asked)) {
         return;
     }
+    if (asked) {
+        strmap_each(&km->pods, wake_if_requested, NULL);
+    }
     unsigned want = km->sc.last.desired ? km->sc.last.desired : 1;
     struct sleep_count c = {0};
     strmap_each(&km->pods, count_pod, &c);
@@ -577,33 +643,26 @@ static void wake_wanted(struct kmodel *km)
     }
 }
 
-static void ask_one(void *ud, const char *key, void *value)
-{
-    struct kpod *p = value;
-    bool *done = ud;
-    if (!*done && (p->sleep == KS_ASLEEP || p->sleep == KS_DOZING) && !p->terminating &&
-        !p->retired) {
-        *done = true;
-        kube_pod_request_wake(p);
-    }
-}
-
-/* A follower: asks the leader to wake one of km's asleep pods. */
+/* A follower: asks the leader to wake one of km's asleep pods, one dealt to
+ * it if there is one (the leader wakes the very pod asked for). */
 static void ask_leader_to_wake(struct kmodel *km)
 {
-    bool done = false;
-    strmap_each(&km->pods, ask_one, &done);
+    struct pick k = {.left = 1, .dozing_too = true, .act = kube_pod_request_wake};
+    pick(km, &k);
 }
 
+/* Requests here and no slot for them on a ready pod: an asleep pod dealt to
+ * this activator is woken (asked for, on a follower). Whether a pod of km
+ * is asleep or on its way back (the requests wait for it). */
 bool kube_wake_for_demand(struct kmodel *km)
 {
     struct sleep_count c = {0};
     strmap_each(&km->pods, count_pod, &c);
     if (!kube_sleep_deciding(km)) {
-        if (c.asleep + c.dozing && km->m->n_endpoints == 0) {
+        if (c.asleep + c.dozing && !slot_here(km)) {
             ask_leader_to_wake(km);
         }
-    } else if (c.asleep && km->m->n_endpoints == 0 && c.waking == 0) {
+    } else if (c.asleep && !slot_here(km) && !waking_here(km)) {
         wake_some(km, 1);
         return true;
     }
@@ -665,7 +724,7 @@ void kube_sleep_tick(struct kmodel *km, uint64_t now)
     }
     if (m->inflight > 0 || m->queue.count > 0) {
         km->busy_at_ms = now;
-        if (!kube_sleep_deciding(km) && m->n_endpoints == 0) {
+        if (!kube_sleep_deciding(km) && m->queue.count > 0 && !slot_here(km)) {
             ask_leader_to_wake(km); /* again, should the last ask be lost */
         }
         wake_wanted(km);
