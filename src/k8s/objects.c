@@ -363,8 +363,14 @@ int k8s_pod_decode(const cJSON *obj, struct k8s_pod_info *o)
     o->running = strcmp(o->phase, "Running") == 0;
     const cJSON *first = cJSON_GetArrayItem(k8s_get(obj, "status.containerStatuses"), 0);
     o->container_started = k8s_get(first, "state.running") != NULL;
-    o->terminating = k8s_get(obj, "metadata.deletionTimestamp") != NULL ||
-                     strcmp(o->phase, "Failed") == 0 || strcmp(o->phase, "Succeeded") == 0;
+    const char *deletion = k8s_get_string(obj, "metadata.deletionTimestamp");
+    bool exited = strcmp(o->phase, "Failed") == 0 || strcmp(o->phase, "Succeeded") == 0;
+    o->terminating = deletion || exited;
+    o->stopping = deletion && !exited;
+    o->kill_ms = 0;
+    if (o->stopping && k8s_time_parse_ms(deletion, &o->kill_ms)) {
+        o->kill_ms = 0;
+    }
     const cJSON *c;
     cJSON_ArrayForEach(c, k8s_get(obj, "status.conditions"))
     {

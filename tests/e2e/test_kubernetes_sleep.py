@@ -583,3 +583,81 @@ def test_a_request_at_the_second_activator_wakes_the_pod_dealt_to_it(fleet, held
     assert r.status == 200, r.body
     assert time.monotonic() - t0 < 8 * SLOW
     assert sleep_status(second)[mine] == "awake"
+
+
+@pytest.mark.timer_heavy
+def test_a_preempted_pod_keeps_its_gpu_memory_until_it_is_gone(cluster, thaw_factory, tmp_path):
+    """One GPU of 24 GiB. Batch b (14 GiB) serves a 3 s request when critical
+    c (14 GiB) is asked for: b is preempted (scaled down), and its pod,
+    terminating, finishes the request first. c's pod is created only once
+    b's is gone: the scheduler counts the terminating pod's GPU slice but
+    not its memory, so before, c's pod started beside it at once (28 GiB on
+    the 24 GiB GPU for the drain, up to the pod's grace period)."""
+    sim = one_gpu_node(cluster)
+    sim.create_deployment(memory_model("b", tier="batch", token_ms="750"))  # 4 tokens: 3 s
+    sim.create_deployment(memory_model("c", tier="critical"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    assert complete(t, host="b.models", body={"model": "x", "prompt": "hi",
+                                              "max_tokens": 1}).status == 200
+    out = {}
+    long_b = threading.Thread(target=lambda: out.__setitem__("b", complete(t, host="b.models")))
+    long_b.start()
+    time.sleep(0.5)
+    c = threading.Thread(target=lambda: out.__setitem__("c", complete(t, host="c.models")))
+    c.start()
+    together = []
+    while c.is_alive():
+        pods = sim.call("GET", "/api/v1/namespaces/models/pods")[1]["items"]
+        running = {p["metadata"]["name"].split("-")[0] for p in pods
+                   if p["spec"].get("nodeName") and p["status"].get("phase") == "Running"}
+        if {"b", "c"} <= running:
+            together.append(time.monotonic())
+        time.sleep(0.05)
+    long_b.join(30)
+    assert out["b"].status == 200 and out["c"].status == 200, (out["b"].body, out["c"].body)
+    assert t.metric("thaw_pool_decisions_total", model="b", namespace="models",
+                    action="preempt") >= 1
+    assert not together, f"b's and c's pods ran together for {len(together)} samples"
+
+
+@pytest.mark.timer_heavy
+def test_a_busy_batch_sleep_mode_pod_is_preempted_for_critical_memory(cluster, thaw_factory,
+                                                                      tmp_path):
+    """One GPU of 24 GiB. Batch b (sleep mode, 14 GiB) is kept busy by two
+    streams of 1 s requests; critical c (14 GiB) is asked for. b's pod is
+    preempted (scaled down: its requests in flight finish, then it stops) and
+    c is served in seconds; b's later requests wait and are served once c has
+    gone idle. Before, only an idle sleep-mode pod gave up its memory (put to
+    sleep): c waited as long as the batch stream lasted, as the process
+    backend no longer lets it."""
+    sim = one_gpu_node(cluster)
+    sim.create_deployment(memory_model("b", tier="batch", sleep=True, token_ms="250"))
+    c = memory_model("c", tier="critical")
+    c["metadata"]["annotations"]["thaw.dev/idle-timeout"] = "1s"
+    sim.create_deployment(c)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    stop = threading.Event()
+    batch = []
+
+    def stream():
+        while not stop.is_set():
+            batch.append(complete(t, host="b.models").status)
+    streams = [threading.Thread(target=stream) for _ in range(2)]
+    try:
+        for th in streams:
+            th.start()
+        wait_for(lambda: len(batch) >= 2, timeout=20 * SLOW, what="b serving")
+        t0 = time.monotonic()
+        r = complete(t, host="c.models", timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        for th in streams:
+            th.join(60)
+    assert r.status == 200, r.body
+    assert took < 10, took
+    assert t.metric("thaw_pool_decisions_total", model="b", namespace="models",
+                    action="preempt") >= 1
+    assert batch and set(batch) == {200}  # drained or waited, none lost

@@ -69,6 +69,11 @@ struct k8s_pod_info {
     bool running;       /* phase Running */
     bool container_started; /* its first container's state is running (startedAt set) */
     bool terminating;   /* deletionTimestamp set, or Failed/Succeeded */
+    /* Its containers may still run: deleted (deletionTimestamp set) but
+     * not Failed or Succeeded; until kill_ms (the deletionTimestamp, when
+     * the kubelet kills what is left; wall ms, 0 unknown). */
+    bool stopping;
+    int64_t kill_ms;
     bool unschedulable; /* PodScheduled=False, reason Unschedulable */
     bool ready;         /* condition Ready=True (the kubelet's readiness) */
     char unschedulable_message[256];

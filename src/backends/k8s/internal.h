@@ -71,6 +71,10 @@ struct kpod {
     bool probe_ok;
     bool probing;
     bool terminating;
+    /* Terminating with its server maybe still running: its GPU memory is
+     * held until the pod is gone, or this wall time at the latest (the
+     * kubelet kills it at its deletionTimestamp); 0: not so. */
+    int64_t memory_until_ms;
     bool retired; /* thaw scaled to zero: not routed until scaled up again */
     bool selected; /* the Deployment's selector picked it (not only its Service) */
     bool unschedulable;
@@ -151,6 +155,7 @@ struct kmodel {
     struct k8s_call *scale_call;
     uint64_t idle_since_ms;
     uint64_t waiting_since_ms; /* requests wait and no pod is ready */
+    bool memory_wait_said; /* "waits for a terminating pod's GPU memory" logged */
     uint64_t scale_ups, scale_downs;
     char last_scale_error[200];
     struct scaler_model sc;
@@ -169,6 +174,7 @@ struct kmodel {
     uint64_t busy_at_ms;   /* the last tick with requests in flight or held */
     uint64_t last_wake_ms; /* the last wake from sleep took this long; 0: none */
     struct k8s_call *rollout_call;
+    size_t plan_index; /* its index in the scaling plan being made (placement.c) */
 };
 
 /* A model whose Deployments are its revisions: the routing entry that
@@ -208,6 +214,7 @@ struct kube_placement {
     char res[WP_MAX_RES][96];
     size_t n_res;
     struct wp_held *held; /* the nodes' `held`, node by node */
+    size_t *held_model;   /* per held entry: its model's index in the plan */
     size_t cap_held;
 };
 
@@ -372,6 +379,13 @@ uint64_t kube_replica_memory(const struct kmodel *km);
  * terminating, and not asleep (sleep mode) unless asked to wake. What the
  * admission packs and what sleep mode frees count the same pods. */
 bool kube_pod_holds_memory(const struct kpod *p);
+/* Whether terminating p still holds its GPU memory (memory_until_ms). */
+bool kube_pod_memory_leaving(const struct kpod *p, int64_t wall_now);
+/* Whether a new replica of km must wait: pods on their way out (terminating,
+ * or of a model scaled below them) still hold GPU memory on a node km may
+ * use, where it would not fit beside them (the scheduler does not count GPU
+ * memory, so a pod placed there meanwhile would share the GPU with them). */
+bool kube_memory_leaving_for(const struct kmodel *km);
 /* Its replicas declare GPU memory and some GPU node knows its own: a wake
  * from zero must go through the plan (memory admission), not straight to a
  * scale PATCH. */

@@ -6,7 +6,11 @@
  * taints against tolerations, nodeSelector, required node affinity); its
  * replicas per node are its pods that are scheduled and not terminating
  * (a terminating pod's resources count as free: they are on their way, and
- * counting them would take a second victim for the same room). Only thaw's
+ * counting them would take a second victim for the same room; the scheduler
+ * holds a new pod back until they are, but not for GPU memory, which it does
+ * not see: a scale-up of a model that declares memory waits while a
+ * terminating pod still holds some on a node it may use,
+ * kube_memory_leaving_for). Only thaw's
  * model pods are watched, so resources held by other workloads are not
  * seen.
  * GPU memory: a node's shared GPUs (nvidia.com/gpu, nvidia.com/gpu.shared)
@@ -15,6 +19,7 @@
  * GPU takes that much of one bin (warmpool.h). MIG instances are not bins:
  * their profile carries their memory. */
 #include "internal.h"
+#include "thaw/clock.h"
 #include "thaw/log.h"
 
 #include <stdint.h>
@@ -164,7 +169,10 @@ struct memory_ctx {
     struct kube_node_memory *out;
     size_t cap;
     bool oom;
-    bool awake; /* leave out pods falling asleep */
+    bool awake;   /* leave out pods falling asleep */
+    bool leaving; /* count terminating pods that still hold theirs */
+    unsigned n_leaving;
+    int64_t wall_now;
 };
 
 bool kube_pod_holds_memory(const struct kpod *p)
@@ -175,14 +183,39 @@ bool kube_pod_holds_memory(const struct kpod *p)
            !(p->sleep == KS_ASLEEP && !p->wake_asked_ms);
 }
 
+bool kube_pod_memory_leaving(const struct kpod *p, int64_t wall_now)
+{
+    return p->node[0] && p->terminating && p->memory_until_ms > wall_now &&
+           kube_replica_memory(p->km);
+}
+
+static void count_staying(void *ud, const char *key, void *value)
+{
+    const struct kpod *p = value;
+    *(int64_t *)ud += p->node[0] && !p->terminating;
+}
+
+/* Scaled below the pods it runs, which the ReplicaSet has not yet all
+ * marked for deletion: which of them go is its choice. */
+static bool model_shrinking(const struct kmodel *km)
+{
+    int64_t want = km->scale_want >= 0 ? km->scale_want : km->spec.replicas;
+    int64_t pods = 0;
+    strmap_each((struct strmap *)&km->pods, count_staying, &pods);
+    return pods > want;
+}
+
 static void memory_pod(void *ud, const char *key, void *value)
 {
     struct memory_ctx *c = ud;
     const struct kpod *p = value;
-    if (!kube_pod_holds_memory(p) || (c->awake && p->sleep == KS_DOZING) ||
+    bool leaving = c->leaving && (kube_pod_memory_leaving(p, c->wall_now) ||
+                                  (kube_pod_holds_memory(p) && model_shrinking(p->km)));
+    if ((!leaving && !kube_pod_holds_memory(p)) || (c->awake && p->sleep == KS_DOZING) ||
         strcmp(p->node, c->node) != 0) {
         return;
     }
+    c->n_leaving += leaving;
     uint64_t mem = kube_replica_memory(p->km);
     struct kube_node_memory *o = c->out;
     if (o->n == c->cap) {
@@ -204,16 +237,19 @@ static void memory_model(void *ud, const char *key, void *value)
     strmap_each(&((struct kmodel *)value)->pods, memory_pod, ud);
 }
 
+/* What the pods on ni hold (c's flags say which); c->n_leaving: how many
+ * of them are terminating. */
 static int node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
-                       struct kube_node_memory *out, bool awake)
+                       struct kube_node_memory *out, struct memory_ctx *c)
 {
     memset(out, 0, sizeof *out);
     out->per_gpu = kube_gpu_memory(kb, ni, &out->source);
     uint64_t gpus = kube_shared_gpus(ni);
     out->gpus = gpus > WP_MAX_GPUS ? WP_MAX_GPUS : (unsigned)gpus;
-    struct memory_ctx c = {ni->name, out, 0, false, awake};
-    strmap_each(&kb->models, memory_model, &c);
-    if (c.oom) {
+    c->node = ni->name;
+    c->out = out;
+    strmap_each(&kb->models, memory_model, c);
+    if (c->oom) {
         kube_node_memory_dispose(out);
         return -1;
     }
@@ -223,13 +259,48 @@ static int node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
 int kube_node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
                      struct kube_node_memory *out)
 {
-    return node_memory(kb, ni, out, false);
+    struct memory_ctx c = {0};
+    return node_memory(kb, ni, out, &c);
+}
+
+struct leaving_ctx {
+    const struct kmodel *km;
+    bool wait;
+};
+
+/* A node km may use where pods on their way out (terminating, or of a model
+ * scaled below them) still hold GPU memory that one more replica of km would
+ * not fit beside. */
+static void leaving_node(void *ud, const char *key, void *value)
+{
+    struct leaving_ctx *l = ud;
+    const struct k8s_node_info *ni = value;
+    if (l->wait || k8s_node_admits(ni, &l->km->tpl) != K8S_FITS) {
+        return;
+    }
+    struct kube_node_memory nm;
+    struct memory_ctx c = {.leaving = true, .wall_now = (int64_t)clock_wall_ms()};
+    if (node_memory(l->km->kb, ni, &nm, &c)) {
+        return;
+    }
+    l->wait = c.n_leaving && !kube_node_memory_fits(&nm, kube_replica_memory(l->km));
+    kube_node_memory_dispose(&nm);
+}
+
+bool kube_memory_leaving_for(const struct kmodel *km)
+{
+    struct leaving_ctx l = {km, false};
+    if (kube_replica_memory(km)) {
+        strmap_each(&km->kb->nodes_gpu, leaving_node, &l);
+    }
+    return l.wait;
 }
 
 bool kube_node_awake_packs(struct kube_backend *kb, const struct k8s_node_info *ni)
 {
     struct kube_node_memory nm;
-    if (node_memory(kb, ni, &nm, true)) {
+    struct memory_ctx c = {.awake = true};
+    if (node_memory(kb, ni, &nm, &c)) {
         return true; /* out of memory: the sums alone decide */
     }
     bool packs = kube_node_memory_fits(&nm, 0);
@@ -354,8 +425,10 @@ static void model_row(struct kube_placement *pl, struct kmodel *km, bool *eligib
 }
 
 /* What the awake pods of sleep-mode models hold per node (struct wp_node's
- * held): counted in a first pass (pl->held NULL), written in a second. A
- * pod falling asleep is not counted: its memory is on its way. */
+ * held), and whose it is (held_model: a preemption of that model there
+ * releases it, so a busy pod of a lower tier gives way as any other would):
+ * counted in a first pass (pl->held NULL), written in a second. A pod
+ * falling asleep is not counted: its memory is on its way. */
 static void held_pod(void *ud, const char *key, void *value)
 {
     struct kube_placement *pl = ud;
@@ -369,8 +442,10 @@ static void held_pod(void *ud, const char *key, void *value)
     }
     struct wp_node *nd = &pl->nodes[k];
     if (pl->held) {
-        pl->held[(size_t)(nd->held - pl->held) + nd->n_held] = (struct wp_held){
-            kube_replica_memory(p->km), p->km->m->set.priority, kube_pod_sleepable(p)};
+        size_t at = (size_t)(nd->held - pl->held) + nd->n_held;
+        pl->held[at] = (struct wp_held){kube_replica_memory(p->km), p->km->m->set.priority,
+                                        kube_pod_sleepable(p)};
+        pl->held_model[at] = p->km->plan_index;
     }
     nd->n_held++;
 }
@@ -397,18 +472,25 @@ static void collect_held(struct kube_placement *pl)
     pl->held = keep;
     if (total > pl->cap_held) {
         struct wp_held *more = realloc(pl->held, total * sizeof *more);
-        if (!more) {
+        if (more) {
+            pl->held = more;
+        }
+        size_t *whose = realloc(pl->held_model, total * sizeof *whose);
+        if (whose) {
+            pl->held_model = whose;
+        }
+        if (!more || !whose) {
             for (size_t k = 0; k < pl->n_nodes; k++) {
                 pl->nodes[k].n_held = 0;
             }
             return;
         }
-        pl->held = more;
         pl->cap_held = total;
     }
     size_t at = 0;
     for (size_t k = 0; k < pl->n_nodes; k++) {
         pl->nodes[k].held = pl->held ? pl->held + at : NULL;
+        pl->nodes[k].held_model = pl->held_model ? pl->held_model + at : NULL;
         at += pl->nodes[k].n_held;
         pl->nodes[k].n_held = 0;
     }
@@ -451,6 +533,11 @@ static int reserve(struct kube_placement *pl, size_t want, size_t want_cells)
     return 0;
 }
 
+static void unplanned(void *ud, const char *key, void *value)
+{
+    ((struct kmodel *)value)->plan_index = WP_NO_MODEL;
+}
+
 static bool no_nodes(struct scaler_model **sms, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -477,6 +564,10 @@ bool kube_plan_nodes(void *ud, struct scaler_model **sms, size_t n, struct wp_cl
     if (pl->n_nodes == 0) {
         return no_nodes(sms, n);
     }
+    strmap_each(&kb->models, unplanned, NULL);
+    for (size_t i = 0; i < n; i++) {
+        container_of(sms[i], struct kmodel, sc)->plan_index = i;
+    }
     collect_held(pl);
     for (size_t i = 0; i < n; i++) {
         struct kmodel *km = container_of(sms[i], struct kmodel, sc);
@@ -498,5 +589,6 @@ void kube_placement_dispose(struct kube_placement *pl)
     free(pl->eligible);
     free(pl->on_node);
     free(pl->held);
+    free(pl->held_model);
     memset(pl, 0, sizeof *pl);
 }

@@ -518,6 +518,14 @@ static void pod_upsert(void *ud, const cJSON *obj)
     }
     snprintf(p->node, sizeof p->node, "%s", pi.node_name);
     p->requests = pi.requests;
+    /* A kill that lags the deletionTimestamp: the kubelet's own delay. */
+    const int64_t kill_slack_ms = 10000, default_grace_ms = 30000;
+    if (pi.stopping && !p->memory_until_ms) {
+        p->memory_until_ms = (pi.kill_ms ? pi.kill_ms : (int64_t)clock_wall_ms() + default_grace_ms) +
+                             kill_slack_ms;
+    } else if (!pi.stopping) {
+        p->memory_until_ms = 0; /* exited (Failed, Succeeded), or not deleted */
+    }
     if (pi.terminating) {
         p->terminating = true;
         kube_pod_gone(p, "pod terminating");

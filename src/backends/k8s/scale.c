@@ -366,6 +366,24 @@ static unsigned cluster_gpu_slices(void *ud)
     return capacity;
 }
 
+/* Whether km's scale-up must wait for GPU memory: pods on their way out
+ * (scaled down, by this plan too, or terminating) still hold it. The
+ * scheduler counts their GPU slices until they are gone, not their memory,
+ * so a pod placed meanwhile could share a GPU with them over its memory. */
+static bool memory_not_free_yet(struct kmodel *km)
+{
+    if (!kube_memory_bound(km) || !kube_memory_leaving_for(km)) {
+        km->memory_wait_said = false;
+        return false;
+    }
+    if (!km->memory_wait_said) {
+        LOGI("scale-up waits for GPU memory that stopping pods still hold",
+             "model=%s deployment=%s", km->m->name, km->key);
+        km->memory_wait_said = true;
+    }
+    return true;
+}
+
 static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_t now_ms)
 {
     struct kube_backend *kb = ud;
@@ -381,9 +399,21 @@ static void apply_targets(void *ud, struct scaler_model **sms, size_t n, uint64_
         if (now_ms < km->initial_hold_until_ms && km->sc.target < km->spec.initial_scale) {
             km->sc.target = (unsigned)km->spec.initial_scale;
         }
-        if (km->sc.current == 0 && km->sc.target > 0) {
+        if ((int64_t)km->sc.target < km->sc.current) {
+            kube_want_replicas(km, km->sc.target);
+        }
+    }
+    /* Then the scale-ups, which the memory freed by those may be for. */
+    for (size_t i = 0; i < n; i++) {
+        struct kmodel *km = container_of(sms[i], struct kmodel, sc);
+        if ((int64_t)km->sc.target <= km->sc.current) {
+            continue;
+        }
+        if (memory_not_free_yet(km)) {
+            km->sc.target = (unsigned)km->sc.current; /* the plan runs again next tick */
+        } else if (km->sc.current == 0) {
             kube_scale_from_zero(km); /* conditional, as every activator does it */
-        } else if ((int64_t)km->sc.target != km->sc.current) {
+        } else {
             kube_want_replicas(km, km->sc.target);
         }
     }

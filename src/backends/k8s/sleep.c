@@ -301,7 +301,16 @@ static void tally_pod(void *ud, const char *key, void *value)
     struct node_memory *nm = ud;
     const struct kpod *p = value;
     const struct kmodel *km = p->km;
-    if (!kube_pod_holds_memory(p) || strcmp(p->node, nm->node) != 0) {
+    if (strcmp(p->node, nm->node) != 0) {
+        return;
+    }
+    if (kube_pod_memory_leaving(p, (int64_t)clock_wall_ms())) {
+        /* on its way out: a wake waits for it, nothing is slept for it */
+        nm->held += kube_replica_memory(km);
+        nm->coming += kube_replica_memory(km);
+        return;
+    }
+    if (!kube_pod_holds_memory(p)) {
         return;
     }
     nm->held += kube_replica_memory(km);
