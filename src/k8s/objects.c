@@ -115,7 +115,7 @@ size_t k8s_slice_each(const cJSON *slice, void (*fn)(void *ud, const struct k8s_
     {
         const char *pod = k8s_get_string(ep, "targetRef.name");
         const cJSON *a0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(ep, "addresses"), 0);
-        if (!pod || !cJSON_IsString(a0)) {
+        if (!cJSON_IsString(a0)) {
             continue;
         }
         const cJSON *ready = k8s_get(ep, "conditions.ready");

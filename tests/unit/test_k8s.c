@@ -927,14 +927,14 @@ static void test_share_settles_before_growing(void **state)
 
 struct seen {
     int n;
-    char pods[4][32];
-    bool ready[4], term[4];
+    char pods[5][32];
+    bool ready[5], term[5];
 };
 
 static void collect_ep(void *ud, const struct k8s_slice_endpoint *e)
 {
     struct seen *s = ud;
-    snprintf(s->pods[s->n], sizeof s->pods[0], "%s@%s", e->pod, e->address);
+    snprintf(s->pods[s->n], sizeof s->pods[0], "%s@%s", e->pod ? e->pod : "-", e->address);
     s->ready[s->n] = e->ready;
     s->term[s->n] = e->terminating;
     s->n++;
@@ -953,14 +953,19 @@ static void test_endpointslice_decoding(void **state)
         "{\"addresses\":[\"127.0.0.12\"],\"conditions\":{\"ready\":false,\"serving\":true,"
         "\"terminating\":true},\"targetRef\":{\"kind\":\"Pod\",\"name\":\"b\"}},"
         "{\"addresses\":[\"127.0.0.13\"],\"conditions\":{},\"targetRef\":{\"name\":\"c\"}},"
-        "{\"addresses\":[],\"targetRef\":{\"name\":\"d\"}}]}");
+        "{\"addresses\":[],\"targetRef\":{\"name\":\"d\"}},"
+        "{\"addresses\":[\"127.0.0.14\"],\"conditions\":{\"ready\":true}}]}");
     assert_string_equal(k8s_slice_service(slice), "llama");
     struct seen s = {0};
-    assert_int_equal(k8s_slice_each(slice, collect_ep, &s), 3);
+    assert_int_equal(k8s_slice_each(slice, collect_ep, &s), 4);
     assert_string_equal(s.pods[0], "a@127.0.0.11");
     assert_true(s.ready[0] && !s.term[0]);
     assert_true(!s.ready[1] && s.term[1]);
     assert_true(s.ready[2]); /* absent ready condition means ready */
+    /* targetRef is optional (a slice written by hand, for activators found
+     * by address): the endpoint still counts, with no pod name */
+    assert_string_equal(s.pods[3], "-@127.0.0.14");
+    assert_true(s.ready[3] && !s.term[3]);
     cJSON_Delete(slice);
 }
 

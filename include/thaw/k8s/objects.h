@@ -103,7 +103,7 @@ int k8s_pulled_duration_ms(const char *message, uint64_t *ms);
 bool k8s_selector_matches(const cJSON *selector, const cJSON *labels);
 
 struct k8s_slice_endpoint {
-    const char *pod; /* targetRef.name */
+    const char *pod; /* targetRef.name; NULL without one (optional: a slice written by hand) */
     const char *address;
     bool ready;       /* conditions.ready (absent means ready, per the API) */
     bool terminating; /* conditions.terminating */

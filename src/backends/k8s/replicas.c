@@ -604,6 +604,9 @@ static void claimed_elsewhere(void *ud, const char *key, void *value)
 static void slice_endpoint(void *ud, const struct k8s_slice_endpoint *e)
 {
     struct kmodel *km = ud;
+    if (!e->pod) {
+        return; /* a replica is a pod: an address alone is not one thaw knows */
+    }
     /* The Service's selector may overlap another model's: a pod the pods
      * informer gave to another Deployment (its ReplicaSet's) is not ours. */
     struct pod_claim claim = {km, e->pod, false};
