@@ -124,6 +124,12 @@ const char *http_parser_error_text(const struct http_parser *p);
  * Returns HTTP_EV_DONE, HTTP_EV_ERROR (truncated message) or HTTP_EV_NEED_MORE
  * when no message had started. */
 enum http_event http_parser_finish(struct http_parser *p);
+/* Whether a Host value is host[:port] as RFC 3986 writes an authority
+ * without userinfo: an IP literal in brackets (hex digits, colons, dots, a
+ * zone after %), or a name of unreserved, sub-delims and %-escapes, then
+ * optionally a port of at most 5 digits up to 65535. Empty is valid (no
+ * authority). */
+bool http_host_valid(const char *h, size_t n);
 /* Most interim answers (1xx but 101) http_answer_feed skips before the real
  * one: a server that sends nothing else does not hold its caller. */
 #define HTTP_MAX_INTERIM 10

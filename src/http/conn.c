@@ -708,6 +708,11 @@ static bool on_head(struct conn *c, size_t ahead)
         conn_reject(c, REJECT_BAD_REQUEST, "HTTP/1.1 request without Host");
         return false;
     }
+    const struct http_header *host = hosts ? http_head_find(h, "host") : NULL;
+    if (host && !http_host_valid(http_hvalue(h, host), host->value_len)) {
+        conn_reject(c, REJECT_BAD_REQUEST, "invalid Host header"); /* nginx's rule too */
+        return false;
+    }
     if (c->handler->on_head) {
         int rc = c->handler->on_head(c, r);
         /* Not CONNECT: llhttp reads no body after its head, whatever the

@@ -630,6 +630,58 @@ enum http_event http_parser_finish(struct http_parser *p)
     return HTTP_EV_ERROR;
 }
 
+static bool is_digit(unsigned char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static bool is_hex(unsigned char c)
+{
+    return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f');
+}
+
+/* unreserved, sub-delims and the % of an escape (RFC 3986 reg-name) */
+static bool host_name_char(unsigned char c)
+{
+    return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') ||
+           (c && strchr("-._~!$&'()*+,;=%", c));
+}
+
+bool http_host_valid(const char *h, size_t n)
+{
+    size_t i = 0;
+    if (n && h[0] == '[') {
+        for (i = 1; i < n && h[i] != ']'; i++) {
+            unsigned char c = (unsigned char)h[i];
+            if (!is_hex(c) && c != ':' && !host_name_char(c)) {
+                return false;
+            }
+        }
+        if (i == n || i == 1) {
+            return false; /* unclosed, or empty */
+        }
+        i++;
+    } else {
+        while (i < n && h[i] != ':' && host_name_char((unsigned char)h[i])) {
+            i++;
+        }
+    }
+    if (i == n) {
+        return true;
+    }
+    if (h[i] != ':' || n - i - 1 > 5) {
+        return false;
+    }
+    unsigned long port = 0;
+    for (size_t j = i + 1; j < n; j++) {
+        if (!is_digit((unsigned char)h[j])) {
+            return false;
+        }
+        port = port * 10 + (unsigned long)(h[j] - '0');
+    }
+    return port <= 65535;
+}
+
 enum http_event http_answer_feed(struct http_parser *p, unsigned *interim, const char *data,
                                  size_t len, size_t *used)
 {

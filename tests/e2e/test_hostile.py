@@ -209,6 +209,20 @@ def test_http10_with_two_hosts_is_400(thaw, upstream):
     assert upstream.requests == 0
 
 
+@pytest.mark.parametrize("host", [b"[::1", b"::1", b"[::1]:99999", b"a b", b"model-a/x",
+                                  b"model-a:80:80", b"user@model-a"])
+def test_a_host_that_is_no_host_is_400(thaw, upstream, host):
+    """A Host value that is not host[:port] (an unclosed IP literal, a port
+    out of range, a path or userinfo in it) is refused as nginx refuses it,
+    rather than routed by whatever part of it looks like a name."""
+    r = exchange(thaw, b"GET /echo HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+    assert r.status == 400, r.body
+    err = r.json()["error"]
+    assert err["code"] == "bad_request" and "Host" in err["message"], err
+    assert upstream.requests == 0
+    thaw.assert_reconciled()
+
+
 def test_absolute_form_authority_replaces_host(thaw):
     r = exchange(thaw, b"GET http://model-a/echo?x=1 HTTP/1.1\r\nHost: other\r\n\r\n")
     seen = echoed_headers(r)

@@ -265,6 +265,24 @@ static void test_expect_and_tokens(void **state)
     assert_true(http_token_list_has(" close ", 7, "close"));
 }
 
+static void test_host_values(void **state)
+{
+    const char *good[] = {"", "llama", "llama.models.svc.cluster.local", "llama.models:8080",
+                          "127.0.0.1", "127.0.0.1:80", "[::1]", "[::1]:8080",
+                          "[fe80::1%25eth0]:1", "my_host", "a-b.c", "x:65535", "x:"};
+    const char *bad[] = {"[::1", "::1", "[::1]:99999", "[]", "a b", "a/b", "a:b", "a:1:2",
+                         "x:123456", "[::1]x", "a@b", "a\\b", "x:65536"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        assert_true(http_host_valid(good[i], strlen(good[i])));
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        if (http_host_valid(bad[i], strlen(bad[i]))) {
+            fail_msg("taken for a valid Host: %s", bad[i]);
+        }
+    }
+    assert_false(http_host_valid("a\0b", 3)); /* a NUL inside */
+}
+
 static void test_hop_by_hop(void **state)
 {
     struct ctx c;
@@ -394,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_head_limit_counts_only_head_bytes),
         cmocka_unit_test(test_expect_and_tokens),
+        cmocka_unit_test(test_host_values),
         cmocka_unit_test(test_hop_by_hop),
         cmocka_unit_test(test_response_modes),
         cmocka_unit_test(test_every_rejection_status_has_a_reason_phrase),
