@@ -51,20 +51,24 @@ static void read_head(struct event_base *base, int fd, char *out, size_t cap)
     }
 }
 
-static void addr_of(uint16_t port, char *out, size_t len)
+/* A loop, a listener standing in for the replica (its address in addr),
+ * and a control on the loop. */
+static struct event_base *start(int *lfd, char *addr, size_t len, struct control *c)
 {
-    snprintf(out, len, "127.0.0.1:%u", port);
+    struct event_base *base = event_base_new();
+    uint16_t port = 0;
+    *lfd = loopnet_listen(&port);
+    snprintf(addr, len, "127.0.0.1:%u", port);
+    control_init(c, base);
+    return base;
 }
 
 static void test_sends_the_request_and_reports_the_status(void **state)
 {
-    struct event_base *base = event_base_new();
-    uint16_t port = 0;
-    int lfd = loopnet_listen(&port);
     char addr[32];
-    addr_of(port, addr, sizeof addr);
+    int lfd;
     struct control c;
-    control_init(&c, base);
+    struct event_base *base = start(&lfd, addr, sizeof addr, &c);
     struct outcome o = {0};
     assert_int_equal(control_send(&c, addr, "POST", "/sleep?level=2", 1000, on_done, &o), 0);
     assert_true(control_running(&c));
@@ -120,13 +124,10 @@ static void test_sends_the_request_and_reports_the_status(void **state)
 
 static void test_timeout_refusal_and_garbage(void **state)
 {
-    struct event_base *base = event_base_new();
-    uint16_t port = 0;
-    int lfd = loopnet_listen(&port);
     char addr[32];
-    addr_of(port, addr, sizeof addr);
+    int lfd;
     struct control c;
-    control_init(&c, base);
+    struct event_base *base = start(&lfd, addr, sizeof addr, &c);
 
     /* Accepted, never answered. */
     struct outcome o = {0};
@@ -203,13 +204,10 @@ static int answer_with(struct event_base *base, struct control *c, int lfd, cons
  * body over 64 KiB was an error. */
 static void test_interim_answers_and_big_bodies(void **state)
 {
-    struct event_base *base = event_base_new();
-    uint16_t port = 0;
-    int lfd = loopnet_listen(&port);
     char addr[32];
-    addr_of(port, addr, sizeof addr);
+    int lfd;
     struct control c;
-    control_init(&c, base);
+    struct event_base *base = start(&lfd, addr, sizeof addr, &c);
     const char *hinted = "HTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"
                          "HTTP/1.1 100 Continue\r\n\r\n"
                          "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
@@ -238,13 +236,10 @@ static void test_interim_answers_and_big_bodies(void **state)
 
 static void test_cancel_calls_nothing(void **state)
 {
-    struct event_base *base = event_base_new();
-    uint16_t port = 0;
-    int lfd = loopnet_listen(&port);
     char addr[32];
-    addr_of(port, addr, sizeof addr);
+    int lfd;
     struct control c;
-    control_init(&c, base);
+    struct event_base *base = start(&lfd, addr, sizeof addr, &c);
     struct outcome o = {0};
     assert_int_equal(control_send(&c, addr, "POST", "/sleep", 50, on_done, &o), 0);
     control_cancel(&c);
