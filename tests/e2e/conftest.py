@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -161,6 +162,30 @@ def thaw_factory():
     for t in started:
         rc = t.stop()
         assert rc == 0, f"thaw exited with {rc}:\n{t.logs()}"
+
+
+class Busy:
+    """Keeps a model busy: n threads send request() back to back until the
+    block ends; statuses holds every answer's status."""
+
+    def __init__(self, request, n=2):
+        self.request, self.statuses = request, []
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop) for _ in range(n)]
+
+    def _loop(self):
+        while not self.stop.is_set():
+            self.statuses.append(self.request().status)
+
+    def __enter__(self):
+        for th in self.threads:
+            th.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for th in self.threads:
+            th.join(60)
 
 
 def free_port():

@@ -7,13 +7,12 @@ from its environment (/proc/PID/environ)."""
 import json
 import os
 import stat
-import threading
 import time
 
 import pytest
 
 import httpc
-from conftest import wait_for
+from conftest import Busy, wait_for
 from test_process import complete, environ_of, model_status, pid_alive, sim_model
 
 GB = 1000000000
@@ -188,29 +187,17 @@ def test_a_busy_batch_sleep_mode_replica_is_preempted_for_critical(thaw_factory)
                   idle_timeout_ms=1000)
     t = thaw_factory({"gpus": [{"id": 0, "slices": 2, "memory_bytes": 10 * GB}],
                       "autoscaler": {"tick_ms": 200}, "models": [b, c]})
-    stop = threading.Event()
-    batch = []
-
-    def stream():
-        while not stop.is_set():
-            batch.append(complete(t, "b").status)
-    streams = [threading.Thread(target=stream) for _ in range(2)]
-    try:
-        for th in streams:
-            th.start()
+    with Busy(lambda: complete(t, "b")) as batch:
         wait_for(lambda: t.metric("thaw_upstream_inflight", model="b") == 2, timeout=10,
                  what="b busy")
         start = time.monotonic()
         r = complete_within(t, "c", 12)
         took = time.monotonic() - start
-    finally:
-        stop.set()
-        for th in streams:
-            th.join(60)
     assert r.status == 200, r.body
     assert took < 6, took
     assert t.metric("thaw_pool_decisions_total", model="b", action="preempt") == 1
-    assert batch and set(batch) == {200}  # b's requests were drained or waited, none lost
+    # b's requests were drained or waited, none lost
+    assert batch.statuses and set(batch.statuses) == {200}
     t.assert_reconciled()
 
 

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from conftest import wait_for
+from conftest import Busy, wait_for
 from test_ha import fleet, hand_lease  # noqa: F401  (fleet: a fixture)
 from test_kubernetes import (SLOW, cluster, complete, deployment, kmodel, pki,  # noqa: F401
                              start_thaw, urllib_status)
@@ -638,26 +638,13 @@ def test_a_busy_batch_sleep_mode_pod_is_preempted_for_critical_memory(cluster, t
     sim.create_deployment(c)
     t = start_thaw(thaw_factory, sim, tmp_path)
     wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
-    stop = threading.Event()
-    batch = []
-
-    def stream():
-        while not stop.is_set():
-            batch.append(complete(t, host="b.models").status)
-    streams = [threading.Thread(target=stream) for _ in range(2)]
-    try:
-        for th in streams:
-            th.start()
-        wait_for(lambda: len(batch) >= 2, timeout=20 * SLOW, what="b serving")
+    with Busy(lambda: complete(t, host="b.models")) as batch:
+        wait_for(lambda: len(batch.statuses) >= 2, timeout=20 * SLOW, what="b serving")
         t0 = time.monotonic()
         r = complete(t, host="c.models", timeout=20)
         took = time.monotonic() - t0
-    finally:
-        stop.set()
-        for th in streams:
-            th.join(60)
     assert r.status == 200, r.body
     assert took < 10, took
     assert t.metric("thaw_pool_decisions_total", model="b", namespace="models",
                     action="preempt") >= 1
-    assert batch and set(batch) == {200}  # drained or waited, none lost
+    assert batch.statuses and set(batch.statuses) == {200}  # drained or waited, none lost
