@@ -143,16 +143,12 @@ static const char *listener_name(const struct listener *l)
 
 static void log_out_of_fds(struct server *srv, const struct listener *l, int err)
 {
-    uint64_t now = clock_now_ms();
-    if (srv->fd_log_ms && now - srv->fd_log_ms < FD_LOG_INTERVAL_MS) {
-        srv->fd_log_suppressed++;
-        return;
+    uint64_t held;
+    if (log_limit_pass(&srv->fd_log, clock_now_ms(), FD_LOG_INTERVAL_MS, &held)) {
+        LOGW("out of file descriptors: pausing accepts", "listener=%s error=\"%s\" pause_ms=%d "
+             "suppressed=%llu", listener_name(l), strerror(err), ACCEPT_PAUSE_MS,
+             (unsigned long long)held);
     }
-    LOGW("out of file descriptors: pausing accepts", "listener=%s error=\"%s\" pause_ms=%d "
-         "suppressed=%llu", listener_name(l), strerror(err), ACCEPT_PAUSE_MS,
-         (unsigned long long)srv->fd_log_suppressed);
-    srv->fd_log_ms = now;
-    srv->fd_log_suppressed = 0;
 }
 
 static void listener_pause(struct listener *l)

@@ -6,7 +6,9 @@
 #ifndef THAW_LOG_H
 #define THAW_LOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum log_level { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3 };
 
@@ -20,6 +22,20 @@ void log_write(enum log_level level, const char *msg, const char *kvfmt, ...)
  * backslashes and control bytes, truncated to at most max_chars source bytes
  * (with "..." appended when cut). Returns dst. */
 char *log_quote(char *dst, size_t dstlen, const char *src, size_t n, size_t max_chars);
+
+/* A recurring warning written at most once per interval (running out of file
+ * descriptors can repeat it for every connection and request): embedded in
+ * whoever logs it, zeroed to start. */
+struct log_limit {
+    uint64_t last_ms;    /* when a line was last written; 0: never */
+    uint64_t suppressed; /* occurrences not written since */
+};
+/* Whether the occurrence at now_ms gets its line: true at most once per
+ * interval_ms, with *suppressed set to the occurrences held back since the
+ * last line (for its suppressed=N), and the count restarted; false: it is
+ * counted and nothing is written. now_ms is a monotonic time (clock_now_ms). */
+bool log_limit_pass(struct log_limit *l, uint64_t now_ms, uint64_t interval_ms,
+                    uint64_t *suppressed);
 
 /* A value quoted for a log line (escaped, cut at 1000 bytes), in a buffer that
  * lives as long as the enclosing block: LOGW("...", "error=%s", LOG_Q(text)). */

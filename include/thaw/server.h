@@ -14,6 +14,7 @@
 #include "thaw/admin.h"
 #include "thaw/config.h"
 #include "thaw/list.h"
+#include "thaw/log.h"
 #include "thaw/reload.h"
 #include "thaw/runtime.h"
 
@@ -57,8 +58,7 @@ struct server {
     struct event *sig_term, *sig_int, *sig_hup, *drain_timer;
     const char *port_file;
     struct event *accept_resume; /* ends a pause of the listeners (EMFILE) */
-    uint64_t fd_log_ms;          /* last "out of file descriptors" line */
-    uint64_t fd_log_suppressed;  /* such lines not written since */
+    struct log_limit fd_log;     /* "out of file descriptors" lines */
     /* The process backend while its GPU discovery runs on the loop, and
      * whom to tell when it ends. */
     struct backend_process_start *process_starting;

@@ -64,6 +64,19 @@ char *log_quote(char *dst, size_t dstlen, const char *src, size_t n, size_t max_
     return dst;
 }
 
+bool log_limit_pass(struct log_limit *l, uint64_t now_ms, uint64_t interval_ms,
+                    uint64_t *suppressed)
+{
+    if (l->last_ms && now_ms - l->last_ms < interval_ms) {
+        l->suppressed++;
+        return false;
+    }
+    *suppressed = l->suppressed;
+    l->last_ms = now_ms ? now_ms : 1; /* 0 means never */
+    l->suppressed = 0;
+    return true;
+}
+
 void log_write(enum log_level level, const char *msg, const char *kvfmt, ...)
 {
     if (level < min_level_setting) {
