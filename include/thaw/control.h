@@ -18,6 +18,7 @@
 
 #include "thaw/buf.h"
 #include "thaw/http.h"
+#include "thaw/log.h"
 
 struct control;
 #define CONTROL_BODY_KEPT 256
@@ -45,6 +46,7 @@ struct control {
     uint64_t deadline_ms;
     struct http_parser parser;
     struct http_head head;
+    struct log_limit fd_log; /* "no socket for a replica control request" lines */
 };
 
 void control_init(struct control *c, struct event_base *base);

@@ -36,6 +36,8 @@ struct log_limit {
  * counted and nothing is written. now_ms is a monotonic time (clock_now_ms). */
 bool log_limit_pass(struct log_limit *l, uint64_t now_ms, uint64_t interval_ms,
                     uint64_t *suppressed);
+/* The interval thaw's recurring warnings use: one line a second. */
+#define LOG_LIMIT_MS 1000
 
 /* A value quoted for a log line (escaped, cut at 1000 bytes), in a buffer that
  * lives as long as the enclosing block: LOGW("...", "error=%s", LOG_Q(text)). */

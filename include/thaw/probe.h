@@ -26,6 +26,7 @@
 
 #include "thaw/buf.h"
 #include "thaw/http.h"
+#include "thaw/log.h"
 
 struct probe;
 /* Called once, when the replica answered 2xx; the probe is stopped by then. */
@@ -42,6 +43,9 @@ struct probe {
     char path[128];
     probe_ready_cb ready;
     probe_listening_cb listening; /* optional: set after probe_init */
+    /* Optional, set after probe_init: the replica's name for log lines (its
+     * owner's string, which outlives the probe). */
+    const char *replica;
     void *ud;
     struct event timer;
     struct event io;
@@ -59,6 +63,7 @@ struct probe {
     uint64_t expected_ms;  /* the replica should be ready this long after start; 0: unknown */
     uint64_t probes;       /* attempts (connects) */
     uint64_t http_probes;  /* of which GETs sent */
+    struct log_limit fd_log; /* "no socket for a readiness probe" lines */
 };
 
 /* addr is numeric "ip:port" (see netaddr_parse). 0 or -EINVAL. */

@@ -24,6 +24,7 @@
 #include "thaw/endpoint.h"
 #include "thaw/http.h"
 #include "thaw/list.h"
+#include "thaw/log.h"
 #include "thaw/metrics.h"
 
 struct model; /* the owner of an endpoint: opaque here */
@@ -96,6 +97,7 @@ struct upstream_ctx {
     /* The upstream settings in force (config.upstream). */
     uint32_t keepalive_per_endpoint;
     uint64_t keepalive_timeout_ms, eject_ms;
+    struct log_limit fd_log; /* "no socket for a replica connection" lines */
 };
 
 enum upstream_state {

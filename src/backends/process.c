@@ -507,6 +507,7 @@ static int replica_start(struct proc_model *pm)
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     probe_init(&r->probe, pb->evbase, addr, pm->health_path, on_probe_ready, r);
     r->probe.listening = on_probe_listening;
+    r->probe.replica = r->id;
     cs_timeline_begin(&r->phases, CS_LOAD, r->started_ms);
     if (pm->m->n_endpoints == 0) {
         /* Clients wait for this one (or a sibling starting with it). */

@@ -1,5 +1,6 @@
 #include "thaw/control.h"
 #include "thaw/clock.h"
+#include "thaw/log.h"
 #include "thaw/netaddr.h"
 
 #include <errno.h>
@@ -95,7 +96,16 @@ int control_send(struct control *c, const char *addr, const char *method, const 
     c->request_len = (size_t)n;
     int s = socket(c->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s < 0) {
-        return -errno;
+        /* thaw's own limit (descriptors, memory), which its owner may only
+         * retry: said here, once a second at most, for every kind of call. */
+        int err = errno;
+        uint64_t held;
+        if (log_limit_pass(&c->fd_log, clock_now_ms(), LOG_LIMIT_MS, &held)) {
+            LOGW("no socket for a replica control request", "endpoint=%s method=%s path=%s "
+                 "error=\"%s\" suppressed=%llu", c->host, method, path, strerror(err),
+                 (unsigned long long)held);
+        }
+        return -err;
     }
     if (connect(s, (struct sockaddr *)&c->addr, c->addrlen) < 0 && errno != EINPROGRESS) {
         int err = errno;

@@ -1,5 +1,6 @@
 #include "thaw/probe.h"
 #include "thaw/clock.h"
+#include "thaw/log.h"
 #include "thaw/netaddr.h"
 
 #include <errno.h>
@@ -197,6 +198,15 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     }
     int s = socket(p->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s < 0) {
+        /* thaw's own limit (descriptors, memory): the replica is not seen
+         * ready while it lasts, so it is said, once a second at most. */
+        int err = errno;
+        uint64_t held;
+        if (log_limit_pass(&p->fd_log, clock_now_ms(), LOG_LIMIT_MS, &held)) {
+            LOGW("no socket for a readiness probe", "replica=%s endpoint=%s error=\"%s\" "
+                 "suppressed=%llu", p->replica ? p->replica : "-", p->host, strerror(err),
+                 (unsigned long long)held);
+        }
         again(p);
         return;
     }

@@ -235,6 +235,24 @@ static void connect_failed(struct upstream *u, int err)
 static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpoint *ep,
                   bool may_reuse);
 
+static bool out_of_descriptors(int err)
+{
+    return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
+}
+
+/* thaw's own limit left no socket for a connection to ep: at most one line
+ * a second (a burst of requests would write one each), like the accept
+ * pause's. */
+static void log_no_socket(struct upstream_ctx *ctx, const struct endpoint *ep, int err)
+{
+    uint64_t held;
+    if (log_limit_pass(&ctx->fd_log, clock_now_ms(), LOG_LIMIT_MS, &held)) {
+        LOGW("no socket for a replica connection",
+             "model=%s endpoint=%s error=\"%s\" suppressed=%llu", owner_name(ep), ep->addr_text,
+             strerror(err), (unsigned long long)held);
+    }
+}
+
 static bool nothing_to_read(int fd)
 {
     char byte;
@@ -541,9 +559,9 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         ctx->metrics->upstream_connects++;
         if (u->fd < 0) {
             int err = errno;
-            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+            if (out_of_descriptors(err)) {
                 /* thaw's own limit, not the replica's fault: no ejection. */
-                LOGW("no socket for a replica connection", "error=\"%s\"", strerror(err));
+                log_no_socket(ctx, ep, err);
                 struct model *m = release(u, false);
                 r->ex->state = REQ_ROUTED;
                 conn_reject(r->conn, REJECT_TOO_MANY_CONNECTIONS, NULL);
@@ -767,7 +785,8 @@ static bool send_check(struct upstream_ctx *ctx, struct endpoint *ep)
                      ACCEPT_CHECK_TIMEOUT_MS, on_check_done, ep) == 0) {
         return true;
     }
-    retry_check_later(ep); /* no socket or no route: on_check_done is not called */
+    /* No socket (control logs it) or no route: on_check_done is not called. */
+    retry_check_later(ep);
     return false;
 }
 

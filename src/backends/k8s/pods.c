@@ -425,6 +425,7 @@ void kube_pod_probe(struct kpod *p)
     kube_pod_addr(p, addr, sizeof addr);
     if (probe_init(&p->probe, kb->evbase, addr, km->spec.health_path, on_pod_probe, p) == 0) {
         p->probe.listening = on_pod_listening;
+        p->probe.replica = p->name;
         p->probing = true;
         probe_start(&p->probe, expected_ready_ms(km));
     }
