@@ -118,6 +118,7 @@ struct server_metrics {
     uint64_t upstream_accept_checks;
     uint64_t upstream_break_holds; /* replicas held back after a connection broke */
     uint64_t upstream_connect_stalls; /* connects made again after a stall */
+    uint64_t upstream_budget_closed;  /* pooled connections closed for a new one (fd budget) */
     struct code_counts unrouted_codes; /* responses to requests no model took */
     uint64_t accept_paused; /* listeners paused for want of file descriptors */
 };

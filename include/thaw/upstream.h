@@ -97,6 +97,12 @@ struct upstream_ctx {
     /* The upstream settings in force (config.upstream). */
     uint32_t keepalive_per_endpoint;
     uint64_t keepalive_timeout_ms, eject_ms;
+    /* Replica connections open (made, or adopted from a probe), and the
+     * share of the descriptor budget they have (one per client connection
+     * allowed; 0: no bound): at it, a new connection first closes the
+     * longest-idle pooled one, whichever its replica. */
+    size_t n_open, max_open;
+    struct list_node pooled; /* every pooled connection, most recently pooled first */
     struct log_limit fd_log; /* "no socket for a replica connection" lines */
 };
 
@@ -109,7 +115,8 @@ enum upstream_state {
 };
 
 struct upstream {
-    struct list_node node; /* in endpoint->idle while pooled */
+    struct list_node node;        /* in endpoint->idle while pooled */
+    struct list_node pooled_node; /* in ctx->pooled while pooled */
     struct upstream_ctx *ctx;
     struct endpoint *ep;
     struct upstream_req *req;

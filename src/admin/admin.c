@@ -358,6 +358,10 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
                    "(a full accept queue drops it); each shrinks how many new connections the "
                    "replica gets at once.",
                    sm->upstream_connect_stalls);
+    metrics_single(o, "thaw_upstream_budget_closed_total", "counter",
+                   "Pooled replica connections closed so a new one stays within the file "
+                   "descriptor budget (replica connections share the clients' limit).",
+                   sm->upstream_budget_closed);
     metrics_single(o, "thaw_admin_connections", "gauge",
                    "Open connections on the admin port.",
                    adm->rt->n_admin_conns);

@@ -41,6 +41,7 @@ int runtime_init(struct runtime *rt, struct config *cfg, struct event_base *base
         .metrics = &rt->metrics,
         .draining = &rt->net.draining,
     };
+    list_init(&rt->up.pooled);
     runtime_apply_config(rt);
     return 0;
 }

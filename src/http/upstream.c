@@ -84,6 +84,24 @@ static void check_silence(struct upstream *u, uint64_t now)
     }
 }
 
+/* Pooled: on its replica's list (most recent first, the one taken next)
+ * and on the list of all, whose last is the one a new connection closes
+ * when the descriptor budget is used up (make_room). */
+static void pool_add(struct upstream *u)
+{
+    u->state = UP_IDLE;
+    list_push_front(&u->ep->idle, &u->node);
+    u->ep->n_idle++;
+    list_push_front(&u->ctx->pooled, &u->pooled_node);
+}
+
+static void pool_remove(struct upstream *u)
+{
+    list_remove(&u->node);
+    u->ep->n_idle--;
+    list_remove(&u->pooled_node);
+}
+
 static void disarm(struct upstream *u)
 {
     event_del(&u->tev);
@@ -98,8 +116,7 @@ static void destroy(struct upstream *u)
     u->dead = true;
     accept_forget(u->ep, &u->acc);
     if (u->state == UP_IDLE) {
-        list_remove(&u->node);
-        u->ep->n_idle--;
+        pool_remove(u);
     }
     event_del(&u->rev);
     event_del(&u->wev);
@@ -107,6 +124,7 @@ static void destroy(struct upstream *u)
     if (u->fd >= 0) {
         close(u->fd);
         u->fd = -1;
+        u->ctx->n_open--;
     }
     http_head_dispose(&u->head);
     buf_dispose(&u->resp_head);
@@ -190,15 +208,13 @@ static struct model *release(struct upstream *u, bool reusable)
     }
     if (reusable && m && !*ctx->draining && !u->server_no_keepalive && !u->reading_fin &&
         ep->n_idle < ctx->keepalive_per_endpoint && !u->dead) {
-        u->state = UP_IDLE;
         if (u->reading_paused) {
             u->reading_paused = false;
             event_add(&u->rev, NULL);
         }
         /* Most recently used first (as nginx does): the connection least
          * likely to be closed by the replica's own idle timer. */
-        list_push_front(&ep->idle, &u->node);
-        ep->n_idle++;
+        pool_add(u);
         event_del(&u->wev);
         u->idle_since_ms = clock_now_ms();
         u->pooled_drained = u->reading_drained;
@@ -253,6 +269,19 @@ static void log_no_socket(struct upstream_ctx *ctx, const struct endpoint *ep, i
     }
 }
 
+/* At the replica connections' share of the descriptor budget, a new one
+ * first closes the pooled connection idle longest (any replica's): pools
+ * of many replicas could otherwise hold the descriptors the clients'
+ * requests need. */
+static void make_room(struct upstream_ctx *ctx)
+{
+    if (ctx->max_open && ctx->n_open >= ctx->max_open && !list_empty(&ctx->pooled)) {
+        struct upstream *idle = container_of(list_last(&ctx->pooled), struct upstream, pooled_node);
+        ctx->metrics->upstream_budget_closed++;
+        destroy(idle);
+    }
+}
+
 static bool nothing_to_read(int fd)
 {
     char byte;
@@ -282,8 +311,7 @@ static struct upstream *take_pooled(struct upstream_ctx *ctx, struct endpoint *e
     while ((n = list_first(&ep->idle))) {
         struct upstream *u = container_of(n, struct upstream, node);
         if (known_open(u, now) || nothing_to_read(u->fd)) {
-            list_remove(n);
-            ep->n_idle--;
+            pool_remove(u);
             return u;
         }
         ctx->metrics->upstream_stale_closed++;
@@ -549,7 +577,11 @@ static void begin(struct upstream_ctx *ctx, struct upstream_req *r, struct endpo
         buf_init(&u->resp_head);
         buf_init(&u->err_body);
         http_parser_init(&u->parser, HTTP_RESPONSE, ctx->resp_limits);
+        make_room(ctx);
         u->fd = socket(ep->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (u->fd >= 0) {
+            ctx->n_open++;
+        }
         event_assign(&u->rev, ctx->base, u->fd, conn_read_events(ctx->base), on_read, u);
         event_assign(&u->wev, ctx->base, u->fd, conn_write_events(ctx->base), on_write, u);
         event_assign(&u->tev, ctx->base, -1, 0, on_timer, u);
@@ -645,9 +677,8 @@ void upstream_adopt(struct upstream_ctx *ctx, struct endpoint *ep, int fd)
     event_assign(&u->rev, ctx->base, fd, conn_read_events(ctx->base), on_read, u);
     event_assign(&u->wev, ctx->base, fd, conn_write_events(ctx->base), on_write, u);
     event_assign(&u->tev, ctx->base, -1, 0, on_timer, u);
-    u->state = UP_IDLE;
-    list_push_front(&ep->idle, &u->node);
-    ep->n_idle++;
+    ctx->n_open++;
+    pool_add(u);
     event_add(&u->rev, NULL);
     arm_ms(u, ctx->keepalive_timeout_ms);
 }

@@ -288,6 +288,7 @@ static int setup(void **state)
         .keepalive_timeout_ms = 3000,
         .eject_ms = 1000,
     };
+    list_init(&e->up.pooled);
     e->client_lfd = loopnet_listen(&e->client_port);
     e->replica_lfd = loopnet_listen(&e->replica_port);
     assert_true(e->client_lfd >= 0 && e->replica_lfd >= 0);
@@ -513,6 +514,36 @@ static void test_pooled_connection_serves_the_next_request(void **state)
     assert_int_equal(fk.first_bytes, 2);
     assert_int_equal(loopnet_count(&e->client, "HTTP/1.1 200 OK"), 2);
     assert_int_equal(e->ep->n_idle, 1);
+}
+
+/* Replica connections share the clients' descriptor budget: at it, a new
+ * one first closes the connection pooled longest, whichever its replica. */
+static void test_a_new_connection_at_the_budget_closes_the_longest_idle(void **state)
+{
+    struct env *e = *state;
+    struct endpoint *other = endpoint_new("r1", e->ep->addr_text);
+    assert_non_null(other);
+    other->model = FAKE_MODEL;
+    int fd = loopnet_connect(e->replica_port, 0);
+    int peer = loopnet_accept(e->replica_lfd, NULL);
+    assert_true(fd >= 0 && peer >= 0);
+    upstream_adopt(&e->up, other, fd); /* a probe's connection, pooled */
+    assert_int_equal(other->n_idle, 1);
+    assert_int_equal(e->up.n_open, 1);
+    e->up.max_open = 1;
+    open_client(e);
+    round_trip(e, true);
+    assert_int_equal(e->metrics.upstream_budget_closed, 1);
+    assert_int_equal(other->n_idle, 0);
+    assert_int_equal(e->up.n_open, 1);
+    assert_int_equal(e->ep->n_idle, 1);
+    /* A pooled connection of its own is taken as before: nothing closed. */
+    round_trip(e, false);
+    assert_int_equal(e->metrics.upstream_budget_closed, 1);
+    assert_int_equal(e->metrics.upstream_connects, 1);
+    close(peer);
+    assert_int_equal(other->refs, 1);
+    endpoint_unref(other);
 }
 
 /* Every socket the loop watches for reads, as the kernel has it registered
@@ -1458,6 +1489,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_pooled_connection_serves_the_next_request, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_a_new_connection_at_the_budget_closes_the_longest_idle,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_replica_socket_stays_edge_triggered_after_the_request,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_connect_retries_and_ejects, setup, teardown),
