@@ -426,6 +426,7 @@ void reload_apply(struct server *srv, struct config *next)
     struct config *old = srv->rt.cfg;
     srv->rt.cfg = next;
     runtime_apply_config(&srv->rt); /* tenants too: keys, caps, tiers, weights */
+    server_apply_fd_budget(srv, old);
     proxy_tenants_changed(&srv->rt);
     struct backend *backends[ADMIN_MAX_BACKENDS];
     size_t n_backends = server_backends(srv, backends);

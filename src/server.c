@@ -11,6 +11,7 @@
 #include "thaw/upstream.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -33,8 +34,6 @@
  * pending connection stays readable on the listening socket, so accepting
  * again at once would spin (nginx and HAProxy pause the same way). */
 #define ACCEPT_PAUSE_MS 100
-/* At most one "out of file descriptors" line per this many ms. */
-#define FD_LOG_INTERVAL_MS 1000
 
 
 static void on_accept(evutil_socket_t fd, short what, void *arg);
@@ -131,8 +130,10 @@ static void reject_connection(struct server *srv, int fd, const struct sockaddr 
     if (!c) {
         return;
     }
-    /* Not counted against the limit it is refused by: it only ever carries
-     * this one answer. */
+    /* Not counted against the limit it is refused by (it only ever carries
+     * this one answer), but against the refusals the reserve has room for. */
+    c->count = &srv->rt.n_refused;
+    srv->rt.n_refused++;
     conn_reject(c, REJECT_TOO_MANY_CONNECTIONS, NULL);
 }
 
@@ -144,7 +145,7 @@ static const char *listener_name(const struct listener *l)
 static void log_out_of_fds(struct server *srv, const struct listener *l, int err)
 {
     uint64_t held;
-    if (log_limit_pass(&srv->fd_log, clock_now_ms(), FD_LOG_INTERVAL_MS, &held)) {
+    if (log_limit_pass(&srv->fd_log, clock_now_ms(), LOG_LIMIT_MS, &held)) {
         LOGW("out of file descriptors: pausing accepts", "listener=%s error=\"%s\" pause_ms=%d "
              "suppressed=%llu", listener_name(l), strerror(err), ACCEPT_PAUSE_MS,
              (unsigned long long)held);
@@ -159,6 +160,23 @@ static void listener_pause(struct listener *l)
     }
 }
 
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg);
+
+/* Stops l accepting for ACCEPT_PAUSE_MS (a later pause of either listener
+ * moves the end of both on). */
+static void pause_listener(struct server *srv, struct listener *l)
+{
+    if (!srv->accept_resume) {
+        srv->accept_resume = evtimer_new(srv->rt.base, on_accept_resume, srv);
+        if (!srv->accept_resume) {
+            return;
+        }
+    }
+    listener_pause(l);
+    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+    event_add(srv->accept_resume, &tv);
+}
+
 static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
 {
     struct server *srv = arg;
@@ -171,22 +189,15 @@ static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-/* Both listeners stop for ACCEPT_PAUSE_MS: one descriptor short for one is
- * short for the other, and connections closing meanwhile give some back. */
-static void pause_accepting(struct server *srv, const struct listener *l, int err)
+/* The listener that found no descriptor stops for ACCEPT_PAUSE_MS, and
+ * connections closing meanwhile give some back. Only that one: the admin
+ * port's /healthz must not go dark on the proxy port's account (it fails
+ * and pauses on its own when it is short too). */
+static void pause_accepting(struct server *srv, struct listener *l, int err)
 {
     srv->rt.metrics.accept_paused++;
     log_out_of_fds(srv, l, err);
-    if (!srv->accept_resume) {
-        srv->accept_resume = evtimer_new(srv->rt.base, on_accept_resume, srv);
-        if (!srv->accept_resume) {
-            return;
-        }
-    }
-    listener_pause(&srv->proxy_l);
-    listener_pause(&srv->admin_l);
-    struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
-    event_add(srv->accept_resume, &tv);
+    pause_listener(srv, l);
 }
 
 static void accept_admin(struct server *srv, int cfd, const struct sockaddr *peer)
@@ -207,6 +218,11 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
 {
     struct listener *l = arg;
     struct server *srv = l->srv;
+    if (l->kind == LISTENER_PROXY && srv->rt.n_conns >= srv->rt.max_conns &&
+        srv->rt.n_refused >= srv->rt.max_refused) {
+        pause_listener(srv, l); /* as below: no room for another refusal yet */
+        return;
+    }
     for (int i = 0; i < ACCEPT_BATCH; i++) {
         struct sockaddr_storage peer;
         socklen_t plen = sizeof peer;
@@ -220,8 +236,16 @@ static void on_accept(evutil_socket_t fd, short what, void *arg)
         }
         if (l->kind == LISTENER_PROXY) {
             srv->rt.metrics.connections_accepted++;
-            if (srv->rt.n_conns >= srv->rt.cfg->limits.max_connections) {
+            if (srv->rt.n_conns >= srv->rt.max_conns) {
                 reject_connection(srv, cfd, (struct sockaddr *)&peer);
+                if (srv->rt.n_refused >= srv->rt.max_refused) {
+                    /* The reserve's room for refusals is taken: the rest
+                     * wait in the backlog (for a 503, or a slot come free)
+                     * rather than take descriptors probes and the admin
+                     * port need. */
+                    pause_listener(srv, l);
+                    return;
+                }
                 continue;
             }
             struct conn *c = conn_new(&srv->rt.net, cfd, &srv->rt.req_limits, &proxy_conn_handler,
@@ -337,6 +361,56 @@ static size_t admin_backends(void *ud, struct backend **out)
     return server_backends(ud, out);
 }
 
+/* Descriptors open now: /proc/self/fd's entries but the one reading it;
+ * without /proc, those below 1024 that fcntl finds. */
+static uint64_t count_open_fds(void)
+{
+    uint64_t n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            n += e->d_name[0] != '.';
+        }
+        closedir(d);
+        return n ? n - 1 : 0;
+    }
+    for (int fd = 0; fd < 1024; fd++) {
+        n += fcntl(fd, F_GETFD) != -1;
+    }
+    return n;
+}
+
+void server_apply_fd_budget(struct server *srv, const struct config *before)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        return; /* no budget: the configured figures stand */
+    }
+    if (!before) {
+        srv->fds_at_start = count_open_fds();
+    }
+    uint64_t was_allowed = srv->rt.fds.max_connections;
+    struct fdbudget b;
+    fdbudget_derive(&b, rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur,
+                    srv->fds_at_start);
+    runtime_set_fds(&srv->rt, &b);
+    const struct config *cfg = srv->rt.cfg;
+    uint64_t wanted = cfg->limits.max_connections;
+    if (wanted <= b.max_connections ||
+        (before && before->limits.max_connections == wanted && was_allowed == b.max_connections)) {
+        return; /* fits, or said already */
+    }
+    LOGW("the file descriptor limit allows fewer client connections than configured",
+         "file=%s key=limits.max_connections max_connections=%llu allowed=%llu nofile=%llu "
+         "reserve=%llu nofile_needed=%llu hint=\"raise the hard RLIMIT_NOFILE (ulimit -Hn, "
+         "systemd LimitNOFILE=, the container runtime's nofile ulimit) to nofile_needed, or "
+         "lower limits.max_connections\"",
+         cfg->path ? LOG_Q(cfg->path) : "-", (unsigned long long)wanted,
+         (unsigned long long)b.max_connections, (unsigned long long)b.limit,
+         (unsigned long long)b.reserve, (unsigned long long)fdbudget_limit_for(&b, wanted));
+}
+
 bool server_is_ready(struct server *srv)
 {
     if (!srv->ready || srv->rt.net.draining) {
@@ -445,10 +519,14 @@ int server_init(struct server *srv, struct config *cfg, const char *port_file,
     if (port_file && write_port_file(srv)) {
         return -1;
     }
+    /* Last, with everything thaw holds for good open and counted. */
+    server_apply_fd_budget(srv, NULL);
     char a[96], b[96];
     format_addr(&srv->proxy_l.bound, a, sizeof a);
     format_addr(&srv->admin_l.bound, b, sizeof b);
-    LOGI("thaw started", "listen=%s admin_listen=%s models=%zu", a, b, srv->rt.fleet.n_models);
+    LOGI("thaw started", "listen=%s admin_listen=%s models=%zu max_connections=%llu nofile=%llu",
+         a, b, srv->rt.fleet.n_models, (unsigned long long)srv->rt.max_conns,
+         (unsigned long long)srv->rt.fds.limit);
     srv->ready = true;
     return 0;
 }

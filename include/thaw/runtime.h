@@ -14,6 +14,7 @@
 
 #include "thaw/config.h"
 #include "thaw/conn.h"
+#include "thaw/fdbudget.h"
 #include "thaw/http.h"
 #include "thaw/metrics.h"
 #include "thaw/model.h"
@@ -50,6 +51,15 @@ struct runtime {
     uint64_t buffered_body_bytes;
     size_t n_conns;       /* proxy-port connections counted against the limit */
     size_t n_admin_conns; /* admin-port connections */
+    /* What the descriptor limit allows (the server works it out at start-up
+     * and on each reload: runtime_set_fds; limit 0 before), and from it the
+     * limits in force: proxy-port connections (limits.max_connections, or
+     * fewer), and connections refused at that limit that may be open at once
+     * for their 503 and lingering close. */
+    struct fdbudget fds;
+    uint64_t max_conns;
+    size_t max_refused;
+    size_t n_refused; /* connections refused at max_conns still open */
     struct http_limits req_limits, resp_limits, admin_limits;
     struct reload_status reload;
     uint64_t started_ms;
@@ -68,6 +78,9 @@ int runtime_init(struct runtime *rt, struct config *cfg, struct event_base *base
  * next (after a reload replaced rt->cfg): requests already read and
  * connections already armed keep what they had. */
 void runtime_apply_config(struct runtime *rt);
+/* Takes fds (what the descriptor limit allows) and applies it with the
+ * configuration in force (runtime_apply_config does again). */
+void runtime_set_fds(struct runtime *rt, const struct fdbudget *fds);
 /* Frees the request cache and the read buffer (not the loop, the fleet or
  * the configuration: their owner frees those). */
 void runtime_dispose(struct runtime *rt);

@@ -59,6 +59,7 @@ struct server {
     const char *port_file;
     struct event *accept_resume; /* ends a pause of the listeners (EMFILE) */
     struct log_limit fd_log;     /* "out of file descriptors" lines */
+    uint64_t fds_at_start;       /* descriptors open once started (server_apply_fd_budget) */
     /* The process backend while its GPU discovery runs on the loop, and
      * whom to tell when it ends. */
     struct backend_process_start *process_starting;
@@ -79,6 +80,12 @@ bool server_is_ready(struct server *srv);
 /* Runs the loop until drained. Returns the process exit code. */
 int server_run(struct server *srv);
 void server_dispose(struct server *srv);
+/* Works out what the descriptor limit (RLIMIT_NOFILE) allows and applies it
+ * to the configuration in force (runtime_set_fds): at the end of start-up
+ * (before NULL: the descriptors open then are counted for the reserve) and
+ * after a reload (before: the configuration replaced). Warns, once per
+ * figure, when limits.max_connections is above what the limit allows. */
+void server_apply_fd_budget(struct server *srv, const struct config *before);
 /* Starts a graceful drain (as SIGTERM does). */
 void server_begin_drain(struct server *srv);
 

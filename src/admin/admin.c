@@ -322,6 +322,13 @@ static void connections(const struct metrics_stream *ms, struct buf *o)
     metrics_single(o, "thaw_connections", "gauge",
                    "Open client connections on the proxy port.",
                    adm->rt->n_conns);
+    metrics_single(o, "thaw_max_connections", "gauge",
+                   "Client connections allowed on the proxy port: limits.max_connections, or "
+                   "fewer when the file descriptor limit allows fewer.",
+                   adm->rt->max_conns);
+    metrics_single(o, "thaw_max_fds", "gauge",
+                   "The file descriptor limit (RLIMIT_NOFILE) in force.",
+                   adm->rt->fds.limit);
     metrics_single(o, "thaw_connections_accepted_total", "counter",
                    "Client connections accepted.",
                    sm->connections_accepted);
@@ -842,6 +849,16 @@ static void status_cold_start(const struct model *m, uint64_t now, cJSON *jm)
     }
 }
 
+/* What the descriptor limit allows, and what it keeps free of clients. */
+static void status_fds(const struct fdbudget *b, cJSON *root)
+{
+    cJSON *j = cJSON_AddObjectToObject(root, "file_descriptors");
+    cJSON_AddNumberToObject(j, "limit", (double)b->limit);
+    cJSON_AddNumberToObject(j, "open_at_start", (double)b->in_use);
+    cJSON_AddNumberToObject(j, "reserve", (double)b->reserve);
+    cJSON_AddNumberToObject(j, "allows_connections", (double)b->max_connections);
+}
+
 /* A /status this large gives its memory back when answered. */
 #define ADMIN_TRIM_BYTES (1024 * 1024)
 
@@ -857,6 +874,8 @@ static void render_status(struct admin_ctx *adm, struct buf *out)
     cJSON_AddNumberToObject(root, "inflight", (double)adm->rt->inflight);
     cJSON_AddNumberToObject(root, "queued", (double)adm->rt->qglobal.total);
     cJSON_AddNumberToObject(root, "connections", (double)adm->rt->n_conns);
+    cJSON_AddNumberToObject(root, "max_connections", (double)adm->rt->max_conns);
+    status_fds(&adm->rt->fds, root);
     struct backend *backends[ADMIN_MAX_BACKENDS];
     size_t n_backends = adm->backends(adm->ud, backends);
     for (size_t i = 0; i < n_backends; i++) {

@@ -46,6 +46,22 @@ int runtime_init(struct runtime *rt, struct config *cfg, struct event_base *base
     return 0;
 }
 
+/* The connection limits in force: the configured ones, lowered to what the
+ * descriptor limit allows once that is known. Replica connections share the
+ * clients' budget (one each): past it a new one first closes a pooled one. */
+static void apply_fds(struct runtime *rt)
+{
+    rt->max_conns = fdbudget_connections(&rt->fds, rt->cfg->limits.max_connections);
+    rt->max_refused = rt->fds.limit ? rt->fds.max_refused : CONN_MAX_LINGERING;
+    rt->up.max_open = rt->fds.limit ? rt->max_conns : 0;
+}
+
+void runtime_set_fds(struct runtime *rt, const struct fdbudget *fds)
+{
+    rt->fds = *fds;
+    apply_fds(rt);
+}
+
 void runtime_apply_config(struct runtime *rt)
 {
     const struct config *cfg = rt->cfg;
@@ -68,6 +84,7 @@ void runtime_apply_config(struct runtime *rt)
     {
         container_of(pos, struct model, node)->queue.aging_ms = lim->queue_aging_ms;
     }
+    apply_fds(rt);
     rt->requests.access_log = cfg->access_log;
     bool from_source = cfg->tenants.source.kind != TENANTS_SOURCE_NONE && rt->source_loaded;
     int rc = tenants_apply(&rt->tenants, from_source ? &rt->source_tenants : &cfg->tenants);

@@ -134,6 +134,148 @@ def test_out_of_fds_backs_off_without_spinning(thaw_factory, upstream):
     assert "suppressed=" in t.logs()
 
 
+def completion_request(model="llama"):
+    body = json.dumps({"model": model, "prompt": "hi"}).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def fill_admin_port(t, n=80):
+    """Admin-port connections (a bound of their own, 256, outside the clients' budget)
+    until thaw has no descriptor left; the ones it cannot accept wait in its backlog."""
+    conns = [socket.create_connection((t.host, t.admin_port), timeout=5) for _ in range(n)]
+    time.sleep(0.3)
+    return conns
+
+
+def test_a_cold_start_gets_its_descriptors_while_clients_flood_in(thaw_factory):
+    """100 clients each send a request to a cold process model while thaw has 64 descriptors.
+    Before, their connections took every descriptor: the replica's readiness probe found no
+    socket (silently), so the model never became ready and the held requests hung, a deadlock
+    of thaw's own. Now the descriptor limit caps the client connections (two descriptors
+    each, past a reserve): those within it are answered once the model is up, the others at
+    once with 503 too_many_connections."""
+    from test_process import sim_model
+    import threading
+    t = thaw_factory({"models": [sim_model(load_ms=200)]}, preexec_fn=limit_fds(64))
+    req = completion_request()
+    results = []
+
+    def client():
+        try:
+            with socket.create_connection((t.host, t.port), timeout=8) as s:
+                s.sendall(req)
+                results.append(httpc.Reader(s).response("POST"))
+        except OSError as e:
+            results.append(e)
+    threads = [threading.Thread(target=client) for _ in range(100)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(30)
+    unanswered = [r for r in results if isinstance(r, Exception)]
+    assert not unanswered and len(results) == 100, f"{len(unanswered)} unanswered: {unanswered[:3]}"
+    allowed = t.metric("thaw_max_connections")
+    assert 0 < allowed < 100
+    assert sum(r.status == 200 for r in results) == allowed
+    refused = [r for r in results if r.status == 503]
+    assert len(refused) == 100 - allowed
+    assert all(r.json()["error"]["code"] == "too_many_connections" and r.header("retry-after")
+               for r in refused)
+    assert t.status()["max_connections"] == allowed
+    warned = [l for l in t.logs().splitlines() if "allows fewer client connections" in l]
+    assert len(warned) == 1 and "max_connections=10000" in warned[0], warned
+    assert f"allowed={int(allowed)} nofile=64" in warned[0]
+
+
+def test_a_probe_that_finds_no_socket_is_logged(thaw_factory):
+    """Descriptors run out while a replica loads: its readiness probe cannot open a socket.
+    That is logged (at most once a second; before, nothing was), and once descriptors are
+    back the probe finds the replica ready and the held request is answered."""
+    from test_process import sim_model
+    t = thaw_factory({"models": [sim_model(load_ms=1500)]}, preexec_fn=limit_fds(64))
+    s = t.connect()
+    admins = []
+    try:
+        s.sendall(completion_request())
+        wait_for(lambda: "starting replica" in t.logs(), timeout=5, what="the replica's start")
+        t0 = time.monotonic()
+        admins = fill_admin_port(t)
+        wait_for(lambda: "no socket for a readiness probe" in t.logs(), timeout=5,
+                 what="the probe's failure in the log")
+        time.sleep(1)
+    finally:
+        for c in admins:
+            c.close()
+    seconds = time.monotonic() - t0
+    r = httpc.Reader(s).response("POST")
+    s.close()
+    assert r.status == 200, r.body
+    lines = [l for l in t.logs().splitlines() if "no socket for a readiness probe" in l]
+    assert 1 <= len(lines) <= seconds + 1, lines  # once a second at most
+    assert "replica=llama-1" in lines[0] and 'error="Too many open files"' in lines[0], lines
+
+
+def test_the_admin_port_answers_while_clients_hold_every_connection(thaw_factory, upstream):
+    """Clients open more connections than thaw's 64 descriptors allow. Before, they took
+    every descriptor and the admin port (and its accepts, paused with the proxy's) could
+    not answer /healthz: a kubelet would restart thaw for being busy. Now the connection
+    limit leaves a reserve, and the first client over it gets its 503 at once."""
+    t = thaw_factory({"models": [model(upstream)]}, preexec_fn=limit_fds(64))
+    conns = []
+    try:
+        for _ in range(100):
+            conns.append(socket.create_connection((t.host, t.port), timeout=5))
+        time.sleep(0.5)
+        for path in ("/healthz", "/readyz", "/metrics"):
+            r = httpc.request(t.host, t.admin_port, path=path, timeout=3)
+            assert r.status == 200, (path, r.body)
+        allowed = int(t.metric("thaw_max_connections"))
+        assert 0 < allowed < 100
+        assert t.metric("thaw_connections") == allowed
+        r = httpc.Reader(conns[allowed]).response()
+        assert r.status == 503 and r.json()["error"]["code"] == "too_many_connections"
+        assert r.header("retry-after") == "1"
+    finally:
+        for c in conns:
+            c.close()
+    # Those within the limit are served as ever once the flood is gone.
+    wait_for(lambda: t.metric("thaw_connections") == 0, timeout=5, what="the flood's end")
+    r = httpc.request(t.host, t.port, path="/echo", headers={"Host": "model-a"}, timeout=5)
+    assert r.status == 200
+
+
+def test_requests_that_find_no_socket_for_a_replica_log_once_a_second(thaw_factory, upstream):
+    """Requests that cannot get a socket for their replica (admin connections took the last
+    descriptors) are answered 503 too_many_connections, and logged as the accept pause is:
+    at most one line a second, with suppressed=N (before, one warn line each: hundreds in a
+    burst)."""
+    t = thaw_factory({"models": [model(upstream)]}, preexec_fn=limit_fds(64))
+    n = int(min(t.metric("thaw_max_connections") or 11, 11))  # within the clients' limit
+    clients = [t.connect() for _ in range(n)]
+    admins = fill_admin_port(t)
+    try:
+        req = b"GET /echo HTTP/1.1\r\nHost: model-a\r\n\r\n"
+        for c in clients[:-1]:
+            c.sendall(req)
+        burst = [httpc.Reader(c).response() for c in clients[:-1]]
+        time.sleep(1.1)
+        clients[-1].sendall(req)
+        burst.append(httpc.Reader(clients[-1]).response())
+    finally:
+        for c in admins + clients:
+            c.close()
+    assert [r.status for r in burst] == [503] * n
+    assert all(r.json()["error"]["code"] == "too_many_connections" for r in burst)
+    lines = [l for l in t.logs().splitlines() if "no socket for a replica connection" in l]
+    # The burst's first line, and the last request's a second later counting the rest (one
+    # more if the burst itself straddled a second).
+    assert 2 <= len(lines) <= 3, lines
+    assert "model=model-a" in lines[0] and "suppressed=0" in lines[0], lines
+    suppressed = [int(l.rsplit("suppressed=", 1)[1].split()[0]) for l in lines]
+    assert len(lines) + sum(suppressed) == n, lines
+
+
 def test_admin_port_has_its_own_connection_limit(thaw):
     held = [socket.create_connection(("127.0.0.1", thaw.admin_port), timeout=10)
             for _ in range(256)]
@@ -440,10 +582,12 @@ def test_a_client_reset_mid_upload_ends_its_request_at_once(thaw):
 
 
 def test_a_start_that_runs_out_of_descriptors_is_logged(thaw_factory):
-    """Client connections take every descriptor thaw may have when a request
-    wakes a process model: the start fails (no socket for a port, no pipe)
-    and says why in the log, once (before, nothing was logged at any level
-    and the request waited silently for its queue timeout)."""
+    """Every descriptor thaw may have is taken when a request wakes a process
+    model: the start fails (no socket for a port, no pipe) and says why in the
+    log, once (before, nothing was logged at any level and the request waited
+    silently for its queue timeout). Client connections can no longer do that
+    (the descriptor budget keeps a reserve), so admin-port connections, which
+    have a bound of their own, take the last ones."""
     from test_process import sim_model
     t = thaw_factory({"models": [sim_model(load_ms=50, queue_timeout_ms=2000)]},
                      preexec_fn=limit_fds(40))
@@ -454,7 +598,7 @@ def test_a_start_that_runs_out_of_descriptors_is_logged(thaw_factory):
     try:
         for _ in range(60):
             try:
-                conns.append(socket.create_connection((t.host, t.port), timeout=2))
+                conns.append(socket.create_connection((t.host, t.admin_port), timeout=2))
             except OSError:
                 break
         time.sleep(0.5)

@@ -123,6 +123,32 @@ def test_bad_file_is_refused_with_its_line_and_the_old_config_keeps_serving(thaw
     assert reloads(t, "failure") == 3 and reloads(t, "success") == 1
 
 
+def test_max_connections_stays_within_the_descriptor_limit_across_reloads(thaw_factory,
+                                                                           upstream):
+    """limits.max_connections changes on a reload, never past what the descriptor limit
+    allows; the warning comes when the figure changes, not at every reload."""
+    from test_hostile import limit_fds
+    t = thaw_factory({"limits": {"max_connections": 20}, "models": [static_model(upstream)]},
+                     preexec_fn=limit_fds(128))
+    assert t.metric("thaw_max_connections") == 20
+    assert t.metric("thaw_max_fds") == 128
+    allowed = t.status()["file_descriptors"]["allows_connections"]
+    assert 20 < allowed < 64
+    warning = "allows fewer client connections than configured"
+    assert warning not in t.logs()
+    write_config(t, {"limits": {"max_connections": 1000}, "models": [static_model(upstream)]})
+    hup(t)
+    assert t.metric("thaw_max_connections") == allowed
+    assert t.logs().count(warning) == 1
+    assert f"max_connections=1000 allowed={allowed} nofile=128" in t.logs()
+    hup(t)  # the same file: said already
+    assert t.logs().count(warning) == 1
+    write_config(t, {"limits": {"max_connections": 5}, "models": [static_model(upstream)]})
+    hup(t)
+    assert t.metric("thaw_max_connections") == 5
+    assert t.status()["max_connections"] == 5
+
+
 def test_adding_a_model_makes_it_routable(thaw_factory, upstream, upstream2):
     t = thaw_factory({"models": [static_model(upstream)]})
     assert get(t, "/models/mistral/echo").status == 404
