@@ -101,6 +101,7 @@ struct model {
     struct backend *backend;
     void *backend_data;      /* the backend's per-model state */
     struct event *queue_timer; /* set by the proxy: fires at the next deadline */
+    struct log_limit queue_timeout_log; /* "queue deadline passed": a line a second at most */
     struct event *dispatch_more; /* set by the proxy: continues a large dispatch */
     struct event *heartbeat_timer; /* set by the proxy: SSE comments while loading */
     struct event *eject_timer;     /* set by the proxy: retry when an ejection ends */

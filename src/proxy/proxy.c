@@ -65,8 +65,12 @@ static void on_queue_timer(evutil_socket_t fd, short what, void *arg)
     while ((it = queue_pop_expired(&m->queue, now))) {
         struct request *r = container_of(it, struct request, qi);
         r->ex.state = REQ_ROUTED;
-        LOGI("queue deadline passed", "model=%s tier=%s waited_ms=%llu", m->name,
-             tier_name(r->tier), (unsigned long long)(now - r->queued_ms));
+        uint64_t held; /* a burst of timeouts would write a line each */
+        if (log_limit_pass(&m->queue_timeout_log, now, LOG_LIMIT_MS, &held)) {
+            LOGI("queue deadline passed", "model=%s tier=%s waited_ms=%llu suppressed=%llu",
+                 m->name, tier_name(r->tier), (unsigned long long)(now - r->queued_ms),
+                 (unsigned long long)held);
+        }
         conn_reject(r->conn, REJECT_QUEUE_TIMEOUT, NULL);
     }
     arm_queue_timer(rt, m);

@@ -10,6 +10,7 @@ import json
 import os
 import resource
 import socket
+import threading
 import time
 
 import pytest
@@ -612,3 +613,26 @@ def test_a_start_that_runs_out_of_descriptors_is_logged(thaw_factory):
     logs = t.logs()
     assert logs.count('msg="cannot start a replica" model=llama error="Too many open files"') == 1, \
         logs[-3000:]
+
+
+def test_queue_timeouts_in_a_burst_are_logged_once_a_second(thaw_factory):
+    """40 requests held for a model that never gets ready all reach their queue
+    deadline at once: each is answered 504 queue_timeout and counted, and the
+    log says so at most once a second with suppressed=N (before, a line each:
+    a flood under overload, when the log matters most)."""
+    m = {"name": "never", "command": ["/bin/sleep", "60"], "startup_timeout_ms": 60000,
+         "queue_timeout_ms": 500, "max_concurrency": 1}
+    t = thaw_factory({"models": [m]})
+    out = []
+    ths = [threading.Thread(target=lambda: out.append(httpc.request(
+        t.host, t.port, "GET", "/x", {"Host": "never"}, b"", timeout=30))) for _ in range(40)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(30)
+    assert [r.status for r in out] == [504] * 40
+    assert all(r.json()["error"]["code"] == "queue_timeout" for r in out)
+    lines = [l for l in t.logs().splitlines() if "queue deadline passed" in l]
+    assert 1 <= len(lines) <= 2, lines
+    suppressed = [int(l.rsplit("suppressed=", 1)[1].split()[0]) for l in lines]
+    assert len(lines) + sum(suppressed) <= 40
