@@ -708,9 +708,17 @@ static bool on_head(struct conn *c, size_t ahead)
         conn_reject(c, REJECT_BAD_REQUEST, "HTTP/1.1 request without Host");
         return false;
     }
-    const struct http_header *host = hosts ? http_head_find(h, "host") : NULL;
-    if (host && !http_host_valid(http_hvalue(h, host), host->value_len)) {
-        conn_reject(c, REJECT_BAD_REQUEST, "invalid Host header"); /* nginx's rule too */
+    /* What routes must be an authority (RFC 3986): the Host header, or the
+     * absolute-form target's, which replaces it (RFC 9112 3.2.2). */
+    const char *auth = NULL;
+    size_t auth_len = 0;
+    if (!http_target_authority(h, &auth, &auth_len)) {
+        const struct http_header *host = hosts ? http_head_find(h, "host") : NULL;
+        auth = host ? http_hvalue(h, host) : NULL;
+        auth_len = host ? host->value_len : 0;
+    }
+    if (auth && !http_host_valid(auth, auth_len)) {
+        conn_reject(c, REJECT_BAD_REQUEST, "invalid Host header");
         return false;
     }
     if (c->handler->on_head) {

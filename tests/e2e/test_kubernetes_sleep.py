@@ -648,3 +648,31 @@ def test_a_busy_batch_sleep_mode_pod_is_preempted_for_critical_memory(cluster, t
     assert t.metric("thaw_pool_decisions_total", model="b", namespace="models",
                     action="preempt") >= 1
     assert batch.statuses and set(batch.statuses) == {200}  # drained or waited, none lost
+
+
+@pytest.mark.timer_heavy
+def test_a_rollout_of_one_memory_model_holds_no_other_back(cluster, thaw_factory, tmp_path):
+    """Two GPU nodes of 24 GiB. x (14 GiB) runs a pod on one, then rolls out a
+    new template whose pod takes minutes to load (a surge: two pods, one
+    replica, for as long as it lasts). y (14 GiB) at zero is asked for: it
+    starts at once on the other node. A scale-up waits only for pods thaw
+    itself scaled away a moment ago, not for a rollout's extra pod (taken
+    for one on its way out, it held y back as long as the rollout lasted)."""
+    sim = cluster(nodes=[{"name": f"gpu-{n}", "gpus": 1, "replicas": 4,
+                          "labels": {"nvidia.com/gpu.memory": "24576"}} for n in "ab"])
+    sim.create_deployment(memory_model("x", replicas=1))
+    sim.create_deployment(memory_model("y"))
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    wait_for(lambda: kmodel(t, "x")["state"] == "ready", timeout=10 * SLOW, what="x ready")
+
+    def slow_template(d):
+        d["spec"]["template"]["metadata"]["annotations"]["sim.thaw.dev/load-ms"] = "600000"
+    sim.update("/apis/apps/v1/namespaces/models/deployments/x", slow_template)
+    wait_for(lambda: len([p for p in kmodel(t, "x")["pods"] if not p["terminating"]]) == 2,
+             timeout=10 * SLOW, what="the rollout's second pod")
+    t0 = time.monotonic()
+    r = complete(t, host="y.models", timeout=30)
+    assert r.status == 200, r.body
+    assert time.monotonic() - t0 < 8 * SLOW
+    assert "waits for GPU memory" not in t.logs()

@@ -28,7 +28,7 @@ static struct event_base *base;
 static void on_endpoint(void *ud, const struct k8s_slice_endpoint *e)
 {
     size_t *total = ud;
-    *total += strlen(e->pod) + strlen(e->address);
+    *total += (e->pod ? strlen(e->pod) : 0) + strlen(e->address);
 }
 
 static void ignore_leading(void *ud, bool leading)

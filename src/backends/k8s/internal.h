@@ -156,6 +156,7 @@ struct kmodel {
     uint64_t idle_since_ms;
     uint64_t waiting_since_ms; /* requests wait and no pod is ready */
     bool memory_wait_said; /* "waits for a terminating pod's GPU memory" logged */
+    uint64_t scaled_down_ms; /* when thaw last scaled it down; 0: never */
     uint64_t scale_ups, scale_downs;
     char last_scale_error[200];
     struct scaler_model sc;
@@ -379,8 +380,10 @@ uint64_t kube_replica_memory(const struct kmodel *km);
  * terminating, and not asleep (sleep mode) unless asked to wake. What the
  * admission packs and what sleep mode frees count the same pods. */
 bool kube_pod_holds_memory(const struct kpod *p);
-/* Whether terminating p still holds its GPU memory (memory_until_ms). */
-bool kube_pod_memory_leaving(const struct kpod *p, int64_t wall_now);
+/* Whether p holds GPU memory on its way out: terminating (until
+ * memory_until_ms), or of a model thaw scaled below its pods a moment ago
+ * (the ReplicaSet has yet to pick which go). */
+bool kube_pod_on_way_out(const struct kpod *p);
 /* Whether a new replica of km must wait: pods on their way out (terminating,
  * or of a model scaled below them) still hold GPU memory on a node km may
  * use, where it would not fit beside them (the scheduler does not count GPU

@@ -170,9 +170,9 @@ struct memory_ctx {
     size_t cap;
     bool oom;
     bool awake;   /* leave out pods falling asleep */
-    bool leaving; /* count terminating pods that still hold theirs */
+    bool leaving; /* count pods on their way out that still hold theirs */
+    bool staying; /* leave out pods on their way out */
     unsigned n_leaving;
-    int64_t wall_now;
 };
 
 bool kube_pod_holds_memory(const struct kpod *p)
@@ -183,11 +183,11 @@ bool kube_pod_holds_memory(const struct kpod *p)
            !(p->sleep == KS_ASLEEP && !p->wake_asked_ms);
 }
 
-bool kube_pod_memory_leaving(const struct kpod *p, int64_t wall_now)
-{
-    return p->node[0] && p->terminating && p->memory_until_ms > wall_now &&
-           kube_replica_memory(p->km);
-}
+/* How long after thaw scaled a model down its pods beyond the new count
+ * are taken as on their way out: the ReplicaSet marks the ones it picks
+ * within moments. Bounded, so that a rollout's surge pods (more pods than
+ * replicas for as long as it lasts) hold nothing back. */
+#define SHRINK_WINDOW_MS 15000
 
 static void count_staying(void *ud, const char *key, void *value)
 {
@@ -195,24 +195,39 @@ static void count_staying(void *ud, const char *key, void *value)
     *(int64_t *)ud += p->node[0] && !p->terminating;
 }
 
-/* Scaled below the pods it runs, which the ReplicaSet has not yet all
- * marked for deletion: which of them go is its choice. */
+/* Scaled down by thaw a moment ago and still running more pods than that. */
 static bool model_shrinking(const struct kmodel *km)
 {
+    if (!km->scaled_down_ms || clock_now_ms() - km->scaled_down_ms > SHRINK_WINDOW_MS) {
+        return false;
+    }
     int64_t want = km->scale_want >= 0 ? km->scale_want : km->spec.replicas;
     int64_t pods = 0;
     strmap_each((struct strmap *)&km->pods, count_staying, &pods);
     return pods > want;
 }
 
+bool kube_pod_on_way_out(const struct kpod *p)
+{
+    if (!p->node[0] || !kube_replica_memory(p->km) || (p->sleep == KS_ASLEEP && !p->wake_asked_ms)) {
+        return false; /* holds none (asleep pods hold none) */
+    }
+    if (p->terminating) {
+        return p->memory_until_ms > (int64_t)clock_wall_ms();
+    }
+    return model_shrinking(p->km);
+}
+
 static void memory_pod(void *ud, const char *key, void *value)
 {
     struct memory_ctx *c = ud;
     const struct kpod *p = value;
-    bool leaving = c->leaving && (kube_pod_memory_leaving(p, c->wall_now) ||
-                                  (kube_pod_holds_memory(p) && model_shrinking(p->km)));
-    if ((!leaving && !kube_pod_holds_memory(p)) || (c->awake && p->sleep == KS_DOZING) ||
-        strcmp(p->node, c->node) != 0) {
+    if (strcmp(p->node, c->node) != 0) {
+        return;
+    }
+    bool leaving = (c->leaving || c->staying) && kube_pod_on_way_out(p);
+    if ((leaving && c->staying) || (!leaving && !kube_pod_holds_memory(p)) ||
+        (c->awake && p->sleep == KS_DOZING)) {
         return;
     }
     c->n_leaving += leaving;
@@ -238,7 +253,7 @@ static void memory_model(void *ud, const char *key, void *value)
 }
 
 /* What the pods on ni hold (c's flags say which); c->n_leaving: how many
- * of them are terminating. */
+ * of them are on their way out. */
 static int node_memory(struct kube_backend *kb, const struct k8s_node_info *ni,
                        struct kube_node_memory *out, struct memory_ctx *c)
 {
@@ -268,9 +283,9 @@ struct leaving_ctx {
     bool wait;
 };
 
-/* A node km may use where pods on their way out (terminating, or of a model
- * scaled below them) still hold GPU memory that one more replica of km would
- * not fit beside. */
+/* A node km may use where pods on their way out still hold GPU memory that
+ * one more replica of km would not fit beside, and would once they are
+ * gone (where it would not fit either way, waiting gains nothing). */
 static void leaving_node(void *ud, const char *key, void *value)
 {
     struct leaving_ctx *l = ud;
@@ -278,13 +293,18 @@ static void leaving_node(void *ud, const char *key, void *value)
     if (l->wait || k8s_node_admits(ni, &l->km->tpl) != K8S_FITS) {
         return;
     }
-    struct kube_node_memory nm;
-    struct memory_ctx c = {.leaving = true, .wall_now = (int64_t)clock_wall_ms()};
-    if (node_memory(l->km->kb, ni, &nm, &c)) {
+    uint64_t need = kube_replica_memory(l->km);
+    struct kube_node_memory with, without;
+    struct memory_ctx c = {.leaving = true}, s = {.staying = true};
+    if (node_memory(l->km->kb, ni, &with, &c)) {
         return;
     }
-    l->wait = c.n_leaving && !kube_node_memory_fits(&nm, kube_replica_memory(l->km));
-    kube_node_memory_dispose(&nm);
+    if (c.n_leaving && !kube_node_memory_fits(&with, need) &&
+        node_memory(l->km->kb, ni, &without, &s) == 0) {
+        l->wait = kube_node_memory_fits(&without, need);
+        kube_node_memory_dispose(&without);
+    }
+    kube_node_memory_dispose(&with);
 }
 
 bool kube_memory_leaving_for(const struct kmodel *km)

@@ -204,6 +204,9 @@ void kube_want_replicas(struct kmodel *km, int64_t n)
         km->scale_want = -1;
         return;
     }
+    if (n < km->spec.replicas) {
+        km->scaled_down_ms = clock_now_ms();
+    }
     km->scale_want = n;
     if (!event_pending(&km->scale_retry, EV_TIMEOUT, NULL)) {
         send_scale(km);

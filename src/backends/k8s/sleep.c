@@ -304,7 +304,7 @@ static void tally_pod(void *ud, const char *key, void *value)
     if (strcmp(p->node, nm->node) != 0) {
         return;
     }
-    if (kube_pod_memory_leaving(p, (int64_t)clock_wall_ms())) {
+    if (kube_pod_on_way_out(p)) {
         /* on its way out: a wake waits for it, nothing is slept for it */
         nm->held += kube_replica_memory(km);
         nm->coming += kube_replica_memory(km);
@@ -434,16 +434,27 @@ static void on_is_sleeping(struct control *c, int status, void *ud)
     cJSON *j = status == 200 ? cJSON_ParseWithLength(body, len) : NULL;
     bool asleep = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "is_sleeping"));
     cJSON_Delete(j);
+    if (status != 200) {
+        LOGD("GET /is_sleeping not answered: pod taken as awake", "model=%s pod=%s status=%d",
+             km->m->name, p->name, status);
+    }
+    if (p->mark_seen != MARK_NONE || !kube_sleep_deciding(km)) {
+        /* A mark came meanwhile, or the lease went: the marks say. */
+        p->sleep = asleep ? KS_ASLEEP : KS_AWAKE;
+        if (kube_sleep_deciding(km)) {
+            kube_pod_adopt_mark(p);
+        } else {
+            kube_pod_follow_mark(p);
+        }
+        kube_pod_ready(p, "is_sleeping"); /* if they leave it awake */
+        return;
+    }
     if (asleep) {
         p->sleep = KS_ASLEEP;
         kube_pod_mark(p, MARK_ASLEEP);
         LOGI("pod found asleep: routed once woken", "model=%s pod=%s", km->m->name, p->name);
         wake_wanted(km); /* requests may be waiting */
         return;
-    }
-    if (status != 200) {
-        LOGD("GET /is_sleeping not answered: pod taken as awake", "model=%s pod=%s status=%d",
-             km->m->name, p->name, status);
     }
     p->sleep = KS_AWAKE;
     kube_pod_ready(p, "is_sleeping");
@@ -560,20 +571,32 @@ static bool slot_here(const struct kmodel *km)
     return any;
 }
 
+struct waking {
+    bool mine, any, dealt; /* a pod dealt here waking; any pod waking; any pod dealt here */
+};
+
 static void waking_on(void *ud, const char *key, void *value)
 {
+    struct waking *w = ud;
     const struct kpod *p = value;
-    if ((p->sleep == KS_WAKING || p->sleep == KS_CHECKING) && p->dealt > 0 && !p->terminating) {
-        *(bool *)ud = true;
+    if (p->terminating) {
+        return;
     }
+    bool waking = p->sleep == KS_WAKING || p->sleep == KS_CHECKING;
+    w->mine = w->mine || (waking && p->dealt > 0);
+    w->any = w->any || waking;
+    w->dealt = w->dealt || p->dealt > 0;
 }
 
-/* Whether a pod dealt to this activator is on its way to serving. */
+/* Whether a pod this activator's requests can use is on its way to
+ * serving: one dealt to it; with none dealt to it (not yet placed among
+ * the activators), any, so that one wake at a time goes out, not one per
+ * request. */
 static bool waking_here(const struct kmodel *km)
 {
-    bool any = false;
-    strmap_each((struct strmap *)&km->pods, waking_on, &any);
-    return any;
+    struct waking w = {false, false, false};
+    strmap_each((struct strmap *)&km->pods, waking_on, &w);
+    return w.dealt ? w.mine : w.any;
 }
 
 /* Picks asleep pods for a wake, or a wake request: first those dealt to
@@ -668,7 +691,7 @@ bool kube_wake_for_demand(struct kmodel *km)
     struct sleep_count c = {0};
     strmap_each(&km->pods, count_pod, &c);
     if (!kube_sleep_deciding(km)) {
-        if (c.asleep + c.dozing && !slot_here(km)) {
+        if (c.asleep + c.dozing && !slot_here(km) && !waking_here(km)) {
             ask_leader_to_wake(km);
         }
     } else if (c.asleep && !slot_here(km) && !waking_here(km)) {
@@ -733,7 +756,8 @@ void kube_sleep_tick(struct kmodel *km, uint64_t now)
     }
     if (m->inflight > 0 || m->queue.count > 0) {
         km->busy_at_ms = now;
-        if (!kube_sleep_deciding(km) && m->queue.count > 0 && !slot_here(km)) {
+        if (!kube_sleep_deciding(km) && m->queue.count > 0 && !slot_here(km) &&
+            !waking_here(km)) {
             ask_leader_to_wake(km); /* again, should the last ask be lost */
         }
         wake_wanted(km);
