@@ -343,15 +343,20 @@ def test_a_deleted_revision_leaves_the_split_and_a_duplicate_is_an_error(cluster
     wait_for(lambda: traffic_percents(t) == [("v1", 100)], timeout=5 * SLOW,
              what=f"v1 alone: {traffic_percents(t)}")
     assert status_of(t).get("split_error") is None
-    # A second Deployment naming revision v1: an error, said on both.
-    sim.create_deployment(named(revision("v1", 50), "llama-v1-copy"))
+    # Deployments naming revision v1 again (copied manifests): an error, said
+    # on the Deployments, and none of them takes v1's traffic, whichever sorts first
+    # (before, v1's requests went to a copy, which was woken for them).
+    copies = ("llama-v1-copy", "llama-0-copy", "llama-zz-copy")
+    for name in copies:
+        sim.create_deployment(named(revision("v1", 50), name))
     wait_for(lambda: "named by two Deployments" in (status_of(t).get("split_error") or ""),
              timeout=5 * SLOW, what="the duplicate reported")
     evs = events_by_reason(sim).get("InvalidTrafficSplit", [])
     assert {"llama-v1", "llama-v1-copy"} <= {e["involvedObject"]["name"] for e in evs}
     _, body = t.admin("/metrics")
     assert body.count('thaw_revision_traffic_percent{model="llama"') == 1, body
-    assert complete(t).status == 200
+    assert [complete(t).status for _ in range(5)] == [200] * 5
+    assert [replicas(sim, name) for name in copies] == [0, 0, 0]
     t.assert_reconciled()
 
 

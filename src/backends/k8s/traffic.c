@@ -422,6 +422,26 @@ static int duplicate_revision(const struct members *ms, size_t *other)
     return -1;
 }
 
+/* Whether revision `name` is served now by one of the Deployments naming
+ * it: a second Deployment naming a revision (a copied manifest) takes none
+ * of its traffic while the split is invalid, whichever sorts first. */
+static bool linked_to_one_of(const struct model *parent, const struct members *ms,
+                             const char *name)
+{
+    const struct model_revisions *rv = parent->revs;
+    for (size_t r = 0; r < rv->n; r++) {
+        if (strcmp(rv->names[r], name) != 0 || !rv->rev[r]) {
+            continue;
+        }
+        for (size_t i = 0; i < ms->n; i++) {
+            if (ms->km[i]->m == rv->rev[r] && strcmp(ms->km[i]->spec.revision, name) == 0) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 /* The split in force is kept while the Deployments' is invalid, less the
  * revisions whose Deployments are gone: their shares go to the others in
  * proportion (equal shares when those left had none), so no request is
@@ -547,8 +567,8 @@ void kube_revisions_sync(struct kube_backend *kb, const char *ns, const char *na
         }
     }
     for (size_t i = 0; i < ms.n && g->m->revs; i++) {
-        if (dup < 0 || strcmp(ms.km[i]->spec.revision, ms.km[dup]->spec.revision) != 0 ||
-            (int)i == dup) {
+        bool duplicated = dup >= 0 && strcmp(ms.km[i]->spec.revision, ms.km[dup]->spec.revision) == 0;
+        if (!duplicated || ((int)i == dup && !linked_to_one_of(g->m, &ms, ms.km[i]->spec.revision))) {
             model_revisions_link(g->m, ms.km[i]->spec.revision, ms.km[i]->m);
         }
     }
