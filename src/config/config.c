@@ -188,6 +188,8 @@ static int read_string_array(struct parser *p, const cJSON *item, const char *pa
 
 /* Model names and namespaces: DNS-label-like, as Kubernetes names are. */
 #define NAME_MAX_CHARS 253
+/* A revision name: the first label of its tag host, and a Kubernetes label value. */
+#define REVISION_MAX_CHARS 63
 
 static int check_name(const char *s)
 {
@@ -791,7 +793,16 @@ static int parse_revision_list(struct parser *p, const cJSON *arr, const char *p
             return fail(p, e, kpath, "is required");
         }
         int rc = read_string(p, name, kpath, &r->name);
-        if (rc == 0 && check_name(r->name)) {
+        /* Its tag host starts with it (a DNS label: 63 at most), and on
+         * Kubernetes it is a label value (63 at most too). */
+        size_t len = rc == 0 ? strlen(r->name) : 0;
+        if (rc == 0 && len > REVISION_MAX_CHARS) {
+            rc = fail(p, name, kpath, "is too long (%zu characters; at most %d)", len,
+                      REVISION_MAX_CHARS);
+        } else if (rc == 0 && m->name && strlen(m->name) + 1 + len > NAME_MAX_CHARS) {
+            rc = fail(p, name, kpath, "makes \"%s@<revision>\" longer than a model name may be "
+                      "(%d characters)", m->name, NAME_MAX_CHARS);
+        } else if (rc == 0 && check_name(r->name)) {
             rc = fail(p, name, kpath, "may hold only letters, digits, '-', '.' and '_'");
         }
         snprintf(kpath, sizeof kpath, "%s.percent", epath);

@@ -618,6 +618,12 @@ static void test_revision_errors(void **state)
                  "models[0].revisions: must be an array of 1 to 8");
     expect_error("{\"models\": [{\"name\": \"m\", \"revisions\": [{\"name\": \"a@b\", \"percent\": 100}]}]}",
                  "may hold only letters");
+    /* A name of letters only, too long for its tag host's first label. */
+    char longrev[512];
+    snprintf(longrev, sizeof longrev,
+             "{\"models\": [{\"name\": \"m\", \"revisions\": [{\"name\": \"%064d\", "
+             "\"percent\": 100, \"command\": [\"x\"]}]}]}", 0);
+    expect_error(longrev, "models[0].revisions[0].name: is too long (64 characters; at most 63)");
 }
 
 int main(void)
