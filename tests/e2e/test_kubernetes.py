@@ -1116,3 +1116,23 @@ def test_a_rollout_during_a_cold_start_serves_from_the_new_pods(cluster, thaw_fa
     assert r.status == 200 and json.loads(r.body)["model"] == "new"
     assert len([n for name, n in sim.state()["scale_log"] if name == "llama"]) == 1
     t.assert_reconciled()
+
+
+def test_a_pod_without_a_readiness_probe_is_routed_once_it_listens(cluster, thaw_factory,
+                                                                 tmp_path):
+    """A Deployment with no readinessProbe (as many examples write one): the
+    kubelet takes the started container for Ready and its EndpointSlice says
+    ready while the server still loads, not yet listening. thaw routes the
+    pod once its own probe finds the port open, not on the slice's word
+    (before, the held request went to a refusing port: a failed connect, an
+    ejection, and a wait for the next try)."""
+    sim = cluster()
+    d = deployment("llama", load_ms=1500)
+    del d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    sim.create_deployment(d)
+    t = start_thaw(thaw_factory, sim, tmp_path)
+    wait_for(lambda: urllib_status(t, "/readyz") == 200, what="informers synced")
+    r = complete(t)
+    assert r.status == 200, r.body
+    assert "connect failed" not in t.logs(), t.logs()
+    assert t.metric("thaw_upstream_connect_failures_total") in (0, None)

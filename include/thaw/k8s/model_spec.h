@@ -37,6 +37,10 @@ struct k8s_model_spec {
     char service[254];
     int port;
     char health_path[128];
+    /* The first container has a readinessProbe: its pods' Ready (and their
+     * EndpointSlice's ready) means the server answers, not only that the
+     * container started. */
+    bool readiness_probe;
     enum tier priority;
     uint64_t max_concurrency;
     uint64_t max_queue;

@@ -309,6 +309,11 @@ void kube_cold_refresh(struct kmodel *km);
  * pods already starting are tracked from what is known of them. */
 void kube_cold_begin(struct kmodel *km, uint64_t now);
 void kube_pod_ready(struct kpod *p, const char *via);
+/* Whether p's EndpointSlice readiness routes it: with no readinessProbe
+ * the kubelet takes a started container for ready, so where thaw probes
+ * pods it waits until its probe finds the port accepting connections (a
+ * server that binds once loaded refuses until then). */
+bool kube_pod_slice_ready_trusted(const struct kpod *p);
 /* The same, with the probe's open connection to the pod (-1: none). */
 void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd);
 void kube_pod_gone(struct kpod *p, const char *why);

@@ -712,6 +712,7 @@ int k8s_model_spec_parse(const cJSON *dep, const struct k8s_model_spec *d,
     if (cJSON_IsNumber(cport)) {
         o->port = cport->valueint;
     }
+    o->readiness_probe = k8s_get(c0, "readinessProbe") != NULL;
     const char *rpath = k8s_get_string(c0, "readinessProbe.httpGet.path");
     if (rpath && config_health_path_ok(rpath)) {
         copy_str(o->health_path, sizeof o->health_path, rpath);

@@ -204,6 +204,15 @@ static void on_pod_listening(struct probe *pr, void *ud)
 {
     struct kpod *p = ud;
     pod_phase(p, CS_HEALTH, pr->listening_ms);
+    if (p->slice_ready) {
+        kube_pod_ready(p, "endpointslice"); /* held back until it listened */
+    }
+}
+
+bool kube_pod_slice_ready_trusted(const struct kpod *p)
+{
+    return p->km->spec.readiness_probe || !p->km->kb->cfg->kubernetes.probe_pods ||
+           p->probe_ok || p->probe.listening_ms;
 }
 
 /* The pod is ready: its phases are observed, and when it ends its model's

@@ -625,7 +625,9 @@ static void slice_endpoint(void *ud, const struct k8s_slice_endpoint *e)
         kube_pod_gone(p, "endpoint terminating");
     } else if (e->ready) {
         p->slice_ready = true;
-        kube_pod_ready(p, "endpointslice");
+        if (kube_pod_slice_ready_trusted(p)) {
+            kube_pod_ready(p, "endpointslice");
+        }
     } else if (p->slice_ready) {
         /* Was ready, is not any more: the kubelet saw it fail. */
         p->slice_ready = false;
