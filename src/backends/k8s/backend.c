@@ -145,6 +145,7 @@ struct backend *backend_k8s_new(struct fleet *fleet, struct event_base *base,
         return NULL;
     }
     kb->base.ops = &kube_ops;
+    kb->ready_gate = kube_pod_check_sleep;
     kb->base.fleet = fleet;
     kb->evbase = base;
     kb->cfg = cfg;

@@ -246,6 +246,10 @@ struct informer_set {
 };
 
 struct kube_backend {
+    /* Holds a pod back before it is routed, whether it did (sleep.c's
+     * kube_pod_check_sleep: a pod found ready may be asleep); set by
+     * backend.c, so that pods.c, below sleep.c, calls no higher module. */
+    bool (*ready_gate)(struct kpod *p);
     struct backend base;
     struct event_base *evbase;
     struct k8s_client *client;

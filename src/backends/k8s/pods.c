@@ -43,8 +43,9 @@ void kube_pod_ready(struct kpod *p, const char *via)
 void kube_pod_ready_conn(struct kpod *p, const char *via, int conn_fd)
 {
     /* Asleep (or on its way there or back): sleep.c reports it when woken. */
+    struct kube_backend *kb = p->km->kb;
     if (p->reported || p->terminating || p->retired || !p->ip[0] || p->sleep != KS_AWAKE ||
-        kube_pod_check_sleep(p)) {
+        (kb->ready_gate && kb->ready_gate(p))) {
         if (conn_fd >= 0) {
             close(conn_fd);
         }
