@@ -549,6 +549,20 @@ static void pod_upsert(void *ud, const cJSON *obj)
 }
 
 
+struct pod_gone {
+    const char *name, *ns;
+};
+
+static void free_pod_named(void *ud, const char *key, void *value)
+{
+    const struct pod_gone *g = ud;
+    struct kmodel *km = value;
+    struct kpod *p = strcmp(km->spec.namespace_, g->ns) == 0 ? pod_get(km, g->name, false) : NULL;
+    if (p) {
+        pod_free(km, p, "pod deleted");
+    }
+}
+
 static void pod_remove(void *ud, const cJSON *obj)
 {
     struct kube_backend *kb = ud;
@@ -568,19 +582,10 @@ static void pod_remove(void *ud, const cJSON *obj)
         }
         return;
     }
-    struct list_node *pos, *tmp;
-    list_for_each_safe(pos, tmp, &kb->base.fleet->models)
-    {
-        struct model *m = container_of(pos, struct model, node);
-        if (m->backend != &kb->base) {
-            continue;
-        }
-        struct kmodel *k = m->backend_data;
-        struct kpod *p = pod_get(k, name, false);
-        if (p && strcmp(k->spec.namespace_, ns) == 0) {
-            pod_free(k, p, "pod deleted");
-        }
-    }
+    /* Every Deployment's model (kb->models: not the fleet's list, where a
+     * model with revisions is a routing entry, not a kmodel). */
+    struct pod_gone g = {name, ns};
+    strmap_each(&kb->models, free_pod_named, &g);
 }
 
 /* ---- endpointslices ---------------------------------------------------------- */
