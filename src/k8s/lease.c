@@ -106,11 +106,19 @@ static void on_written(void *ud, long status, const char *body, size_t len, cons
     struct k8s_lease *l = ud;
     l->call = NULL;
     uint64_t now = clock_now_ms();
-    if (status == 200 || status == 201) {
-        l->last_renew_ms = now;
+    if ((status == 200 || status == 201) && now - l->write_sent_ms >= l->renew_deadline_ms) {
+        /* Written, but answered too late to lead on: the others may see the
+         * new renewTime as soon as it was sent, and this one's deadline
+         * counts from then, so it has passed. The next round renews. */
+        snprintf(l->holder, sizeof l->holder, "%s", l->identity);
+        if (l->leading) {
+            set_leading(l, false, "the renewal was answered after renew_deadline_ms");
+        }
+    } else if (status == 200 || status == 201) {
+        l->last_renew_ms = l->write_sent_ms;
         snprintf(l->holder, sizeof l->holder, "%s", l->identity);
         set_leading(l, true, "");
-        struct timeval tv = clock_timeval(l->renew_deadline_ms);
+        struct timeval tv = clock_timeval(l->write_sent_ms + l->renew_deadline_ms - now);
         event_add(&l->deadline, &tv);
     } else {
         if (status == 409) {
@@ -134,6 +142,7 @@ static void on_read(void *ud, long status, const char *body, size_t len, const c
     snprintf(path, sizeof path, "/apis/coordination.k8s.io/v1/namespaces/%s/leases", l->namespace_);
     if (status == 404) {
         char *b = k8s_lease_body(l, NULL, true);
+        l->write_sent_ms = now;
         l->call = k8s_request(l->client, "POST", path, "application/json", b, strlen(b), 5000,
                               on_written, l);
         free(b);
@@ -156,6 +165,7 @@ static void on_read(void *ud, long status, const char *body, size_t len, const c
         char *b = k8s_lease_body(l, cur, !mine);
         char one[1200];
         snprintf(one, sizeof one, "%s/%s", path, l->name);
+        l->write_sent_ms = now;
         l->call = k8s_request(l->client, "PUT", one, "application/json", b, strlen(b), 5000,
                               on_written, l);
         free(b);
@@ -191,9 +201,19 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 static void on_deadline(evutil_socket_t fd, short what, void *arg)
 {
     struct k8s_lease *l = arg;
-    if (l->leading && clock_now_ms() - l->last_renew_ms >= l->renew_deadline_ms) {
-        set_leading(l, false, "could not renew within renew_deadline_ms");
+    if (!l->leading) {
+        return;
     }
+    uint64_t since = clock_now_ms() - l->last_renew_ms;
+    if (since >= l->renew_deadline_ms) {
+        set_leading(l, false, "could not renew within renew_deadline_ms");
+        return;
+    }
+    /* A timer may fire a millisecond early (its clock and clock_now_ms
+     * round apart): it waits for the rest, or the leader would lead on
+     * until its hung renewal is answered. */
+    struct timeval tv = clock_timeval(l->renew_deadline_ms - since);
+    event_add(&l->deadline, &tv);
 }
 
 void k8s_lease_init(struct k8s_lease *l, struct k8s_client *c, struct event_base *base,

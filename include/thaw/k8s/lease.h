@@ -32,7 +32,8 @@ struct k8s_lease {
     struct event deadline;
     struct k8s_call *call;
     bool leading;
-    uint64_t last_renew_ms; /* last successful renew (leading) */
+    uint64_t last_renew_ms; /* when the last successful renew was sent (leading) */
+    uint64_t write_sent_ms; /* when the write under way was sent */
     char holder[254];       /* as last seen */
     char observed_renew[64];
     uint64_t observed_ms;   /* local time the holder/renewTime last changed */
