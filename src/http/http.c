@@ -635,17 +635,24 @@ static bool is_digit(unsigned char c)
     return c >= '0' && c <= '9';
 }
 
-static bool is_hex(unsigned char c)
-{
-    return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f');
-}
-
-/* unreserved, sub-delims and the % of an escape (RFC 3986 reg-name) */
-static bool host_name_char(unsigned char c)
-{
-    return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') ||
-           (c && strchr("-._~!$&'()*+,;=%", c));
-}
+/* RFC 3986 reg-name characters: unreserved, sub-delims and the % of an
+ * escape; a table, as tchar, since every request's Host is checked. The
+ * hex digits of an IP literal are among them. */
+static const bool hostchar[256] = {
+    ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1, ['7'] = 1,
+    ['8'] = 1, ['9'] = 1,
+    ['-'] = 1, ['.'] = 1, ['_'] = 1, ['~'] = 1, ['%'] = 1,
+    ['!'] = 1, ['$'] = 1, ['&'] = 1, ['\''] = 1, ['('] = 1, [')'] = 1, ['*'] = 1, ['+'] = 1,
+    [','] = 1, [';'] = 1, ['='] = 1,
+    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1,
+    ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1,
+    ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1,
+    ['y'] = 1, ['z'] = 1,
+    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1,
+    ['I'] = 1, ['J'] = 1, ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1,
+    ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1, ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1,
+    ['Y'] = 1, ['Z'] = 1,
+};
 
 bool http_host_valid(const char *h, size_t n)
 {
@@ -653,7 +660,7 @@ bool http_host_valid(const char *h, size_t n)
     if (n && h[0] == '[') {
         for (i = 1; i < n && h[i] != ']'; i++) {
             unsigned char c = (unsigned char)h[i];
-            if (!is_hex(c) && c != ':' && !host_name_char(c)) {
+            if (c != ':' && !hostchar[c]) {
                 return false;
             }
         }
@@ -662,7 +669,7 @@ bool http_host_valid(const char *h, size_t n)
         }
         i++;
     } else {
-        while (i < n && h[i] != ':' && host_name_char((unsigned char)h[i])) {
+        while (i < n && h[i] != ':' && hostchar[(unsigned char)h[i]]) {
             i++;
         }
     }
