@@ -178,9 +178,12 @@ def test_a_cold_start_gets_its_descriptors_while_clients_flood_in(thaw_factory):
     assert not unanswered and len(results) == 100, f"{len(unanswered)} unanswered: {unanswered[:3]}"
     allowed = t.metric("thaw_max_connections")
     assert 0 < allowed < 100
-    assert sum(r.status == 200 for r in results) == allowed
+    # At least the connections within the limit are served once the model is up;
+    # on a busy machine clients still connecting when those answers go out take
+    # their freed places, and are served too. The rest are refused at once.
+    served = sum(r.status == 200 for r in results)
     refused = [r for r in results if r.status == 503]
-    assert len(refused) == 100 - allowed
+    assert served >= allowed and served + len(refused) == 100, (served, len(refused))
     assert all(r.json()["error"]["code"] == "too_many_connections" and r.header("retry-after")
                for r in refused)
     assert t.status()["max_connections"] == allowed
