@@ -197,7 +197,9 @@ def test_a_probe_that_finds_no_socket_is_logged(thaw_factory):
     That is logged (at most once a second; before, nothing was), and once descriptors are
     back the probe finds the replica ready and the held request is answered."""
     from test_process import sim_model
-    t = thaw_factory({"models": [sim_model(load_ms=1500)]}, preexec_fn=limit_fds(64))
+    # A load long enough that the descriptors are taken before the replica listens,
+    # on a slow machine or under the sanitizers too.
+    t = thaw_factory({"models": [sim_model(load_ms=4000)]}, preexec_fn=limit_fds(64))
     s = t.connect()
     admins = []
     try:
